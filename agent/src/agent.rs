@@ -1,0 +1,189 @@
+//! Running an agent: identity, endpoint, membership and the control socket, until a signal.
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use shoal_gossip::{
+    ClusterIdentity, ClusterSecret, EndpointError, IdentityError, Membership, MembershipConfig,
+    MembershipError, NodeAddresses, NodeMeta, PeerEndpoint, PeerEndpointConfig, QuicTransport,
+    SecretError,
+};
+use tracing::info;
+
+use crate::config::AgentConfig;
+use crate::control::{self, ControlSocket, SelfInfo};
+use crate::host;
+use crate::node_identity::{NodeIdentity, NodeIdentityError};
+use crate::paths;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("cannot create data dir {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("another agent is running with data dir {path} (it holds {lock})")]
+    AlreadyRunning { path: PathBuf, lock: PathBuf },
+    #[error(transparent)]
+    Secret(#[from] SecretError),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error(transparent)]
+    NodeIdentity(#[from] NodeIdentityError),
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    #[error(transparent)]
+    Membership(#[from] MembershipError),
+    #[error(
+        "advertise: the endpoint is bound to {bound}, which peers cannot dial; set --advertise IP:PORT"
+    )]
+    NoAdvertiseAddress { bound: std::net::SocketAddr },
+    #[error("cannot read host capacity: {0}")]
+    Host(std::io::Error),
+    #[error("control socket {path}: {source}")]
+    ControlSocket {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Holds an exclusive `flock` on the data dir's lock file for the agent's lifetime.
+struct DataDirLock {
+    _file: File,
+}
+
+impl DataDirLock {
+    fn acquire(config: &AgentConfig) -> Result<Self, AgentError> {
+        let dir = &config.data_dir;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|source| AgentError::DataDir {
+                path: dir.clone(),
+                source,
+            })?;
+        let lock = paths::lock(dir);
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock)
+            .map_err(|source| AgentError::DataDir {
+                path: lock.clone(),
+                source,
+            })?;
+        // SAFETY: flock on a file descriptor we own; no memory is involved.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            return Err(AgentError::AlreadyRunning {
+                path: dir.clone(),
+                lock,
+            });
+        }
+        Ok(Self { _file: file })
+    }
+}
+
+/// Runs the agent until SIGINT or SIGTERM.
+pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
+    let _lock = DataDirLock::acquire(&config)?;
+    let secret = ClusterSecret::load_file(&config.secret_file)?;
+    let identity = ClusterIdentity::derive(&secret)?;
+    let node = NodeIdentity::load_and_bump(&config.data_dir, &config.name)?;
+    let certificate = identity.issue_node_certificate(&node.node_id, &[])?;
+
+    let mut endpoint_config = PeerEndpointConfig::new(config.bind);
+    endpoint_config.keep_alive = config
+        .gossip_interval
+        .max(std::time::Duration::from_millis(500));
+    let endpoint = PeerEndpoint::bind(&identity, &certificate, endpoint_config)?;
+    let bound = endpoint.local_addr();
+    let advertise = config.advertise.unwrap_or(bound);
+    if advertise.ip().is_unspecified() {
+        return Err(AgentError::NoAdvertiseAddress { bound });
+    }
+
+    let mut labels = config.labels.clone();
+    labels.extend(host::well_known_labels(&config.name));
+    let meta = NodeMeta {
+        name: config.name.clone(),
+        labels,
+        addresses: NodeAddresses {
+            gossip: advertise,
+            api: None,
+        },
+        capacity: host::detect_capacity(host::DEFAULT_MAX_PODS).map_err(AgentError::Host)?,
+        agent_version: crate::AGENT_VERSION.to_owned(),
+    };
+    let mut membership_config = MembershipConfig::new(
+        node.node_id.clone(),
+        node.generation,
+        identity.cluster_id(),
+        advertise,
+    );
+    membership_config.listen_addr = bound;
+    membership_config.seeds = config.join.clone();
+    membership_config.gossip_interval = config.gossip_interval;
+    membership_config.phi_threshold = config.phi_threshold;
+    membership_config.dead_node_grace_period = config.dead_node_grace_period;
+    let transport = QuicTransport::new(endpoint.clone());
+    let membership = Arc::new(Membership::start(membership_config, &meta, &transport).await?);
+
+    let socket_path = paths::control_socket(&config.data_dir);
+    let socket = ControlSocket::bind(&socket_path).map_err(|source| AgentError::ControlSocket {
+        path: socket_path.clone(),
+        source,
+    })?;
+    let self_info = SelfInfo {
+        node_id: node.node_id.clone(),
+        name: config.name.clone(),
+        generation: node.generation,
+        gossip_addr: advertise,
+        cluster_id: identity.cluster_id().to_owned(),
+        agent_version: crate::AGENT_VERSION.to_owned(),
+        pid: std::process::id(),
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(socket.serve(
+        control::router(membership.clone(), self_info),
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    info!(
+        name = %config.name, id = %node.node_id, generation = node.generation,
+        addr = %advertise, cluster = identity.cluster_id(), seeds = ?config.join,
+        "agent started"
+    );
+
+    wait_for_signal().await;
+    info!("shutting down");
+    let _ = stop_tx.send(());
+    membership.shutdown().await;
+    endpoint.shutdown().await;
+    match server.await {
+        Ok(Ok(())) => {}
+        Ok(Err(source)) => {
+            return Err(AgentError::ControlSocket {
+                path: socket_path,
+                source,
+            });
+        }
+        Err(join) => tracing::warn!(error = %join, "control server task failed"),
+    }
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

@@ -1,0 +1,105 @@
+//! Client of the local control API (a Unix socket in the data dir).
+
+use std::path::{Path, PathBuf};
+
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use serde::de::DeserializeOwned;
+
+use crate::control::SelfInfo;
+use crate::paths;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error(
+        "cannot reach the agent at {socket}: {source} (is `shoal agent` running with this data dir?)"
+    )]
+    Connect {
+        socket: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("request {path} to {socket} failed: {message}")]
+    Http {
+        socket: PathBuf,
+        path: String,
+        message: String,
+    },
+    #[error("agent answered {path} with {status}: {body}")]
+    Status {
+        path: String,
+        status: u16,
+        body: String,
+    },
+    #[error("agent answered {path} with an unreadable body: {source}")]
+    Decode {
+        path: String,
+        source: serde_json::Error,
+    },
+}
+
+/// Talks to the agent that owns a data dir.
+#[derive(Debug, Clone)]
+pub struct ControlClient {
+    socket: PathBuf,
+}
+
+impl ControlClient {
+    pub fn for_data_dir(data_dir: &Path) -> Self {
+        Self {
+            socket: paths::control_socket(data_dir),
+        }
+    }
+
+    pub async fn self_info(&self) -> Result<SelfInfo, ClientError> {
+        self.get_json("/v1/self").await
+    }
+
+    pub async fn members(&self) -> Result<Vec<shoal_gossip::Member>, ClientError> {
+        self.get_json("/v1/members").await
+    }
+
+    pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        let http = |message: String| ClientError::Http {
+            socket: self.socket.clone(),
+            path: path.to_owned(),
+            message,
+        };
+        let stream = tokio::net::UnixStream::connect(&self.socket)
+            .await
+            .map_err(|source| ClientError::Connect {
+                socket: self.socket.clone(),
+                source,
+            })?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| http(e.to_string()))?;
+        tokio::spawn(conn);
+        let request = hyper::Request::get(path)
+            .header(hyper::header::HOST, "localhost")
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| http(e.to_string()))?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| http(e.to_string()))?;
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| http(e.to_string()))?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(ClientError::Status {
+                path: path.to_owned(),
+                status: status.as_u16(),
+                body: String::from_utf8_lossy(&body).into_owned(),
+            });
+        }
+        serde_json::from_slice(&body).map_err(|source| ClientError::Decode {
+            path: path.to_owned(),
+            source,
+        })
+    }
+}

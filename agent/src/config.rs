@@ -1,0 +1,369 @@
+//! Agent configuration: typed, from a TOML file and/or flags (flags win), validated with errors
+//! that name the field.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::labels;
+
+/// Default UDP port of the node endpoint.
+pub const DEFAULT_PORT: u16 = 7600;
+
+/// `shoal agent` flags. Every one may also be set in the config file (same name, kebab-case).
+#[derive(Debug, Default, Clone, clap::Args)]
+pub struct AgentFlags {
+    /// TOML config file; flags override its values.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Node name (a DNS-1123 subdomain, e.g. `node-1`). Default: the host name.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Directory for this node's state (identity, store, control socket).
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Cluster secret written by `shoal init`.
+    #[arg(long, value_name = "PATH")]
+    pub secret_file: Option<PathBuf>,
+    /// UDP address of the node endpoint (all node-to-node traffic). Port 0 picks a free port.
+    #[arg(long, value_name = "IP:PORT")]
+    pub bind: Option<SocketAddr>,
+    /// Address peers use to reach this node. Default: the bound address.
+    #[arg(long, value_name = "IP:PORT")]
+    pub advertise: Option<SocketAddr>,
+    /// An existing member to join through (repeatable).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub join: Vec<String>,
+    /// Node labels, `k=v,k2=v2`.
+    #[arg(long, value_name = "K=V,...")]
+    pub labels: Option<String>,
+    /// Gossip round period, e.g. `200ms`.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub gossip_interval: Option<Duration>,
+}
+
+/// The `[gossip]` table of the config file.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct GossipFile {
+    #[serde(default, with = "humantime_serde")]
+    pub interval: Option<Duration>,
+    pub phi_threshold: Option<f64>,
+    #[serde(default, with = "humantime_serde")]
+    pub dead_node_grace_period: Option<Duration>,
+}
+
+/// The config file.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct AgentFile {
+    pub name: Option<String>,
+    pub data_dir: Option<PathBuf>,
+    pub secret_file: Option<PathBuf>,
+    pub bind: Option<SocketAddr>,
+    pub advertise: Option<SocketAddr>,
+    #[serde(default)]
+    pub join: Vec<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub gossip: GossipFile,
+}
+
+/// The resolved configuration the agent runs with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentConfig {
+    pub name: String,
+    pub data_dir: PathBuf,
+    pub secret_file: PathBuf,
+    /// Default `0.0.0.0:7600`.
+    pub bind: SocketAddr,
+    pub advertise: Option<SocketAddr>,
+    pub join: Vec<String>,
+    /// The user's labels (the well-known `kubernetes.io/*` labels are added by the agent).
+    pub labels: BTreeMap<String, String>,
+    /// Default 200 ms.
+    pub gossip_interval: Duration,
+    /// Default 8.0: dead after ~8 mean heartbeat intervals of silence.
+    pub phi_threshold: f64,
+    /// Default 10 min.
+    pub dead_node_grace_period: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+}
+
+fn invalid(field: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field,
+        message: message.into(),
+    }
+}
+
+impl AgentFile {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })
+    }
+}
+
+impl AgentConfig {
+    /// Merges the config file (if `flags.config` names one) under the flags, then validates.
+    pub fn resolve(flags: &AgentFlags) -> Result<Self, ConfigError> {
+        let file = match &flags.config {
+            Some(path) => AgentFile::load(path)?,
+            None => AgentFile::default(),
+        };
+        let name = match flags.name.clone().or(file.name) {
+            Some(name) => name,
+            None => default_node_name()?,
+        };
+        let labels = match &flags.labels {
+            Some(list) => labels::parse_list(list).map_err(|e| invalid("labels", e.to_string()))?,
+            None => file.labels,
+        };
+        let config = AgentConfig {
+            name,
+            data_dir: flags.data_dir.clone().or(file.data_dir).ok_or_else(|| {
+                invalid("data-dir", "required (flag --data-dir or config data-dir)")
+            })?,
+            secret_file: flags
+                .secret_file
+                .clone()
+                .or(file.secret_file)
+                .ok_or_else(|| {
+                    invalid(
+                        "secret-file",
+                        "required; create one with `shoal init --secret-file PATH`",
+                    )
+                })?,
+            bind: flags
+                .bind
+                .or(file.bind)
+                .unwrap_or(SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT))),
+            advertise: flags.advertise.or(file.advertise),
+            join: if flags.join.is_empty() {
+                file.join
+            } else {
+                flags.join.clone()
+            },
+            labels,
+            gossip_interval: flags
+                .gossip_interval
+                .or(file.gossip.interval)
+                .unwrap_or(Duration::from_millis(200)),
+            phi_threshold: file.gossip.phi_threshold.unwrap_or(8.0),
+            dead_node_grace_period: file
+                .gossip
+                .dead_node_grace_period
+                .unwrap_or(Duration::from_secs(600)),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        labels::check_dns_subdomain(&self.name).map_err(|m| invalid("name", m))?;
+        labels::validate(&self.labels).map_err(|e| invalid("labels", e.to_string()))?;
+        if let Some(key) = self.labels.keys().find(|k| k.starts_with("kubernetes.io/")) {
+            return Err(invalid(
+                "labels",
+                format!(
+                    "{key}: the kubernetes.io/ prefix is reserved; the agent sets these labels itself"
+                ),
+            ));
+        }
+        if let Some(advertise) = self.advertise
+            && (advertise.ip().is_unspecified() || advertise.port() == 0)
+        {
+            return Err(invalid(
+                "advertise",
+                format!("{advertise} is not an address peers can reach"),
+            ));
+        }
+        if self.gossip_interval < Duration::from_millis(10)
+            || self.gossip_interval > Duration::from_secs(60)
+        {
+            return Err(invalid("gossip.interval", "must be between 10ms and 60s"));
+        }
+        if !(self.phi_threshold.is_finite() && self.phi_threshold >= 1.0) {
+            return Err(invalid("gossip.phi-threshold", "must be a number >= 1"));
+        }
+        for seed in &self.join {
+            if !seed.contains(':') {
+                return Err(invalid("join", format!("{seed:?} is not HOST:PORT")));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn default_node_name() -> Result<String, ConfigError> {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_lowercase())
+        .map_err(|e| {
+            invalid(
+                "name",
+                format!("not given and the host name is unreadable: {e}"),
+            )
+        })?;
+    Ok(host)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags() -> AgentFlags {
+        AgentFlags {
+            name: Some("n1".into()),
+            data_dir: Some("/tmp/x".into()),
+            secret_file: Some("/tmp/s".into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn defaults() {
+        let c = AgentConfig::resolve(&flags()).unwrap();
+        assert_eq!(c.bind.port(), DEFAULT_PORT);
+        assert_eq!(c.gossip_interval, Duration::from_millis(200));
+        assert!(c.labels.is_empty());
+    }
+
+    #[test]
+    fn file_values_are_overridden_by_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shoal.toml");
+        std::fs::write(
+            &path,
+            r#"
+            name = "from-file"
+            data-dir = "/var/lib/shoal"
+            secret-file = "/etc/shoal/secret"
+            bind = "127.0.0.1:7000"
+            join = ["127.0.0.1:7001"]
+            labels = { zone = "a" }
+            [gossip]
+            interval = "100ms"
+            dead-node-grace-period = "5m"
+            "#,
+        )
+        .unwrap();
+        let mut f = AgentFlags {
+            config: Some(path.clone()),
+            ..Default::default()
+        };
+        let c = AgentConfig::resolve(&f).unwrap();
+        assert_eq!(c.name, "from-file");
+        assert_eq!(c.gossip_interval, Duration::from_millis(100));
+        assert_eq!(c.dead_node_grace_period, Duration::from_secs(300));
+        assert_eq!(c.labels["zone"], "a");
+        f.name = Some("from-flag".into());
+        f.labels = Some("zone=b".into());
+        let c = AgentConfig::resolve(&f).unwrap();
+        assert_eq!(c.name, "from-flag");
+        assert_eq!(c.labels["zone"], "b");
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases: Vec<(AgentFlags, &str)> = vec![
+            (
+                AgentFlags {
+                    name: Some("Bad_Name".into()),
+                    ..flags()
+                },
+                "name:",
+            ),
+            (
+                AgentFlags {
+                    data_dir: None,
+                    ..flags()
+                },
+                "data-dir:",
+            ),
+            (
+                AgentFlags {
+                    secret_file: None,
+                    ..flags()
+                },
+                "secret-file:",
+            ),
+            (
+                AgentFlags {
+                    labels: Some("a=b c".into()),
+                    ..flags()
+                },
+                "labels:",
+            ),
+            (
+                AgentFlags {
+                    labels: Some("kubernetes.io/os=x".into()),
+                    ..flags()
+                },
+                "reserved",
+            ),
+            (
+                AgentFlags {
+                    advertise: Some("0.0.0.0:1".parse().unwrap()),
+                    ..flags()
+                },
+                "advertise:",
+            ),
+            (
+                AgentFlags {
+                    join: vec!["nohost".into()],
+                    ..flags()
+                },
+                "join:",
+            ),
+            (
+                AgentFlags {
+                    gossip_interval: Some(Duration::from_millis(1)),
+                    ..flags()
+                },
+                "gossip.interval:",
+            ),
+        ];
+        for (f, expected) in cases {
+            let err = AgentConfig::resolve(&f).unwrap_err().to_string();
+            assert!(err.contains(expected), "expected {expected:?} in {err:?}");
+        }
+    }
+
+    #[test]
+    fn unknown_file_fields_are_rejected_with_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shoal.toml");
+        std::fs::write(&path, "nmae = \"typo\"\n").unwrap();
+        let f = AgentFlags {
+            config: Some(path),
+            ..flags()
+        };
+        let err = AgentConfig::resolve(&f).unwrap_err().to_string();
+        assert!(err.contains("shoal.toml") && err.contains("nmae"), "{err}");
+    }
+}

@@ -1,0 +1,74 @@
+//! What this host offers, read from the kernel, and the well-known node labels.
+
+use std::collections::BTreeMap;
+
+use shoal_gossip::Capacity;
+
+/// Kubernetes' default pod limit per node.
+pub const DEFAULT_MAX_PODS: u32 = 110;
+
+/// CPU from the scheduler's view of available cores, memory from `/proc/meminfo`.
+pub fn detect_capacity(max_pods: u32) -> std::io::Result<Capacity> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let meminfo = std::fs::read_to_string("/proc/meminfo")?;
+    let memory_bytes = parse_mem_total(&meminfo).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "/proc/meminfo has no parsable MemTotal line",
+        )
+    })?;
+    Ok(Capacity {
+        cpu_millis: cores * 1000,
+        memory_bytes,
+        pods: max_pods,
+    })
+}
+
+fn parse_mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let mut parts = line.split_whitespace().skip(1);
+    let value: u64 = parts.next()?.parse().ok()?;
+    match parts.next() {
+        Some("kB") => value.checked_mul(1024),
+        None => Some(value),
+        Some(_) => None,
+    }
+}
+
+/// `kubernetes.io/hostname`, `kubernetes.io/os` and `kubernetes.io/arch`, as kubelets set them.
+pub fn well_known_labels(node_name: &str) -> BTreeMap<String, String> {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    BTreeMap::from([
+        ("kubernetes.io/hostname".to_owned(), node_name.to_owned()),
+        (
+            "kubernetes.io/os".to_owned(),
+            std::env::consts::OS.to_owned(),
+        ),
+        ("kubernetes.io/arch".to_owned(), arch.to_owned()),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_total() {
+        assert_eq!(
+            parse_mem_total("MemFree: 1 kB\nMemTotal:       24576 kB\n"),
+            Some(24576 * 1024)
+        );
+        assert_eq!(parse_mem_total("MemFree: 1 kB\n"), None);
+        assert_eq!(parse_mem_total("MemTotal: x kB\n"), None);
+    }
+
+    #[test]
+    fn detects_this_host() {
+        let cap = detect_capacity(DEFAULT_MAX_PODS).unwrap();
+        assert!(cap.cpu_millis >= 1000 && cap.memory_bytes > 0);
+    }
+}

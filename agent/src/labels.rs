@@ -1,0 +1,155 @@
+//! Kubernetes label syntax: `[prefix/]name=value`, validated like the apiserver does, with
+//! errors that name the offending label.
+
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LabelError {
+    #[error("label {label:?}: expected key=value")]
+    NotKeyValue { label: String },
+    #[error("label key {key:?}: {reason}")]
+    BadKey { key: String, reason: String },
+    #[error("label {key}={value:?}: value {reason}")]
+    BadValue {
+        key: String,
+        value: String,
+        reason: String,
+    },
+    #[error("label key {key:?} is given twice")]
+    Duplicate { key: String },
+}
+
+/// `name` part of a key, and every value: at most 63 characters, alphanumerics with `-`, `_`,
+/// `.` inside.
+fn check_name(s: &str) -> Result<(), String> {
+    if s.len() > 63 {
+        return Err(format!(
+            "must be no more than 63 characters (is {})",
+            s.len()
+        ));
+    }
+    let ok_inner = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    let bytes: Vec<char> = s.chars().collect();
+    if !bytes.iter().all(|c| ok_inner(*c))
+        || !bytes.first().is_none_or(|c| c.is_ascii_alphanumeric())
+        || !bytes.last().is_none_or(|c| c.is_ascii_alphanumeric())
+    {
+        return Err(
+            "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// A DNS-1123 subdomain: lowercase alphanumerics, `-` and `.`, at most 253 characters.
+pub fn check_dns_subdomain(s: &str) -> Result<(), String> {
+    if s.is_empty() || s.len() > 253 {
+        return Err("must be 1 to 253 characters".into());
+    }
+    for part in s.split('.') {
+        let ok = !part.is_empty()
+            && part
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && !part.starts_with('-')
+            && !part.ends_with('-');
+        if !ok {
+            return Err("must be lowercase alphanumerics, '-' or '.', each part starting and ending with an alphanumeric (RFC 1123)".into());
+        }
+    }
+    Ok(())
+}
+
+pub fn validate_key(key: &str) -> Result<(), LabelError> {
+    let bad = |reason: String| LabelError::BadKey {
+        key: key.to_owned(),
+        reason,
+    };
+    let name = match key.split_once('/') {
+        Some((prefix, name)) => {
+            check_dns_subdomain(prefix).map_err(|r| bad(format!("prefix {r}")))?;
+            name
+        }
+        None => key,
+    };
+    if name.is_empty() {
+        return Err(bad("name part must not be empty".into()));
+    }
+    check_name(name).map_err(|r| bad(format!("name part {r}")))
+}
+
+pub fn validate_value(key: &str, value: &str) -> Result<(), LabelError> {
+    check_name(value).map_err(|reason| LabelError::BadValue {
+        key: key.to_owned(),
+        value: value.to_owned(),
+        reason,
+    })
+}
+
+pub fn validate(labels: &BTreeMap<String, String>) -> Result<(), LabelError> {
+    for (k, v) in labels {
+        validate_key(k)?;
+        validate_value(k, v)?;
+    }
+    Ok(())
+}
+
+/// Parses `k=v,k2=v2` (the `--labels` flag). An empty string is no labels.
+pub fn parse_list(list: &str) -> Result<BTreeMap<String, String>, LabelError> {
+    let mut labels = BTreeMap::new();
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (k, v) = item
+            .split_once('=')
+            .ok_or_else(|| LabelError::NotKeyValue {
+                label: item.to_owned(),
+            })?;
+        validate_key(k)?;
+        validate_value(k, v)?;
+        if labels.insert(k.to_owned(), v.to_owned()).is_some() {
+            return Err(LabelError::Duplicate { key: k.to_owned() });
+        }
+    }
+    Ok(labels)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_valid_lists() {
+        let l = parse_list("zone=a, topology.kubernetes.io/region=eu-west-1,empty=").unwrap();
+        assert_eq!(l["zone"], "a");
+        assert_eq!(l["topology.kubernetes.io/region"], "eu-west-1");
+        assert_eq!(l["empty"], "");
+        assert!(parse_list("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn rejects_bad_labels_naming_them() {
+        let cases = [
+            ("zone", "expected key=value"),
+            ("-zone=a", "label key \"-zone\""),
+            ("Bad_Prefix.com/x=1", "prefix"),
+            ("zone=a b", "label zone=\"a b\""),
+            ("zone=a,zone=b", "given twice"),
+            ("/x=1", "prefix"),
+            ("p/=1", "name part must not be empty"),
+        ];
+        for (input, expected) in cases {
+            let err = parse_list(input).unwrap_err().to_string();
+            assert!(err.contains(expected), "{input}: {err}");
+        }
+        let long = format!("k={}", "v".repeat(64));
+        assert!(parse_list(&long).unwrap_err().to_string().contains("63"));
+    }
+
+    #[test]
+    fn dns_subdomains() {
+        assert!(check_dns_subdomain("node-1.example").is_ok());
+        assert!(check_dns_subdomain("Node").is_err());
+        assert!(check_dns_subdomain("a..b").is_err());
+        assert!(check_dns_subdomain("").is_err());
+    }
+}

@@ -1,0 +1,38 @@
+//! `shoal-agent`: the one binary (`shoal`) every node runs.
+//!
+//! This crate wires the node together: configuration ([`config`]), the node's persisted identity
+//! ([`node_identity`]), membership over the authenticated QUIC endpoint ([`agent`]), and the
+//! local control API on a Unix socket in the data dir ([`control`], [`client`]) that the CLI and
+//! tests use. [`testkit`] starts real `shoal` processes for integration tests and benchmarks.
+
+pub mod agent;
+pub mod client;
+pub mod config;
+pub mod control;
+pub mod host;
+pub mod labels;
+pub mod node_identity;
+pub mod testkit;
+
+/// Version reported in gossip and by `shoal --version`.
+pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// File names inside a data dir.
+pub mod paths {
+    use std::path::{Path, PathBuf};
+
+    /// The control API socket.
+    pub fn control_socket(data_dir: &Path) -> PathBuf {
+        data_dir.join("shoal.sock")
+    }
+
+    /// The node's persisted identity (id, name, generation).
+    pub fn node_identity(data_dir: &Path) -> PathBuf {
+        data_dir.join("node.json")
+    }
+
+    /// Held (flock) while an agent runs on this data dir.
+    pub fn lock(data_dir: &Path) -> PathBuf {
+        data_dir.join("agent.lock")
+    }
+}

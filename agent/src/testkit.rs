@@ -1,0 +1,311 @@
+//! Real `shoal` agent processes for integration tests, chaos tests and benchmarks: started on
+//! loopback in their own data dirs, killed, stopped and restarted for real, queried through the
+//! same control socket the CLI uses. Killed on drop, so a failing test leaks no process.
+
+use std::fs::OpenOptions;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use shoal_gossip::{Member, MemberState};
+
+use crate::client::ControlClient;
+
+/// How to start one agent.
+#[derive(Debug, Clone)]
+pub struct AgentSpec {
+    pub binary: PathBuf,
+    pub name: String,
+    pub data_dir: PathBuf,
+    pub secret_file: PathBuf,
+    /// Gossip bind address; port 0 picks one (kept across restarts).
+    pub bind: SocketAddr,
+    pub join: Vec<SocketAddr>,
+    pub extra_args: Vec<String>,
+}
+
+impl AgentSpec {
+    pub fn new(binary: &Path, root: &Path, name: &str, secret_file: &Path) -> Self {
+        Self {
+            binary: binary.to_owned(),
+            name: name.to_owned(),
+            data_dir: root.join(name),
+            secret_file: secret_file.to_owned(),
+            bind: "127.0.0.1:0".parse().expect("literal address"),
+            join: Vec::new(),
+            extra_args: Vec::new(),
+        }
+    }
+
+    pub fn join(mut self, seed: SocketAddr) -> Self {
+        self.join.push(seed);
+        self
+    }
+
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.extra_args.push(arg.into());
+        self
+    }
+}
+
+/// A running (or killed) agent process.
+pub struct AgentProcess {
+    spec: AgentSpec,
+    child: Option<Child>,
+    client: ControlClient,
+    gossip_addr: Option<SocketAddr>,
+    generation: u64,
+}
+
+/// Creates a cluster secret with the real CLI.
+pub fn init_secret(binary: &Path, path: &Path) -> anyhow::Result<()> {
+    let status = Command::new(binary)
+        .args(["init", "--secret-file"])
+        .arg(path)
+        .stdout(Stdio::null())
+        .status()
+        .with_context(|| format!("running {} init", binary.display()))?;
+    if !status.success() {
+        bail!("shoal init failed: {status}");
+    }
+    Ok(())
+}
+
+impl AgentProcess {
+    /// Starts the agent and waits until its control socket answers.
+    pub async fn start(spec: AgentSpec) -> anyhow::Result<Self> {
+        let client = ControlClient::for_data_dir(&spec.data_dir);
+        let mut agent = Self {
+            spec,
+            child: None,
+            client,
+            gossip_addr: None,
+            generation: 0,
+        };
+        agent.spawn().await?;
+        Ok(agent)
+    }
+
+    async fn spawn(&mut self) -> anyhow::Result<()> {
+        std::fs::create_dir_all(&self.spec.data_dir)?;
+        let log_path = self.log_path();
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)?;
+        let bind = self.gossip_addr.unwrap_or(self.spec.bind);
+        let mut cmd = Command::new(&self.spec.binary);
+        cmd.arg("agent")
+            .args(["--name", &self.spec.name])
+            .arg("--data-dir")
+            .arg(&self.spec.data_dir)
+            .arg("--secret-file")
+            .arg(&self.spec.secret_file)
+            .args(["--bind", &bind.to_string()]);
+        for seed in &self.spec.join {
+            cmd.args(["--join", &seed.to_string()]);
+        }
+        cmd.args(&self.spec.extra_args)
+            .env(
+                "RUST_LOG",
+                std::env::var("SHOAL_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", self.spec.binary.display()))?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.child = None;
+                bail!(
+                    "agent {} exited with {status} while starting; log:\n{}",
+                    self.spec.name,
+                    self.log()
+                );
+            }
+            match self.client.self_info().await {
+                Ok(info) if Some(info.pid) == self.pid() => {
+                    self.gossip_addr = Some(info.gossip_addr);
+                    self.generation = info.generation;
+                    return Ok(());
+                }
+                _ if Instant::now() > deadline => {
+                    bail!(
+                        "agent {} did not answer in 15 s; log:\n{}",
+                        self.spec.name,
+                        self.log()
+                    )
+                }
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.spec.data_dir
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The gossip address this agent advertises (known once started).
+    pub fn gossip_addr(&self) -> SocketAddr {
+        self.gossip_addr.expect("the agent was started")
+    }
+
+    /// Generation the running process reported at start.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub fn client(&self) -> &ControlClient {
+        &self.client
+    }
+
+    pub async fn members(&self) -> anyhow::Result<Vec<Member>> {
+        Ok(self.client.members().await?)
+    }
+
+    fn signal(&self, signal: libc::c_int) -> anyhow::Result<()> {
+        let pid = self.pid().context("agent is not running")?;
+        // SAFETY: sends a signal to our own child process; no memory is involved.
+        if unsafe { libc::kill(pid as libc::pid_t, signal) } != 0 {
+            bail!("kill({pid}, {signal}): {}", std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// `kill -9` and reap.
+    pub fn kill(&mut self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.kill()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    /// SIGTERM, then wait up to 10 s for a clean exit (SIGKILL after that).
+    pub fn terminate(&mut self) -> anyhow::Result<std::process::ExitStatus> {
+        self.signal(libc::SIGTERM)?;
+        let mut child = self.child.take().context("agent is not running")?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                child.kill()?;
+                bail!("agent {} ignored SIGTERM for 10 s", self.spec.name);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGSTOP: a silent failure, sockets stay open.
+    pub fn pause(&self) -> anyhow::Result<()> {
+        self.signal(libc::SIGSTOP)
+    }
+
+    /// SIGCONT.
+    pub fn resume(&self) -> anyhow::Result<()> {
+        self.signal(libc::SIGCONT)
+    }
+
+    /// Starts the agent again with the same data dir and gossip address.
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        if self.child.is_some() {
+            bail!("agent {} is still running", self.spec.name);
+        }
+        self.spawn().await
+    }
+
+    /// Resident set size from /proc, in bytes.
+    pub fn rss_bytes(&self) -> Option<u64> {
+        rss_bytes_of(self.pid()?)
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.spec.data_dir.join("agent.log")
+    }
+
+    /// The agent's log so far (stdout and stderr).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // A stopped process must be continued to die promptly on some kernels' accounting.
+            let _ = child.kill();
+            // SAFETY: continue our own child so that SIGKILL is delivered; no memory involved.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGCONT) };
+            let _ = child.wait();
+        }
+    }
+}
+
+/// VmRSS of a process, in bytes.
+pub fn rss_bytes_of(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Polls `check` every 20 ms until it holds; returns how long that took, or an error naming
+/// `what` after `timeout`.
+pub async fn wait_until<F, Fut>(
+    what: &str,
+    timeout: Duration,
+    mut check: F,
+) -> anyhow::Result<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if check().await {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > timeout {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The state in which `observer` sees the node named `name`, if it knows it.
+pub async fn state_of(observer: &AgentProcess, name: &str) -> Option<(MemberState, u64)> {
+    let members = observer.members().await.ok()?;
+    members
+        .iter()
+        .find(|m| m.name() == name)
+        .map(|m| (m.state, m.generation))
+}
+
+/// Number of members `observer` sees alive.
+pub async fn alive_count(observer: &AgentProcess) -> usize {
+    observer
+        .members()
+        .await
+        .map(|ms| ms.iter().filter(|m| m.state == MemberState::Alive).count())
+        .unwrap_or(0)
+}

@@ -1,0 +1,102 @@
+//! The command line: errors name what is wrong, output formats work.
+
+use std::process::Command;
+
+use shoal_agent::testkit::{alive_count, wait_until};
+
+use crate::{Lab, shoal_binary};
+
+fn run(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(shoal_binary()).args(args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn init_refuses_to_overwrite_a_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s");
+    let path = path.to_str().unwrap();
+    assert!(run(&["init", "--secret-file", path]).0);
+    let (ok, _, err) = run(&["init", "--secret-file", path]);
+    assert!(!ok);
+    assert!(err.contains("already exists"), "{err}");
+}
+
+#[test]
+fn agent_config_errors_name_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let (ok, _, err) = run(&["agent", "--name", "n1", "--data-dir", d]);
+    assert!(!ok);
+    assert!(err.contains("secret-file"), "{err}");
+    let (ok, _, err) = run(&[
+        "agent",
+        "--name",
+        "n1",
+        "--data-dir",
+        d,
+        "--secret-file",
+        "/nonexistent/secret",
+        "--labels",
+        "zone=a b",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("labels"), "{err}");
+    let (ok, _, err) = run(&[
+        "agent",
+        "--name",
+        "n1",
+        "--data-dir",
+        d,
+        "--secret-file",
+        "/nonexistent/secret",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("/nonexistent/secret"), "{err}");
+}
+
+#[test]
+fn members_without_an_agent_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, _, err) = run(&["members", "--data-dir", dir.path().to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("cannot reach the agent"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_prints_a_table_and_json() {
+    let lab = Lab::new();
+    let agents = lab.start_cluster(2).await;
+    for agent in &agents {
+        wait_until("2 alive", std::time::Duration::from_secs(20), || async {
+            alive_count(agent).await == 2
+        })
+        .await
+        .unwrap();
+    }
+    let d = agents[0].data_dir().to_str().unwrap().to_owned();
+    let (ok, table, err) = run(&["members", "--data-dir", &d]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[0].starts_with("NAME") && lines[0].contains("STATE"),
+        "{table}"
+    );
+    assert!(
+        lines[1].starts_with("n0*") && lines[1].contains("alive"),
+        "{table}"
+    );
+    assert!(
+        lines[2].starts_with("n1 ") && lines[2].contains("kubernetes.io/hostname=n1"),
+        "{table}"
+    );
+
+    let (ok, json, err) = run(&["members", "--data-dir", &d, "-o", "json"]);
+    assert!(ok, "{err}");
+    let parsed: Vec<shoal_gossip::Member> = serde_json::from_str(&json).unwrap();
+    assert_eq!(parsed.len(), 2);
+}

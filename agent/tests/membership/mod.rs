@@ -1,0 +1,208 @@
+//! Membership and failure detection across real agent processes.
+
+use std::time::Duration;
+
+use shoal_agent::testkit::{AgentProcess, alive_count, state_of, wait_until};
+use shoal_gossip::MemberState;
+
+use crate::Lab;
+
+const CONVERGE: Duration = Duration::from_secs(20);
+
+async fn all_see_alive(agents: &[AgentProcess], n: usize) {
+    for agent in agents {
+        wait_until(
+            &format!("{} to see {n} alive members", agent.name()),
+            CONVERGE,
+            || async { alive_count(agent).await == n },
+        )
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}\nmembers: {:?}\nlog:\n{}",
+                agent.members_blocking(),
+                agent.log()
+            )
+        });
+    }
+}
+
+async fn all_see(agents: &[&AgentProcess], name: &str, state: MemberState) {
+    for agent in agents {
+        wait_until(
+            &format!("{} to see {name} {state}", agent.name()),
+            CONVERGE,
+            || async { state_of(agent, name).await.map(|s| s.0) == Some(state) },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nlog:\n{}", agent.log()));
+    }
+}
+
+trait BlockingMembers {
+    fn members_blocking(&self) -> String;
+}
+
+impl BlockingMembers for AgentProcess {
+    fn members_blocking(&self) -> String {
+        let out = std::process::Command::new(crate::shoal_binary())
+            .args(["members", "--data-dir"])
+            .arg(self.data_dir())
+            .output()
+            .expect("shoal members runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_agents_join_through_one_seed() {
+    let lab = Lab::new();
+    let agents = lab.start_cluster(5).await;
+    all_see_alive(&agents, 5).await;
+    // Every agent knows every other one's metadata, with the well-known labels.
+    for agent in &agents {
+        let members = agent.members().await.unwrap();
+        let mut names: Vec<&str> = members.iter().map(|m| m.name()).collect();
+        names.sort();
+        assert_eq!(names, ["n0", "n1", "n2", "n3", "n4"]);
+        for m in &members {
+            let meta = m.meta.as_ref().expect("metadata gossiped");
+            assert_eq!(meta.labels["kubernetes.io/hostname"], meta.name);
+            assert!(meta.capacity.cpu_millis >= 1000);
+        }
+        assert_eq!(members.iter().filter(|m| m.is_self).count(), 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_agent_is_seen_dead_and_rejoins_with_a_higher_generation() {
+    let lab = Lab::new();
+    let mut agents = lab.start_cluster(4).await;
+    all_see_alive(&agents, 4).await;
+    let mut victim = agents.pop().unwrap();
+    let before = victim.generation();
+    victim.kill().unwrap();
+    all_see(&agents.iter().collect::<Vec<_>>(), "n3", MemberState::Dead).await;
+
+    victim.restart().await.unwrap();
+    assert!(
+        victim.generation() > before,
+        "generation must grow across restarts"
+    );
+    agents.push(victim);
+    all_see_alive(&agents, 4).await;
+    for agent in &agents {
+        let (_, generation) = state_of(agent, "n3").await.unwrap();
+        assert_eq!(
+            generation,
+            before + 1,
+            "{} sees the new generation",
+            agent.name()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_agent_is_seen_dead_then_alive_after_continue() {
+    let lab = Lab::new();
+    let agents = lab.start_cluster(4).await;
+    all_see_alive(&agents, 4).await;
+    let (victim, others) = agents.split_last().unwrap();
+    victim.pause().unwrap();
+    all_see(&others.iter().collect::<Vec<_>>(), "n3", MemberState::Dead).await;
+    victim.resume().unwrap();
+    all_see_alive(&agents, 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_with_another_secret_never_gets_in() {
+    let lab = Lab::new();
+    let agents = lab.start_cluster(3).await;
+    all_see_alive(&agents, 3).await;
+
+    let strangers = Lab::new();
+    let stranger = AgentProcess::start(strangers.spec("intruder").join(agents[0].gossip_addr()))
+        .await
+        .unwrap();
+    // Let the intruder try for many gossip rounds (200 ms each).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for agent in &agents {
+        let members = agent.members().await.unwrap();
+        assert_eq!(members.len(), 3, "{}: {members:?}", agent.name());
+        assert!(members.iter().all(|m| m.name() != "intruder"));
+    }
+    let seen = stranger.members().await.unwrap();
+    assert_eq!(seen.len(), 1, "the intruder learned nothing: {seen:?}");
+    assert!(seen[0].is_self);
+    // The refusal is logged with the intruder's address.
+    let addr = stranger.gossip_addr().to_string();
+    wait_until(
+        "the seed to log the refusal",
+        Duration::from_secs(5),
+        || async {
+            agents[0]
+                .log()
+                .lines()
+                .any(|l| l.contains("refused peer") && l.contains(&addr))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nlog:\n{}", agents[0].log()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_outlives_its_seed_and_accepts_joins_through_a_survivor() {
+    let lab = Lab::new();
+    let mut agents = lab.start_cluster(4).await;
+    all_see_alive(&agents, 4).await;
+    let mut seed = agents.remove(0);
+    seed.kill().unwrap();
+    all_see(&agents.iter().collect::<Vec<_>>(), "n0", MemberState::Dead).await;
+    all_see_alive(&agents, 3).await;
+
+    let late = AgentProcess::start(lab.spec("late").join(agents[2].gossip_addr()))
+        .await
+        .unwrap();
+    agents.push(late);
+    all_see_alive(&agents, 4).await;
+    for agent in &agents {
+        assert_eq!(
+            state_of(agent, "late").await.map(|s| s.0),
+            Some(MemberState::Alive)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_shuts_down_cleanly_and_a_data_dir_serves_one_agent() {
+    let lab = Lab::new();
+    let mut agents = lab.start_cluster(1).await;
+    let agent = &mut agents[0];
+    // A second agent on the same data dir is refused with a clear error.
+    let out = std::process::Command::new(crate::shoal_binary())
+        .args([
+            "agent",
+            "--name",
+            "dup",
+            "--bind",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(agent.data_dir())
+        .arg("--secret-file")
+        .arg(&lab.secret)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("another agent is running"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = agent.terminate().unwrap();
+    assert!(status.success(), "exit status {status}\n{}", agent.log());
+    assert!(
+        !agent.data_dir().join("shoal.sock").exists(),
+        "control socket removed"
+    );
+}

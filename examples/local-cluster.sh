@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Starts a local 3-node Shoal cluster on loopback and shows its members.
+#
+#   examples/local-cluster.sh          # run until Ctrl-C, then stop and clean up
+#   examples/local-cluster.sh --check  # show the members once, then stop (used by CI)
+#
+# State lives in ./.shoal-local (removed on exit). Ports: 127.0.0.1:7601-7603/udp.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-run}
+cargo build --locked --quiet -p shoal-agent --bin shoal
+shoal=target/debug/shoal
+dir=.shoal-local
+rm -rf "$dir"
+mkdir -p "$dir"
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+"$shoal" init --secret-file "$dir/cluster.secret"
+for i in 1 2 3; do
+  join=()
+  [ "$i" -gt 1 ] && join=(--join 127.0.0.1:7601)
+  "$shoal" agent --name "node-$i" --data-dir "$dir/node-$i" --secret-file "$dir/cluster.secret" \
+    --bind "127.0.0.1:760$i" --labels "zone=zone-$(( (i % 2) + 1 ))" "${join[@]}" \
+    >"$dir/node-$i.log" 2>&1 &
+  pids+=($!)
+done
+
+echo "waiting for the 3 agents to see each other..."
+for _ in $(seq 1 100); do
+  alive=$("$shoal" members --data-dir "$dir/node-3" 2>/dev/null | grep -c ' alive ' || true)
+  [ "$alive" = 3 ] && break
+  sleep 0.1
+done
+"$shoal" members --data-dir "$dir/node-1"
+if [ "$alive" != 3 ]; then
+  echo "cluster did not converge; logs in $dir" >&2
+  tail -n 20 "$dir"/node-*.log >&2
+  exit 1
+fi
+if [ "$mode" = "--check" ]; then
+  exit 0
+fi
+echo
+echo "cluster running; try: $shoal members --data-dir $dir/node-2 -o json"
+echo "Ctrl-C stops it."
+wait

@@ -1,0 +1,410 @@
+//! The node's one QUIC endpoint: mutual-TLS connections to peers, one frame per unidirectional
+//! stream, dispatched by [`Channel`] to whichever subsystem subscribed to it.
+//!
+//! Sending never blocks the caller: frames go to a bounded per-peer queue drained by a writer
+//! task that owns the (cached) connection to that peer. A full queue drops the frame, which is
+//! what gossip wants from a slow or silent peer.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use quinn::{Connection, Endpoint, IdleTimeout, TransportConfig, VarInt};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use crate::frame::{Channel, Frame, FrameError};
+use crate::identity::{ClusterIdentity, IdentityError, NODE_SERVER_NAME, NodeCertificate};
+
+/// Tunables of the endpoint. Defaults suit a LAN cluster with 200 ms gossip.
+#[derive(Debug, Clone)]
+pub struct PeerEndpointConfig {
+    /// UDP address to bind (port 0 picks a free port; see [`PeerEndpoint::local_addr`]).
+    pub bind: SocketAddr,
+    /// A connection with no traffic for this long is closed (silent peers are dropped).
+    pub idle_timeout: Duration,
+    /// Keep-alive pings on idle connections, well under `idle_timeout`.
+    pub keep_alive: Duration,
+    /// How long a connection attempt (handshake included) may take.
+    pub connect_timeout: Duration,
+    /// How long writing one frame may take before it is dropped.
+    pub send_timeout: Duration,
+    /// Frames queued per peer before new ones are dropped.
+    pub queue_per_peer: usize,
+    /// Frames queued per channel for the local subscriber before new ones are dropped.
+    pub queue_per_channel: usize,
+}
+
+impl PeerEndpointConfig {
+    pub fn new(bind: SocketAddr) -> Self {
+        Self {
+            bind,
+            idle_timeout: Duration::from_secs(10),
+            keep_alive: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(2),
+            send_timeout: Duration::from_secs(2),
+            queue_per_peer: 128,
+            queue_per_channel: 1024,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error("cannot bind the node endpoint on {addr}/udp: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("channel {0:?} already has a subscriber")]
+    AlreadySubscribed(Channel),
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    #[error("send queue to {peer} is full; frame dropped")]
+    QueueFull { peer: SocketAddr },
+    #[error("endpoint is shut down")]
+    Closed,
+}
+
+/// Frames received on one channel, with the peer address they came from. Dropping it
+/// unsubscribes the channel.
+pub struct IncomingFrames {
+    channel: Channel,
+    rx: mpsc::Receiver<(SocketAddr, Bytes)>,
+    inner: Arc<Inner>,
+}
+
+impl IncomingFrames {
+    /// Next frame; `None` once the endpoint is shut down. Cancel-safe.
+    pub async fn recv(&mut self) -> Option<(SocketAddr, Bytes)> {
+        self.rx.recv().await
+    }
+}
+
+impl Drop for IncomingFrames {
+    fn drop(&mut self) {
+        self.inner.subscribers.lock().unwrap().remove(&self.channel);
+    }
+}
+
+/// Cheap to clone handle on the node's endpoint.
+#[derive(Clone)]
+pub struct PeerEndpoint {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    endpoint: Endpoint,
+    config: PeerEndpointConfig,
+    /// Live connections by peer address, whichever side opened them.
+    connections: Mutex<HashMap<SocketAddr, Connection>>,
+    writers: Mutex<HashMap<SocketAddr, mpsc::Sender<Vec<u8>>>>,
+    subscribers: Mutex<HashMap<Channel, mpsc::Sender<(SocketAddr, Bytes)>>>,
+    refusals: Mutex<RefusalLog>,
+    closed: AtomicBool,
+}
+
+impl PeerEndpoint {
+    /// Binds the endpoint and starts accepting authenticated peers. Must run inside a tokio
+    /// runtime.
+    pub fn bind(
+        identity: &ClusterIdentity,
+        node: &NodeCertificate,
+        config: PeerEndpointConfig,
+    ) -> Result<Self, EndpointError> {
+        let mut transport = TransportConfig::default();
+        transport
+            .max_idle_timeout(Some(
+                IdleTimeout::try_from(config.idle_timeout)
+                    .unwrap_or(VarInt::from_u32(10_000).into()),
+            ))
+            .keep_alive_interval(Some(config.keep_alive))
+            .max_concurrent_uni_streams(VarInt::from_u32(1024))
+            .max_concurrent_bidi_streams(VarInt::from_u32(256));
+        let transport = Arc::new(transport);
+
+        let server_tls = QuicServerConfig::try_from(identity.node_server_config(node)?)
+            .map_err(|e| IdentityError::Tls(e.to_string()))?;
+        let mut server = quinn::ServerConfig::with_crypto(Arc::new(server_tls));
+        server.transport_config(transport.clone());
+        let client_tls = QuicClientConfig::try_from(identity.node_client_config(node)?)
+            .map_err(|e| IdentityError::Tls(e.to_string()))?;
+        let mut client = quinn::ClientConfig::new(Arc::new(client_tls));
+        client.transport_config(transport);
+
+        let mut endpoint =
+            Endpoint::server(server, config.bind).map_err(|source| EndpointError::Bind {
+                addr: config.bind,
+                source,
+            })?;
+        endpoint.set_default_client_config(client);
+        let inner = Arc::new(Inner {
+            endpoint,
+            config,
+            connections: Mutex::new(HashMap::new()),
+            writers: Mutex::new(HashMap::new()),
+            subscribers: Mutex::new(HashMap::new()),
+            refusals: Mutex::new(RefusalLog::default()),
+            closed: AtomicBool::new(false),
+        });
+        tokio::spawn(accept_loop(inner.clone()));
+        Ok(Self { inner })
+    }
+
+    /// The bound UDP address (resolves port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner
+            .endpoint
+            .local_addr()
+            .unwrap_or(self.inner.config.bind)
+    }
+
+    /// Receives the frames of `channel`. One subscriber per channel at a time.
+    pub fn subscribe(&self, channel: Channel) -> Result<IncomingFrames, EndpointError> {
+        let mut subscribers = self.inner.subscribers.lock().unwrap();
+        if subscribers.contains_key(&channel) {
+            return Err(EndpointError::AlreadySubscribed(channel));
+        }
+        let (tx, rx) = mpsc::channel(self.inner.config.queue_per_channel);
+        subscribers.insert(channel, tx);
+        Ok(IncomingFrames {
+            channel,
+            rx,
+            inner: self.inner.clone(),
+        })
+    }
+
+    /// Queues `payload` for `peer` on `channel` and returns at once. Delivery is best effort:
+    /// an unreachable or unauthenticated peer simply never receives it.
+    pub fn send(
+        &self,
+        peer: SocketAddr,
+        channel: Channel,
+        payload: &[u8],
+    ) -> Result<(), EndpointError> {
+        let frame = Frame::encode(channel, payload)?;
+        let mut writers = self.inner.writers.lock().unwrap();
+        let frame = match writers.get(&peer) {
+            None => frame,
+            Some(tx) => match tx.try_send(frame) {
+                Ok(()) => return Ok(()),
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    return Err(EndpointError::QueueFull { peer });
+                }
+                // The writer exited after being idle: start a new one.
+                Err(mpsc::error::TrySendError::Closed(frame)) => frame,
+            },
+        };
+        if self.inner.closed.load(Ordering::Relaxed) {
+            return Err(EndpointError::Closed);
+        }
+        let (tx, rx) = mpsc::channel(self.inner.config.queue_per_peer);
+        tx.try_send(frame).expect("a new queue has room");
+        writers.insert(peer, tx);
+        tokio::spawn(write_loop(self.inner.clone(), peer, rx));
+        Ok(())
+    }
+
+    /// Number of peers with an open connection.
+    pub fn connected_peers(&self) -> usize {
+        self.inner
+            .connections
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|c| c.close_reason().is_none())
+            .count()
+    }
+
+    /// Closes every connection and stops accepting.
+    pub async fn shutdown(&self) {
+        self.inner.closed.store(true, Ordering::Relaxed);
+        self.inner
+            .endpoint
+            .close(VarInt::from_u32(0), b"node shutting down");
+        self.inner.subscribers.lock().unwrap().clear();
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
+    }
+}
+
+async fn accept_loop(inner: Arc<Inner>) {
+    while let Some(incoming) = inner.endpoint.accept().await {
+        let inner = inner.clone();
+        tokio::spawn(async move {
+            let peer = incoming.remote_address();
+            match incoming.await {
+                Ok(conn) => {
+                    debug!(%peer, "accepted authenticated peer connection");
+                    register_connection(&inner, conn);
+                }
+                Err(error) => inner
+                    .refusals
+                    .lock()
+                    .unwrap()
+                    .refused(peer, &error, "inbound"),
+            }
+        });
+    }
+}
+
+/// Caches `conn` as the way to reach its peer and starts reading its streams.
+fn register_connection(inner: &Arc<Inner>, conn: Connection) {
+    inner
+        .connections
+        .lock()
+        .unwrap()
+        .insert(conn.remote_address(), conn.clone());
+    tokio::spawn(read_loop(inner.clone(), conn));
+}
+
+async fn read_loop(inner: Arc<Inner>, conn: Connection) {
+    let peer = conn.remote_address();
+    let max = Frame::max_encoded_bytes();
+    loop {
+        let mut stream = match conn.accept_uni().await {
+            Ok(stream) => stream,
+            Err(error) => {
+                debug!(%peer, %error, "peer connection closed");
+                break;
+            }
+        };
+        let inner = inner.clone();
+        tokio::spawn(async move {
+            let bytes = match stream.read_to_end(max).await {
+                Ok(bytes) => bytes,
+                Err(error) => {
+                    debug!(%peer, %error, "dropped an unreadable stream");
+                    return;
+                }
+            };
+            match Frame::decode(Bytes::from(bytes)) {
+                Ok(frame) => inner.dispatch(peer, frame),
+                Err(error) => warn!(%peer, %error, "rejected a malformed frame"),
+            }
+        });
+    }
+    let mut connections = inner.connections.lock().unwrap();
+    if connections
+        .get(&peer)
+        .is_some_and(|c| c.stable_id() == conn.stable_id())
+    {
+        connections.remove(&peer);
+    }
+}
+
+impl Inner {
+    fn dispatch(&self, peer: SocketAddr, frame: Frame) {
+        let subscribers = self.subscribers.lock().unwrap();
+        let Some(tx) = subscribers.get(&frame.channel) else {
+            debug!(%peer, channel = ?frame.channel, "no subscriber; frame dropped");
+            return;
+        };
+        if tx.try_send((peer, frame.payload)).is_err() {
+            debug!(%peer, channel = ?frame.channel, "subscriber queue full; frame dropped");
+        }
+    }
+
+    /// A live connection to `peer`: the cached one, or a new one.
+    async fn connection_to(self: &Arc<Self>, peer: SocketAddr) -> Option<Connection> {
+        let cached = self.connections.lock().unwrap().get(&peer).cloned();
+        if let Some(conn) = cached.filter(|c| c.close_reason().is_none()) {
+            return Some(conn);
+        }
+        let connecting = match self.endpoint.connect(peer, NODE_SERVER_NAME) {
+            Ok(connecting) => connecting,
+            Err(error) => {
+                debug!(%peer, %error, "cannot start a connection");
+                return None;
+            }
+        };
+        match tokio::time::timeout(self.config.connect_timeout, connecting).await {
+            Ok(Ok(conn)) => {
+                register_connection(self, conn.clone());
+                Some(conn)
+            }
+            Ok(Err(error)) => {
+                self.refusals
+                    .lock()
+                    .unwrap()
+                    .refused(peer, &error, "outbound");
+                None
+            }
+            Err(_) => {
+                debug!(%peer, "connection attempt timed out");
+                None
+            }
+        }
+    }
+}
+
+/// Per-peer writer: owns the order of frames to one peer and exits after a quiet minute.
+async fn write_loop(inner: Arc<Inner>, peer: SocketAddr, mut rx: mpsc::Receiver<Vec<u8>>) {
+    const IDLE_EXIT: Duration = Duration::from_secs(60);
+    while let Ok(Some(frame)) = tokio::time::timeout(IDLE_EXIT, rx.recv()).await {
+        let Some(conn) = inner.connection_to(peer).await else {
+            continue;
+        };
+        let write = async {
+            let mut stream = conn.open_uni().await.map_err(|e| e.to_string())?;
+            stream.write_all(&frame).await.map_err(|e| e.to_string())?;
+            stream.finish().map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(inner.config.send_timeout, write).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => debug!(%peer, %error, "frame not sent"),
+            Err(_) => debug!(%peer, "frame send timed out"),
+        }
+    }
+    // Drop our receiver first: a sender that raced us sees a closed queue and starts a new
+    // writer, whose open queue we then leave in place.
+    drop(rx);
+    let mut writers = inner.writers.lock().unwrap();
+    if writers.get(&peer).is_some_and(|tx| tx.is_closed()) {
+        writers.remove(&peer);
+    }
+}
+
+/// Logs each refused peer (bad certificate, wrong cluster, TLS failure) at most once per
+/// interval, so a stranger retrying every gossip round does not flood the log.
+#[derive(Default)]
+struct RefusalLog {
+    last: HashMap<SocketAddr, Instant>,
+}
+
+impl RefusalLog {
+    const INTERVAL: Duration = Duration::from_secs(30);
+
+    fn refused(&mut self, peer: SocketAddr, error: &quinn::ConnectionError, direction: &str) {
+        let authentication = matches!(
+            error,
+            quinn::ConnectionError::TransportError(_) | quinn::ConnectionError::ConnectionClosed(_)
+        );
+        if !authentication {
+            debug!(%peer, %error, direction, "connection failed");
+            return;
+        }
+        let now = Instant::now();
+        if self
+            .last
+            .get(&peer)
+            .is_some_and(|at| now.duration_since(*at) < Self::INTERVAL)
+        {
+            return;
+        }
+        self.last.insert(peer, now);
+        if self.last.len() > 4096 {
+            self.last
+                .retain(|_, at| now.duration_since(*at) < Self::INTERVAL);
+        }
+        warn!(
+            %peer, %error, direction,
+            "refused peer: TLS handshake failed, not a member of this cluster? (logged at most every 30 s per peer)"
+        );
+    }
+}

@@ -1,0 +1,34 @@
+//! `shoal-gossip`: who is in the cluster, and the one authenticated channel nodes talk over.
+//!
+//! Every Shoal node owns a single UDP port. On it runs one QUIC endpoint ([`PeerEndpoint`]) whose
+//! every connection is mutual TLS with certificates issued by a cluster CA that each node derives
+//! deterministically from the cluster secret ([`ClusterSecret`], [`ClusterIdentity`]). A peer
+//! without the secret is refused during the handshake, before any byte of state is read.
+//!
+//! Frames on that endpoint carry a [`Channel`] tag, so membership gossip, state sync and later
+//! RPCs share the port. Membership and failure detection are chitchat's scuttlebutt and
+//! phi-accrual detector, run over [`QuicTransport`] (or chitchat's in-memory `ChannelTransport`
+//! for simulation). [`Membership`] turns chitchat's string key-values into typed [`NodeMeta`] and
+//! a [`Member`] list with alive / suspect / dead states.
+
+mod endpoint;
+mod frame;
+mod identity;
+mod liveness;
+mod membership;
+mod node_meta;
+mod secret;
+mod transport;
+
+pub use endpoint::{EndpointError, IncomingFrames, PeerEndpoint, PeerEndpointConfig};
+pub use frame::{Channel, FRAME_HEADER_BYTES, Frame, FrameError, PROTOCOL_VERSION};
+pub use identity::{ClusterIdentity, IdentityError, NodeCertificate};
+pub use liveness::{LivenessTracker, MemberState, Verdict};
+pub use membership::{Member, Membership, MembershipConfig, MembershipError};
+pub use node_meta::{Capacity, Key, MetaError, NodeAddresses, NodeMeta, keys};
+pub use secret::{ClusterSecret, SecretError};
+pub use transport::QuicTransport;
+
+/// Re-exported so callers can build simulations on chitchat's in-memory transport without
+/// depending on chitchat directly.
+pub use chitchat::transport::{ChannelTransport, Transport};
