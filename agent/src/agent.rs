@@ -11,6 +11,7 @@ use shoal_gossip::{
     MembershipError, NodeAddresses, NodeMeta, PeerEndpoint, PeerEndpointConfig, QuicTransport,
     SecretError,
 };
+use shoal_state::{Store, StoreConfig, StoreError};
 use tracing::info;
 
 use crate::config::AgentConfig;
@@ -18,6 +19,7 @@ use crate::control::{self, ControlSocket, SelfInfo};
 use crate::host;
 use crate::node_identity::{NodeIdentity, NodeIdentityError};
 use crate::paths;
+use crate::replication::{Replication, ReplicationConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -44,6 +46,8 @@ pub enum AgentError {
     NoAdvertiseAddress { bound: std::net::SocketAddr },
     #[error("cannot read host capacity: {0}")]
     Host(std::io::Error),
+    #[error(transparent)]
+    Store(#[from] StoreError),
     #[error("control socket {path}: {source}")]
     ControlSocket {
         path: PathBuf,
@@ -134,6 +138,23 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     let transport = QuicTransport::new(endpoint.clone());
     let membership = Arc::new(Membership::start(membership_config, &meta, &transport).await?);
 
+    let store_path = paths::store(&config.data_dir);
+    let mut store_config = StoreConfig::new(&store_path, node.numeric_id());
+    store_config.tombstone_horizon = config.tombstone_horizon;
+    let store = Store::open(store_config)?;
+    info!(path = %store_path.display(), objects = store.len(), resource_version = store.resource_version(), "desired-state store opened");
+    let replication = Replication::new(
+        store,
+        endpoint.clone(),
+        membership.clone(),
+        ReplicationConfig {
+            write_quorum: config.write_quorum,
+            anti_entropy_interval: config.anti_entropy_interval,
+            ..ReplicationConfig::default()
+        },
+    );
+    replication.start()?;
+
     let socket_path = paths::control_socket(&config.data_dir);
     let socket = ControlSocket::bind(&socket_path).map_err(|source| AgentError::ControlSocket {
         path: socket_path.clone(),
@@ -150,7 +171,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(socket.serve(
-        control::router(membership.clone(), self_info),
+        control::router(membership.clone(), replication.clone(), self_info),
         async move {
             let _ = stop_rx.await;
         },

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
@@ -59,7 +59,32 @@ impl ControlClient {
         self.get_json("/v1/members").await
     }
 
+    pub async fn store_info(&self) -> Result<crate::control::StoreInfo, ClientError> {
+        self.get_json("/v1/store").await
+    }
+
     pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        let (status, body) = self.send(hyper::Method::GET, path, None).await?;
+        if !(200..300).contains(&status) {
+            return Err(ClientError::Status {
+                path: path.to_owned(),
+                status,
+                body: String::from_utf8_lossy(&body).into_owned(),
+            });
+        }
+        serde_json::from_slice(&body).map_err(|source| ClientError::Decode {
+            path: path.to_owned(),
+            source,
+        })
+    }
+
+    /// One HTTP request; returns the status and body whatever the status.
+    pub async fn send(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(u16, Bytes), ClientError> {
         let http = |message: String| ClientError::Http {
             socket: self.socket.clone(),
             path: path.to_owned(),
@@ -75,31 +100,24 @@ impl ControlClient {
             .await
             .map_err(|e| http(e.to_string()))?;
         tokio::spawn(conn);
-        let request = hyper::Request::get(path)
+        let request = hyper::Request::builder()
+            .method(method)
+            .uri(path)
             .header(hyper::header::HOST, "localhost")
-            .body(Empty::<Bytes>::new())
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
             .map_err(|e| http(e.to_string()))?;
         let response = sender
             .send_request(request)
             .await
             .map_err(|e| http(e.to_string()))?;
-        let status = response.status();
+        let status = response.status().as_u16();
         let body = response
             .into_body()
             .collect()
             .await
             .map_err(|e| http(e.to_string()))?
             .to_bytes();
-        if !status.is_success() {
-            return Err(ClientError::Status {
-                path: path.to_owned(),
-                status: status.as_u16(),
-                body: String::from_utf8_lossy(&body).into_owned(),
-            });
-        }
-        serde_json::from_slice(&body).map_err(|source| ClientError::Decode {
-            path: path.to_owned(),
-            source,
-        })
+        Ok((status, body))
     }
 }

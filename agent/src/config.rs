@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::labels;
+use shoal_state::labels;
 
 /// Default UDP port of the node endpoint.
 pub const DEFAULT_PORT: u16 = 7600;
@@ -43,6 +43,23 @@ pub struct AgentFlags {
     /// Gossip round period, e.g. `200ms`.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub gossip_interval: Option<Duration>,
+    /// Nodes that must hold a write before it is acknowledged (capped by live nodes).
+    #[arg(long, value_name = "N")]
+    pub write_quorum: Option<usize>,
+    /// Period of desired-state anti-entropy, e.g. `1s`.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub anti_entropy_interval: Option<Duration>,
+}
+
+/// The `[state]` table of the config file.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct StateFile {
+    pub write_quorum: Option<usize>,
+    #[serde(default, with = "humantime_serde")]
+    pub anti_entropy_interval: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub tombstone_horizon: Option<Duration>,
 }
 
 /// The `[gossip]` table of the config file.
@@ -71,6 +88,8 @@ pub struct AgentFile {
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
     pub gossip: GossipFile,
+    #[serde(default)]
+    pub state: StateFile,
 }
 
 /// The resolved configuration the agent runs with.
@@ -91,6 +110,12 @@ pub struct AgentConfig {
     pub phi_threshold: f64,
     /// Default 10 min.
     pub dead_node_grace_period: Duration,
+    /// Default 2.
+    pub write_quorum: usize,
+    /// Default 1 s.
+    pub anti_entropy_interval: Duration,
+    /// Default 24 h.
+    pub tombstone_horizon: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -179,6 +204,15 @@ impl AgentConfig {
                 .gossip
                 .dead_node_grace_period
                 .unwrap_or(Duration::from_secs(600)),
+            write_quorum: flags.write_quorum.or(file.state.write_quorum).unwrap_or(2),
+            anti_entropy_interval: flags
+                .anti_entropy_interval
+                .or(file.state.anti_entropy_interval)
+                .unwrap_or(Duration::from_secs(1)),
+            tombstone_horizon: file
+                .state
+                .tombstone_horizon
+                .unwrap_or(Duration::from_secs(24 * 3600)),
         };
         config.validate()?;
         Ok(config)
@@ -210,6 +244,18 @@ impl AgentConfig {
         }
         if !(self.phi_threshold.is_finite() && self.phi_threshold >= 1.0) {
             return Err(invalid("gossip.phi-threshold", "must be a number >= 1"));
+        }
+        if self.write_quorum == 0 {
+            return Err(invalid("state.write-quorum", "must be at least 1"));
+        }
+        if self.anti_entropy_interval < Duration::from_millis(10) {
+            return Err(invalid(
+                "state.anti-entropy-interval",
+                "must be at least 10ms",
+            ));
+        }
+        if self.tombstone_horizon < Duration::from_secs(60) {
+            return Err(invalid("state.tombstone-horizon", "must be at least 1m"));
         }
         for seed in &self.join {
             if !seed.contains(':') {

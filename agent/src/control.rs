@@ -5,11 +5,18 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::routing::get;
+use axum::body::Bytes;
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 use shoal_gossip::{Member, Membership};
+use shoal_state::{KindInfo, ObjectError, ObjectKey, StoreError, WriteMode, kind};
+
+use crate::replication::{Replication, WriteError};
 
 /// Who this agent is.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -26,18 +33,232 @@ pub struct SelfInfo {
 #[derive(Clone)]
 struct ControlState {
     membership: Arc<Membership>,
+    replication: Arc<Replication>,
     self_info: Arc<SelfInfo>,
 }
 
-pub fn router(membership: Arc<Membership>, self_info: SelfInfo) -> Router {
+/// The routes of the control socket. Objects are addressed as
+/// `/v1/objects/{kind}/{name}?namespace=ns`, where `kind` is a kind, plural or short name.
+pub fn router(
+    membership: Arc<Membership>,
+    replication: Arc<Replication>,
+    self_info: SelfInfo,
+) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/v1/self", get(self_info_handler))
         .route("/v1/members", get(members_handler))
+        .route("/v1/store", get(store_handler))
+        .route("/v1/objects", post(create_handler).put(apply_handler))
+        .route("/v1/objects/{kind}", get(list_handler))
+        .route(
+            "/v1/objects/{kind}/{name}",
+            get(get_handler).delete(delete_handler),
+        )
+        // Bodies up to twice the object limit reach validation, which names the limit.
+        .layer(axum::extract::DefaultBodyLimit::max(
+            2 * shoal_state::object::MAX_OBJECT_BYTES,
+        ))
         .with_state(ControlState {
             membership,
+            replication,
             self_info: Arc::new(self_info),
         })
+}
+
+/// Summary of the local store.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoreInfo {
+    /// Root digest; equal digests mean identical replicated state.
+    pub digest: String,
+    pub resource_version: u64,
+    pub objects: usize,
+    /// Entries including tombstones.
+    pub entries: usize,
+}
+
+/// An error of the control API, with the field it is about when there is one.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ApiError {
+    pub reason: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+struct Failure(StatusCode, ApiError);
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        (self.0, Json(self.1)).into_response()
+    }
+}
+
+fn failure(status: StatusCode, reason: &str, message: String, field: Option<String>) -> Failure {
+    Failure(
+        status,
+        ApiError {
+            reason: reason.into(),
+            message,
+            field,
+        },
+    )
+}
+
+impl From<ObjectError> for Failure {
+    fn from(e: ObjectError) -> Self {
+        let field = e.field().map(str::to_owned);
+        match e {
+            ObjectError::TooLarge { .. } => failure(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "RequestEntityTooLarge",
+                e.to_string(),
+                None,
+            ),
+            _ => failure(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Invalid",
+                e.to_string(),
+                field,
+            ),
+        }
+    }
+}
+
+impl From<WriteError> for Failure {
+    fn from(e: WriteError) -> Self {
+        match e {
+            WriteError::Store(e) => e.into(),
+            e @ WriteError::NotDurable { .. } => failure(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "NotDurable",
+                e.to_string(),
+                None,
+            ),
+        }
+    }
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        let (status, reason) = match &e {
+            StoreError::NotFound { .. } => (StatusCode::NOT_FOUND, "NotFound"),
+            StoreError::AlreadyExists { .. } => (StatusCode::CONFLICT, "AlreadyExists"),
+            StoreError::Conflict { .. } => (StatusCode::CONFLICT, "Conflict"),
+            StoreError::Expired { .. } => (StatusCode::GONE, "Expired"),
+            _ => (StatusCode::INTERNAL_SERVER_ERROR, "InternalError"),
+        };
+        failure(status, reason, e.to_string(), None)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct NamespaceQuery {
+    namespace: Option<String>,
+}
+
+fn kind_named(name: &str) -> Result<&'static KindInfo, Failure> {
+    kind::lookup_by_name(name).ok_or_else(|| {
+        failure(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("the server doesn't have a resource type {name:?}"),
+            Some("kind".into()),
+        )
+    })
+}
+
+fn parse_body(body: &Bytes) -> Result<Value, Failure> {
+    serde_json::from_slice(body).map_err(|e| {
+        failure(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            format!("body is not valid JSON: {e}"),
+            None,
+        )
+    })
+}
+
+async fn write(state: &ControlState, body: Bytes, mode: WriteMode) -> Result<Response, Failure> {
+    let object = shoal_state::validate(parse_body(&body)?, "default")?;
+    let (object, created) = state.replication.write(object, mode).await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(object)).into_response())
+}
+
+async fn create_handler(
+    State(state): State<ControlState>,
+    body: Bytes,
+) -> Result<Response, Failure> {
+    write(&state, body, WriteMode::Create).await
+}
+
+async fn apply_handler(
+    State(state): State<ControlState>,
+    body: Bytes,
+) -> Result<Response, Failure> {
+    write(&state, body, WriteMode::Upsert).await
+}
+
+async fn list_handler(
+    State(state): State<ControlState>,
+    UrlPath(kind_name): UrlPath<String>,
+    Query(query): Query<NamespaceQuery>,
+) -> Result<Json<Value>, Failure> {
+    let info = kind_named(&kind_name)?;
+    let (items, rv) = state.replication.read(|s| {
+        (
+            s.list(info.group, info.kind, query.namespace.as_deref()),
+            s.resource_version(),
+        )
+    });
+    Ok(Json(json!({
+        "apiVersion": info.api_version(),
+        "kind": format!("{}List", info.kind),
+        "metadata": {"resourceVersion": rv.to_string()},
+        "items": items,
+    })))
+}
+
+fn key_of(info: &KindInfo, name: &str, query: &NamespaceQuery) -> ObjectKey {
+    ObjectKey::new(info, query.namespace.as_deref().unwrap_or("default"), name)
+}
+
+async fn get_handler(
+    State(state): State<ControlState>,
+    UrlPath((kind_name, name)): UrlPath<(String, String)>,
+    Query(query): Query<NamespaceQuery>,
+) -> Result<Json<Value>, Failure> {
+    let info = kind_named(&kind_name)?;
+    let key = key_of(info, &name, &query);
+    state
+        .replication
+        .read(|s| s.get(&key))
+        .map(Json)
+        .ok_or_else(|| StoreError::NotFound { key }.into())
+}
+
+async fn delete_handler(
+    State(state): State<ControlState>,
+    UrlPath((kind_name, name)): UrlPath<(String, String)>,
+    Query(query): Query<NamespaceQuery>,
+) -> Result<Json<Value>, Failure> {
+    let info = kind_named(&kind_name)?;
+    let key = key_of(info, &name, &query);
+    Ok(Json(state.replication.delete(&key, None).await?))
+}
+
+async fn store_handler(State(state): State<ControlState>) -> Json<StoreInfo> {
+    Json(state.replication.read(|s| StoreInfo {
+        digest: s.root_digest(),
+        resource_version: s.resource_version(),
+        objects: s.len(),
+        entries: s.entry_count(),
+    }))
 }
 
 async fn self_info_handler(State(state): State<ControlState>) -> Json<SelfInfo> {

@@ -10,8 +10,8 @@ pub mod client;
 pub mod config;
 pub mod control;
 pub mod host;
-pub mod labels;
 pub mod node_identity;
+pub mod replication;
 pub mod testkit;
 
 /// Version reported in gossip and by `shoal --version`.
@@ -29,6 +29,11 @@ pub mod paths {
     /// The node's persisted identity (id, name, generation).
     pub fn node_identity(data_dir: &Path) -> PathBuf {
         data_dir.join("node.json")
+    }
+
+    /// The desired-state store (redb).
+    pub fn store(data_dir: &Path) -> PathBuf {
+        data_dir.join("state.redb")
     }
 
     /// Held (flock) while an agent runs on this data dir.

@@ -5,8 +5,11 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use serde::Deserialize;
+use serde_json::Value;
 use shoal_agent::client::ControlClient;
 use shoal_agent::config::{AgentConfig, AgentFlags};
+use shoal_agent::control::ApiError;
 use shoal_gossip::{ClusterSecret, Member};
 
 #[derive(Parser)]
@@ -31,18 +34,56 @@ enum Command {
     Agent(AgentFlags),
     /// List the cluster's members as the local agent sees them.
     Members {
-        /// Data dir of the local agent to ask.
-        #[arg(long, value_name = "DIR", default_value = "/var/lib/shoal")]
-        data_dir: PathBuf,
+        #[command(flatten)]
+        target: Target,
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// Create or update objects from a YAML or JSON file (several YAML documents allowed).
+    Apply {
+        #[command(flatten)]
+        target: Target,
+        #[arg(short = 'f', long = "filename", value_name = "FILE")]
+        file: PathBuf,
+    },
+    /// Show objects of a kind (`pods`, `deploy`, `ConfigMap`, …), or one of them.
+    Get {
+        #[command(flatten)]
+        target: Target,
+        kind: String,
+        name: Option<String>,
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+        /// List across all namespaces.
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Delete an object.
+    Delete {
+        #[command(flatten)]
+        target: Target,
+        kind: String,
+        name: String,
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+    },
+}
+
+/// Which agent a client command talks to.
+#[derive(clap::Args)]
+struct Target {
+    /// Data dir of the local agent to ask.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/shoal")]
+    data_dir: PathBuf,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Output {
     Table,
     Json,
+    Yaml,
 }
 
 fn main() -> ExitCode {
@@ -75,15 +116,226 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             runtime()?.block_on(shoal_agent::agent::run(config))?;
             Ok(())
         }
-        Command::Members { data_dir, output } => {
-            let members = runtime()?.block_on(ControlClient::for_data_dir(&data_dir).members())?;
+        Command::Members { target, output } => {
+            let client = ControlClient::for_data_dir(&target.data_dir);
+            let members = runtime()?.block_on(client.members())?;
             match output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&members)?),
+                Output::Yaml => print!("{}", serde_yaml_ng::to_string(&members)?),
                 Output::Table => print!("{}", members_table(&members)),
             }
             Ok(())
         }
+        Command::Apply { target, file } => {
+            let client = ControlClient::for_data_dir(&target.data_dir);
+            runtime()?.block_on(apply(&client, &file))
+        }
+        Command::Get {
+            target,
+            kind,
+            name,
+            namespace,
+            all_namespaces,
+            output,
+        } => {
+            let client = ControlClient::for_data_dir(&target.data_dir);
+            let ns = (!all_namespaces).then_some(namespace.as_str());
+            runtime()?.block_on(get(&client, &kind, name.as_deref(), ns, output))
+        }
+        Command::Delete {
+            target,
+            kind,
+            name,
+            namespace,
+        } => {
+            let client = ControlClient::for_data_dir(&target.data_dir);
+            let path = format!("/v1/objects/{kind}/{name}?namespace={namespace}");
+            let body = runtime()?.block_on(call(&client, hyper::Method::DELETE, &path, None))?;
+            println!("{} deleted", display_name(&body));
+            Ok(())
+        }
     }
+}
+
+/// Sends a request; a non-2xx answer becomes an error carrying the server's message.
+async fn call(
+    client: &ControlClient,
+    method: hyper::Method,
+    path: &str,
+    body: Option<Vec<u8>>,
+) -> anyhow::Result<Value> {
+    let (status, bytes) = client.send(method, path, body).await?;
+    if !(200..300).contains(&status) {
+        let message = serde_json::from_slice::<ApiError>(&bytes)
+            .map(|e| e.message)
+            .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+        anyhow::bail!("{message}");
+    }
+    let value = serde_json::from_slice(&bytes).context("the agent answered with invalid JSON")?;
+    Ok(value)
+}
+
+/// `kind.group/name`, as kubectl prints it.
+fn display_name(object: &Value) -> String {
+    let kind = object["kind"].as_str().unwrap_or("object").to_lowercase();
+    let group = object["apiVersion"]
+        .as_str()
+        .and_then(|v| v.split_once('/'))
+        .map(|(g, _)| format!(".{g}"))
+        .unwrap_or_default();
+    format!(
+        "{kind}{group}/{}",
+        object["metadata"]["name"].as_str().unwrap_or("?")
+    )
+}
+
+/// Parses YAML (one or more documents) or JSON into objects.
+fn parse_manifests(text: &str, file: &std::path::Path) -> anyhow::Result<Vec<Value>> {
+    let mut objects = Vec::new();
+    for (i, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let value = Value::deserialize(document).with_context(|| {
+            format!(
+                "{}: document {} is not valid YAML or JSON",
+                file.display(),
+                i + 1
+            )
+        })?;
+        match value {
+            Value::Null => {}
+            Value::Object(ref map) if map.get("kind").and_then(Value::as_str) == Some("List") => {
+                objects.extend(
+                    map.get("items")
+                        .and_then(Value::as_array)
+                        .cloned()
+                        .unwrap_or_default(),
+                );
+            }
+            other => objects.push(other),
+        }
+    }
+    Ok(objects)
+}
+
+async fn apply(client: &ControlClient, file: &std::path::Path) -> anyhow::Result<()> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    for object in parse_manifests(&text, file)? {
+        let (status, bytes) = client
+            .send(
+                hyper::Method::PUT,
+                "/v1/objects",
+                Some(serde_json::to_vec(&object)?),
+            )
+            .await?;
+        if !(200..300).contains(&status) {
+            let message = serde_json::from_slice::<ApiError>(&bytes)
+                .map(|e| e.message)
+                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+            anyhow::bail!("{}: {message}", display_name(&object));
+        }
+        let stored: Value = serde_json::from_slice(&bytes)?;
+        let verb = if status == 201 {
+            "created"
+        } else {
+            "configured"
+        };
+        println!("{} {verb}", display_name(&stored));
+    }
+    Ok(())
+}
+
+async fn get(
+    client: &ControlClient,
+    kind: &str,
+    name: Option<&str>,
+    namespace: Option<&str>,
+    output: Output,
+) -> anyhow::Result<()> {
+    let query = namespace
+        .map(|ns| format!("?namespace={ns}"))
+        .unwrap_or_default();
+    let path = match name {
+        Some(name) => format!("/v1/objects/{kind}/{name}{query}"),
+        None => format!("/v1/objects/{kind}{query}"),
+    };
+    let value = call(client, hyper::Method::GET, &path, None).await?;
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&value)?),
+        Output::Yaml => print!("{}", serde_yaml_ng::to_string(&value)?),
+        Output::Table => {
+            let items = match name {
+                Some(_) => vec![value],
+                None => value["items"].as_array().cloned().unwrap_or_default(),
+            };
+            if items.is_empty() {
+                eprintln!("No resources found.");
+                return Ok(());
+            }
+            let mut rows = vec![vec![
+                "NAMESPACE".to_owned(),
+                "NAME".to_owned(),
+                "AGE".to_owned(),
+            ]];
+            for item in &items {
+                rows.push(vec![
+                    item["metadata"]["namespace"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_owned(),
+                    item["metadata"]["name"].as_str().unwrap_or("").to_owned(),
+                    age(item["metadata"]["creationTimestamp"].as_str().unwrap_or("")),
+                ]);
+            }
+            if namespace.is_some() {
+                for row in &mut rows {
+                    row.remove(0);
+                }
+            }
+            print!("{}", table(&rows));
+        }
+    }
+    Ok(())
+}
+
+/// Age in kubectl's short form (`5s`, `3m`, `2h`, `4d`).
+fn age(rfc3339: &str) -> String {
+    let Ok(t) = humantime::parse_rfc3339(rfc3339) else {
+        return "<unknown>".into();
+    };
+    let secs = std::time::SystemTime::now()
+        .duration_since(t)
+        .map_or(0, |d| d.as_secs());
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}
+
+/// Left-aligned columns separated by three spaces.
+fn table(rows: &[Vec<String>]) -> String {
+    let columns = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let cells: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(|(i, cell)| {
+                if i + 1 == columns {
+                    cell.clone()
+                } else {
+                    format!("{cell:<w$}", w = widths[i])
+                }
+            })
+            .collect();
+        out.push_str(&cells.join("   "));
+        out.push('\n');
+    }
+    out
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -95,48 +347,27 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn members_table(members: &[Member]) -> String {
-    let rows: Vec<[String; 6]> = members
-        .iter()
-        .map(|m| {
-            let labels = m.meta.as_ref().map_or_else(String::new, |meta| {
-                meta.labels
-                    .iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect::<Vec<_>>()
-                    .join(",")
-            });
-            [
-                format!("{}{}", m.name(), if m.is_self { "*" } else { "" }),
-                m.node_id.clone(),
-                m.gossip_addr.to_string(),
-                m.state.to_string(),
-                m.generation.to_string(),
-                labels,
-            ]
-        })
-        .collect();
-    let header = ["NAME", "ID", "ADDRESS", "STATE", "GENERATION", "LABELS"];
-    let mut widths = header.map(str::len);
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.len());
-        }
+    let mut rows = vec![
+        ["NAME", "ID", "ADDRESS", "STATE", "GENERATION", "LABELS"]
+            .map(str::to_owned)
+            .to_vec(),
+    ];
+    for m in members {
+        let labels = m.meta.as_ref().map_or_else(String::new, |meta| {
+            meta.labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        });
+        rows.push(vec![
+            format!("{}{}", m.name(), if m.is_self { "*" } else { "" }),
+            m.node_id.clone(),
+            m.gossip_addr.to_string(),
+            m.state.to_string(),
+            m.generation.to_string(),
+            labels,
+        ]);
     }
-    let mut out = String::new();
-    let mut line = |cells: Vec<&str>| {
-        let last = cells.len() - 1;
-        for (i, cell) in cells.iter().enumerate() {
-            if i == last {
-                out.push_str(cell);
-            } else {
-                out.push_str(&format!("{cell:<w$}   ", w = widths[i]));
-            }
-        }
-        out.push('\n');
-    };
-    line(header.to_vec());
-    for row in &rows {
-        line(row.iter().map(String::as_str).collect());
-    }
-    out
+    table(&rows)
 }

@@ -28,6 +28,11 @@ pub enum NodeIdentityError {
 }
 
 impl NodeIdentity {
+    /// The node id as the 64-bit number the desired-state store stamps writes with.
+    pub fn numeric_id(&self) -> u64 {
+        u64::from_str_radix(&self.node_id, 16).expect("validated as 16 hex digits when loaded")
+    }
+
     /// Loads the identity in `data_dir` (or creates one), bumps its generation and persists it
     /// durably before returning, so a crash right after never reuses a generation.
     pub fn load_and_bump(data_dir: &Path, name: &str) -> Result<Self, NodeIdentityError> {

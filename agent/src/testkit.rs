@@ -181,6 +181,57 @@ impl AgentProcess {
         Ok(self.client.members().await?)
     }
 
+    /// Applies (creates or updates) an object; returns the HTTP status and the answer.
+    pub async fn apply(
+        &self,
+        object: &serde_json::Value,
+    ) -> anyhow::Result<(u16, serde_json::Value)> {
+        self.call(
+            hyper::Method::PUT,
+            "/v1/objects",
+            Some(serde_json::to_vec(object)?),
+        )
+        .await
+    }
+
+    /// A request to the control API; returns the HTTP status and the JSON answer.
+    pub async fn call(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> anyhow::Result<(u16, serde_json::Value)> {
+        let (status, bytes) = self.client.send(method, path, body).await?;
+        let value = serde_json::from_slice(&bytes).with_context(|| {
+            format!(
+                "{path}: answer is not JSON: {}",
+                String::from_utf8_lossy(&bytes)
+            )
+        })?;
+        Ok((status, value))
+    }
+
+    /// An object by kind (any name the CLI accepts), namespace and name, if this agent has it.
+    pub async fn object(
+        &self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> anyhow::Result<Option<serde_json::Value>> {
+        let path = format!("/v1/objects/{kind}/{name}?namespace={namespace}");
+        let (status, value) = self.call(hyper::Method::GET, &path, None).await?;
+        match status {
+            200 => Ok(Some(value)),
+            404 => Ok(None),
+            other => bail!("{path}: {other} {value}"),
+        }
+    }
+
+    /// The local store's digest and counters.
+    pub async fn store_info(&self) -> anyhow::Result<crate::control::StoreInfo> {
+        Ok(self.client.store_info().await?)
+    }
+
     fn signal(&self, signal: libc::c_int) -> anyhow::Result<()> {
         let pid = self.pid().context("agent is not running")?;
         // SAFETY: sends a signal to our own child process; no memory is involved.

@@ -100,3 +100,52 @@ async fn members_prints_a_table_and_json() {
     let parsed: Vec<shoal_gossip::Member> = serde_json::from_str(&json).unwrap();
     assert_eq!(parsed.len(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_get_and_delete_manifests_from_yaml() {
+    let lab = Lab::new();
+    let agents = lab.start_cluster(1).await;
+    let d = agents[0].data_dir().to_str().unwrap().to_owned();
+    let manifest = lab.path().join("app.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app-config\ndata:\n  mode: fast\n---\n\
+         apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\n  labels: {app: web}\n\
+         spec:\n  replicas: 2\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n\
+         \x20   spec:\n      containers: [{name: web, image: busybox}]\n",
+    )
+    .unwrap();
+    let m = manifest.to_str().unwrap();
+    let (ok, out, err) = run(&["apply", "--data-dir", &d, "-f", m]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out,
+        "configmap/app-config created\ndeployment.apps/web created\n"
+    );
+    let (ok, out, err) = run(&["apply", "--data-dir", &d, "-f", m]);
+    assert!(ok, "{err}");
+    assert!(out.contains("deployment.apps/web configured"), "{out}");
+
+    let (ok, out, err) = run(&["get", "--data-dir", &d, "deploy"]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("NAME") && out.contains("\nweb "), "{out}");
+    let (ok, out, err) = run(&["get", "--data-dir", &d, "cm", "app-config", "-o", "yaml"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("mode: fast") && out.contains("uid:"), "{out}");
+    let (ok, out, _) = run(&["get", "--data-dir", &d, "configmaps", "-A", "-o", "json"]);
+    assert!(ok);
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(list["kind"], "ConfigMapList");
+
+    let (ok, out, err) = run(&["delete", "--data-dir", &d, "deployment", "web"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "deployment.apps/web deleted\n");
+    let (ok, _, err) = run(&["get", "--data-dir", &d, "deploy", "web"]);
+    assert!(!ok);
+    assert!(err.contains("not found"), "{err}");
+
+    std::fs::write(&manifest, "apiVersion: v1\nkind: ConfigMap\nmetadata: {}\n").unwrap();
+    let (ok, _, err) = run(&["apply", "--data-dir", &d, "-f", m]);
+    assert!(!ok);
+    assert!(err.contains("metadata.name: Required value"), "{err}");
+}

@@ -3,6 +3,7 @@
 
 mod cli;
 mod membership;
+mod state;
 
 use std::path::{Path, PathBuf};
 

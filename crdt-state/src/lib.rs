@@ -1,6 +1,26 @@
 //! `shoal-state`: the cluster's replicated desired state (DESIGN.md §3, §5).
 //!
-//! This crate will hold the object model, the CRDT store with HLC timestamps and tombstones,
-//! its persistence and the anti-entropy sync protocol — all pure and storage code, no sockets.
-//! It is empty until the desired-state issue lands; the workspace keeps its place so that the
-//! dependency direction (`agent` → `crdt-state`) is fixed from the start.
+//! Every user object lives here as a CRDT ([`crdt::ObjectState`]: field registers stamped with a
+//! hybrid logical clock, [`hlc`]), persisted in an embedded transactional store (redb, fsync'd on
+//! every commit, [`store`]) and exchanged between nodes with a small protocol ([`sync`]): pushes
+//! of fresh writes, and anti-entropy over bucketed content digests ([`digest`]). Objects are
+//! validated and normalised like the apiserver does ([`object`], [`kind`], [`labels`]).
+//!
+//! No sockets here: the agent carries [`sync`] messages over its QUIC endpoint.
+
+pub mod crdt;
+pub mod digest;
+pub mod hlc;
+pub mod kind;
+pub mod labels;
+pub mod object;
+pub mod store;
+pub mod sync;
+
+pub use crdt::{NodeId, ObjectState, Stamp};
+pub use kind::{KINDS, KindInfo, ObjectKey};
+pub use object::{ObjectError, ValidObject, validate};
+pub use store::{
+    Change, EventType, MergeOutcome, Store, StoreConfig, StoreError, WriteMode, Written,
+};
+pub use sync::{SyncRequest, SyncResponse, WireEntry};

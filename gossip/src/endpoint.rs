@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{Connection, Endpoint, IdleTimeout, TransportConfig, VarInt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
 use crate::frame::{Channel, Frame, FrameError};
@@ -70,6 +70,46 @@ pub enum EndpointError {
     QueueFull { peer: SocketAddr },
     #[error("endpoint is shut down")]
     Closed,
+    #[error("peer {peer} is unreachable")]
+    Unreachable { peer: SocketAddr },
+    #[error("peer {peer} did not answer in {timeout:?}")]
+    Timeout { peer: SocketAddr, timeout: Duration },
+    #[error("request to {peer} failed: {message}")]
+    Request { peer: SocketAddr, message: String },
+}
+
+/// A request from a peer, waiting for its response.
+pub struct IncomingRequest {
+    pub peer: SocketAddr,
+    pub payload: Bytes,
+    responder: oneshot::Sender<Vec<u8>>,
+}
+
+impl IncomingRequest {
+    /// Sends the response (dropping the request without responding resets the stream).
+    pub fn respond(self, payload: Vec<u8>) {
+        let _ = self.responder.send(payload);
+    }
+}
+
+/// Requests received on one channel. Dropping it unsubscribes the channel.
+pub struct IncomingRequests {
+    channel: Channel,
+    rx: mpsc::Receiver<IncomingRequest>,
+    inner: Arc<Inner>,
+}
+
+impl IncomingRequests {
+    /// Next request; `None` once the endpoint is shut down. Cancel-safe.
+    pub async fn recv(&mut self) -> Option<IncomingRequest> {
+        self.rx.recv().await
+    }
+}
+
+impl Drop for IncomingRequests {
+    fn drop(&mut self) {
+        self.inner.handlers.lock().unwrap().remove(&self.channel);
+    }
 }
 
 /// Frames received on one channel, with the peer address they came from. Dropping it
@@ -106,6 +146,7 @@ struct Inner {
     connections: Mutex<HashMap<SocketAddr, Connection>>,
     writers: Mutex<HashMap<SocketAddr, mpsc::Sender<Vec<u8>>>>,
     subscribers: Mutex<HashMap<Channel, mpsc::Sender<(SocketAddr, Bytes)>>>,
+    handlers: Mutex<HashMap<Channel, mpsc::Sender<IncomingRequest>>>,
     refusals: Mutex<RefusalLog>,
     closed: AtomicBool,
 }
@@ -150,6 +191,7 @@ impl PeerEndpoint {
             connections: Mutex::new(HashMap::new()),
             writers: Mutex::new(HashMap::new()),
             subscribers: Mutex::new(HashMap::new()),
+            handlers: Mutex::new(HashMap::new()),
             refusals: Mutex::new(RefusalLog::default()),
             closed: AtomicBool::new(false),
         });
@@ -178,6 +220,62 @@ impl PeerEndpoint {
             rx,
             inner: self.inner.clone(),
         })
+    }
+
+    /// Receives the requests of `channel` (see [`PeerEndpoint::request`]). One handler per
+    /// channel at a time.
+    pub fn subscribe_requests(&self, channel: Channel) -> Result<IncomingRequests, EndpointError> {
+        let mut handlers = self.inner.handlers.lock().unwrap();
+        if handlers.contains_key(&channel) {
+            return Err(EndpointError::AlreadySubscribed(channel));
+        }
+        let (tx, rx) = mpsc::channel(self.inner.config.queue_per_channel);
+        handlers.insert(channel, tx);
+        Ok(IncomingRequests {
+            channel,
+            rx,
+            inner: self.inner.clone(),
+        })
+    }
+
+    /// Sends a request to `peer` on a fresh bidirectional stream and waits for the response.
+    pub async fn request(
+        &self,
+        peer: SocketAddr,
+        channel: Channel,
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<Bytes, EndpointError> {
+        let frame = Frame::encode(channel, payload)?;
+        let exchange = async {
+            let conn = self
+                .inner
+                .connection_to(peer)
+                .await
+                .ok_or(EndpointError::Unreachable { peer })?;
+            let failed = |e: &dyn std::fmt::Display| EndpointError::Request {
+                peer,
+                message: e.to_string(),
+            };
+            let (mut send, mut recv) = conn.open_bi().await.map_err(|e| failed(&e))?;
+            send.write_all(&frame).await.map_err(|e| failed(&e))?;
+            send.finish().map_err(|e| failed(&e))?;
+            let bytes = recv
+                .read_to_end(Frame::max_encoded_bytes())
+                .await
+                .map_err(|e| failed(&e))?;
+            let response = Frame::decode(Bytes::from(bytes))?;
+            if response.channel != channel {
+                return Err(failed(&format!(
+                    "answered on channel {:?} instead of {channel:?}",
+                    response.channel
+                )));
+            }
+            Ok(response.payload)
+        };
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .unwrap_or(Err(EndpointError::Timeout { peer, timeout }))
     }
 
     /// Queues `payload` for `peer` on `channel` and returns at once. Delivery is best effort:
@@ -229,6 +327,7 @@ impl PeerEndpoint {
             .endpoint
             .close(VarInt::from_u32(0), b"node shutting down");
         self.inner.subscribers.lock().unwrap().clear();
+        self.inner.handlers.lock().unwrap().clear();
         let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
     }
 }
@@ -265,29 +364,27 @@ fn register_connection(inner: &Arc<Inner>, conn: Connection) {
 
 async fn read_loop(inner: Arc<Inner>, conn: Connection) {
     let peer = conn.remote_address();
-    let max = Frame::max_encoded_bytes();
     loop {
-        let mut stream = match conn.accept_uni().await {
-            Ok(stream) => stream,
-            Err(error) => {
-                debug!(%peer, %error, "peer connection closed");
-                break;
-            }
-        };
-        let inner = inner.clone();
-        tokio::spawn(async move {
-            let bytes = match stream.read_to_end(max).await {
-                Ok(bytes) => bytes,
-                Err(error) => {
-                    debug!(%peer, %error, "dropped an unreadable stream");
-                    return;
+        tokio::select! {
+            stream = conn.accept_uni() => match stream {
+                Ok(stream) => {
+                    tokio::spawn(read_message(inner.clone(), peer, stream));
                 }
-            };
-            match Frame::decode(Bytes::from(bytes)) {
-                Ok(frame) => inner.dispatch(peer, frame),
-                Err(error) => warn!(%peer, %error, "rejected a malformed frame"),
-            }
-        });
+                Err(error) => {
+                    debug!(%peer, %error, "peer connection closed");
+                    break;
+                }
+            },
+            stream = conn.accept_bi() => match stream {
+                Ok((send, recv)) => {
+                    tokio::spawn(answer_request(inner.clone(), peer, send, recv));
+                }
+                Err(error) => {
+                    debug!(%peer, %error, "peer connection closed");
+                    break;
+                }
+            },
+        }
     }
     let mut connections = inner.connections.lock().unwrap();
     if connections
@@ -295,6 +392,79 @@ async fn read_loop(inner: Arc<Inner>, conn: Connection) {
         .is_some_and(|c| c.stable_id() == conn.stable_id())
     {
         connections.remove(&peer);
+    }
+}
+
+async fn read_frame(peer: SocketAddr, stream: &mut quinn::RecvStream) -> Option<Frame> {
+    let bytes = match stream.read_to_end(Frame::max_encoded_bytes()).await {
+        Ok(bytes) => bytes,
+        Err(error) => {
+            debug!(%peer, %error, "dropped an unreadable stream");
+            return None;
+        }
+    };
+    match Frame::decode(Bytes::from(bytes)) {
+        Ok(frame) => Some(frame),
+        Err(error) => {
+            warn!(%peer, %error, "rejected a malformed frame");
+            None
+        }
+    }
+}
+
+async fn read_message(inner: Arc<Inner>, peer: SocketAddr, mut stream: quinn::RecvStream) {
+    if let Some(frame) = read_frame(peer, &mut stream).await {
+        inner.dispatch(peer, frame);
+    }
+}
+
+/// How long a local handler may take to answer a peer's request.
+const HANDLER_TIMEOUT: Duration = Duration::from_secs(60);
+
+async fn answer_request(
+    inner: Arc<Inner>,
+    peer: SocketAddr,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+) {
+    let Some(frame) = read_frame(peer, &mut recv).await else {
+        let _ = send.reset(VarInt::from_u32(1));
+        return;
+    };
+    let channel = frame.channel;
+    let (responder, response) = oneshot::channel();
+    let handler = inner.handlers.lock().unwrap().get(&channel).cloned();
+    let queued = handler.is_some_and(|tx| {
+        tx.try_send(IncomingRequest {
+            peer,
+            payload: frame.payload,
+            responder,
+        })
+        .is_ok()
+    });
+    if !queued {
+        debug!(%peer, ?channel, "no request handler (or it is saturated); stream reset");
+        let _ = send.reset(VarInt::from_u32(2));
+        return;
+    }
+    let payload = match tokio::time::timeout(HANDLER_TIMEOUT, response).await {
+        Ok(Ok(payload)) => payload,
+        _ => {
+            let _ = send.reset(VarInt::from_u32(3));
+            return;
+        }
+    };
+    match Frame::encode(channel, &payload) {
+        Ok(bytes) => {
+            if let Err(error) = send.write_all(&bytes).await {
+                debug!(%peer, %error, "response not sent");
+            }
+            let _ = send.finish();
+        }
+        Err(error) => {
+            warn!(%peer, %error, "response too large; stream reset");
+            let _ = send.reset(VarInt::from_u32(4));
+        }
     }
 }
 

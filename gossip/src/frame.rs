@@ -17,10 +17,12 @@ pub const FRAME_HEADER_BYTES: usize = 6;
 pub enum Channel {
     /// chitchat membership messages (Syn, SynAck, Ack, BadCluster).
     Gossip = 1,
+    /// Desired-state replication: pushes of fresh writes and anti-entropy, as request/response.
+    Sync = 2,
 }
 
 impl Channel {
-    pub const ALL: [Channel; 1] = [Channel::Gossip];
+    pub const ALL: [Channel; 2] = [Channel::Gossip, Channel::Sync];
 
     fn from_code(code: u8) -> Option<Self> {
         Self::ALL.into_iter().find(|c| *c as u8 == code)
@@ -28,9 +30,12 @@ impl Channel {
 
     /// Largest payload accepted on this channel. chitchat keeps its messages under 65,507 bytes
     /// (its UDP MTU); anything larger on the gossip channel is hostile or broken.
+    /// Streams are read with this bound, so a peer cannot make us buffer more.
     pub fn max_payload_bytes(self) -> usize {
         match self {
             Channel::Gossip => 65_507,
+            // A batch of object states; objects are at most 1.5 MiB each.
+            Channel::Sync => 64 << 20,
         }
     }
 }
@@ -167,6 +172,7 @@ mod tests {
             Err(FrameError::TrailingBytes { extra: 1 })
         );
         assert!(Frame::encode(Channel::Gossip, &vec![0; 70_000]).is_err());
+        assert!(Frame::encode(Channel::Sync, &vec![0; 70_000]).is_ok());
     }
 
     #[test]

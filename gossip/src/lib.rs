@@ -20,11 +20,14 @@ mod node_meta;
 mod secret;
 mod transport;
 
-pub use endpoint::{EndpointError, IncomingFrames, PeerEndpoint, PeerEndpointConfig};
+pub use endpoint::{
+    EndpointError, IncomingFrames, IncomingRequest, IncomingRequests, PeerEndpoint,
+    PeerEndpointConfig,
+};
 pub use frame::{Channel, FRAME_HEADER_BYTES, Frame, FrameError, PROTOCOL_VERSION};
 pub use identity::{ClusterIdentity, IdentityError, NodeCertificate};
 pub use liveness::{LivenessTracker, MemberState, Verdict};
-pub use membership::{Member, Membership, MembershipConfig, MembershipError};
+pub use membership::{Member, Membership, MembershipConfig, MembershipError, PeerValue};
 pub use node_meta::{Capacity, Key, MetaError, NodeAddresses, NodeMeta, keys};
 pub use secret::{ClusterSecret, SecretError};
 pub use transport::QuicTransport;

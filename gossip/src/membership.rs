@@ -8,11 +8,12 @@ use std::time::{Duration, Instant};
 
 use chitchat::transport::Transport;
 use chitchat::{ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig, spawn_chitchat};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
 use crate::liveness::{LivenessTracker, MemberState, Verdict};
-use crate::node_meta::NodeMeta;
+use crate::node_meta::{Key, MetaError, NodeMeta};
 
 /// How this node joins and watches the cluster.
 #[derive(Debug, Clone)]
@@ -97,6 +98,15 @@ impl Member {
     }
 }
 
+/// A value a live peer published (see [`Membership::peer_values`]).
+#[derive(Debug, Clone)]
+pub struct PeerValue<T> {
+    pub node_id: String,
+    pub addr: SocketAddr,
+    /// `None` if the peer has not published the key (yet).
+    pub value: Option<Result<T, MetaError>>,
+}
+
 /// A running membership: gossip task plus the state needed to answer "who is there".
 pub struct Membership {
     handle: ChitchatHandle,
@@ -125,8 +135,11 @@ impl Membership {
             seed_nodes: config.seeds.clone(),
             failure_detector_config: FailureDetectorConfig {
                 phi_threshold: config.phi_threshold,
-                sampling_window_size: 1000,
-                max_interval: config.gossip_interval * 20,
+                // A recent window, so the mean follows the current gossip rhythm.
+                sampling_window_size: 100,
+                // Gaps longer than a few rounds (a node paused, a partition) are not rhythm:
+                // counted, they would inflate the mean and slow detection of the next failure.
+                max_interval: config.gossip_interval * 5,
                 initial_interval: config.gossip_interval,
                 dead_node_grace_period: config.dead_node_grace_period,
             },
@@ -172,6 +185,46 @@ impl Membership {
         for (key, value) in meta.key_values() {
             state.set(key, value);
         }
+    }
+
+    /// Publishes `value` under `key` in this node's gossip state.
+    pub async fn publish<T: Serialize + DeserializeOwned>(&self, key: Key<T>, value: &T) {
+        let chitchat = self.handle.chitchat();
+        let mut chitchat = chitchat.lock().await;
+        chitchat
+            .self_node_state()
+            .set(key.name(), key.encode(value));
+    }
+
+    /// The value of `key` published by each live peer (newest generation of each node id).
+    pub async fn peer_values<T: Serialize + DeserializeOwned>(
+        &self,
+        key: Key<T>,
+    ) -> Vec<PeerValue<T>> {
+        let chitchat = self.handle.chitchat();
+        let chitchat = chitchat.lock().await;
+        let self_id = chitchat.self_chitchat_id().clone();
+        let mut newest: BTreeMap<&str, &ChitchatId> = BTreeMap::new();
+        for id in chitchat
+            .live_nodes()
+            .filter(|id| id.node_id != self_id.node_id)
+        {
+            let slot = newest.entry(&id.node_id).or_insert(id);
+            if id.generation_id > slot.generation_id {
+                *slot = id;
+            }
+        }
+        newest
+            .into_values()
+            .filter_map(|id| {
+                let state = chitchat.node_state(id)?;
+                Some(PeerValue {
+                    node_id: id.node_id.to_string(),
+                    addr: id.gossip_advertise_addr,
+                    value: state.get(key.name()).map(|raw| key.decode(raw)),
+                })
+            })
+            .collect()
     }
 
     /// Stops gossiping. Peers will see this node dead after their detection delay.

@@ -73,6 +73,8 @@ pub mod keys {
     pub const ADDRESSES: Key<NodeAddresses> = Key::new("node.addresses");
     pub const CAPACITY: Key<Capacity> = Key::new("node.capacity");
     pub const AGENT_VERSION: Key<String> = Key::new("node.agent-version");
+    /// Hex root digest of the node's desired-state store (anti-entropy trigger).
+    pub const STORE_DIGEST: Key<String> = Key::new("store.digest");
 }
 
 /// Where a node can be reached.

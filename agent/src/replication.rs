@@ -1,0 +1,307 @@
+//! Replication of the desired-state store between agents, over the node endpoint's sync channel.
+//!
+//! - Write path: validate → commit locally (fsync) → push the new state to every live peer at
+//!   once → acknowledge when `min(write_quorum, live nodes)` nodes (this one included) hold it
+//!   durably. Peers that missed the push get it by anti-entropy.
+//! - Anti-entropy: every node gossips its store's root digest; a node whose digest differs from
+//!   a live peer's runs a [`SyncSession`] with it (bucket hashes, then only differing buckets).
+//!
+//! The protocol logic lives in `shoal_state::sync`; this module only moves bytes and time.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+use shoal_gossip::{Channel, IncomingRequests, MemberState, Membership, PeerEndpoint, keys};
+use shoal_state::sync::{self, Step, SyncSession};
+use shoal_state::{
+    Change, ObjectKey, Store, StoreError, SyncRequest, SyncResponse, ValidObject, WireEntry,
+    WriteMode,
+};
+use tracing::{debug, info, warn};
+
+/// Tunables of replication.
+#[derive(Debug, Clone)]
+pub struct ReplicationConfig {
+    /// Nodes (this one included) that must hold a write durably before it is acknowledged,
+    /// capped by the number of live nodes. Default 2.
+    pub write_quorum: usize,
+    /// How long a write waits for its quorum. Default 5 s.
+    pub push_timeout: Duration,
+    /// Period of digest publication and anti-entropy. Default 1 s.
+    pub anti_entropy_interval: Duration,
+}
+
+impl Default for ReplicationConfig {
+    fn default() -> Self {
+        Self {
+            write_quorum: 2,
+            push_timeout: Duration::from_secs(5),
+            anti_entropy_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(
+        "the write is stored on this node but only {acked} of the {needed} nodes required by the write quorum confirmed it within {timeout:?}; retry (writes are idempotent)"
+    )]
+    NotDurable {
+        acked: usize,
+        needed: usize,
+        timeout: Duration,
+    },
+}
+
+/// The store, shared by the API and replication.
+pub struct Replication {
+    store: Arc<Mutex<Store>>,
+    endpoint: PeerEndpoint,
+    membership: Arc<Membership>,
+    config: ReplicationConfig,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Replication {
+    pub fn new(
+        store: Store,
+        endpoint: PeerEndpoint,
+        membership: Arc<Membership>,
+        config: ReplicationConfig,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            store: Arc::new(Mutex::new(store)),
+            endpoint,
+            membership,
+            config,
+        })
+    }
+
+    /// Starts answering peers and running anti-entropy.
+    pub fn start(self: &Arc<Self>) -> Result<(), shoal_gossip::EndpointError> {
+        let requests = self.endpoint.subscribe_requests(Channel::Sync)?;
+        tokio::spawn(self.clone().serve(requests));
+        tokio::spawn(self.clone().anti_entropy());
+        Ok(())
+    }
+
+    /// Reads under the store lock.
+    pub fn read<T>(&self, f: impl FnOnce(&Store) -> T) -> T {
+        f(&self.store.lock().unwrap())
+    }
+
+    /// Writes an object and waits for the write quorum.
+    pub async fn write(
+        &self,
+        object: ValidObject,
+        mode: WriteMode,
+    ) -> Result<(Value, bool), WriteError> {
+        let written = {
+            let mut store = self.store.lock().unwrap();
+            store.write(object, mode)?
+        };
+        let created = written
+            .change
+            .as_ref()
+            .is_some_and(|c| c.event == shoal_state::EventType::Added);
+        if written.change.is_some() {
+            self.replicate(written.entry).await?;
+        }
+        Ok((written.object, created))
+    }
+
+    /// Deletes an object and waits for the write quorum.
+    pub async fn delete(&self, key: &ObjectKey, uid: Option<&str>) -> Result<Value, WriteError> {
+        let written = {
+            let mut store = self.store.lock().unwrap();
+            store.delete(key, uid)?
+        };
+        self.replicate(written.entry).await?;
+        Ok(written.object)
+    }
+
+    /// Live peers' addresses.
+    async fn live_peers(&self) -> Vec<SocketAddr> {
+        self.membership
+            .members()
+            .await
+            .into_iter()
+            .filter(|m| !m.is_self && m.state == MemberState::Alive)
+            .map(|m| m.gossip_addr)
+            .collect()
+    }
+
+    /// Pushes `entry` to every live peer; returns once the quorum holds it.
+    async fn replicate(&self, entry: WireEntry) -> Result<(), WriteError> {
+        let peers = self.live_peers().await;
+        let needed = self.config.write_quorum.min(peers.len() + 1);
+        let mut acked = 1; // this node: committed and fsync'd
+        if acked >= needed && peers.is_empty() {
+            return Ok(());
+        }
+        let payload = Arc::new(
+            SyncRequest::Push {
+                entries: vec![entry],
+            }
+            .encode(),
+        );
+        let (tx, mut rx) = tokio::sync::mpsc::channel(peers.len().max(1));
+        for peer in peers {
+            let (endpoint, payload, tx) = (self.endpoint.clone(), payload.clone(), tx.clone());
+            let timeout = self.config.push_timeout;
+            // Pushes run to completion even after the quorum is reached.
+            tokio::spawn(async move {
+                let ok = match endpoint
+                    .request(peer, Channel::Sync, &payload, timeout)
+                    .await
+                {
+                    Ok(bytes) => match SyncResponse::decode(&bytes) {
+                        Ok(SyncResponse::PushAck) => true,
+                        Ok(other) => {
+                            warn!(%peer, response = ?other, "peer did not accept a pushed write");
+                            false
+                        }
+                        Err(error) => {
+                            warn!(%peer, %error, "unreadable push acknowledgement");
+                            false
+                        }
+                    },
+                    Err(error) => {
+                        debug!(%peer, %error, "push failed; anti-entropy will deliver it");
+                        false
+                    }
+                };
+                let _ = tx.send(ok).await;
+            });
+        }
+        drop(tx);
+        let deadline = tokio::time::Instant::now() + self.config.push_timeout;
+        while acked < needed {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(true)) => acked += 1,
+                Ok(Some(false)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+        if acked >= needed {
+            Ok(())
+        } else {
+            Err(WriteError::NotDurable {
+                acked,
+                needed,
+                timeout: self.config.push_timeout,
+            })
+        }
+    }
+
+    /// Answers peers' sync requests.
+    async fn serve(self: Arc<Self>, mut requests: IncomingRequests) {
+        while let Some(request) = requests.recv().await {
+            let this = self.clone();
+            // Store work (fsync) runs off the async workers.
+            tokio::task::spawn_blocking(move || {
+                let peer = request.peer;
+                let response = match SyncRequest::decode(&request.payload) {
+                    Ok(req) => {
+                        let (response, outcome) =
+                            sync::serve(&mut this.store.lock().unwrap(), req, now_ms());
+                        for rejected in &outcome.rejected {
+                            warn!(%peer, error = %rejected, "refused an entry from a peer");
+                        }
+                        response
+                    }
+                    Err(error) => {
+                        warn!(%peer, %error, "refused a malformed sync request");
+                        SyncResponse::Refused {
+                            reason: error.to_string(),
+                        }
+                    }
+                };
+                request.respond(response.encode());
+            });
+        }
+    }
+
+    /// Publishes the digest and reconciles with one differing peer per round.
+    async fn anti_entropy(self: Arc<Self>) {
+        let mut ticker = tokio::time::interval(self.config.anti_entropy_interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut round: usize = 0;
+        loop {
+            ticker.tick().await;
+            round += 1;
+            let ours = self.read(|s| s.root_digest());
+            self.membership.publish(keys::STORE_DIGEST, &ours).await;
+            let peers = self.membership.peer_values(keys::STORE_DIGEST).await;
+            let mut differing: Vec<SocketAddr> = Vec::new();
+            let mut in_sync = false;
+            for peer in peers {
+                match peer.value {
+                    Some(Ok(theirs)) if theirs == ours => in_sync = true,
+                    Some(Ok(_)) => differing.push(peer.addr),
+                    _ => {}
+                }
+            }
+            if in_sync && differing.is_empty() {
+                let _ = self.store.lock().unwrap().mark_synced(now_ms());
+                continue;
+            }
+            let Some(peer) = differing.get(round % differing.len().max(1)).copied() else {
+                continue;
+            };
+            if let Err(error) = self.sync_with(peer).await {
+                debug!(%peer, %error, "anti-entropy session failed");
+            }
+        }
+    }
+
+    /// One anti-entropy session with `peer`.
+    pub async fn sync_with(&self, peer: SocketAddr) -> Result<(), String> {
+        let (mut session, mut request) = {
+            let store = self.store.lock().unwrap();
+            SyncSession::start(&store, now_ms())
+        };
+        let timeout = Duration::from_secs(30);
+        loop {
+            let bytes = self
+                .endpoint
+                .request(peer, Channel::Sync, &request.encode(), timeout)
+                .await
+                .map_err(|e| e.to_string())?;
+            let response = SyncResponse::decode(&bytes).map_err(|e| e.to_string())?;
+            let step = {
+                let mut store = self.store.lock().unwrap();
+                session
+                    .on_response(&mut store, response, now_ms())
+                    .map_err(|e| e.to_string())?
+            };
+            match step {
+                Step::Send(next) => request = next,
+                Step::Done(changes) => {
+                    if !changes.is_empty() {
+                        info!(%peer, changes = changes.len(), sent = session.entries_sent,
+                              received = session.entries_received, buckets = session.buckets_differing,
+                              "anti-entropy merged changes");
+                    }
+                    log_changes(&changes);
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+fn log_changes(changes: &[Change]) {
+    for change in changes {
+        debug!(key = %change.key, rv = change.resource_version, event = ?change.event, "replicated change");
+    }
+}

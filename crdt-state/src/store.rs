@@ -1,0 +1,793 @@
+//! The desired-state store of one node: the CRDT entries in memory for reads, persisted in redb
+//! (fsync'd on every commit) for durability, with a per-node commit sequence that serves as
+//! Kubernetes' `resourceVersion` and a bounded change log for watches.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::crdt::{NodeId, ObjectState, Stamp};
+use crate::digest::{BucketDigest, Hash16, bucket_of, entry_hash};
+use crate::hlc::{ClockError, Hlc, Timestamp};
+use crate::kind::ObjectKey;
+use crate::object::{ValidObject, check_dns_label};
+use crate::sync::WireEntry;
+
+const OBJECTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("objects");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const META_SEQ: &str = "seq";
+const META_HLC: &str = "hlc";
+const META_LAST_SYNC_MS: &str = "last-sync-ms";
+
+/// Tunables of a store.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub path: PathBuf,
+    /// This node's id, the tie-breaker of concurrent writes.
+    pub node: NodeId,
+    /// Timestamps further ahead of our wall clock are refused (default 60 s).
+    pub max_clock_drift: Duration,
+    /// Deleted objects are forgotten after this long (default 24 h). A node away for longer
+    /// must resync from peers instead of merging its old state (see [`Store::is_stale`]).
+    pub tombstone_horizon: Duration,
+    /// Changes kept for watches; older resourceVersions get "too old" (default 10,000).
+    pub change_log_capacity: usize,
+}
+
+impl StoreConfig {
+    pub fn new(path: impl Into<PathBuf>, node: NodeId) -> Self {
+        Self {
+            path: path.into(),
+            node,
+            max_clock_drift: Duration::from_secs(60),
+            tombstone_horizon: Duration::from_secs(24 * 3600),
+            change_log_capacity: 10_000,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot open the store {path}: {source}")]
+    Open {
+        path: PathBuf,
+        source: Box<redb::DatabaseError>,
+    },
+    #[error("store {path}: {message}")]
+    Storage { path: PathBuf, message: String },
+    #[error("store {path} is corrupt: entry {key}: {reason}")]
+    Corrupt {
+        path: PathBuf,
+        key: String,
+        reason: String,
+    },
+    #[error("{key} not found")]
+    NotFound { key: ObjectKey },
+    #[error("{key} already exists")]
+    AlreadyExists { key: ObjectKey },
+    #[error("{key}: {reason}")]
+    Conflict { key: ObjectKey, reason: String },
+    #[error("resourceVersion {requested} is too old; the oldest available is {oldest}")]
+    Expired { requested: u64, oldest: u64 },
+    #[error("entry {key} from a peer: {reason}")]
+    Rejected { key: String, reason: String },
+    #[error(transparent)]
+    Clock(#[from] ClockError),
+}
+
+/// What a watcher sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventType {
+    #[serde(rename = "ADDED")]
+    Added,
+    #[serde(rename = "MODIFIED")]
+    Modified,
+    #[serde(rename = "DELETED")]
+    Deleted,
+}
+
+/// One committed change, numbered by this node's commit sequence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change {
+    pub resource_version: u64,
+    pub key: ObjectKey,
+    pub event: EventType,
+    /// The object as of this change (its last live form for a delete).
+    pub object: Value,
+}
+
+/// How a local write treats an existing object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteMode {
+    /// Fail if a live object exists (POST).
+    Create,
+    /// Fail if no live object exists (PUT).
+    Update,
+    /// Create or update (apply).
+    Upsert,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    state: ObjectState,
+    resource_version: u64,
+    hash: Hash16,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredEntry {
+    state: ObjectState,
+    resource_version: u64,
+}
+
+/// The result of a local write: the object as stored, and what to push to peers.
+#[derive(Debug, Clone)]
+pub struct Written {
+    pub object: Value,
+    pub entry: WireEntry,
+    pub change: Option<Change>,
+}
+
+pub struct Store {
+    config: StoreConfig,
+    db: Database,
+    hlc: Hlc,
+    seq: u64,
+    last_sync_ms: u64,
+    entries: BTreeMap<ObjectKey, Entry>,
+    digest: BucketDigest,
+    changes: VecDeque<Change>,
+    /// The lowest resourceVersion a watch may resume from.
+    oldest_watchable: u64,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// RFC 3339 (seconds) of an HLC time.
+pub fn rfc3339(time: Timestamp) -> String {
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(time.wall_ms()))
+        .to_string()
+}
+
+fn new_uid() -> String {
+    let b: [u8; 16] = rand::random();
+    let h = hex::encode(b);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+impl Store {
+    /// Opens (or creates) the store. A damaged file is an error naming it, never an empty store.
+    pub fn open(config: StoreConfig) -> Result<Self, StoreError> {
+        let path = config.path.clone();
+        let storage = |e: &dyn std::fmt::Display| StoreError::Storage {
+            path: path.clone(),
+            message: e.to_string(),
+        };
+        let db = Database::create(&path).map_err(|source| StoreError::Open {
+            path: path.clone(),
+            source: Box::new(source),
+        })?;
+        // Make sure both tables exist, so reads never race a first write.
+        let txn = db.begin_write().map_err(|e| storage(&e))?;
+        txn.open_table(OBJECTS).map_err(|e| storage(&e))?;
+        txn.open_table(META).map_err(|e| storage(&e))?;
+        txn.commit().map_err(|e| storage(&e))?;
+
+        let read = db.begin_read().map_err(|e| storage(&e))?;
+        let meta = read.open_table(META).map_err(|e| storage(&e))?;
+        let get = |k: &str| -> Result<u64, StoreError> {
+            Ok(meta
+                .get(k)
+                .map_err(|e| storage(&e))?
+                .map_or(0, |v| v.value()))
+        };
+        let seq = get(META_SEQ)?;
+        let hlc_last = get(META_HLC)?;
+        let last_sync_ms = get(META_LAST_SYNC_MS)?;
+        let table = read.open_table(OBJECTS).map_err(|e| storage(&e))?;
+        let mut entries = BTreeMap::new();
+        let mut digest = BucketDigest::default();
+        for item in table.iter().map_err(|e| storage(&e))? {
+            let (k, v) = item.map_err(|e| storage(&e))?;
+            let key = ObjectKey::from_bytes(k.value()).ok_or_else(|| StoreError::Corrupt {
+                path: path.clone(),
+                key: String::from_utf8_lossy(k.value()).into_owned(),
+                reason: "malformed key".into(),
+            })?;
+            let stored: StoredEntry =
+                rmp_serde::from_slice(v.value()).map_err(|e| StoreError::Corrupt {
+                    path: path.clone(),
+                    key: key.to_string(),
+                    reason: e.to_string(),
+                })?;
+            let hash = entry_hash(&key, &stored.state);
+            digest.toggle(bucket_of(&key), &hash);
+            entries.insert(
+                key,
+                Entry {
+                    state: stored.state,
+                    resource_version: stored.resource_version,
+                    hash,
+                },
+            );
+        }
+        drop(table);
+        drop(meta);
+        drop(read);
+        let hlc = Hlc::new(
+            Timestamp(hlc_last),
+            config.max_clock_drift.as_millis() as u64,
+        );
+        Ok(Self {
+            oldest_watchable: seq,
+            config,
+            db,
+            hlc,
+            seq,
+            last_sync_ms,
+            entries,
+            digest,
+            changes: VecDeque::new(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.config.path
+    }
+
+    pub fn node(&self) -> NodeId {
+        self.config.node
+    }
+
+    /// The latest commit sequence number (the list resourceVersion).
+    pub fn resource_version(&self) -> u64 {
+        self.seq
+    }
+
+    /// Number of live objects.
+    pub fn len(&self) -> usize {
+        self.entries
+            .values()
+            .filter(|e| !e.state.is_deleted())
+            .count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Number of entries including tombstones.
+    pub fn entry_count(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether this store was out of contact with peers for longer than the tombstone horizon:
+    /// its deletes may have been forgotten by peers, so it must adopt a peer's state instead of
+    /// merging its own (which could resurrect deleted objects).
+    pub fn is_stale(&self, now_ms: u64) -> bool {
+        !self.entries.is_empty()
+            && self.last_sync_ms > 0
+            && now_ms.saturating_sub(self.last_sync_ms)
+                > self.config.tombstone_horizon.as_millis() as u64
+    }
+
+    fn storage_err(&self, e: impl std::fmt::Display) -> StoreError {
+        StoreError::Storage {
+            path: self.config.path.clone(),
+            message: e.to_string(),
+        }
+    }
+
+    /// Persists `updates` (and the sequence/clock) in one fsync'd transaction.
+    fn commit(
+        &self,
+        updates: &[(&ObjectKey, Option<&StoredEntry>)],
+        extra_meta: &[(&str, u64)],
+    ) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(|e| self.storage_err(e))?;
+        {
+            let mut objects = txn.open_table(OBJECTS).map_err(|e| self.storage_err(e))?;
+            for (key, entry) in updates {
+                let k = key.to_bytes();
+                match entry {
+                    Some(entry) => {
+                        let bytes = rmp_serde::to_vec(entry).expect("entries serialize");
+                        objects
+                            .insert(k.as_slice(), bytes.as_slice())
+                            .map_err(|e| self.storage_err(e))?;
+                    }
+                    None => {
+                        objects
+                            .remove(k.as_slice())
+                            .map_err(|e| self.storage_err(e))?;
+                    }
+                }
+            }
+            let mut meta = txn.open_table(META).map_err(|e| self.storage_err(e))?;
+            meta.insert(META_SEQ, self.seq)
+                .map_err(|e| self.storage_err(e))?;
+            meta.insert(META_HLC, self.hlc.last().0)
+                .map_err(|e| self.storage_err(e))?;
+            for (k, v) in extra_meta {
+                meta.insert(*k, *v).map_err(|e| self.storage_err(e))?;
+            }
+        }
+        txn.commit().map_err(|e| self.storage_err(e))
+    }
+
+    /// The object as clients see it: body plus server metadata.
+    fn present(key: &ObjectKey, entry: &Entry) -> Value {
+        let _ = key;
+        let mut object = entry.state.render();
+        if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.insert("uid".into(), Value::String(entry.state.uid.clone()));
+            meta.insert(
+                "resourceVersion".into(),
+                Value::String(entry.resource_version.to_string()),
+            );
+            meta.insert(
+                "creationTimestamp".into(),
+                Value::String(rfc3339(entry.state.created.time)),
+            );
+            meta.insert("generation".into(), Value::from(entry.state.generation()));
+            if let Some(deleted) = entry.state.deleted {
+                meta.insert(
+                    "deletionTimestamp".into(),
+                    Value::String(rfc3339(deleted.time)),
+                );
+            }
+        }
+        object
+    }
+
+    fn record_change(&mut self, change: Change) {
+        self.changes.push_back(change);
+        while self.changes.len() > self.config.change_log_capacity {
+            let dropped = self.changes.pop_front().expect("non-empty");
+            self.oldest_watchable = dropped.resource_version;
+        }
+    }
+
+    /// Installs a new state for `key` in memory (after it was committed) and records the change.
+    fn install(&mut self, key: &ObjectKey, state: ObjectState, rv: u64) -> Option<Change> {
+        let bucket = bucket_of(key);
+        let was_live = self.entries.get(key).is_some_and(|e| !e.state.is_deleted());
+        let previous = self
+            .entries
+            .get(key)
+            .map(|e| (e.hash, Self::present(key, e)));
+        if let Some((old_hash, _)) = &previous {
+            self.digest.toggle(bucket, old_hash);
+        }
+        let hash = entry_hash(key, &state);
+        self.digest.toggle(bucket, &hash);
+        let entry = Entry {
+            state,
+            resource_version: rv,
+            hash,
+        };
+        let is_live = !entry.state.is_deleted();
+        let object = Self::present(key, &entry);
+        self.entries.insert(key.clone(), entry);
+        let event = match (was_live, is_live) {
+            (false, true) => EventType::Added,
+            (true, true) => EventType::Modified,
+            (true, false) => EventType::Deleted,
+            (false, false) => return None,
+        };
+        let change = Change {
+            resource_version: rv,
+            key: key.clone(),
+            event,
+            object,
+        };
+        self.record_change(change.clone());
+        Some(change)
+    }
+
+    /// Writes a validated object from a client of this node.
+    pub fn write(&mut self, object: ValidObject, mode: WriteMode) -> Result<Written, StoreError> {
+        self.write_at(object, mode, now_ms())
+    }
+
+    pub fn write_at(
+        &mut self,
+        object: ValidObject,
+        mode: WriteMode,
+        now_ms: u64,
+    ) -> Result<Written, StoreError> {
+        let key = object.key.clone();
+        if object.info.namespaced {
+            check_dns_label(&key.namespace).map_err(|reason| StoreError::Conflict {
+                key: key.clone(),
+                reason,
+            })?;
+        }
+        let existing = self.entries.get(&key).filter(|e| !e.state.is_deleted());
+        if let (Some(e), Some(uid)) = (existing, &object.uid)
+            && *uid != e.state.uid
+        {
+            return Err(StoreError::Conflict {
+                key,
+                reason: format!(
+                    "metadata.uid: precondition failed: {uid} is not the current uid {}",
+                    e.state.uid
+                ),
+            });
+        }
+        if let (Some(e), Some(rv)) = (existing, &object.resource_version)
+            && mode != WriteMode::Create
+            && *rv != e.resource_version.to_string()
+        {
+            return Err(StoreError::Conflict {
+                key,
+                reason: format!(
+                    "the object has been modified; please apply your changes to the latest version and try again (resourceVersion {rv} is not the current {})",
+                    e.resource_version
+                ),
+            });
+        }
+        let time = self.hlc.now(now_ms);
+        let stamp = Stamp {
+            time,
+            node: self.config.node,
+        };
+        let state = match (existing, mode) {
+            (Some(_), WriteMode::Create) => return Err(StoreError::AlreadyExists { key }),
+            (None, WriteMode::Update) => return Err(StoreError::NotFound { key }),
+            (None, _) => ObjectState::create(new_uid(), stamp, &object.body),
+            (Some(e), _) => {
+                let mut state = e.state.clone();
+                if !state.update(stamp, &object.body) {
+                    // Nothing changed: no commit, no new resourceVersion (like the apiserver).
+                    let object = Self::present(&key, e);
+                    let entry = WireEntry {
+                        key,
+                        state: e.state.clone(),
+                    };
+                    return Ok(Written {
+                        object,
+                        entry,
+                        change: None,
+                    });
+                }
+                state
+            }
+        };
+        self.commit_local(key, state)
+    }
+
+    fn commit_local(&mut self, key: ObjectKey, state: ObjectState) -> Result<Written, StoreError> {
+        self.seq += 1;
+        let stored = StoredEntry {
+            state,
+            resource_version: self.seq,
+        };
+        if let Err(e) = self.commit(&[(&key, Some(&stored))], &[]) {
+            self.seq -= 1;
+            return Err(e);
+        }
+        let StoredEntry { state, .. } = stored;
+        let change = self.install(&key, state.clone(), self.seq);
+        let entry = &self.entries[&key];
+        let object = change
+            .as_ref()
+            .map_or_else(|| Self::present(&key, entry), |c| c.object.clone());
+        Ok(Written {
+            object,
+            entry: WireEntry { key, state },
+            change,
+        })
+    }
+
+    /// Deletes a live object; `uid` is an optional precondition.
+    pub fn delete(&mut self, key: &ObjectKey, uid: Option<&str>) -> Result<Written, StoreError> {
+        self.delete_at(key, uid, now_ms())
+    }
+
+    pub fn delete_at(
+        &mut self,
+        key: &ObjectKey,
+        uid: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Written, StoreError> {
+        let existing = self
+            .entries
+            .get(key)
+            .filter(|e| !e.state.is_deleted())
+            .ok_or_else(|| StoreError::NotFound { key: key.clone() })?;
+        if let Some(uid) = uid
+            && uid != existing.state.uid
+        {
+            return Err(StoreError::Conflict {
+                key: key.clone(),
+                reason: format!("metadata.uid: precondition failed: {uid} is not the current uid"),
+            });
+        }
+        let last_live = Self::present(key, existing);
+        let mut state = existing.state.clone();
+        let time = self.hlc.now(now_ms);
+        state.delete(Stamp {
+            time,
+            node: self.config.node,
+        });
+        let mut written = self.commit_local(key.clone(), state)?;
+        // Watchers and callers get the last live form, as the apiserver returns it.
+        written.object = last_live.clone();
+        if let Some(change) = &mut written.change {
+            change.object = last_live;
+        }
+        if let Some(last) = self.changes.back_mut() {
+            last.object = written.object.clone();
+        }
+        Ok(written)
+    }
+
+    /// Merges entries received from a peer; persists those that change anything in one
+    /// transaction. Entries that fail validation are refused one by one (named in the result),
+    /// the others still merge.
+    pub fn merge_remote(&mut self, entries: Vec<WireEntry>) -> Result<MergeOutcome, StoreError> {
+        self.merge_remote_at(entries, now_ms())
+    }
+
+    pub fn merge_remote_at(
+        &mut self,
+        entries: Vec<WireEntry>,
+        now_ms: u64,
+    ) -> Result<MergeOutcome, StoreError> {
+        let mut rejected = Vec::new();
+        let mut updates: Vec<(ObjectKey, ObjectState)> = Vec::new();
+        for WireEntry { key, state } in entries {
+            if let Err(reason) = validate_remote(&key, &state) {
+                rejected.push(StoreError::Rejected {
+                    key: key.to_string(),
+                    reason,
+                });
+                continue;
+            }
+            if let Err(e) = self.hlc.check(state.max_stamp().time, now_ms) {
+                rejected.push(StoreError::Rejected {
+                    key: key.to_string(),
+                    reason: e.to_string(),
+                });
+                continue;
+            }
+            let merged = match updates.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, pending)) => {
+                    pending.merge(&state);
+                    continue;
+                }
+                None => match self.entries.get(&key) {
+                    Some(current) => {
+                        let mut merged = current.state.clone();
+                        merged.merge(&state);
+                        if merged == current.state {
+                            continue;
+                        }
+                        merged
+                    }
+                    None => {
+                        if self.is_past_horizon(&state, now_ms) {
+                            continue; // a tombstone we already forgot: keep it forgotten
+                        }
+                        state
+                    }
+                },
+            };
+            updates.push((key, merged));
+        }
+        for (_, state) in &updates {
+            self.hlc.observe(state.max_stamp().time);
+        }
+        let first_rv = self.seq + 1;
+        let stored: Vec<(ObjectKey, StoredEntry)> = updates
+            .into_iter()
+            .enumerate()
+            .map(|(i, (key, state))| {
+                (
+                    key,
+                    StoredEntry {
+                        state,
+                        resource_version: first_rv + i as u64,
+                    },
+                )
+            })
+            .collect();
+        if stored.is_empty() {
+            return Ok(MergeOutcome {
+                changes: Vec::new(),
+                rejected,
+            });
+        }
+        self.seq += stored.len() as u64;
+        let refs: Vec<(&ObjectKey, Option<&StoredEntry>)> =
+            stored.iter().map(|(k, e)| (k, Some(e))).collect();
+        if let Err(e) = self.commit(&refs, &[]) {
+            self.seq -= stored.len() as u64;
+            return Err(e);
+        }
+        let mut changes = Vec::new();
+        for (key, entry) in stored {
+            if let Some(change) = self.install(&key, entry.state, entry.resource_version) {
+                changes.push(change);
+            }
+        }
+        Ok(MergeOutcome { changes, rejected })
+    }
+
+    fn is_past_horizon(&self, state: &ObjectState, now_ms: u64) -> bool {
+        state.deleted.is_some_and(|d| {
+            now_ms.saturating_sub(d.time.wall_ms())
+                > self.config.tombstone_horizon.as_millis() as u64
+        })
+    }
+
+    /// Records that this store was in contact with, and consistent with, a peer (an
+    /// anti-entropy session, or equal digests): see [`Store::is_stale`]. Persisted at most once
+    /// a minute.
+    pub fn mark_synced(&mut self, now_ms: u64) -> Result<(), StoreError> {
+        if now_ms < self.last_sync_ms.saturating_add(60_000) && self.last_sync_ms != 0 {
+            return Ok(());
+        }
+        self.last_sync_ms = now_ms;
+        self.commit(&[], &[(META_LAST_SYNC_MS, now_ms)])
+    }
+
+    /// Drops this store's entries in favour of a peer's full state (a stale node rejoining).
+    pub fn adopt(
+        &mut self,
+        entries: Vec<WireEntry>,
+        now_ms: u64,
+    ) -> Result<MergeOutcome, StoreError> {
+        let theirs: std::collections::BTreeSet<ObjectKey> =
+            entries.iter().map(|e| e.key.clone()).collect();
+        let gone: Vec<ObjectKey> = self
+            .entries
+            .keys()
+            .filter(|k| !theirs.contains(*k))
+            .cloned()
+            .collect();
+        let refs: Vec<(&ObjectKey, Option<&StoredEntry>)> =
+            gone.iter().map(|k| (k, None)).collect();
+        self.commit(&refs, &[])?;
+        for key in &gone {
+            if let Some(entry) = self.entries.remove(key) {
+                self.digest.toggle(bucket_of(key), &entry.hash);
+            }
+        }
+        let outcome = self.merge_remote_at(entries, now_ms)?;
+        self.last_sync_ms = 0;
+        self.mark_synced(now_ms)?;
+        Ok(outcome)
+    }
+
+    /// Forgets tombstones older than the horizon; returns how many.
+    pub fn collect_tombstones(&mut self, now_ms: u64) -> Result<usize, StoreError> {
+        let old: Vec<ObjectKey> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| self.is_past_horizon(&e.state, now_ms))
+            .map(|(k, _)| k.clone())
+            .collect();
+        if old.is_empty() {
+            return Ok(0);
+        }
+        let refs: Vec<(&ObjectKey, Option<&StoredEntry>)> = old.iter().map(|k| (k, None)).collect();
+        self.commit(&refs, &[])?;
+        for key in &old {
+            if let Some(entry) = self.entries.remove(key) {
+                self.digest.toggle(bucket_of(key), &entry.hash);
+            }
+        }
+        Ok(old.len())
+    }
+
+    /// A live object as clients see it.
+    pub fn get(&self, key: &ObjectKey) -> Option<Value> {
+        let entry = self.entries.get(key).filter(|e| !e.state.is_deleted())?;
+        Some(Self::present(key, entry))
+    }
+
+    /// Live objects of one kind (`group`, `kind`), optionally in one namespace, in key order.
+    pub fn list(&self, group: &str, kind: &str, namespace: Option<&str>) -> Vec<Value> {
+        self.entries
+            .iter()
+            .filter(|(k, e)| {
+                k.group == group
+                    && k.kind == kind
+                    && namespace.is_none_or(|ns| k.namespace == ns)
+                    && !e.state.is_deleted()
+            })
+            .map(|(k, e)| Self::present(k, e))
+            .collect()
+    }
+
+    /// Changes after `resource_version`, or [`StoreError::Expired`] if some were dropped.
+    pub fn changes_since(&self, resource_version: u64) -> Result<Vec<Change>, StoreError> {
+        if resource_version < self.oldest_watchable {
+            return Err(StoreError::Expired {
+                requested: resource_version,
+                oldest: self.oldest_watchable,
+            });
+        }
+        Ok(self
+            .changes
+            .iter()
+            .filter(|c| c.resource_version > resource_version)
+            .cloned()
+            .collect())
+    }
+
+    pub fn bucket_hashes(&self) -> Vec<Hash16> {
+        self.digest.buckets().to_vec()
+    }
+
+    pub fn digest(&self) -> &BucketDigest {
+        &self.digest
+    }
+
+    /// Hex of the root digest, as gossiped.
+    pub fn root_digest(&self) -> String {
+        hex::encode(self.digest.root())
+    }
+
+    /// Every entry (tombstones included) whose key falls in `buckets`.
+    pub fn entries_in_buckets(&self, buckets: &[u8]) -> Vec<WireEntry> {
+        let wanted: std::collections::HashSet<u8> = buckets.iter().copied().collect();
+        self.entries
+            .iter()
+            .filter(|(k, _)| wanted.contains(&bucket_of(k)))
+            .map(|(k, e)| WireEntry {
+                key: k.clone(),
+                state: e.state.clone(),
+            })
+            .collect()
+    }
+}
+
+/// What a merge of peer entries did.
+#[derive(Debug, Default)]
+pub struct MergeOutcome {
+    pub changes: Vec<Change>,
+    /// Entries refused, each naming its key and the reason.
+    pub rejected: Vec<StoreError>,
+}
+
+/// Structural checks on an entry from the network.
+fn validate_remote(key: &ObjectKey, state: &ObjectState) -> Result<(), String> {
+    if key.info().is_none() {
+        return Err(format!("unknown kind {}/{}", key.group, key.kind));
+    }
+    crate::labels::check_dns_subdomain(&key.name).map_err(|r| format!("name: {r}"))?;
+    if key.info().is_some_and(|i| i.namespaced) {
+        check_dns_label(&key.namespace).map_err(|r| format!("namespace: {r}"))?;
+    } else if !key.namespace.is_empty() {
+        return Err("cluster-scoped kind with a namespace".into());
+    }
+    if state.uid.is_empty() || state.uid.len() > 64 {
+        return Err("uid must be 1 to 64 characters".into());
+    }
+    let size = serde_json::to_vec(&state.render()).map_or(usize::MAX, |v| v.len());
+    if size > crate::object::MAX_OBJECT_BYTES {
+        return Err(format!(
+            "object is {size} bytes; the limit is {} bytes",
+            crate::object::MAX_OBJECT_BYTES
+        ));
+    }
+    Ok(())
+}

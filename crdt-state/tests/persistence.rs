@@ -1,0 +1,196 @@
+use shoal_state::crdt::Stamp;
+use shoal_state::hlc::Timestamp;
+use shoal_state::{ObjectKey, ObjectState, StoreError, WireEntry, WriteMode, kind};
+
+use crate::{T0, config_map, open};
+
+#[test]
+fn reopen_with_10000_objects_gives_identical_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let info = kind::lookup("v1", "ConfigMap").unwrap();
+    let entries: Vec<WireEntry> = (0..10_000u64)
+        .map(|i| {
+            let key = ObjectKey::new(info, "default", &format!("cm-{i}"));
+            let body = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": key.name, "namespace": "default", "labels": {"i": i.to_string()}},
+                "data": {"k": "v".repeat(64)}});
+            let stamp = Stamp { time: Timestamp::new(T0 + i, 0), node: 7 };
+            WireEntry { state: ObjectState::create(format!("uid-{i}"), stamp, &body), key }
+        })
+        .collect();
+    let (digest, rv, sample) = {
+        let mut store = open(dir.path(), "a", 1);
+        store.merge_remote_at(entries, T0 + 20_000).unwrap();
+        assert_eq!(store.len(), 10_000);
+        let key = ObjectKey::new(info, "default", "cm-4242");
+        (
+            store.root_digest(),
+            store.resource_version(),
+            store.get(&key).unwrap(),
+        )
+    };
+    let store = open(dir.path(), "a", 1);
+    assert_eq!(store.len(), 10_000);
+    assert_eq!(store.root_digest(), digest);
+    assert_eq!(store.resource_version(), rv);
+    let key = ObjectKey::new(info, "default", "cm-4242");
+    assert_eq!(store.get(&key).unwrap(), sample);
+}
+
+#[test]
+fn writes_survive_reopen_and_resource_versions_keep_growing() {
+    let dir = tempfile::tempdir().unwrap();
+    let rv1 = {
+        let mut store = open(dir.path(), "a", 1);
+        store
+            .write_at(config_map("one", &[("a", "1")]), WriteMode::Create, T0)
+            .unwrap();
+        let w = store
+            .write_at(config_map("one", &[("a", "2")]), WriteMode::Update, T0 + 1)
+            .unwrap();
+        w.change.unwrap().resource_version
+    };
+    let mut store = open(dir.path(), "a", 1);
+    let key = config_map("one", &[]).key;
+    assert_eq!(store.get(&key).unwrap()["data"]["a"], "2");
+    let w = store
+        .write_at(config_map("two", &[]), WriteMode::Create, T0 + 2)
+        .unwrap();
+    assert!(w.change.unwrap().resource_version > rv1);
+    // A watch cannot resume from before the restart: the change log is in memory.
+    assert!(matches!(
+        store.changes_since(0),
+        Err(StoreError::Expired { .. })
+    ));
+    assert_eq!(store.changes_since(rv1).unwrap().len(), 1);
+}
+
+#[test]
+fn write_modes_and_preconditions() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path(), "a", 1);
+    let created = store
+        .write_at(config_map("x", &[("a", "1")]), WriteMode::Create, T0)
+        .unwrap();
+    assert!(matches!(
+        store.write_at(config_map("x", &[]), WriteMode::Create, T0),
+        Err(StoreError::AlreadyExists { .. })
+    ));
+    assert!(matches!(
+        store.write_at(config_map("y", &[]), WriteMode::Update, T0),
+        Err(StoreError::NotFound { .. })
+    ));
+    let mut stale = config_map("x", &[("a", "2")]);
+    stale.resource_version = Some("999".into());
+    let err = store.write_at(stale, WriteMode::Update, T0).unwrap_err();
+    assert!(err.to_string().contains("has been modified"), "{err}");
+    // An unchanged write is not a new version.
+    let same = store
+        .write_at(config_map("x", &[("a", "1")]), WriteMode::Upsert, T0)
+        .unwrap();
+    assert!(same.change.is_none());
+    assert_eq!(
+        same.object["metadata"]["resourceVersion"],
+        created.object["metadata"]["resourceVersion"]
+    );
+    let deleted = store.delete_at(&created.entry.key, None, T0 + 1).unwrap();
+    assert_eq!(
+        deleted.object["data"]["a"], "1",
+        "delete returns the last live object"
+    );
+    assert!(store.get(&created.entry.key).is_none());
+    assert!(matches!(
+        store.delete_at(&created.entry.key, None, T0 + 2),
+        Err(StoreError::NotFound { .. })
+    ));
+    // A new create after the delete is a new incarnation.
+    let again = store
+        .write_at(config_map("x", &[]), WriteMode::Create, T0 + 3)
+        .unwrap();
+    assert_ne!(
+        again.object["metadata"]["uid"],
+        created.object["metadata"]["uid"]
+    );
+}
+
+#[test]
+fn damaged_files_are_errors_naming_the_file_not_empty_stores() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = open(dir.path(), "a", 1);
+        for i in 0..50 {
+            store
+                .write_at(
+                    config_map(&format!("cm-{i}"), &[("k", &"v".repeat(500))]),
+                    WriteMode::Create,
+                    T0 + i,
+                )
+                .unwrap();
+        }
+    }
+    let path = dir.path().join("a.redb");
+    let len = std::fs::metadata(&path).unwrap().len();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.set_len(len / 3).unwrap();
+    drop(file);
+    let result = shoal_state::Store::open(shoal_state::StoreConfig::new(&path, 1));
+    let err = result
+        .err()
+        .expect("a truncated store must not open as empty");
+    assert!(err.to_string().contains("a.redb"), "{err}");
+
+    let garbage = dir.path().join("g.redb");
+    std::fs::write(&garbage, vec![0xAB; 8192]).unwrap();
+    let err = shoal_state::Store::open(shoal_state::StoreConfig::new(&garbage, 1))
+        .err()
+        .expect("garbage must not open");
+    assert!(err.to_string().contains("g.redb"), "{err}");
+}
+
+#[test]
+fn peers_entries_with_unknown_kinds_or_future_clocks_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path(), "a", 1);
+    let good = ObjectKey::new(kind::lookup("v1", "ConfigMap").unwrap(), "default", "ok");
+    let unknown = ObjectKey {
+        group: "x".into(),
+        kind: "Widget".into(),
+        namespace: "default".into(),
+        name: "w".into(),
+    };
+    let body = serde_json::json!({"metadata": {"name": "ok"}});
+    let now = Stamp {
+        time: Timestamp::new(T0, 0),
+        node: 2,
+    };
+    let future = Stamp {
+        time: Timestamp::new(T0 + 3_600_000, 0),
+        node: 2,
+    };
+    let entries = vec![
+        WireEntry {
+            key: good.clone(),
+            state: ObjectState::create("u1".into(), now, &body),
+        },
+        WireEntry {
+            key: unknown,
+            state: ObjectState::create("u2".into(), now, &body),
+        },
+        WireEntry {
+            key: ObjectKey {
+                name: "late".into(),
+                ..good.clone()
+            },
+            state: ObjectState::create("u3".into(), future, &body),
+        },
+    ];
+    let outcome = store.merge_remote_at(entries, T0).unwrap();
+    assert_eq!(outcome.changes.len(), 1);
+    let reasons: Vec<String> = outcome.rejected.iter().map(|e| e.to_string()).collect();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert!(reasons[0].contains("Widget"), "{reasons:?}");
+    assert!(
+        reasons[1].contains("late") && reasons[1].contains("ahead"),
+        "{reasons:?}"
+    );
+}
