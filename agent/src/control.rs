@@ -75,6 +75,9 @@ pub struct StoreInfo {
     pub objects: usize,
     /// Entries including tombstones.
     pub entries: usize,
+    /// Sync payload bytes this node sent and received (pushes and anti-entropy).
+    pub sync_bytes_sent: u64,
+    pub sync_bytes_received: u64,
 }
 
 /// An error of the control API, with the field it is about when there is one.
@@ -253,11 +256,14 @@ async fn delete_handler(
 }
 
 async fn store_handler(State(state): State<ControlState>) -> Json<StoreInfo> {
+    let (sync_bytes_sent, sync_bytes_received) = state.replication.traffic();
     Json(state.replication.read(|s| StoreInfo {
         digest: s.root_digest(),
         resource_version: s.resource_version(),
         objects: s.len(),
         entries: s.entry_count(),
+        sync_bytes_sent,
+        sync_bytes_received,
     }))
 }
 

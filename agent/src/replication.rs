@@ -9,6 +9,7 @@
 //! The protocol logic lives in `shoal_state::sync`; this module only moves bytes and time.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -63,6 +64,21 @@ pub struct Replication {
     endpoint: PeerEndpoint,
     membership: Arc<Membership>,
     config: ReplicationConfig,
+    traffic: SyncTraffic,
+}
+
+/// Bytes of sync payloads this node sent and received (pushes and anti-entropy, both roles).
+#[derive(Debug, Default)]
+pub struct SyncTraffic {
+    pub sent: AtomicU64,
+    pub received: AtomicU64,
+}
+
+impl SyncTraffic {
+    fn count(&self, sent: usize, received: usize) {
+        self.sent.fetch_add(sent as u64, Ordering::Relaxed);
+        self.received.fetch_add(received as u64, Ordering::Relaxed);
+    }
 }
 
 fn now_ms() -> u64 {
@@ -83,6 +99,7 @@ impl Replication {
             endpoint,
             membership,
             config,
+            traffic: SyncTraffic::default(),
         })
     }
 
@@ -92,6 +109,14 @@ impl Replication {
         tokio::spawn(self.clone().serve(requests));
         tokio::spawn(self.clone().anti_entropy());
         Ok(())
+    }
+
+    /// Sync payload bytes sent and received so far.
+    pub fn traffic(&self) -> (u64, u64) {
+        (
+            self.traffic.sent.load(Ordering::Relaxed),
+            self.traffic.received.load(Ordering::Relaxed),
+        )
     }
 
     /// Reads under the store lock.
@@ -210,6 +235,7 @@ impl Replication {
             // Store work (fsync) runs off the async workers.
             tokio::task::spawn_blocking(move || {
                 let peer = request.peer;
+                let received = request.payload.len();
                 let response = match SyncRequest::decode(&request.payload) {
                     Ok(req) => {
                         let (response, outcome) =
@@ -226,7 +252,9 @@ impl Replication {
                         }
                     }
                 };
-                request.respond(response.encode());
+                let bytes = response.encode();
+                this.traffic.count(bytes.len(), received);
+                request.respond(bytes);
             });
         }
     }
@@ -272,11 +300,13 @@ impl Replication {
         };
         let timeout = Duration::from_secs(30);
         loop {
+            let payload = request.encode();
             let bytes = self
                 .endpoint
-                .request(peer, Channel::Sync, &request.encode(), timeout)
+                .request(peer, Channel::Sync, &payload, timeout)
                 .await
                 .map_err(|e| e.to_string())?;
+            self.traffic.count(payload.len(), bytes.len());
             let response = SyncResponse::decode(&bytes).map_err(|e| e.to_string())?;
             let step = {
                 let mut store = self.store.lock().unwrap();
@@ -288,7 +318,7 @@ impl Replication {
                 Step::Send(next) => request = next,
                 Step::Done(changes) => {
                     if !changes.is_empty() {
-                        info!(%peer, changes = changes.len(), sent = session.entries_sent,
+                        info!(%peer, changes = changes.len(),
                               received = session.entries_received, buckets = session.buckets_differing,
                               "anti-entropy merged changes");
                     }

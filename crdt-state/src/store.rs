@@ -746,6 +746,28 @@ impl Store {
         hex::encode(self.digest.root())
     }
 
+    /// (key, entry hash) of every entry whose key falls in `buckets`.
+    pub fn entry_hashes_in_buckets(&self, buckets: &[u8]) -> Vec<(ObjectKey, Hash16)> {
+        let wanted: std::collections::HashSet<u8> = buckets.iter().copied().collect();
+        self.entries
+            .iter()
+            .filter(|(k, _)| wanted.contains(&bucket_of(k)))
+            .map(|(k, e)| (k.clone(), e.hash))
+            .collect()
+    }
+
+    /// The entries (tombstones included) of `keys` that this store has.
+    pub fn entries_for(&self, keys: &[ObjectKey]) -> Vec<WireEntry> {
+        keys.iter()
+            .filter_map(|k| {
+                self.entries.get(k).map(|e| WireEntry {
+                    key: k.clone(),
+                    state: e.state.clone(),
+                })
+            })
+            .collect()
+    }
+
     /// Every entry (tombstones included) whose key falls in `buckets`.
     pub fn entries_in_buckets(&self, buckets: &[u8]) -> Vec<WireEntry> {
         let wanted: std::collections::HashSet<u8> = buckets.iter().copied().collect();

@@ -3,9 +3,12 @@
 //!
 //! - `Push`: a writer sends the full state of the objects it just wrote; the receiver merges,
 //!   persists (fsync) and acknowledges — the write quorum counts these acknowledgements.
-//! - `Buckets` then `Pull`: anti-entropy. A node whose gossiped root digest differs from a peer's
-//!   asks for the peer's 256 bucket hashes, then exchanges the entries of differing buckets in
-//!   both directions (it sends its own entries of those buckets with the request).
+//! - `Buckets`, then `Compare`: anti-entropy, as a pull. A node whose gossiped root digest
+//!   differs from a peer's asks for the peer's 256 bucket hashes; for the buckets that differ it
+//!   sends its (key, entry hash) pairs, and the peer answers with its entries that differ or that
+//!   the requester lacks. Bytes on the wire grow with the number of differing entries, not with
+//!   the store. Sessions only pull: the peer sees the same digest difference and pulls in turn,
+//!   which keeps a fresh node from being sent the whole state by every peer at once.
 
 use serde::{Deserialize, Serialize};
 
@@ -27,9 +30,10 @@ pub enum SyncRequest {
         entries: Vec<WireEntry>,
     },
     Buckets,
-    Pull {
+    /// The requester's (key, entry hash) pairs of `buckets`.
+    Compare {
         buckets: Vec<u8>,
-        entries: Vec<WireEntry>,
+        hashes: Vec<(ObjectKey, Hash16)>,
     },
 }
 
@@ -40,7 +44,8 @@ pub enum SyncResponse {
     Buckets {
         hashes: Vec<Hash16>,
     },
-    Pull {
+    /// The responder's entries that differ from or are missing at the requester.
+    Compare {
         entries: Vec<WireEntry>,
     },
     /// The request was refused; the message says why.
@@ -99,36 +104,33 @@ pub fn serve(store: &mut Store, request: SyncRequest, now_ms: u64) -> (SyncRespo
                 MergeOutcome::default(),
             ),
         },
-        SyncRequest::Pull { buckets, entries } => {
-            let outcome = match store.merge_remote_at(entries, now_ms) {
-                Ok(outcome) => outcome,
-                Err(e) => {
-                    return (
-                        SyncResponse::Refused {
-                            reason: e.to_string(),
-                        },
-                        MergeOutcome::default(),
-                    );
-                }
-            };
+        SyncRequest::Compare { buckets, hashes } => {
             if buckets.len() > crate::digest::BUCKETS {
                 return (
                     SyncResponse::Refused {
                         reason: format!("{} buckets requested; there are 256", buckets.len()),
                     },
-                    outcome,
+                    MergeOutcome::default(),
                 );
             }
-            let entries = store.entries_in_buckets(&buckets);
+            let theirs: std::collections::HashMap<&ObjectKey, &Hash16> =
+                hashes.iter().map(|(k, h)| (k, h)).collect();
+            let differing: Vec<ObjectKey> = store
+                .entry_hashes_in_buckets(&buckets)
+                .into_iter()
+                .filter(|(key, hash)| theirs.get(key) != Some(&hash))
+                .map(|(key, _)| key)
+                .collect();
             if let Err(e) = store.mark_synced(now_ms) {
                 return (
                     SyncResponse::Refused {
                         reason: e.to_string(),
                     },
-                    outcome,
+                    MergeOutcome::default(),
                 );
             }
-            (SyncResponse::Pull { entries }, outcome)
+            let entries = store.entries_for(&differing);
+            (SyncResponse::Compare { entries }, MergeOutcome::default())
         }
     }
 }
@@ -143,7 +145,6 @@ pub struct SyncSession {
     collected: Vec<WireEntry>,
     changes: Vec<Change>,
     /// Statistics for benchmarks and logs.
-    pub entries_sent: usize,
     pub entries_received: usize,
     pub buckets_differing: usize,
 }
@@ -155,8 +156,8 @@ pub enum Step {
     Done(Vec<Change>),
 }
 
-/// Buckets exchanged per `Pull` request, bounding message sizes.
-pub const BUCKETS_PER_PULL: usize = 16;
+/// Buckets compared per `Compare` request, bounding message sizes.
+pub const BUCKETS_PER_COMPARE: usize = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -176,23 +177,21 @@ impl SyncSession {
             pending: Vec::new(),
             collected: Vec::new(),
             changes: Vec::new(),
-            entries_sent: 0,
             entries_received: 0,
             buckets_differing: 0,
         };
         (session, SyncRequest::Buckets)
     }
 
-    fn next_pull(&mut self, store: &Store) -> SyncRequest {
-        let take = self.pending.len().min(BUCKETS_PER_PULL);
+    fn next_compare(&mut self, store: &Store) -> SyncRequest {
+        let take = self.pending.len().min(BUCKETS_PER_COMPARE);
         let buckets: Vec<u8> = self.pending.drain(..take).collect();
-        let entries = if self.stale {
+        let hashes = if self.stale {
             Vec::new()
         } else {
-            store.entries_in_buckets(&buckets)
+            store.entry_hashes_in_buckets(&buckets)
         };
-        self.entries_sent += entries.len();
-        SyncRequest::Pull { buckets, entries }
+        SyncRequest::Compare { buckets, hashes }
     }
 
     pub fn on_response(
@@ -212,7 +211,7 @@ impl SyncSession {
                 };
                 self.buckets_differing = self.pending.len();
             }
-            SyncResponse::Pull { entries } => {
+            SyncResponse::Compare { entries } => {
                 self.entries_received += entries.len();
                 if self.stale {
                     self.collected.extend(entries);
@@ -223,7 +222,7 @@ impl SyncSession {
             }
         }
         if !self.pending.is_empty() {
-            return Ok(Step::Send(self.next_pull(store)));
+            return Ok(Step::Send(self.next_compare(store)));
         }
         if self.stale {
             let entries = std::mem::take(&mut self.collected);
@@ -245,9 +244,9 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let req = SyncRequest::Pull {
+        let req = SyncRequest::Compare {
             buckets: vec![1, 2],
-            entries: vec![],
+            hashes: vec![],
         };
         assert_eq!(SyncRequest::decode(&req.encode()).unwrap(), req);
         let resp = SyncResponse::Buckets {
