@@ -17,8 +17,8 @@ use serde_json::Value;
 use shoal_gossip::{Channel, IncomingRequests, MemberState, Membership, PeerEndpoint, keys};
 use shoal_state::sync::{self, Step, SyncSession};
 use shoal_state::{
-    Change, ObjectKey, Store, StoreError, SyncRequest, SyncResponse, ValidObject, WireEntry,
-    WriteMode,
+    Change, ObjectKey, Staged, Store, StoreError, SyncRequest, SyncResponse, ValidObject,
+    WireEntry, WriteMode,
 };
 use tracing::{debug, info, warn};
 
@@ -124,33 +124,41 @@ impl Replication {
         f(&self.store.lock().unwrap())
     }
 
-    /// Writes an object and waits for the write quorum.
+    /// Writes an object and waits for the write quorum. The push to peers starts before the
+    /// local fsync, so the two overlap; the write is acknowledged only when both are done.
     pub async fn write(
         &self,
         object: ValidObject,
         mode: WriteMode,
     ) -> Result<(Value, bool), WriteError> {
-        let written = {
+        let peers = self.live_peers().await;
+        let (written, acks) = {
             let mut store = self.store.lock().unwrap();
-            store.write(object, mode)?
+            match store.stage(object, mode)? {
+                Staged::Unchanged(written) => return Ok((written.object, false)),
+                Staged::Changed(entry) => {
+                    let acks = self.push(entry.clone(), &peers);
+                    (store.commit_staged(entry)?, acks)
+                }
+            }
         };
         let created = written
             .change
             .as_ref()
             .is_some_and(|c| c.event == shoal_state::EventType::Added);
-        if written.change.is_some() {
-            self.replicate(written.entry).await?;
-        }
+        self.await_quorum(acks, peers.len()).await?;
         Ok((written.object, created))
     }
 
     /// Deletes an object and waits for the write quorum.
     pub async fn delete(&self, key: &ObjectKey, uid: Option<&str>) -> Result<Value, WriteError> {
+        let peers = self.live_peers().await;
         let written = {
             let mut store = self.store.lock().unwrap();
             store.delete(key, uid)?
         };
-        self.replicate(written.entry).await?;
+        let acks = self.push(written.entry.clone(), &peers);
+        self.await_quorum(acks, peers.len()).await?;
         Ok(written.object)
     }
 
@@ -165,22 +173,17 @@ impl Replication {
             .collect()
     }
 
-    /// Pushes `entry` to every live peer; returns once the quorum holds it.
-    async fn replicate(&self, entry: WireEntry) -> Result<(), WriteError> {
-        let peers = self.live_peers().await;
-        let needed = self.config.write_quorum.min(peers.len() + 1);
-        let mut acked = 1; // this node: committed and fsync'd
-        if acked >= needed && peers.is_empty() {
-            return Ok(());
-        }
+    /// Starts pushing `entry` to `peers`; each push reports whether the peer made it durable.
+    fn push(&self, entry: WireEntry, peers: &[SocketAddr]) -> tokio::sync::mpsc::Receiver<bool> {
+        let (tx, rx) = tokio::sync::mpsc::channel(peers.len().max(1));
         let payload = Arc::new(
             SyncRequest::Push {
                 entries: vec![entry],
             }
             .encode(),
         );
-        let (tx, mut rx) = tokio::sync::mpsc::channel(peers.len().max(1));
-        for peer in peers {
+        self.traffic.count(payload.len() * peers.len(), 0);
+        for &peer in peers {
             let (endpoint, payload, tx) = (self.endpoint.clone(), payload.clone(), tx.clone());
             let timeout = self.config.push_timeout;
             // Pushes run to completion even after the quorum is reached.
@@ -208,10 +211,20 @@ impl Replication {
                 let _ = tx.send(ok).await;
             });
         }
-        drop(tx);
+        rx
+    }
+
+    /// Waits until `min(write_quorum, peers + 1)` nodes, this one included, hold the write.
+    async fn await_quorum(
+        &self,
+        mut acks: tokio::sync::mpsc::Receiver<bool>,
+        peers: usize,
+    ) -> Result<(), WriteError> {
+        let needed = self.config.write_quorum.min(peers + 1);
+        let mut acked = 1; // this node: committed and fsync'd
         let deadline = tokio::time::Instant::now() + self.config.push_timeout;
         while acked < needed {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
+            match tokio::time::timeout_at(deadline, acks.recv()).await {
                 Ok(Some(true)) => acked += 1,
                 Ok(Some(false)) => {}
                 Ok(None) | Err(_) => break,

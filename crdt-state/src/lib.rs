@@ -21,6 +21,6 @@ pub use crdt::{NodeId, ObjectState, Stamp};
 pub use kind::{KINDS, KindInfo, ObjectKey};
 pub use object::{ObjectError, ValidObject, validate};
 pub use store::{
-    Change, EventType, MergeOutcome, Store, StoreConfig, StoreError, WriteMode, Written,
+    Change, EventType, MergeOutcome, Staged, Store, StoreConfig, StoreError, WriteMode, Written,
 };
 pub use sync::{SyncRequest, SyncResponse, WireEntry};

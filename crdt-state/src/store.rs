@@ -36,6 +36,8 @@ pub struct StoreConfig {
     pub tombstone_horizon: Duration,
     /// Changes kept for watches; older resourceVersions get "too old" (default 10,000).
     pub change_log_capacity: usize,
+    /// redb page cache (default 16 MiB; every object is also held decoded in memory).
+    pub cache_bytes: usize,
 }
 
 impl StoreConfig {
@@ -46,6 +48,7 @@ impl StoreConfig {
             max_clock_drift: Duration::from_secs(60),
             tombstone_horizon: Duration::from_secs(24 * 3600),
             change_log_capacity: 10_000,
+            cache_bytes: 16 << 20,
         }
     }
 }
@@ -124,6 +127,14 @@ struct StoredEntry {
     resource_version: u64,
 }
 
+/// A write computed but not yet persisted (see [`Store::stage_at`]).
+#[derive(Debug, Clone)]
+pub enum Staged {
+    /// The write changes nothing: nothing to persist or replicate.
+    Unchanged(Written),
+    Changed(WireEntry),
+}
+
 /// The result of a local write: the object as stored, and what to push to peers.
 #[derive(Debug, Clone)]
 pub struct Written {
@@ -178,10 +189,13 @@ impl Store {
             path: path.clone(),
             message: e.to_string(),
         };
-        let db = Database::create(&path).map_err(|source| StoreError::Open {
-            path: path.clone(),
-            source: Box::new(source),
-        })?;
+        let db = redb::Builder::new()
+            .set_cache_size(config.cache_bytes)
+            .create(&path)
+            .map_err(|source| StoreError::Open {
+                path: path.clone(),
+                source: Box::new(source),
+            })?;
         // Make sure both tables exist, so reads never race a first write.
         let txn = db.begin_write().map_err(|e| storage(&e))?;
         txn.open_table(OBJECTS).map_err(|e| storage(&e))?;
@@ -411,6 +425,25 @@ impl Store {
         mode: WriteMode,
         now_ms: u64,
     ) -> Result<Written, StoreError> {
+        match self.stage_at(object, mode, now_ms)? {
+            Staged::Unchanged(written) => Ok(written),
+            Staged::Changed(entry) => self.commit_staged(entry),
+        }
+    }
+
+    pub fn stage(&mut self, object: ValidObject, mode: WriteMode) -> Result<Staged, StoreError> {
+        self.stage_at(object, mode, now_ms())
+    }
+
+    /// Computes the state a write produces without persisting it, so the caller can start
+    /// replicating it while [`Store::commit_staged`] fsyncs. The caller must commit (or drop) it
+    /// before staging anything else.
+    pub fn stage_at(
+        &mut self,
+        object: ValidObject,
+        mode: WriteMode,
+        now_ms: u64,
+    ) -> Result<Staged, StoreError> {
         let key = object.key.clone();
         if object.info.namespaced {
             check_dns_label(&key.namespace).map_err(|reason| StoreError::Conflict {
@@ -460,16 +493,21 @@ impl Store {
                         key,
                         state: e.state.clone(),
                     };
-                    return Ok(Written {
+                    return Ok(Staged::Unchanged(Written {
                         object,
                         entry,
                         change: None,
-                    });
+                    }));
                 }
                 state
             }
         };
-        self.commit_local(key, state)
+        Ok(Staged::Changed(WireEntry { key, state }))
+    }
+
+    /// Persists a staged write (fsync) and makes it visible.
+    pub fn commit_staged(&mut self, entry: WireEntry) -> Result<Written, StoreError> {
+        self.commit_local(entry.key, entry.state)
     }
 
     fn commit_local(&mut self, key: ObjectKey, state: ObjectState) -> Result<Written, StoreError> {

@@ -204,10 +204,17 @@ impl SyncSession {
             SyncResponse::Refused { reason } => return Err(SessionError::Refused(reason)),
             SyncResponse::PushAck => return Err(SessionError::Unexpected("PushAck")),
             SyncResponse::Buckets { hashes } => {
+                // An all-zero bucket hash is an empty bucket (the XOR of nothing): the peer has
+                // nothing there to give, so it is not compared.
                 self.pending = if self.stale {
                     (0..=255).collect()
                 } else {
-                    store.digest().differing(&hashes)
+                    store
+                        .digest()
+                        .differing(&hashes)
+                        .into_iter()
+                        .filter(|b| hashes.get(*b as usize).is_some_and(|h| *h != [0; 16]))
+                        .collect()
                 };
                 self.buckets_differing = self.pending.len();
             }
