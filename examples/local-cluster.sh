@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Starts a local 3-node Shoal cluster on loopback and shows its members.
+# Starts a local 3-node Shoal cluster on loopback, deploys examples/web.yaml through one agent
+# and shows it from the others, with each agent serving the Kubernetes API.
 #
 #   examples/local-cluster.sh          # run until Ctrl-C, then stop and clean up
-#   examples/local-cluster.sh --check  # show the members once, then stop (used by CI)
+#   examples/local-cluster.sh --check  # show everything once, then stop (used by CI)
 #
-# State lives in ./.shoal-local (removed on exit). Ports: 127.0.0.1:7601-7603/udp.
+# State lives in ./.shoal-local (removed on exit). Ports: 127.0.0.1:7601-7603/udp (gossip),
+# 127.0.0.1:6441-6443/tcp (Kubernetes API; kubeconfigs in .shoal-local/node-N.kubeconfig).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-run}
@@ -27,14 +29,18 @@ for i in 1 2 3; do
   join=()
   [ "$i" -gt 1 ] && join=(--join 127.0.0.1:7601)
   "$shoal" agent --name "node-$i" --data-dir "$dir/node-$i" --secret-file "$dir/cluster.secret" \
-    --bind "127.0.0.1:760$i" --labels "zone=zone-$(( (i % 2) + 1 ))" "${join[@]}" \
+    --bind "127.0.0.1:760$i" --api "127.0.0.1:644$i" --labels "zone=zone-$(( (i % 2) + 1 ))" "${join[@]}" \
     >"$dir/node-$i.log" 2>&1 &
   pids+=($!)
 done
 
 echo "waiting for the 3 agents to see each other..."
 for _ in $(seq 1 100); do
-  alive=$("$shoal" members --data-dir "$dir/node-3" 2>/dev/null | grep -c ' alive ' || true)
+  alive=3
+  for i in 1 2 3; do
+    seen=$("$shoal" members --data-dir "$dir/node-$i" 2>/dev/null | grep -c ' alive ' || true)
+    [ "$seen" = 3 ] || alive=$seen
+  done
   [ "$alive" = 3 ] && break
   sleep 0.1
 done
@@ -44,10 +50,30 @@ if [ "$alive" != 3 ]; then
   tail -n 20 "$dir"/node-*.log >&2
   exit 1
 fi
+
+echo
+echo "deploying examples/web.yaml through node-1:"
+"$shoal" apply --data-dir "$dir/node-1" -f examples/web.yaml
+for i in 1 2 3; do "$shoal" kubeconfig --data-dir "$dir/node-$i" >"$dir/node-$i.kubeconfig"; done
+echo
+echo "the deployment as node-3 sees it:"
+for _ in $(seq 1 100); do
+  "$shoal" get --data-dir "$dir/node-3" deploy web >/dev/null 2>&1 && break
+  sleep 0.1
+done
+"$shoal" get --data-dir "$dir/node-3" deploy
+"$shoal" get --data-dir "$dir/node-3" svc
+if command -v kubectl >/dev/null; then
+  echo
+  echo "kubectl against node-2's API:"
+  HOME="$dir" kubectl --kubeconfig "$dir/node-2.kubeconfig" get nodes,deploy,svc,cm
+fi
 if [ "$mode" = "--check" ]; then
   exit 0
 fi
 echo
-echo "cluster running; try: $shoal members --data-dir $dir/node-2 -o json"
+echo "cluster running. Try:"
+echo "  kubectl --kubeconfig $dir/node-2.kubeconfig get nodes -o wide"
+echo "  $shoal members --data-dir $dir/node-2"
 echo "Ctrl-C stops it."
 wait

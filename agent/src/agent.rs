@@ -48,6 +48,11 @@ pub enum AgentError {
     Host(std::io::Error),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("api: cannot listen on {addr}: {source}")]
+    Api {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
     #[error("control socket {path}: {source}")]
     ControlSocket {
         path: PathBuf,
@@ -112,6 +117,29 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         return Err(AgentError::NoAdvertiseAddress { bound });
     }
 
+    let api_listener = match config.api {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| AgentError::Api { addr, source })?,
+        ),
+        None => None,
+    };
+    let api_advertise = match (&api_listener, config.api_advertise) {
+        (_, Some(addr)) => Some(addr),
+        (Some(listener), None) => {
+            let bound = listener.local_addr().map_err(|source| AgentError::Api {
+                addr: config.api.expect("bound"),
+                source,
+            })?;
+            Some(if bound.ip().is_unspecified() {
+                std::net::SocketAddr::new(advertise.ip(), bound.port())
+            } else {
+                bound
+            })
+        }
+        (None, None) => None,
+    };
     let mut labels = config.labels.clone();
     labels.extend(host::well_known_labels(&config.name));
     let meta = NodeMeta {
@@ -119,10 +147,11 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         labels,
         addresses: NodeAddresses {
             gossip: advertise,
-            api: None,
+            api: api_advertise,
         },
         capacity: host::detect_capacity(host::DEFAULT_MAX_PODS).map_err(AgentError::Host)?,
         agent_version: crate::AGENT_VERSION.to_owned(),
+        info: Some(host::node_info(&node.node_id)),
     };
     let mut membership_config = MembershipConfig::new(
         node.node_id.clone(),
@@ -169,9 +198,50 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         agent_version: crate::AGENT_VERSION.to_owned(),
         pid: std::process::id(),
     };
+    let (api_stop_tx, api_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let kubeconfig = api_advertise.map(|addr| control::KubeconfigInfo {
+        server: format!("https://{addr}"),
+        ca_pem: identity.ca_certificate_pem().to_owned(),
+        token: identity.api_token().to_owned(),
+        cluster_id: identity.cluster_id().to_owned(),
+    });
+    if let (Some(listener), Some(addr)) = (api_listener, api_advertise) {
+        let mut names = vec![
+            addr.ip().to_string(),
+            "127.0.0.1".to_owned(),
+            "localhost".to_owned(),
+            config.name.clone(),
+        ];
+        if let Some(bind) = config.api.filter(|a| !a.ip().is_unspecified()) {
+            names.push(bind.ip().to_string());
+        }
+        names.dedup();
+        let api_cert = identity.issue_node_certificate(&node.node_id, &names)?;
+        let tls = identity.api_server_config(&api_cert)?;
+        let state = crate::api::ApiState {
+            replication: replication.clone(),
+            membership: membership.clone(),
+            token: identity.api_token().into(),
+            server_address: addr.to_string(),
+        };
+        info!(%addr, "Kubernetes API listening");
+        tokio::spawn(crate::api::serve(
+            listener,
+            tls,
+            crate::api::router(state),
+            async move {
+                let _ = api_stop_rx.await;
+            },
+        ));
+    }
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(socket.serve(
-        control::router(membership.clone(), replication.clone(), self_info),
+        control::router(
+            membership.clone(),
+            replication.clone(),
+            self_info,
+            kubeconfig,
+        ),
         async move {
             let _ = stop_rx.await;
         },
@@ -185,6 +255,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     wait_for_signal().await;
     info!("shutting down");
     let _ = stop_tx.send(());
+    let _ = api_stop_tx.send(());
     membership.shutdown().await;
     endpoint.shutdown().await;
     match server.await {

@@ -37,6 +37,13 @@ pub struct AgentFlags {
     /// An existing member to join through (repeatable).
     #[arg(long, value_name = "HOST:PORT")]
     pub join: Vec<String>,
+    /// Serve the Kubernetes API (HTTPS) on this TCP address, e.g. `0.0.0.0:6443`.
+    #[arg(long, value_name = "IP:PORT")]
+    pub api: Option<SocketAddr>,
+    /// Address clients use to reach the API. Default: the API address (or this node's
+    /// advertised IP when the API binds 0.0.0.0).
+    #[arg(long, value_name = "IP:PORT")]
+    pub api_advertise: Option<SocketAddr>,
     /// Node labels, `k=v,k2=v2`.
     #[arg(long, value_name = "K=V,...")]
     pub labels: Option<String>,
@@ -82,6 +89,8 @@ pub struct AgentFile {
     pub secret_file: Option<PathBuf>,
     pub bind: Option<SocketAddr>,
     pub advertise: Option<SocketAddr>,
+    pub api: Option<SocketAddr>,
+    pub api_advertise: Option<SocketAddr>,
     #[serde(default)]
     pub join: Vec<String>,
     #[serde(default)]
@@ -101,6 +110,9 @@ pub struct AgentConfig {
     /// Default `0.0.0.0:7600`.
     pub bind: SocketAddr,
     pub advertise: Option<SocketAddr>,
+    /// The Kubernetes API's listen address; none means no API.
+    pub api: Option<SocketAddr>,
+    pub api_advertise: Option<SocketAddr>,
     pub join: Vec<String>,
     /// The user's labels (the well-known `kubernetes.io/*` labels are added by the agent).
     pub labels: BTreeMap<String, String>,
@@ -189,6 +201,8 @@ impl AgentConfig {
                 .or(file.bind)
                 .unwrap_or(SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT))),
             advertise: flags.advertise.or(file.advertise),
+            api: flags.api.or(file.api),
+            api_advertise: flags.api_advertise.or(file.api_advertise),
             join: if flags.join.is_empty() {
                 file.join
             } else {

@@ -35,6 +35,16 @@ struct ControlState {
     membership: Arc<Membership>,
     replication: Arc<Replication>,
     self_info: Arc<SelfInfo>,
+    kubeconfig: Option<Arc<KubeconfigInfo>>,
+}
+
+/// What a kubeconfig for this agent's API needs (served on the root-only control socket).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KubeconfigInfo {
+    pub server: String,
+    pub ca_pem: String,
+    pub token: String,
+    pub cluster_id: String,
 }
 
 /// The routes of the control socket. Objects are addressed as
@@ -43,12 +53,14 @@ pub fn router(
     membership: Arc<Membership>,
     replication: Arc<Replication>,
     self_info: SelfInfo,
+    kubeconfig: Option<KubeconfigInfo>,
 ) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/v1/self", get(self_info_handler))
         .route("/v1/members", get(members_handler))
         .route("/v1/store", get(store_handler))
+        .route("/v1/kubeconfig", get(kubeconfig_handler))
         .route("/v1/objects", post(create_handler).put(apply_handler))
         .route("/v1/objects/{kind}", get(list_handler))
         .route(
@@ -63,6 +75,25 @@ pub fn router(
             membership,
             replication,
             self_info: Arc::new(self_info),
+            kubeconfig: kubeconfig.map(Arc::new),
+        })
+}
+
+async fn kubeconfig_handler(
+    State(state): State<ControlState>,
+) -> Result<Json<KubeconfigInfo>, Failure> {
+    state
+        .kubeconfig
+        .as_deref()
+        .cloned()
+        .map(Json)
+        .ok_or_else(|| {
+            failure(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                "this agent serves no Kubernetes API; start it with --api IP:PORT".into(),
+                Some("api".into()),
+            )
         })
 }
 

@@ -35,6 +35,35 @@ fn parse_mem_total(meminfo: &str) -> Option<u64> {
     }
 }
 
+/// Host facts for the Node's `status.nodeInfo`.
+pub fn node_info(fallback_machine_id: &str) -> shoal_gossip::NodeInfo {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default()
+    };
+    let os_image = std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+                .map(|v| v.trim_matches('"').to_owned())
+        })
+        .unwrap_or_else(|| "Linux".into());
+    let machine_id = Some(read("/etc/machine-id"))
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| fallback_machine_id.to_owned());
+    shoal_gossip::NodeInfo {
+        kernel_version: read("/proc/sys/kernel/osrelease"),
+        os_image,
+        machine_id,
+        boot_id: read("/proc/sys/kernel/random/boot_id"),
+        started_unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+    }
+}
+
 /// `kubernetes.io/hostname`, `kubernetes.io/os` and `kubernetes.io/arch`, as kubelets set them.
 pub fn well_known_labels(node_name: &str) -> BTreeMap<String, String> {
     let arch = match std::env::consts::ARCH {

@@ -6,6 +6,7 @@
 //! tests use. [`testkit`] starts real `shoal` processes for integration tests and benchmarks.
 
 pub mod agent;
+pub mod api;
 pub mod client;
 pub mod config;
 pub mod control;

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use shoal_agent::client::ControlClient;
 use shoal_agent::config::{AgentConfig, AgentFlags};
-use shoal_agent::control::ApiError;
+use shoal_agent::control::{ApiError, KubeconfigInfo};
 use shoal_gossip::{ClusterSecret, Member};
 
 #[derive(Parser)]
@@ -31,7 +31,7 @@ enum Command {
         secret_file: PathBuf,
     },
     /// Run the agent on this node.
-    Agent(AgentFlags),
+    Agent(Box<AgentFlags>),
     /// List the cluster's members as the local agent sees them.
     Members {
         #[command(flatten)]
@@ -59,6 +59,14 @@ enum Command {
         all_namespaces: bool,
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
+    },
+    /// Print a kubeconfig for the local agent's Kubernetes API (started with --api).
+    Kubeconfig {
+        #[command(flatten)]
+        target: Target,
+        /// Server URL to put in the kubeconfig instead of the agent's advertised API address.
+        #[arg(long, value_name = "URL")]
+        server: Option<String>,
     },
     /// Delete an object.
     Delete {
@@ -142,6 +150,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let ns = (!all_namespaces).then_some(namespace.as_str());
             runtime()?.block_on(get(&client, &kind, name.as_deref(), ns, output))
         }
+        Command::Kubeconfig { target, server } => {
+            let client = ControlClient::for_data_dir(&target.data_dir);
+            let info: KubeconfigInfo = runtime()?.block_on(async {
+                let value = call(&client, hyper::Method::GET, "/v1/kubeconfig", None).await?;
+                Ok::<_, anyhow::Error>(serde_json::from_value(value)?)
+            })?;
+            print!("{}", kubeconfig_yaml(&info, server.as_deref()));
+            Ok(())
+        }
         Command::Delete {
             target,
             kind,
@@ -173,6 +190,18 @@ async fn call(
     }
     let value = serde_json::from_slice(&bytes).context("the agent answered with invalid JSON")?;
     Ok(value)
+}
+
+/// A kubeconfig with the cluster CA embedded and the cluster's bearer token.
+fn kubeconfig_yaml(info: &KubeconfigInfo, server: Option<&str>) -> String {
+    use base64::Engine;
+    let ca = base64::engine::general_purpose::STANDARD.encode(info.ca_pem.as_bytes());
+    let server = server.unwrap_or(&info.server);
+    let cluster = &info.cluster_id;
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: {cluster}\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: {cluster}-admin\n  user:\n    token: {token}\ncontexts:\n- name: {cluster}\n  context:\n    cluster: {cluster}\n    user: {cluster}-admin\n    namespace: default\ncurrent-context: {cluster}\n",
+        token = info.token
+    )
 }
 
 /// `kind.group/name`, as kubectl prints it.

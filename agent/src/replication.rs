@@ -65,6 +65,7 @@ pub struct Replication {
     membership: Arc<Membership>,
     config: ReplicationConfig,
     traffic: SyncTraffic,
+    changes: tokio::sync::broadcast::Sender<Change>,
 }
 
 /// Bytes of sync payloads this node sent and received (pushes and anti-entropy, both roles).
@@ -100,6 +101,7 @@ impl Replication {
             membership,
             config,
             traffic: SyncTraffic::default(),
+            changes: tokio::sync::broadcast::channel(4096).0,
         })
     }
 
@@ -117,6 +119,18 @@ impl Replication {
             self.traffic.sent.load(Ordering::Relaxed),
             self.traffic.received.load(Ordering::Relaxed),
         )
+    }
+
+    /// Every committed change from now on, local or replicated (for watches). A receiver that
+    /// lags more than 4,096 changes gets `Lagged` and must relist.
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change> {
+        self.changes.subscribe()
+    }
+
+    fn publish(&self, changes: impl IntoIterator<Item = Change>) {
+        for change in changes {
+            let _ = self.changes.send(change);
+        }
     }
 
     /// Reads under the store lock.
@@ -146,6 +160,7 @@ impl Replication {
             .change
             .as_ref()
             .is_some_and(|c| c.event == shoal_state::EventType::Added);
+        self.publish(written.change.clone());
         self.await_quorum(acks, peers.len()).await?;
         Ok((written.object, created))
     }
@@ -158,6 +173,7 @@ impl Replication {
             store.delete(key, uid)?
         };
         let acks = self.push(written.entry.clone(), &peers);
+        self.publish(written.change.clone());
         self.await_quorum(acks, peers.len()).await?;
         Ok(written.object)
     }
@@ -256,6 +272,7 @@ impl Replication {
                         for rejected in &outcome.rejected {
                             warn!(%peer, error = %rejected, "refused an entry from a peer");
                         }
+                        this.publish(outcome.changes);
                         response
                     }
                     Err(error) => {
@@ -336,6 +353,7 @@ impl Replication {
                               "anti-entropy merged changes");
                     }
                     log_changes(&changes);
+                    self.publish(changes);
                     return Ok(());
                 }
             }

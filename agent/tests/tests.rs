@@ -1,6 +1,7 @@
 //! Integration tests of the `shoal` binary: real processes, real QUIC with mutual TLS on
 //! 127.0.0.1, queried through the real control socket.
 
+mod api;
 mod cli;
 mod membership;
 mod state;

@@ -47,6 +47,7 @@ pub struct ClusterIdentity {
     cluster_id: String,
     api_token: String,
     ca_cert: CertificateDer<'static>,
+    ca_pem: String,
     issuer: Issuer<'static, KeyPair>,
     provider: Arc<CryptoProvider>,
 }
@@ -99,6 +100,7 @@ impl ClusterIdentity {
             cluster_id,
             api_token: hex::encode(token),
             ca_cert: ca_cert.der().clone(),
+            ca_pem: ca_cert.pem(),
             issuer: Issuer::new(params, ca_key),
             provider: Arc::new(rustls::crypto::ring::default_provider()),
         })
@@ -175,6 +177,27 @@ impl ClusterIdentity {
             .map_err(tls)?;
         config.alpn_protocols = vec![ALPN.to_vec()];
         Ok(config)
+    }
+
+    /// TLS for the API server: server authentication only (clients present a bearer token),
+    /// HTTP/1.1.
+    pub fn api_server_config(
+        &self,
+        cert: &NodeCertificate,
+    ) -> Result<rustls::ServerConfig, IdentityError> {
+        let mut config = rustls::ServerConfig::builder_with_provider(self.provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| IdentityError::Tls(e.to_string()))?
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.cert.clone()], cert.private_key())
+            .map_err(|e| IdentityError::Tls(e.to_string()))?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(config)
+    }
+
+    /// The CA certificate in PEM, for kubeconfigs.
+    pub fn ca_certificate_pem(&self) -> &str {
+        &self.ca_pem
     }
 
     /// TLS client side of a node connection: the server must chain to the cluster CA, and we

@@ -66,13 +66,14 @@ impl<T: Serialize + DeserializeOwned> Key<T> {
 pub mod keys {
     use std::collections::BTreeMap;
 
-    use super::{Capacity, Key, NodeAddresses};
+    use super::{Capacity, Key, NodeAddresses, NodeInfo};
 
     pub const NAME: Key<String> = Key::new("node.name");
     pub const LABELS: Key<BTreeMap<String, String>> = Key::new("node.labels");
     pub const ADDRESSES: Key<NodeAddresses> = Key::new("node.addresses");
     pub const CAPACITY: Key<Capacity> = Key::new("node.capacity");
     pub const AGENT_VERSION: Key<String> = Key::new("node.agent-version");
+    pub const INFO: Key<NodeInfo> = Key::new("node.info");
     /// Hex root digest of the node's desired-state store (anti-entropy trigger).
     pub const STORE_DIGEST: Key<String> = Key::new("store.digest");
 }
@@ -95,6 +96,17 @@ pub struct Capacity {
     pub pods: u32,
 }
 
+/// Facts about the node's host, shown in the API's Node `status.nodeInfo`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub kernel_version: String,
+    pub os_image: String,
+    pub machine_id: String,
+    pub boot_id: String,
+    /// When the agent started, in milliseconds since the Unix epoch.
+    pub started_unix_ms: u64,
+}
+
 /// Everything a node says about itself in gossip.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeMeta {
@@ -103,6 +115,9 @@ pub struct NodeMeta {
     pub addresses: NodeAddresses,
     pub capacity: Capacity,
     pub agent_version: String,
+    /// Host facts; optional so that agents that do not publish them still decode.
+    #[serde(default)]
+    pub info: Option<NodeInfo>,
 }
 
 impl NodeMeta {
@@ -127,6 +142,13 @@ impl NodeMeta {
                 keys::AGENT_VERSION.encode(&self.agent_version),
             ),
         ]
+        .into_iter()
+        .chain(
+            self.info
+                .as_ref()
+                .map(|info| (keys::INFO.name().into(), keys::INFO.encode(info))),
+        )
+        .collect()
     }
 
     /// Decodes the metadata a peer published; the error names the offending key.
@@ -137,6 +159,7 @@ impl NodeMeta {
             addresses: keys::ADDRESSES.read(&lookup)?,
             capacity: keys::CAPACITY.read(&lookup)?,
             agent_version: keys::AGENT_VERSION.read(&lookup)?,
+            info: keys::INFO.read(&lookup).ok(),
         })
     }
 }
@@ -161,6 +184,10 @@ mod tests {
                 pods: 110,
             },
             agent_version: "0.1.0".into(),
+            info: Some(NodeInfo {
+                kernel_version: "6.1".into(),
+                ..NodeInfo::default()
+            }),
         }
     }
 

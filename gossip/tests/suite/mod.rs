@@ -134,6 +134,7 @@ fn meta(name: &str, addr: SocketAddr) -> NodeMeta {
             pods: 10,
         },
         agent_version: "test".into(),
+        info: None,
     }
 }
 

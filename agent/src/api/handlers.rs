@@ -1,0 +1,939 @@
+//! The resource verbs: get, list, watch, create, update, patch, delete, and the status, scale
+//! and log subresources.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use shoal_state::{Change, EventType, ObjectError, ObjectKey, StoreError, WriteMode};
+use tokio::sync::broadcast::error::RecvError;
+
+use super::ApiState;
+use super::observed;
+use super::patch::{self, PatchError};
+use super::resources::{ApiResource, Source};
+use super::selector::{FieldSelector, LabelSelector};
+use super::status::ApiError;
+use super::table;
+use super::validation;
+use crate::replication::WriteError;
+
+pub type Query = HashMap<String, String>;
+
+fn json_response(code: StatusCode, value: &Value) -> Response {
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        value.to_string(),
+    )
+        .into_response()
+}
+
+fn accept(headers: &HeaderMap) -> &str {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+fn content_type(headers: &HeaderMap) -> &str {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json")
+}
+
+fn now_rfc3339() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+}
+
+fn object_error(kind: &str, name: &str, e: ObjectError) -> ApiError {
+    match e {
+        ObjectError::TooLarge { .. } => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "RequestEntityTooLarge",
+            e.to_string(),
+        ),
+        ObjectError::UnknownKind { .. } => ApiError::bad_request(e.to_string()),
+        ObjectError::Invalid { field, reason } => ApiError::invalid(kind, name, &field, &reason),
+    }
+}
+
+fn write_error(kind: &str, name: &str, e: WriteError) -> ApiError {
+    match e {
+        WriteError::Store(e) => store_error(kind, name, e),
+        e @ WriteError::NotDurable { .. } => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            e.to_string(),
+        ),
+    }
+}
+
+fn store_error(kind: &str, name: &str, e: StoreError) -> ApiError {
+    let plural_kind = kind.to_lowercase();
+    match e {
+        StoreError::NotFound { .. } => ApiError::not_found(&plural_kind, name),
+        StoreError::AlreadyExists { .. } => {
+            let mut err = ApiError::new(
+                StatusCode::CONFLICT,
+                "AlreadyExists",
+                format!("{plural_kind} {name:?} already exists"),
+            );
+            err.details = Some(json!({"name": name, "kind": plural_kind}));
+            err
+        }
+        StoreError::Conflict { reason, .. } => {
+            let mut err = ApiError::new(
+                StatusCode::CONFLICT,
+                "Conflict",
+                format!("Operation cannot be fulfilled on {plural_kind} {name:?}: {reason}"),
+            );
+            err.details = Some(json!({"name": name, "kind": plural_kind}));
+            err
+        }
+        StoreError::Expired { .. } => ApiError::new(StatusCode::GONE, "Expired", e.to_string()),
+        other => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            other.to_string(),
+        ),
+    }
+}
+
+fn selectors(query: &Query) -> Result<(LabelSelector, FieldSelector), ApiError> {
+    let labels = LabelSelector::parse(query.get("labelSelector").map_or("", String::as_str))
+        .map_err(|e| ApiError::bad_request(format!("labelSelector: {e}")))?;
+    let fields = FieldSelector::parse(query.get("fieldSelector").map_or("", String::as_str))
+        .map_err(|e| ApiError::bad_request(format!("fieldSelector: {e}")))?;
+    Ok((labels, fields))
+}
+
+/// Objects of a resource, with observed status, and the list's resourceVersion.
+pub async fn list_objects(
+    state: &ApiState,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+) -> (Vec<Value>, u64) {
+    match resource.source {
+        Source::Stored(info) => state.replication.read(|s| {
+            let items = s
+                .list(info.group, info.kind, namespace)
+                .into_iter()
+                .map(|o| observed::with_status(info.kind, o))
+                .collect();
+            (items, s.resource_version())
+        }),
+        Source::Nodes => {
+            let now = now_rfc3339();
+            let members = state.membership.members().await;
+            (
+                members.iter().map(|m| observed::node(m, &now)).collect(),
+                state.replication.read(|s| s.resource_version()),
+            )
+        }
+        Source::Events => (Vec::new(), state.replication.read(|s| s.resource_version())),
+        Source::Endpoints => state.replication.read(|s| {
+            let items = s
+                .list("", "Service", namespace)
+                .iter()
+                .map(observed::endpoints_for)
+                .collect();
+            (items, s.resource_version())
+        }),
+    }
+}
+
+async fn get_object(
+    state: &ApiState,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+    name: &str,
+) -> Result<Value, ApiError> {
+    let found = match resource.source {
+        Source::Stored(info) => {
+            let key = ObjectKey::new(info, namespace.unwrap_or(""), name);
+            state
+                .replication
+                .read(|s| s.get(&key))
+                .map(|o| observed::with_status(info.kind, o))
+        }
+        _ => list_objects(state, resource, namespace)
+            .await
+            .0
+            .into_iter()
+            .find(|o| o["metadata"]["name"] == name),
+    };
+    found.ok_or_else(|| ApiError::not_found(resource.plural, name))
+}
+
+/// GET of a collection: list, or watch with `?watch=true`.
+pub async fn list(
+    state: &ApiState,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+    query: &Query,
+    headers: &HeaderMap,
+) -> Result<Response, ApiError> {
+    if matches!(query.get("watch").map(String::as_str), Some("true" | "1")) {
+        return watch(state, resource, namespace, query, headers).await;
+    }
+    let (labels, fields) = selectors(query)?;
+    let (items, rv) = list_objects(state, resource, namespace).await;
+    let mut items: Vec<Value> = items
+        .into_iter()
+        .filter(|o| labels.matches(&o["metadata"]["labels"]) && fields.matches(o))
+        .collect();
+    let offset: usize = match query.get("continue").filter(|c| !c.is_empty()) {
+        Some(token) => token
+            .split_once(':')
+            .and_then(|(_, o)| o.parse().ok())
+            .ok_or_else(|| ApiError::bad_request(format!("continue: invalid token {token:?}")))?,
+        None => 0,
+    };
+    items = items.into_iter().skip(offset).collect();
+    let mut metadata = json!({"resourceVersion": rv.to_string()});
+    if let Some(limit) = query
+        .get("limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .filter(|l| *l > 0)
+        && items.len() > limit
+    {
+        let remaining = items.len() - limit;
+        items.truncate(limit);
+        metadata["continue"] = json!(format!("{rv}:{}", offset + limit));
+        metadata["remainingItemCount"] = json!(remaining);
+    }
+    if table::wants_table(accept(headers)) {
+        return Ok(json_response(
+            StatusCode::OK,
+            &table::table(resource.kind, &items, &rv.to_string()),
+        ));
+    }
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"kind": format!("{}List", resource.kind), "apiVersion": resource.api_version(), "metadata": metadata, "items": items}),
+    ))
+}
+
+pub async fn get(
+    state: &ApiState,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+    name: &str,
+    headers: &HeaderMap,
+) -> Result<Response, ApiError> {
+    let object = get_object(state, resource, namespace, name).await?;
+    if table::wants_table(accept(headers)) {
+        let rv = object["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or("0")
+            .to_owned();
+        return Ok(json_response(
+            StatusCode::OK,
+            &table::table(resource.kind, &[object], &rv),
+        ));
+    }
+    Ok(json_response(StatusCode::OK, &object))
+}
+
+fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
+    let ct = content_type(headers);
+    if ct.contains("protobuf") || ct.contains("cbor") {
+        // Clients fall back to JSON on 415 (client-go does, for protobuf and CBOR).
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (got {ct:?})"
+            ),
+        ));
+    }
+    if ct.contains("yaml") {
+        serde_yaml_ng::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("the body is not valid YAML: {e}")))
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))
+    }
+}
+
+/// Checks the body against the URL, validates, defaults; returns the object to store.
+fn prepare(
+    resource: &ApiResource,
+    namespace: Option<&str>,
+    name: Option<&str>,
+    mut object: Value,
+    query: &Query,
+) -> Result<shoal_state::ValidObject, ApiError> {
+    let Some(info) = resource.kind_info() else {
+        return Err(ApiError::method_not_allowed(format!(
+            "{} are observed, not written",
+            resource.plural
+        )));
+    };
+    let Some(map) = object.as_object_mut() else {
+        return Err(ApiError::bad_request("the body must be a JSON object"));
+    };
+    map.entry("apiVersion")
+        .or_insert(json!(resource.api_version()));
+    map.entry("kind").or_insert(json!(resource.kind));
+    let obj_name = object["metadata"]["name"].as_str().unwrap_or("").to_owned();
+    if object["kind"] != resource.kind || object["apiVersion"] != resource.api_version() {
+        return Err(ApiError::bad_request(format!(
+            "the API version in the data ({}) does not match the expected API version ({}) or kind ({} vs {})",
+            object["apiVersion"],
+            resource.api_version(),
+            object["kind"],
+            resource.kind
+        )));
+    }
+    if let Some(name) = name
+        && !obj_name.is_empty()
+        && obj_name != name
+    {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({obj_name}) does not match the name on the URL ({name})"
+        )));
+    }
+    if let Some(name) = name
+        && obj_name.is_empty()
+        && let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut)
+    {
+        meta.insert("name".into(), json!(name));
+    }
+    if let (Some(ns), Some(body_ns)) = (namespace, object["metadata"]["namespace"].as_str())
+        && resource.namespaced
+        && !body_ns.is_empty()
+        && body_ns != ns
+    {
+        return Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        ));
+    }
+    if query.get("fieldValidation").map(String::as_str) == Some("Strict") {
+        let unknown = validation::unknown_fields(resource.kind, &object);
+        if !unknown.is_empty() {
+            let list: Vec<String> = unknown
+                .iter()
+                .map(|f| format!("unknown field {f:?}"))
+                .collect();
+            return Err(ApiError::bad_request(format!(
+                "strict decoding error: {}",
+                list.join(", ")
+            )));
+        }
+    }
+    let display_name = object["metadata"]["name"].as_str().unwrap_or("").to_owned();
+    let mut valid = shoal_state::validate(object, namespace.unwrap_or("default"))
+        .map_err(|e| object_error(resource.kind, &display_name, e))?;
+    validation::validate(info.kind, &valid.body)
+        .map_err(|e| ApiError::invalid(resource.kind, &display_name, &e.field, &e.detail))?;
+    validation::default(info.kind, &mut valid.body);
+    Ok(valid)
+}
+
+fn dry_run(query: &Query) -> bool {
+    query.get("dryRun").is_some_and(|v| v == "All")
+}
+
+/// POST to a collection.
+pub async fn create(
+    state: &ApiState,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+    query: &Query,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
+    let mut object = parse_body(headers, body)?;
+    if object["metadata"]["name"]
+        .as_str()
+        .is_none_or(str::is_empty)
+        && let Some(prefix) = object["metadata"]["generateName"].as_str()
+    {
+        let suffix: String = hex::encode(rand::random::<[u8; 3]>())
+            .chars()
+            .take(5)
+            .collect();
+        object["metadata"]["name"] = json!(format!("{prefix}{suffix}"));
+    }
+    let valid = prepare(resource, namespace, None, object, query)?;
+    let name = valid.key.name.clone();
+    if dry_run(query) {
+        return Ok(json_response(StatusCode::CREATED, &valid.body));
+    }
+    let (object, _) = state
+        .replication
+        .write(valid, WriteMode::Create)
+        .await
+        .map_err(|e| write_error(resource.kind, &name, e))?;
+    Ok(json_response(
+        StatusCode::CREATED,
+        &observed::with_status(resource.kind, object),
+    ))
+}
+
+/// PUT of an object.
+pub async fn update(
+    state: &ApiState,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+    name: &str,
+    query: &Query,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
+    let valid = prepare(
+        resource,
+        namespace,
+        Some(name),
+        parse_body(headers, body)?,
+        query,
+    )?;
+    if dry_run(query) {
+        return Ok(json_response(StatusCode::OK, &valid.body));
+    }
+    let (object, created) = state
+        .replication
+        .write(valid, WriteMode::Update)
+        .await
+        .map_err(|e| write_error(resource.kind, name, e))?;
+    let code = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(json_response(
+        code,
+        &observed::with_status(resource.kind, object),
+    ))
+}
+
+fn strip_server_fields(mut object: Value) -> Value {
+    if let Some(map) = object.as_object_mut() {
+        map.remove("status");
+    }
+    object
+}
+
+/// PATCH of an object (merge, JSON, strategic merge, server-side apply).
+pub async fn patch(
+    state: &ApiState,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+    name: &str,
+    query: &Query,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
+    let ct = content_type(headers).to_owned();
+    let current = get_object(state, resource, namespace, name).await;
+    let apply = ct.starts_with("application/apply-patch");
+    let (mut target, existed) = match current {
+        Ok(o) => (strip_server_fields(o), true),
+        Err(e) if apply && e.code == StatusCode::NOT_FOUND => (json!({}), false),
+        Err(e) => return Err(e),
+    };
+    let patch_err =
+        |e: PatchError| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", e.to_string());
+    if ct.starts_with("application/json-patch+json") {
+        let ops: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("the patch is not valid JSON: {e}")))?;
+        patch::json_patch(&mut target, &ops).map_err(patch_err)?;
+    } else if ct.starts_with("application/merge-patch+json") {
+        let p: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("the patch is not valid JSON: {e}")))?;
+        patch::merge_patch(&mut target, &p);
+    } else if ct.starts_with("application/strategic-merge-patch+json") {
+        let p: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("the patch is not valid JSON: {e}")))?;
+        patch::strategic_merge_patch(&mut target, &p).map_err(patch_err)?;
+    } else if apply {
+        let p: Value = serde_yaml_ng::from_slice(body).map_err(|e| {
+            ApiError::bad_request(format!("the apply configuration is not valid YAML: {e}"))
+        })?;
+        patch::strategic_merge_patch(&mut target, &p).map_err(patch_err)?;
+    } else {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {ct:?})"
+            ),
+        ));
+    }
+    // A patch that does not name a resourceVersion is not a precondition.
+    let mut valid = prepare(resource, namespace, Some(name), target, query)?;
+    if valid.resource_version.is_some() && existed {
+        let current_rv =
+            get_object(state, resource, namespace, name).await?["metadata"]["resourceVersion"]
+                .as_str()
+                .map(str::to_owned);
+        if body_names_resource_version(body) {
+            // keep the client's precondition
+        } else {
+            valid.resource_version = current_rv;
+        }
+    }
+    if !body_names_resource_version(body) {
+        valid.resource_version = None;
+    }
+    if dry_run(query) {
+        return Ok(json_response(StatusCode::OK, &valid.body));
+    }
+    let mode = if apply {
+        WriteMode::Upsert
+    } else {
+        WriteMode::Update
+    };
+    let (object, created) = state
+        .replication
+        .write(valid, mode)
+        .await
+        .map_err(|e| write_error(resource.kind, name, e))?;
+    let code = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(json_response(
+        code,
+        &observed::with_status(resource.kind, object),
+    ))
+}
+
+fn body_names_resource_version(body: &Bytes) -> bool {
+    std::str::from_utf8(body).is_ok_and(|s| s.contains("resourceVersion"))
+}
+
+/// DELETE of an object; owned objects are deleted too unless `propagationPolicy=Orphan`.
+pub async fn delete(
+    state: &ApiState,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+    name: &str,
+    query: &Query,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
+    let Some(info) = resource.kind_info() else {
+        return Err(ApiError::method_not_allowed(format!(
+            "{} are observed, not written",
+            resource.plural
+        )));
+    };
+    let options: Value = if body.is_empty() {
+        json!({})
+    } else {
+        serde_json::from_slice(body).unwrap_or(json!({}))
+    };
+    let policy = query
+        .get("propagationPolicy")
+        .cloned()
+        .or_else(|| options["propagationPolicy"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| "Background".into());
+    if !matches!(policy.as_str(), "Background" | "Foreground" | "Orphan") {
+        return Err(ApiError::invalid(
+            "DeleteOptions",
+            "",
+            "propagationPolicy",
+            &format!(
+                "Unsupported value: {policy:?}: supported values: \"Foreground\", \"Background\", \"Orphan\""
+            ),
+        ));
+    }
+    let uid = options["preconditions"]["uid"].as_str();
+    let key = ObjectKey::new(info, namespace.unwrap_or(""), name);
+    if dry_run(query) {
+        return get_object(state, resource, namespace, name)
+            .await
+            .map(|o| json_response(StatusCode::OK, &o));
+    }
+    let object = state
+        .replication
+        .delete(&key, uid)
+        .await
+        .map_err(|e| write_error(resource.kind, name, e))?;
+    let deleted_uid = object["metadata"]["uid"].as_str().unwrap_or("").to_owned();
+    let replication = state.replication.clone();
+    let namespace_deleted = (info.kind == "Namespace").then(|| name.to_owned());
+    tokio::spawn(async move {
+        collect_garbage(
+            &replication,
+            &deleted_uid,
+            namespace_deleted.as_deref(),
+            policy == "Orphan",
+        )
+        .await;
+    });
+    Ok(json_response(
+        StatusCode::OK,
+        &observed::with_status(resource.kind, object),
+    ))
+}
+
+/// Deletes (or orphans) the dependents of a deleted object, and a deleted namespace's objects.
+async fn collect_garbage(
+    replication: &crate::replication::Replication,
+    owner_uid: &str,
+    namespace: Option<&str>,
+    orphan: bool,
+) {
+    let dependents: Vec<(ObjectKey, Value)> = replication.read(|s| {
+        shoal_state::KINDS
+            .iter()
+            .flat_map(|k| {
+                s.list(k.group, k.kind, None)
+                    .into_iter()
+                    .map(move |o| (k, o))
+            })
+            .filter(|(k, o)| {
+                namespace.is_some_and(|ns| k.namespaced && o["metadata"]["namespace"] == ns)
+                    || o["metadata"]["ownerReferences"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|r| r["uid"] == owner_uid)
+            })
+            .map(|(k, o)| {
+                (
+                    ObjectKey::new(
+                        k,
+                        o["metadata"]["namespace"].as_str().unwrap_or(""),
+                        o["metadata"]["name"].as_str().unwrap_or(""),
+                    ),
+                    o,
+                )
+            })
+            .collect()
+    });
+    for (key, mut object) in dependents {
+        if orphan && namespace.is_none() {
+            if let Some(refs) = object["metadata"]["ownerReferences"].as_array_mut() {
+                refs.retain(|r| r["uid"] != owner_uid);
+            }
+            if let Ok(valid) = shoal_state::validate(object, &key.namespace) {
+                let _ = replication.write(valid, WriteMode::Update).await;
+            }
+        } else if let Ok(gone) = replication.delete(&key, None).await {
+            let uid = gone["metadata"]["uid"].as_str().unwrap_or("").to_owned();
+            Box::pin(collect_garbage(replication, &uid, None, false)).await;
+        }
+    }
+}
+
+/// Subresources: status (observed, read-only), scale, log.
+#[allow(clippy::too_many_arguments)] // the request's parts, as the other verbs take them
+pub async fn subresource(
+    state: &ApiState,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+    name: &str,
+    sub: &str,
+    method: &Method,
+    query: &Query,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
+    let allowed = resource.subresources().iter().any(|(s, _, _)| *s == sub);
+    if !allowed {
+        return Err(ApiError::not_found(
+            &format!("{}/{sub}", resource.plural),
+            name,
+        ));
+    }
+    match (sub, method) {
+        ("status", &Method::GET) => get(state, resource, namespace, name, headers).await,
+        ("status", _) => Err(ApiError::method_not_allowed(
+            "status is observed by the agents and cannot be written",
+        )),
+        ("scale", &Method::GET) => {
+            let object = get_object(state, resource, namespace, name).await?;
+            Ok(json_response(StatusCode::OK, &scale_of(&object)))
+        }
+        ("scale", &Method::PUT | &Method::PATCH) => {
+            let object = strip_server_fields(get_object(state, resource, namespace, name).await?);
+            let mut scale = scale_of(&object);
+            if method == Method::PUT {
+                scale = parse_body(headers, body)?;
+            } else {
+                let ct = content_type(headers);
+                let p: Value = serde_json::from_slice(body).map_err(|e| {
+                    ApiError::bad_request(format!("the patch is not valid JSON: {e}"))
+                })?;
+                if ct.starts_with("application/json-patch+json") {
+                    patch::json_patch(&mut scale, &p)
+                        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+                } else {
+                    patch::merge_patch(&mut scale, &p);
+                }
+            }
+            let replicas = scale["spec"]["replicas"]
+                .as_i64()
+                .filter(|r| *r >= 0)
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "Scale",
+                        name,
+                        "spec.replicas",
+                        &format!(
+                            "Invalid value: {}: must be greater than or equal to 0",
+                            scale["spec"]["replicas"]
+                        ),
+                    )
+                })?;
+            let mut updated = object;
+            updated["spec"]["replicas"] = json!(replicas);
+            if let Some(meta) = updated["metadata"].as_object_mut() {
+                meta.remove("resourceVersion");
+            }
+            let valid = prepare(resource, namespace, Some(name), updated, query)?;
+            let (object, _) = state
+                .replication
+                .write(valid, WriteMode::Update)
+                .await
+                .map_err(|e| write_error(resource.kind, name, e))?;
+            Ok(json_response(
+                StatusCode::OK,
+                &scale_of(&observed::with_status(resource.kind, object)),
+            ))
+        }
+        ("log", &Method::GET) => {
+            let pod = get_object(state, resource, namespace, name).await?;
+            let container = query
+                .get("container")
+                .cloned()
+                .or_else(|| {
+                    pod["spec"]["containers"][0]["name"]
+                        .as_str()
+                        .map(str::to_owned)
+                })
+                .unwrap_or_default();
+            Err(ApiError::bad_request(format!(
+                "container {container:?} in pod {name:?} is waiting to start: no node runs this pod yet"
+            )))
+        }
+        _ => Err(ApiError::method_not_allowed(format!(
+            "{method} is not supported on {sub}"
+        ))),
+    }
+}
+
+fn scale_of(object: &Value) -> Value {
+    let selector = object["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_default();
+    json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": object["metadata"]["name"],
+            "namespace": object["metadata"]["namespace"],
+            "uid": object["metadata"]["uid"],
+            "resourceVersion": object["metadata"]["resourceVersion"],
+            "creationTimestamp": object["metadata"]["creationTimestamp"],
+        },
+        "spec": {"replicas": object["spec"]["replicas"].as_i64().unwrap_or(1)},
+        "status": {"replicas": object["status"]["replicas"].as_i64().unwrap_or(0), "selector": selector},
+    })
+}
+
+fn event_line(event: &str, object: Value, table_kind: Option<&str>) -> Bytes {
+    let object = match table_kind {
+        Some(kind) => {
+            let rv = object["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap_or("0")
+                .to_owned();
+            table::table(kind, &[object], &rv)
+        }
+        None => object,
+    };
+    let mut line = json!({"type": event, "object": object}).to_string();
+    line.push('\n');
+    Bytes::from(line)
+}
+
+/// A watch: chunked newline-delimited JSON events.
+async fn watch(
+    state: &ApiState,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+    query: &Query,
+    headers: &HeaderMap,
+) -> Result<Response, ApiError> {
+    let Source::Stored(info) = resource.source else {
+        return Err(ApiError::method_not_allowed(format!(
+            "watching {} is not supported",
+            resource.plural
+        )));
+    };
+    let (labels, fields) = selectors(query)?;
+    let table_kind = table::wants_table(accept(headers)).then_some(resource.kind);
+    // Subscribe before reading the store, so no change falls between the two.
+    let changes = state.replication.subscribe();
+    let rv = query
+        .get("resourceVersion")
+        .filter(|v| !v.is_empty() && *v != "0");
+    let send_initial = query.get("sendInitialEvents").is_some_and(|v| v == "true");
+    let mut initial: Vec<Bytes> = Vec::new();
+    let mut last_rv = 0u64;
+    let namespace = namespace.map(str::to_owned);
+    let matches = {
+        let namespace = namespace.clone();
+        move |key: &ObjectKey, object: &Value| {
+            key.group == info.group
+                && key.kind == info.kind
+                && namespace.as_deref().is_none_or(|ns| key.namespace == ns)
+                && labels.matches(&object["metadata"]["labels"])
+                && fields.matches(object)
+        }
+    };
+    match rv {
+        // Resume after a resourceVersion: replay what changed since.
+        Some(rv) if !send_initial => {
+            let from: u64 = rv.parse().map_err(|_| {
+                ApiError::bad_request(format!("resourceVersion: invalid value {rv:?}"))
+            })?;
+            match state.replication.read(|s| s.changes_since(from)) {
+                Ok(past) => {
+                    for c in past.into_iter().filter(|c| matches(&c.key, &c.object)) {
+                        last_rv = last_rv.max(c.resource_version);
+                        initial.push(change_line(&c, info.kind, table_kind));
+                    }
+                    last_rv = last_rv.max(from);
+                }
+                Err(e) => {
+                    let gone =
+                        ApiError::new(StatusCode::GONE, "Expired", e.to_string()).to_status();
+                    initial.push(event_line("ERROR", gone, None));
+                    let body = Body::from_stream(futures_util::stream::iter(
+                        initial.into_iter().map(Ok::<_, std::io::Error>),
+                    ));
+                    return Ok((
+                        StatusCode::OK,
+                        [(header::CONTENT_TYPE, "application/json")],
+                        body,
+                    )
+                        .into_response());
+                }
+            }
+        }
+        // No resourceVersion, or initial events asked for: the current state as ADDED events.
+        _ => {
+            let (items, list_rv) = state.replication.read(|s| {
+                (
+                    s.list(info.group, info.kind, namespace.as_deref()),
+                    s.resource_version(),
+                )
+            });
+            for o in items {
+                let key = ObjectKey::new(
+                    info,
+                    o["metadata"]["namespace"].as_str().unwrap_or(""),
+                    o["metadata"]["name"].as_str().unwrap_or(""),
+                );
+                if matches(&key, &o) {
+                    initial.push(event_line(
+                        "ADDED",
+                        observed::with_status(info.kind, o),
+                        table_kind,
+                    ));
+                }
+            }
+            last_rv = list_rv;
+            if send_initial {
+                let bookmark = json!({
+                    "kind": resource.kind, "apiVersion": resource.api_version(),
+                    "metadata": {"resourceVersion": list_rv.to_string(), "annotations": {"k8s.io/initial-events-end": "true"}},
+                });
+                initial.push(event_line("BOOKMARK", bookmark, None));
+            }
+        }
+    }
+    let timeout = query
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(Duration::from_secs(3600));
+    let deadline = tokio::time::Instant::now() + timeout;
+    let kind = info.kind;
+    let live = futures_util::stream::unfold(
+        (changes, last_rv, false),
+        move |(mut rx, mut last, done)| {
+            let matches = matches.clone();
+            async move {
+                if done {
+                    return None;
+                }
+                loop {
+                    match tokio::time::timeout_at(deadline, rx.recv()).await {
+                        Err(_) => return None,
+                        Ok(Ok(change)) => {
+                            if change.resource_version <= last
+                                || !matches(&change.key, &change.object)
+                            {
+                                continue;
+                            }
+                            last = change.resource_version;
+                            return Some((
+                                Ok::<_, std::io::Error>(change_line(&change, kind, table_kind)),
+                                (rx, last, false),
+                            ));
+                        }
+                        Ok(Err(RecvError::Lagged(_))) => {
+                            let gone = ApiError::new(
+                                StatusCode::GONE,
+                                "Expired",
+                                "the watch fell behind; relist",
+                            )
+                            .to_status();
+                            return Some((Ok(event_line("ERROR", gone, None)), (rx, last, true)));
+                        }
+                        Ok(Err(RecvError::Closed)) => return None,
+                    }
+                }
+            }
+        },
+    );
+    let stream = futures_util::StreamExt::chain(
+        futures_util::stream::iter(initial.into_iter().map(Ok::<_, std::io::Error>)),
+        live,
+    );
+    Ok((
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+fn change_line(change: &Change, kind: &str, table_kind: Option<&str>) -> Bytes {
+    let event = match change.event {
+        EventType::Added => "ADDED",
+        EventType::Modified => "MODIFIED",
+        EventType::Deleted => "DELETED",
+    };
+    event_line(
+        event,
+        observed::with_status(kind, change.object.clone()),
+        table_kind,
+    )
+}
+
+/// A successful delete-collection is not supported; say so clearly.
+pub fn delete_collection(resource: &ApiResource) -> ApiError {
+    ApiError::method_not_allowed(format!(
+        "deleting a collection of {} is not supported; delete objects by name",
+        resource.plural
+    ))
+}

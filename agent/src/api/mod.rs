@@ -1,0 +1,276 @@
+//! The Kubernetes-compatible API every agent serves (DESIGN.md §10): HTTPS with a certificate
+//! from the cluster CA, a bearer token every agent of the cluster accepts, Kubernetes paths,
+//! discovery, OpenAPI v3, Table output, list/watch, patches and `Status` errors — so kubectl and
+//! client libraries work against any agent.
+
+mod discovery;
+mod handlers;
+mod observed;
+mod patch;
+mod resources;
+mod selector;
+mod status;
+mod table;
+mod validation;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use serde_json::Value;
+use shoal_gossip::Membership;
+use tracing::{debug, warn};
+
+use crate::replication::Replication;
+pub use resources::{ApiPath, parse as parse_path};
+use status::ApiError;
+
+/// What the API handlers share.
+#[derive(Clone)]
+pub struct ApiState {
+    pub replication: Arc<Replication>,
+    pub membership: Arc<Membership>,
+    pub token: Arc<str>,
+    /// `host:port` clients use to reach this API.
+    pub server_address: String,
+}
+
+/// Paths served without a token, as the apiserver does.
+fn is_public(path: &str) -> bool {
+    matches!(path, "/healthz" | "/readyz" | "/livez" | "/version")
+}
+
+/// Constant-time comparison of the presented token.
+fn token_ok(headers: &HeaderMap, token: &str) -> bool {
+    let Some(presented) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    presented.len() == token.len()
+        && presented
+            .bytes()
+            .zip(token.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+async fn authenticate(State(state): State<ApiState>, request: Request, next: Next) -> Response {
+    if is_public(request.uri().path()) || token_ok(request.headers(), &state.token) {
+        return next.run(request).await;
+    }
+    ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized").into_response()
+}
+
+/// The API's routes.
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ok" }))
+        .route("/livez", get(|| async { "ok" }))
+        .route(
+            "/version",
+            get(|| async { axum::Json(discovery::version()) }),
+        )
+        .fallback(dispatch)
+        .layer(axum::extract::DefaultBodyLimit::max(
+            2 * shoal_state::object::MAX_OBJECT_BYTES,
+        ))
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        .with_state(state)
+}
+
+fn json(value: &Value) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        value.to_string(),
+    )
+        .into_response()
+}
+
+fn query_map(uri: &Uri) -> Result<handlers::Query, ApiError> {
+    axum::extract::Query::<handlers::Query>::try_from_uri(uri)
+        .map(|q| q.0)
+        .map_err(|e| ApiError::bad_request(format!("invalid query string: {e}")))
+}
+
+async fn dispatch(
+    State(state): State<ApiState>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = uri.path().to_owned();
+    let result = route(&state, &method, &uri, &headers, &body).await;
+    match result {
+        Ok(response) => response,
+        Err(error) => {
+            debug!(%method, %path, code = error.code.as_u16(), message = %error.message, "API request refused");
+            error.into_response()
+        }
+    }
+}
+
+async fn route(
+    state: &ApiState,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
+    let path = uri.path();
+    let query = query_map(uri)?;
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if path == "/openapi/v3" {
+        return Ok(json(&discovery::openapi_root()));
+    }
+    if let Some(doc) = path.strip_prefix("/openapi/v3/") {
+        return discovery::openapi_document(doc)
+            .map(|d| json(&d))
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    format!("no OpenAPI document for {doc}"),
+                )
+            });
+    }
+    let aggregated = |core: bool| {
+        let mut response = json(&discovery::aggregated(core));
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(discovery::AGGREGATED_CONTENT_TYPE),
+        );
+        response
+    };
+    let parsed = resources::parse(path).map_err(|e| match e {
+        resources::PathError::NotFound(p) => {
+            ApiError::new(StatusCode::NOT_FOUND, "NotFound", format!("the server could not find the requested resource ({p})"))
+        }
+        resources::PathError::NoResource { group_version, plural } => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("the server could not find the requested resource: no resource {plural:?} in {group_version}"),
+        ),
+    })?;
+    if *method != Method::GET
+        && !matches!(parsed, ApiPath::Collection { .. } | ApiPath::Object { .. })
+    {
+        return Err(ApiError::method_not_allowed(format!(
+            "{method} is not allowed on {path}"
+        )));
+    }
+    match parsed {
+        ApiPath::CoreVersions if discovery::wants_aggregated(accept) => Ok(aggregated(true)),
+        ApiPath::CoreVersions => Ok(json(&discovery::core_versions(&state.server_address))),
+        ApiPath::Groups if discovery::wants_aggregated(accept) => Ok(aggregated(false)),
+        ApiPath::Groups => Ok(json(&discovery::group_list())),
+        ApiPath::ResourceList { group, version } => {
+            Ok(json(&discovery::resource_list(&group, &version)))
+        }
+        ApiPath::Collection {
+            resource,
+            namespace,
+        } => match *method {
+            Method::GET => {
+                handlers::list(state, &resource, namespace.as_deref(), &query, headers).await
+            }
+            Method::POST => {
+                handlers::create(
+                    state,
+                    &resource,
+                    namespace.as_deref(),
+                    &query,
+                    headers,
+                    body,
+                )
+                .await
+            }
+            Method::DELETE => Err(handlers::delete_collection(&resource)),
+            _ => Err(ApiError::method_not_allowed(format!(
+                "{method} is not allowed on a collection"
+            ))),
+        },
+        ApiPath::Object {
+            resource,
+            namespace,
+            name,
+            subresource,
+        } => {
+            let ns = namespace.as_deref();
+            if let Some(sub) = subresource {
+                return handlers::subresource(
+                    state, &resource, ns, &name, &sub, method, &query, headers, body,
+                )
+                .await;
+            }
+            match *method {
+                Method::GET => handlers::get(state, &resource, ns, &name, headers).await,
+                Method::PUT => {
+                    handlers::update(state, &resource, ns, &name, &query, headers, body).await
+                }
+                Method::PATCH => {
+                    handlers::patch(state, &resource, ns, &name, &query, headers, body).await
+                }
+                Method::DELETE => handlers::delete(state, &resource, ns, &name, &query, body).await,
+                _ => Err(ApiError::method_not_allowed(format!(
+                    "{method} is not allowed on an object"
+                ))),
+            }
+        }
+    }
+}
+
+/// Serves `router` over TLS on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    tls: rustls::ServerConfig,
+    router: Router,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer): (tokio::net::TcpStream, SocketAddr) = tokio::select! {
+            _ = &mut shutdown => return,
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(error) => {
+                    warn!(%error, "API accept failed");
+                    continue;
+                }
+            },
+        };
+        let acceptor = acceptor.clone();
+        let service = TowerToHyperService::new(router.clone());
+        tokio::spawn(async move {
+            let tls = match acceptor.accept(stream).await {
+                Ok(tls) => tls,
+                Err(error) => {
+                    debug!(%peer, %error, "API TLS handshake failed");
+                    return;
+                }
+            };
+            if let Err(error) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tls), service)
+                .await
+            {
+                debug!(%peer, %error, "API connection ended with an error");
+            }
+        });
+    }
+}

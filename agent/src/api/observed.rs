@@ -1,0 +1,141 @@
+//! Status joined from observed state at read time (DESIGN.md §3): the store holds what users
+//! want; what is true now comes from the agents. Until pods are scheduled and run (the auction
+//! and runtime issues), observation says exactly that: pods are pending, workloads have no
+//! replicas yet.
+
+use serde_json::{Value, json};
+use shoal_gossip::{Member, MemberState};
+
+/// Adds the observed `status` to a stored object.
+pub fn with_status(kind: &str, mut object: Value) -> Value {
+    let generation = object["metadata"]["generation"].clone();
+    let status = match kind {
+        "Pod" => json!({
+            "phase": "Pending",
+            "conditions": [{
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "no node has claimed this pod: this Shoal version stores pods but does not schedule them yet",
+                "lastProbeTime": null,
+                "lastTransitionTime": object["metadata"]["creationTimestamp"].clone(),
+            }],
+            "qosClass": "BestEffort",
+        }),
+        "Deployment" => json!({
+            "observedGeneration": generation,
+            "replicas": 0, "updatedReplicas": 0, "readyReplicas": 0, "availableReplicas": 0,
+            "unavailableReplicas": object["spec"]["replicas"].clone(),
+        }),
+        "ReplicaSet" => {
+            json!({"observedGeneration": generation, "replicas": 0, "readyReplicas": 0, "availableReplicas": 0, "fullyLabeledReplicas": 0})
+        }
+        "DaemonSet" => {
+            json!({"observedGeneration": generation, "currentNumberScheduled": 0, "desiredNumberScheduled": 0, "numberMisscheduled": 0, "numberReady": 0})
+        }
+        "Job" => json!({"active": 0, "succeeded": 0, "failed": 0}),
+        "Namespace" => json!({"phase": "Active"}),
+        "Service" => json!({"loadBalancer": {}}),
+        "HorizontalPodAutoscaler" => json!({"currentReplicas": 0, "desiredReplicas": 0}),
+        _ => return object,
+    };
+    if let Some(map) = object.as_object_mut() {
+        map.insert("status".into(), status);
+    }
+    object
+}
+
+/// The Endpoints object of a Service: no pod runs yet, so no addresses.
+pub fn endpoints_for(service: &Value) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Endpoints",
+        "metadata": {
+            "name": service["metadata"]["name"],
+            "namespace": service["metadata"]["namespace"],
+            "uid": service["metadata"]["uid"],
+            "resourceVersion": service["metadata"]["resourceVersion"],
+            "creationTimestamp": service["metadata"]["creationTimestamp"],
+            "labels": service["metadata"]["labels"],
+        },
+        "subsets": [],
+    })
+}
+
+fn uuid_from_hex(id: &str) -> String {
+    let h = format!("{id:0>32}");
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// A Node object for one member, from what it gossips about itself.
+pub fn node(member: &Member, now_rfc3339: &str) -> Value {
+    let meta = member.meta.as_ref();
+    let info = meta.and_then(|m| m.info.clone()).unwrap_or_default();
+    let cap = meta.map(|m| m.capacity);
+    let capacity = json!({
+        "cpu": cap.map_or("0".into(), |c| format!("{}m", c.cpu_millis)),
+        "memory": cap.map_or("0".into(), |c| format!("{}Ki", c.memory_bytes / 1024)),
+        "pods": cap.map_or("0".into(), |c| c.pods.to_string()),
+    });
+    let (ready, reason, message) = match member.state {
+        MemberState::Alive => ("True", "AgentReady", "the shoal agent is gossiping"),
+        MemberState::Suspect => ("Unknown", "AgentSuspect", "the agent's heartbeats are late"),
+        MemberState::Joining => ("Unknown", "AgentJoining", "the agent is joining"),
+        MemberState::Dead => (
+            "False",
+            "AgentDead",
+            "the failure detector declared the agent dead",
+        ),
+    };
+    let started = if info.started_unix_ms > 0 {
+        humantime::format_rfc3339_seconds(
+            std::time::UNIX_EPOCH + std::time::Duration::from_millis(info.started_unix_ms),
+        )
+        .to_string()
+    } else {
+        now_rfc3339.to_owned()
+    };
+    let ip = member.gossip_addr.ip().to_string();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": member.name(),
+            "uid": uuid_from_hex(&member.node_id),
+            "resourceVersion": member.generation.to_string(),
+            "creationTimestamp": started,
+            "labels": meta.map(|m| json!(m.labels)).unwrap_or(json!({})),
+            "annotations": {"shoal.io/node-id": member.node_id, "shoal.io/generation": member.generation.to_string()},
+        },
+        "spec": {},
+        "status": {
+            "capacity": capacity,
+            "allocatable": capacity,
+            "conditions": [{
+                "type": "Ready", "status": ready, "reason": reason, "message": message,
+                "lastHeartbeatTime": now_rfc3339, "lastTransitionTime": started,
+            }],
+            "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": member.name()}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": member.gossip_addr.port()}},
+            "nodeInfo": {
+                "machineID": info.machine_id,
+                "systemUUID": info.machine_id,
+                "bootID": info.boot_id,
+                "kernelVersion": info.kernel_version,
+                "osImage": info.os_image,
+                "containerRuntimeVersion": "shoal://none",
+                "kubeletVersion": format!("v1.{}.0-shoal-{}", super::discovery::KUBE_MINOR, meta.map_or("", |m| m.agent_version.as_str())),
+                "kubeProxyVersion": "",
+                "operatingSystem": std::env::consts::OS,
+                "architecture": meta.and_then(|m| m.labels.get("kubernetes.io/arch").cloned()).unwrap_or_default(),
+            },
+        },
+    })
+}

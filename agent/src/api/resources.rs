@@ -1,0 +1,331 @@
+//! The API's resource registry and URL grammar (`/api/v1/namespaces/{ns}/pods/{name}/log`, …).
+
+use shoal_state::kind::{KINDS, KindInfo};
+
+/// Where a resource's objects come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The replicated desired-state store.
+    Stored(&'static KindInfo),
+    /// Membership (one Node per member).
+    Nodes,
+    /// Events (none are recorded yet: always empty).
+    Events,
+    /// Endpoints, derived from Services and the pods observed ready.
+    Endpoints,
+}
+
+/// A subresource: its name, the (group, version, kind) it answers with, and its verbs.
+pub type Subresource = (
+    &'static str,
+    (&'static str, &'static str, &'static str),
+    &'static [&'static str],
+);
+
+/// One resource type as the API serves it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiResource {
+    pub group: &'static str,
+    pub version: &'static str,
+    pub kind: &'static str,
+    pub plural: &'static str,
+    pub namespaced: bool,
+    pub short_names: &'static [&'static str],
+    pub source: Source,
+}
+
+const READ_VERBS: &[&str] = &["get", "list"];
+const WRITE_VERBS: &[&str] = &[
+    "create", "delete", "get", "list", "patch", "update", "watch",
+];
+
+impl ApiResource {
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_owned()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    pub fn singular(&self) -> String {
+        self.kind.to_ascii_lowercase()
+    }
+
+    pub fn verbs(&self) -> &'static [&'static str] {
+        match self.source {
+            Source::Stored(_) => WRITE_VERBS,
+            _ => READ_VERBS,
+        }
+    }
+
+    /// kubectl's `get all` shows these.
+    pub fn categories(&self) -> &'static [&'static str] {
+        match self.kind {
+            "Pod" | "Service" | "Deployment" | "ReplicaSet" | "DaemonSet" | "Job" => &["all"],
+            _ => &[],
+        }
+    }
+
+    /// Subresources: (name, response kind as (group, version, kind), verbs).
+    pub fn subresources(&self) -> Vec<Subresource> {
+        let status = (
+            "status",
+            (self.group, self.version, self.kind),
+            &["get", "patch", "update"][..],
+        );
+        match self.kind {
+            "Pod" => vec![status, ("log", ("", "v1", "Pod"), &["get"][..])],
+            "Deployment" | "ReplicaSet" => vec![
+                status,
+                (
+                    "scale",
+                    ("autoscaling", "v1", "Scale"),
+                    &["get", "patch", "update"][..],
+                ),
+            ],
+            "DaemonSet" | "Job" | "Service" | "HorizontalPodAutoscaler" => vec![status],
+            _ => vec![],
+        }
+    }
+
+    pub fn kind_info(&self) -> Option<&'static KindInfo> {
+        match self.source {
+            Source::Stored(info) => Some(info),
+            _ => None,
+        }
+    }
+}
+
+/// Every resource the API serves.
+pub fn all() -> Vec<ApiResource> {
+    let mut out: Vec<ApiResource> = KINDS
+        .iter()
+        .map(|k| ApiResource {
+            group: k.group,
+            version: k.version,
+            kind: k.kind,
+            plural: k.plural,
+            namespaced: k.namespaced,
+            short_names: k.short_names,
+            source: Source::Stored(k),
+        })
+        .collect();
+    out.push(ApiResource {
+        group: "",
+        version: "v1",
+        kind: "Node",
+        plural: "nodes",
+        namespaced: false,
+        short_names: &["no"],
+        source: Source::Nodes,
+    });
+    out.push(ApiResource {
+        group: "",
+        version: "v1",
+        kind: "Event",
+        plural: "events",
+        namespaced: true,
+        short_names: &["ev"],
+        source: Source::Events,
+    });
+    out.push(ApiResource {
+        group: "",
+        version: "v1",
+        kind: "Endpoints",
+        plural: "endpoints",
+        namespaced: true,
+        short_names: &["ep"],
+        source: Source::Endpoints,
+    });
+    out
+}
+
+/// The group versions served, core ("") first.
+pub fn group_versions() -> Vec<(&'static str, &'static str)> {
+    let mut gvs: Vec<(&str, &str)> = Vec::new();
+    for r in all() {
+        if !gvs.contains(&(r.group, r.version)) {
+            gvs.push((r.group, r.version));
+        }
+    }
+    gvs.sort_by_key(|(g, _)| (!g.is_empty(), *g));
+    gvs
+}
+
+pub fn find(group: &str, version: &str, plural: &str) -> Option<ApiResource> {
+    all()
+        .into_iter()
+        .find(|r| r.group == group && r.version == version && r.plural == plural)
+}
+
+/// A parsed API path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiPath {
+    /// `/api`
+    CoreVersions,
+    /// `/apis`
+    Groups,
+    /// `/api/v1`, `/apis/{group}/{version}`
+    ResourceList { group: String, version: String },
+    /// `.../{plural}` or `.../namespaces/{ns}/{plural}`
+    Collection {
+        resource: ApiResource,
+        namespace: Option<String>,
+    },
+    /// `.../{plural}/{name}[/{subresource}]`
+    Object {
+        resource: ApiResource,
+        namespace: Option<String>,
+        name: String,
+        subresource: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathError {
+    /// No such route.
+    NotFound(String),
+    /// A known group/version without that resource.
+    NoResource {
+        group_version: String,
+        plural: String,
+    },
+}
+
+/// Parses the path of an API request.
+pub fn parse(path: &str) -> Result<ApiPath, PathError> {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let not_found = || PathError::NotFound(path.to_owned());
+    let (group, version, rest): (&str, &str, &[&str]) = match segments.as_slice() {
+        ["api"] => return Ok(ApiPath::CoreVersions),
+        ["apis"] => return Ok(ApiPath::Groups),
+        ["api", version, rest @ ..] => ("", version, rest),
+        ["apis", group, version, rest @ ..] => (group, version, rest),
+        _ => return Err(not_found()),
+    };
+    if !group_versions().contains(&(group, version)) {
+        return Err(not_found());
+    }
+    let lookup = |plural: &str| {
+        find(group, version, plural).ok_or_else(|| PathError::NoResource {
+            group_version: if group.is_empty() {
+                version.to_owned()
+            } else {
+                format!("{group}/{version}")
+            },
+            plural: plural.to_owned(),
+        })
+    };
+    let object = |resource: ApiResource, namespace: Option<&str>, name: &str, sub: Option<&str>| {
+        ApiPath::Object {
+            resource,
+            namespace: namespace.map(str::to_owned),
+            name: name.to_owned(),
+            subresource: sub.map(str::to_owned),
+        }
+    };
+    Ok(match rest {
+        [] => ApiPath::ResourceList {
+            group: group.to_owned(),
+            version: version.to_owned(),
+        },
+        // `namespaces/{ns}/{plural}...`, except a namespace's own subresources.
+        ["namespaces", ns, plural, tail @ ..]
+            if !tail.is_empty() || !matches!(*plural, "status" | "finalize") =>
+        {
+            let resource = lookup(plural)?;
+            if !resource.namespaced {
+                return Err(not_found());
+            }
+            match tail {
+                [] => ApiPath::Collection {
+                    resource,
+                    namespace: Some((*ns).to_owned()),
+                },
+                [name] => object(resource, Some(ns), name, None),
+                [name, sub] => object(resource, Some(ns), name, Some(sub)),
+                _ => return Err(not_found()),
+            }
+        }
+        [plural] => ApiPath::Collection {
+            resource: lookup(plural)?,
+            namespace: None,
+        },
+        [plural, name] => {
+            let resource = lookup(plural)?;
+            if resource.namespaced {
+                return Err(not_found());
+            }
+            object(resource, None, name, None)
+        }
+        [plural, name, sub] => {
+            let resource = lookup(plural)?;
+            if resource.namespaced {
+                return Err(not_found());
+            }
+            object(resource, None, name, Some(sub))
+        }
+        _ => return Err(not_found()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plural(p: &ApiPath) -> &str {
+        match p {
+            ApiPath::Collection { resource, .. } | ApiPath::Object { resource, .. } => {
+                resource.plural
+            }
+            _ => "",
+        }
+    }
+
+    #[test]
+    fn parses_the_kubernetes_url_grammar() {
+        assert_eq!(parse("/api").unwrap(), ApiPath::CoreVersions);
+        assert_eq!(parse("/apis").unwrap(), ApiPath::Groups);
+        assert!(matches!(
+            parse("/apis/apps/v1").unwrap(),
+            ApiPath::ResourceList { .. }
+        ));
+        let p = parse("/api/v1/namespaces/default/pods").unwrap();
+        assert!(matches!(&p, ApiPath::Collection { namespace: Some(ns), .. } if ns == "default"));
+        assert_eq!(plural(&p), "pods");
+        let p = parse("/api/v1/pods").unwrap();
+        assert!(matches!(
+            &p,
+            ApiPath::Collection {
+                namespace: None,
+                ..
+            }
+        ));
+        let p = parse("/api/v1/namespaces/default").unwrap();
+        assert!(matches!(&p, ApiPath::Object { name, namespace: None, .. } if name == "default"));
+        assert_eq!(plural(&p), "namespaces");
+        let p = parse("/api/v1/namespaces/prod/pods/web/log").unwrap();
+        assert!(
+            matches!(&p, ApiPath::Object { subresource: Some(s), name, .. } if s == "log" && name == "web")
+        );
+        let p = parse("/apis/apps/v1/namespaces/default/deployments/web/scale").unwrap();
+        assert_eq!(plural(&p), "deployments");
+        assert!(matches!(
+            parse("/api/v1/nodes/n1").unwrap(),
+            ApiPath::Object { .. }
+        ));
+        assert!(matches!(
+            parse("/api/v1/widgets"),
+            Err(PathError::NoResource { .. })
+        ));
+        assert!(matches!(
+            parse("/apis/nope/v1/things"),
+            Err(PathError::NotFound(_))
+        ));
+        assert!(
+            matches!(parse("/api/v1/pods/x"), Err(PathError::NotFound(_))),
+            "namespaced object needs a namespace"
+        );
+    }
+}

@@ -1,0 +1,427 @@
+//! `Accept: application/json;as=Table;g=meta.k8s.io;v=v1`: server-side printing with the columns
+//! kubectl users know, rows carrying PartialObjectMetadata.
+
+use std::time::SystemTime;
+
+use serde_json::{Value, json};
+
+/// Whether the client asked for a Table.
+pub fn wants_table(accept: &str) -> bool {
+    accept.contains("as=Table")
+}
+
+struct Column {
+    name: &'static str,
+    kind: &'static str,
+    priority: u8,
+    cell: fn(&Value) -> Value,
+}
+
+const fn col(
+    name: &'static str,
+    kind: &'static str,
+    priority: u8,
+    cell: fn(&Value) -> Value,
+) -> Column {
+    Column {
+        name,
+        kind,
+        priority,
+        cell,
+    }
+}
+
+/// kubectl's age format: `45s`, `12m`, `5h`, `3d`.
+pub fn age(object: &Value) -> Value {
+    let Some(t) = object["metadata"]["creationTimestamp"]
+        .as_str()
+        .and_then(|s| humantime::parse_rfc3339(s).ok())
+    else {
+        return json!("<unknown>");
+    };
+    let secs = SystemTime::now()
+        .duration_since(t)
+        .map_or(0, |d| d.as_secs());
+    json!(match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 10 * 60 => format!("{}m{}s", s / 60, s % 60),
+        s if s < 3 * 3600 => format!("{}m", s / 60),
+        s if s < 48 * 3600 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    })
+}
+
+fn name(o: &Value) -> Value {
+    o["metadata"]["name"].clone()
+}
+
+fn int(v: &Value) -> Value {
+    json!(v.as_i64().unwrap_or(0))
+}
+
+fn containers(o: &Value, path: &str) -> Vec<Value> {
+    o.pointer(path)
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn join(items: impl Iterator<Item = String>) -> String {
+    let v: Vec<String> = items.collect();
+    if v.is_empty() {
+        "<none>".into()
+    } else {
+        v.join(",")
+    }
+}
+
+fn selector(o: &Value) -> Value {
+    let labels = o
+        .pointer("/spec/selector/matchLabels")
+        .or_else(|| o.pointer("/spec/selector"));
+    json!(join(
+        labels
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+    ))
+}
+
+fn template_containers(o: &Value) -> Value {
+    json!(join(
+        containers(o, "/spec/template/spec/containers")
+            .iter()
+            .map(|c| c["name"].as_str().unwrap_or("").to_owned())
+    ))
+}
+
+fn template_images(o: &Value) -> Value {
+    json!(join(
+        containers(o, "/spec/template/spec/containers")
+            .iter()
+            .map(|c| c["image"].as_str().unwrap_or("").to_owned())
+    ))
+}
+
+fn columns(kind: &str) -> Vec<Column> {
+    match kind {
+        "Pod" => vec![
+            col("Name", "string", 0, name),
+            col("Ready", "string", 0, |o| {
+                let total = containers(o, "/spec/containers").len();
+                let ready = containers(o, "/status/containerStatuses")
+                    .iter()
+                    .filter(|c| c["ready"] == true)
+                    .count();
+                json!(format!("{ready}/{total}"))
+            }),
+            col("Status", "string", 0, |o| o["status"]["phase"].clone()),
+            col("Restarts", "string", 0, |o| {
+                json!(
+                    containers(o, "/status/containerStatuses")
+                        .iter()
+                        .map(|c| c["restartCount"].as_i64().unwrap_or(0))
+                        .sum::<i64>()
+                        .to_string()
+                )
+            }),
+            col("Age", "string", 0, age),
+            col("IP", "string", 1, |o| {
+                json!(o["status"]["podIP"].as_str().unwrap_or("<none>"))
+            }),
+            col("Node", "string", 1, |o| {
+                json!(o["spec"]["nodeName"].as_str().unwrap_or("<none>"))
+            }),
+            col("Nominated Node", "string", 1, |_| json!("<none>")),
+            col("Readiness Gates", "string", 1, |_| json!("<none>")),
+        ],
+        "Deployment" => vec![
+            col("Name", "string", 0, name),
+            col("Ready", "string", 0, |o| {
+                json!(format!(
+                    "{}/{}",
+                    o["status"]["readyReplicas"].as_i64().unwrap_or(0),
+                    o["spec"]["replicas"].as_i64().unwrap_or(1)
+                ))
+            }),
+            col("Up-to-date", "integer", 0, |o| {
+                int(&o["status"]["updatedReplicas"])
+            }),
+            col("Available", "integer", 0, |o| {
+                int(&o["status"]["availableReplicas"])
+            }),
+            col("Age", "string", 0, age),
+            col("Containers", "string", 1, template_containers),
+            col("Images", "string", 1, template_images),
+            col("Selector", "string", 1, selector),
+        ],
+        "ReplicaSet" => vec![
+            col("Name", "string", 0, name),
+            col("Desired", "integer", 0, |o| {
+                json!(o["spec"]["replicas"].as_i64().unwrap_or(1))
+            }),
+            col("Current", "integer", 0, |o| int(&o["status"]["replicas"])),
+            col("Ready", "integer", 0, |o| {
+                int(&o["status"]["readyReplicas"])
+            }),
+            col("Age", "string", 0, age),
+            col("Containers", "string", 1, template_containers),
+            col("Images", "string", 1, template_images),
+            col("Selector", "string", 1, selector),
+        ],
+        "DaemonSet" => vec![
+            col("Name", "string", 0, name),
+            col("Desired", "integer", 0, |o| {
+                int(&o["status"]["desiredNumberScheduled"])
+            }),
+            col("Current", "integer", 0, |o| {
+                int(&o["status"]["currentNumberScheduled"])
+            }),
+            col("Ready", "integer", 0, |o| int(&o["status"]["numberReady"])),
+            col("Up-to-date", "integer", 0, |o| {
+                int(&o["status"]["updatedNumberScheduled"])
+            }),
+            col("Available", "integer", 0, |o| {
+                int(&o["status"]["numberAvailable"])
+            }),
+            col("Node Selector", "string", 0, |o| {
+                json!(join(
+                    o.pointer("/spec/template/spec/nodeSelector")
+                        .and_then(Value::as_object)
+                        .into_iter()
+                        .flatten()
+                        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                ))
+            }),
+            col("Age", "string", 0, age),
+        ],
+        "Job" => vec![
+            col("Name", "string", 0, name),
+            col("Status", "string", 0, |o| {
+                json!(if o["status"]["succeeded"].as_i64().unwrap_or(0)
+                    >= o["spec"]["completions"].as_i64().unwrap_or(1)
+                {
+                    "Complete"
+                } else {
+                    "Running"
+                })
+            }),
+            col("Completions", "string", 0, |o| {
+                json!(format!(
+                    "{}/{}",
+                    o["status"]["succeeded"].as_i64().unwrap_or(0),
+                    o["spec"]["completions"].as_i64().unwrap_or(1)
+                ))
+            }),
+            col("Duration", "string", 0, |_| json!("")),
+            col("Age", "string", 0, age),
+        ],
+        "Service" => vec![
+            col("Name", "string", 0, name),
+            col("Type", "string", 0, |o| {
+                json!(o["spec"]["type"].as_str().unwrap_or("ClusterIP"))
+            }),
+            col("Cluster-IP", "string", 0, |o| {
+                json!(o["spec"]["clusterIP"].as_str().unwrap_or("<none>"))
+            }),
+            col("External-IP", "string", 0, |_| json!("<none>")),
+            col("Port(s)", "string", 0, |o| {
+                json!(join(containers(o, "/spec/ports").iter().map(|p| format!(
+                    "{}/{}",
+                    p["port"],
+                    p["protocol"].as_str().unwrap_or("TCP")
+                ))))
+            }),
+            col("Age", "string", 0, age),
+            col("Selector", "string", 1, |o| {
+                json!(join(
+                    o["spec"]["selector"]
+                        .as_object()
+                        .into_iter()
+                        .flatten()
+                        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                ))
+            }),
+        ],
+        "Node" => vec![
+            col("Name", "string", 0, name),
+            col("Status", "string", 0, |o| {
+                let ready = containers(o, "/status/conditions")
+                    .iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True");
+                json!(if ready { "Ready" } else { "NotReady" })
+            }),
+            col("Roles", "string", 0, |_| json!("<none>")),
+            col("Age", "string", 0, age),
+            col("Version", "string", 0, |o| {
+                o["status"]["nodeInfo"]["kubeletVersion"].clone()
+            }),
+            col("Internal-IP", "string", 1, |o| {
+                json!(
+                    containers(o, "/status/addresses")
+                        .iter()
+                        .find(|a| a["type"] == "InternalIP")
+                        .and_then(|a| a["address"].as_str())
+                        .unwrap_or("<none>")
+                )
+            }),
+            col("External-IP", "string", 1, |_| json!("<none>")),
+            col("OS-Image", "string", 1, |o| {
+                o["status"]["nodeInfo"]["osImage"].clone()
+            }),
+            col("Kernel-Version", "string", 1, |o| {
+                o["status"]["nodeInfo"]["kernelVersion"].clone()
+            }),
+            col("Container-Runtime", "string", 1, |o| {
+                o["status"]["nodeInfo"]["containerRuntimeVersion"].clone()
+            }),
+        ],
+        "Namespace" => vec![
+            col("Name", "string", 0, name),
+            col("Status", "string", 0, |o| {
+                json!(o["status"]["phase"].as_str().unwrap_or("Active"))
+            }),
+            col("Age", "string", 0, age),
+        ],
+        "ConfigMap" => vec![
+            col("Name", "string", 0, name),
+            col("Data", "integer", 0, |o| {
+                json!(
+                    o["data"].as_object().map_or(0, |m| m.len())
+                        + o["binaryData"].as_object().map_or(0, |m| m.len())
+                )
+            }),
+            col("Age", "string", 0, age),
+        ],
+        "Secret" => vec![
+            col("Name", "string", 0, name),
+            col("Type", "string", 0, |o| {
+                json!(o["type"].as_str().unwrap_or("Opaque"))
+            }),
+            col("Data", "integer", 0, |o| {
+                json!(o["data"].as_object().map_or(0, |m| m.len()))
+            }),
+            col("Age", "string", 0, age),
+        ],
+        "Endpoints" => vec![
+            col("Name", "string", 0, name),
+            col("Endpoints", "string", 0, |o| {
+                json!(join(containers(o, "/subsets").iter().flat_map(|s| {
+                    let ports: Vec<i64> = s["ports"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|p| p["port"].as_i64())
+                        .collect();
+                    s["addresses"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .flat_map(move |a| {
+                            let ip = a["ip"].as_str().unwrap_or("").to_owned();
+                            ports.clone().into_iter().map(move |p| format!("{ip}:{p}"))
+                        })
+                })))
+            }),
+            col("Age", "string", 0, age),
+        ],
+        "HorizontalPodAutoscaler" => vec![
+            col("Name", "string", 0, name),
+            col("Reference", "string", 0, |o| {
+                json!(format!(
+                    "{}/{}",
+                    o["spec"]["scaleTargetRef"]["kind"].as_str().unwrap_or(""),
+                    o["spec"]["scaleTargetRef"]["name"].as_str().unwrap_or("")
+                ))
+            }),
+            col("Targets", "string", 0, |_| json!("<unknown>")),
+            col("MinPods", "integer", 0, |o| {
+                json!(o["spec"]["minReplicas"].as_i64().unwrap_or(1))
+            }),
+            col("MaxPods", "integer", 0, |o| int(&o["spec"]["maxReplicas"])),
+            col("Replicas", "integer", 0, |o| {
+                int(&o["status"]["currentReplicas"])
+            }),
+            col("Age", "string", 0, age),
+        ],
+        "Event" => vec![
+            col("Last Seen", "string", 0, age),
+            col("Type", "string", 0, |o| o["type"].clone()),
+            col("Reason", "string", 0, |o| o["reason"].clone()),
+            col("Object", "string", 0, |o| {
+                json!(format!(
+                    "{}/{}",
+                    o["involvedObject"]["kind"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_lowercase(),
+                    o["involvedObject"]["name"].as_str().unwrap_or("")
+                ))
+            }),
+            col("Message", "string", 0, |o| o["message"].clone()),
+        ],
+        _ => vec![col("Name", "string", 0, name), col("Age", "string", 0, age)],
+    }
+}
+
+/// A Table of `objects` of `kind`.
+pub fn table(kind: &str, objects: &[Value], resource_version: &str) -> Value {
+    let cols = columns(kind);
+    let definitions: Vec<Value> = cols
+        .iter()
+        .map(|c| {
+            json!({
+                "name": c.name,
+                "type": c.kind,
+                "format": if c.name == "Name" { "name" } else { "" },
+                "description": c.name,
+                "priority": c.priority,
+            })
+        })
+        .collect();
+    let rows: Vec<Value> = objects
+        .iter()
+        .map(|o| {
+            json!({
+                "cells": cols.iter().map(|c| (c.cell)(o)).collect::<Vec<_>>(),
+                "object": {
+                    "kind": "PartialObjectMetadata",
+                    "apiVersion": "meta.k8s.io/v1",
+                    "metadata": o["metadata"].clone(),
+                },
+            })
+        })
+        .collect();
+    json!({
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": {"resourceVersion": resource_version},
+        "columnDefinitions": definitions,
+        "rows": rows,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_rows_have_kubectl_columns() {
+        let pod = json!({"metadata": {"name": "web", "creationTimestamp": "2020-01-01T00:00:00Z"},
+            "spec": {"containers": [{"name": "c"}]}, "status": {"phase": "Pending"}});
+        let t = table("Pod", &[pod], "5");
+        let names: Vec<&str> = t["columnDefinitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(&names[..5], ["Name", "Ready", "Status", "Restarts", "Age"]);
+        assert_eq!(t["rows"][0]["cells"][1], "0/1");
+        assert_eq!(t["rows"][0]["cells"][2], "Pending");
+        assert!(t["rows"][0]["cells"][4].as_str().unwrap().ends_with('d'));
+        assert_eq!(t["rows"][0]["object"]["kind"], "PartialObjectMetadata");
+    }
+}

@@ -1,0 +1,378 @@
+//! Per-kind validation and defaulting, like the apiserver's, with errors naming the field
+//! (`spec.template.spec.containers[0].image: Required value`).
+
+use serde_json::{Value, json};
+
+/// A validation failure: the field and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    pub field: String,
+    pub detail: String,
+}
+
+fn err(field: impl Into<String>, detail: impl Into<String>) -> FieldError {
+    FieldError {
+        field: field.into(),
+        detail: detail.into(),
+    }
+}
+
+/// Top-level fields each kind accepts (for `fieldValidation=Strict`).
+fn known_top_level(kind: &str) -> &'static [&'static str] {
+    match kind {
+        "ConfigMap" => &[
+            "apiVersion",
+            "kind",
+            "metadata",
+            "data",
+            "binaryData",
+            "immutable",
+        ],
+        "Secret" => &[
+            "apiVersion",
+            "kind",
+            "metadata",
+            "data",
+            "stringData",
+            "type",
+            "immutable",
+        ],
+        _ => &["apiVersion", "kind", "metadata", "spec", "status"],
+    }
+}
+
+const KNOWN_METADATA: &[&str] = &[
+    "name",
+    "generateName",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "labels",
+    "annotations",
+    "ownerReferences",
+    "finalizers",
+    "managedFields",
+    "selfLink",
+];
+
+/// Unknown top-level and metadata fields (kubectl's default `--validate=strict` asks for this).
+pub fn unknown_fields(kind: &str, object: &Value) -> Vec<String> {
+    let mut unknown = Vec::new();
+    if let Some(map) = object.as_object() {
+        for k in map.keys() {
+            if !known_top_level(kind).contains(&k.as_str()) {
+                unknown.push(k.clone());
+            }
+        }
+    }
+    if let Some(meta) = object["metadata"].as_object() {
+        for k in meta.keys() {
+            if !KNOWN_METADATA.contains(&k.as_str()) {
+                unknown.push(format!("metadata.{k}"));
+            }
+        }
+    }
+    unknown
+}
+
+fn type_check(value: &Value, field: &str, want: &str) -> Result<(), FieldError> {
+    let ok = match want {
+        "integer" => value.is_i64() || value.is_u64(),
+        "string" => value.is_string(),
+        "object" => value.is_object(),
+        "array" => value.is_array(),
+        "boolean" => value.is_boolean(),
+        _ => true,
+    };
+    if ok || value.is_null() {
+        Ok(())
+    } else {
+        Err(err(
+            field,
+            format!("Invalid value: {value}: must be of type {want}"),
+        ))
+    }
+}
+
+fn validate_pod_spec(spec: &Value, path: &str) -> Result<(), FieldError> {
+    type_check(spec, path, "object")?;
+    let containers = &spec["containers"];
+    type_check(containers, &format!("{path}.containers"), "array")?;
+    let list = containers.as_array().map(Vec::as_slice).unwrap_or_default();
+    if list.is_empty() {
+        return Err(err(format!("{path}.containers"), "Required value"));
+    }
+    for (field, list) in [
+        ("initContainers", spec["initContainers"].as_array()),
+        ("containers", Some(&list.to_vec())),
+    ] {
+        let mut names = std::collections::HashSet::new();
+        for (i, c) in list.into_iter().flatten().enumerate() {
+            let at = format!("{path}.{field}[{i}]");
+            type_check(c, &at, "object")?;
+            match c["name"].as_str() {
+                None | Some("") => return Err(err(format!("{at}.name"), "Required value")),
+                Some(n) => {
+                    shoal_state::labels::check_dns_subdomain(n).map_err(|r| {
+                        err(format!("{at}.name"), format!("Invalid value: {n:?}: {r}"))
+                    })?;
+                    if !names.insert(n.to_owned()) {
+                        return Err(err(format!("{at}.name"), format!("Duplicate value: {n:?}")));
+                    }
+                }
+            }
+            if c["image"].as_str().is_none_or(str::is_empty) {
+                return Err(err(format!("{at}.image"), "Required value"));
+            }
+            for (j, p) in c["ports"].as_array().into_iter().flatten().enumerate() {
+                let port = &p["containerPort"];
+                let ok = port.as_i64().is_some_and(|n| (1..=65535).contains(&n));
+                if !ok {
+                    return Err(err(
+                        format!("{at}.ports[{j}].containerPort"),
+                        format!("Invalid value: {port}: must be between 1 and 65535, inclusive"),
+                    ));
+                }
+            }
+        }
+    }
+    if let Some(policy) = spec["restartPolicy"].as_str()
+        && !matches!(policy, "Always" | "OnFailure" | "Never")
+    {
+        return Err(err(
+            format!("{path}.restartPolicy"),
+            format!(
+                "Unsupported value: {policy:?}: supported values: \"Always\", \"OnFailure\", \"Never\""
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn validate_template(object: &Value, needs_selector: bool) -> Result<(), FieldError> {
+    let spec = &object["spec"];
+    if spec.is_null() {
+        return Err(err("spec", "Required value"));
+    }
+    type_check(spec, "spec", "object")?;
+    if let Some(r) = spec.get("replicas") {
+        type_check(r, "spec.replicas", "integer")?;
+        if r.as_i64().is_some_and(|n| n < 0) {
+            return Err(err(
+                "spec.replicas",
+                format!("Invalid value: {r}: must be greater than or equal to 0"),
+            ));
+        }
+    }
+    if needs_selector {
+        let selector = &spec["selector"];
+        if selector.is_null() {
+            return Err(err("spec.selector", "Required value"));
+        }
+        let template_labels = &spec["template"]["metadata"]["labels"];
+        for (k, v) in selector["matchLabels"].as_object().into_iter().flatten() {
+            if template_labels.get(k) != Some(v) {
+                return Err(err(
+                    "spec.template.metadata.labels",
+                    format!(
+                        "Invalid value: {template_labels}: `selector` does not match template `labels`"
+                    ),
+                ));
+            }
+        }
+    }
+    if spec["template"].is_null() {
+        return Err(err("spec.template", "Required value"));
+    }
+    validate_pod_spec(&spec["template"]["spec"], "spec.template.spec")
+}
+
+/// Validates kind-specific fields.
+pub fn validate(kind: &str, object: &Value) -> Result<(), FieldError> {
+    match kind {
+        "Pod" => validate_pod_spec(&object["spec"], "spec"),
+        "Deployment" | "ReplicaSet" | "DaemonSet" => validate_template(object, true),
+        "Job" => validate_template(object, false),
+        "Service" => {
+            for (i, p) in object["spec"]["ports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                let port = &p["port"];
+                if !port.as_i64().is_some_and(|n| (1..=65535).contains(&n)) {
+                    return Err(err(
+                        format!("spec.ports[{i}].port"),
+                        format!("Invalid value: {port}: must be between 1 and 65535, inclusive"),
+                    ));
+                }
+            }
+            if let Some(t) = object["spec"]["type"].as_str()
+                && !matches!(
+                    t,
+                    "ClusterIP" | "NodePort" | "LoadBalancer" | "ExternalName"
+                )
+            {
+                return Err(err("spec.type", format!("Unsupported value: {t:?}")));
+            }
+            Ok(())
+        }
+        "ConfigMap" | "Secret" => {
+            for field in ["data", "binaryData", "stringData"] {
+                type_check(&object[field], field, "object")?;
+                for (k, v) in object[field].as_object().into_iter().flatten() {
+                    type_check(v, &format!("{field}[{k}]"), "string")?;
+                }
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+fn default_field(map: &mut Value, key: &str, value: Value) {
+    if let Some(m) = map.as_object_mut()
+        && !m.contains_key(key)
+    {
+        m.insert(key.to_owned(), value);
+    }
+}
+
+fn default_pod_spec(spec: &mut Value) {
+    default_field(spec, "restartPolicy", json!("Always"));
+    default_field(spec, "terminationGracePeriodSeconds", json!(30));
+    default_field(spec, "dnsPolicy", json!("ClusterFirst"));
+    default_field(spec, "schedulerName", json!("default-scheduler"));
+    default_field(spec, "securityContext", json!({}));
+    for field in ["containers", "initContainers"] {
+        for c in spec[field].as_array_mut().into_iter().flatten() {
+            let latest = c["image"]
+                .as_str()
+                .is_some_and(|i| !i.contains(':') || i.ends_with(":latest"));
+            default_field(
+                c,
+                "imagePullPolicy",
+                json!(if latest { "Always" } else { "IfNotPresent" }),
+            );
+            default_field(c, "terminationMessagePath", json!("/dev/termination-log"));
+            default_field(c, "terminationMessagePolicy", json!("File"));
+            default_field(c, "resources", json!({}));
+            for p in c["ports"].as_array_mut().into_iter().flatten() {
+                default_field(p, "protocol", json!("TCP"));
+            }
+        }
+    }
+}
+
+/// Fills defaults the apiserver would.
+pub fn default(kind: &str, object: &mut Value) {
+    match kind {
+        "Pod" => default_pod_spec(&mut object["spec"]),
+        "Deployment" | "ReplicaSet" | "DaemonSet" | "Job" => {
+            let spec = &mut object["spec"];
+            if kind != "DaemonSet" && kind != "Job" {
+                default_field(spec, "replicas", json!(1));
+            }
+            default_field(spec, "revisionHistoryLimit", json!(10));
+            if kind == "Deployment" {
+                default_field(spec, "progressDeadlineSeconds", json!(600));
+                default_field(
+                    spec,
+                    "strategy",
+                    json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}),
+                );
+            }
+            if kind == "Job" {
+                default_field(spec, "completions", json!(1));
+                default_field(spec, "parallelism", json!(1));
+                default_field(spec, "backoffLimit", json!(6));
+                if let Some(m) = spec.as_object_mut() {
+                    m.remove("revisionHistoryLimit");
+                }
+            }
+            if spec["template"].is_object() && spec["template"]["spec"].is_object() {
+                default_pod_spec(&mut spec["template"]["spec"]);
+                if kind == "Job" {
+                    default_field(
+                        &mut spec["template"]["spec"],
+                        "restartPolicy",
+                        json!("Never"),
+                    );
+                }
+            }
+        }
+        "Service" => {
+            let spec = &mut object["spec"];
+            default_field(spec, "type", json!("ClusterIP"));
+            default_field(spec, "sessionAffinity", json!("None"));
+            for p in spec["ports"].as_array_mut().into_iter().flatten() {
+                default_field(p, "protocol", json!("TCP"));
+                let port = p["port"].clone();
+                default_field(p, "targetPort", port);
+            }
+        }
+        "Secret" => default_field(object, "type", json!("Opaque")),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_fields() {
+        let d = json!({"spec": {"selector": {"matchLabels": {"app": "x"}}, "template": {"metadata": {"labels": {"app": "x"}}, "spec": {"containers": [{"name": "c"}]}}}});
+        assert_eq!(
+            validate("Deployment", &d).unwrap_err().field,
+            "spec.template.spec.containers[0].image"
+        );
+        let d = json!({"spec": {"replicas": "two", "selector": {}, "template": {}}});
+        assert_eq!(
+            validate("Deployment", &d).unwrap_err().field,
+            "spec.replicas"
+        );
+        let d = json!({"spec": {"selector": {"matchLabels": {"app": "x"}}, "template": {"metadata": {"labels": {"app": "y"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}}});
+        assert_eq!(
+            validate("Deployment", &d).unwrap_err().field,
+            "spec.template.metadata.labels"
+        );
+        assert_eq!(
+            validate("Pod", &json!({"spec": {}})).unwrap_err().field,
+            "spec.containers"
+        );
+        assert_eq!(
+            validate("Service", &json!({"spec": {"ports": [{"port": 0}]}}))
+                .unwrap_err()
+                .field,
+            "spec.ports[0].port"
+        );
+        assert_eq!(
+            unknown_fields(
+                "Pod",
+                &json!({"spec": {}, "spex": 1, "metadata": {"nmae": "x"}})
+            ),
+            ["spex", "metadata.nmae"]
+        );
+    }
+
+    #[test]
+    fn defaults_like_the_apiserver() {
+        let mut d = json!({"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "busybox"}]}}}});
+        default("Deployment", &mut d);
+        assert_eq!(d["spec"]["replicas"], 1);
+        assert_eq!(d["spec"]["template"]["spec"]["restartPolicy"], "Always");
+        assert_eq!(
+            d["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"],
+            "Always"
+        );
+        let mut s = json!({"spec": {"ports": [{"port": 80}]}});
+        default("Service", &mut s);
+        assert_eq!(s["spec"]["ports"][0]["targetPort"], 80);
+    }
+}
