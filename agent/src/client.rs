@@ -78,13 +78,47 @@ impl ControlClient {
         })
     }
 
-    /// One HTTP request; returns the status and body whatever the status.
-    pub async fn send(
+    /// Follows `/v1/watch`: each committed change's JSON line goes to the returned channel
+    /// as soon as its bytes arrive, with the instant they did.
+    pub async fn watch(
+        &self,
+    ) -> Result<
+        tokio::sync::mpsc::UnboundedReceiver<(std::time::Instant, serde_json::Value)>,
+        ClientError,
+    > {
+        let mut body = self
+            .request(hyper::Method::GET, "/v1/watch", None)
+            .await?
+            .into_body();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut buf: Vec<u8> = Vec::new();
+            while let Some(Ok(frame)) = body.frame().await {
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                let at = std::time::Instant::now();
+                buf.extend_from_slice(&data);
+                while let Some(end) = buf.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = buf.drain(..=end).collect();
+                    if let Ok(value) = serde_json::from_slice(&line)
+                        && tx.send((at, value)).is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(rx)
+    }
+
+    /// Sends one request on a fresh connection to the socket.
+    async fn request(
         &self,
         method: hyper::Method,
         path: &str,
         body: Option<Vec<u8>>,
-    ) -> Result<(u16, Bytes), ClientError> {
+    ) -> Result<hyper::Response<hyper::body::Incoming>, ClientError> {
         let http = |message: String| ClientError::Http {
             socket: self.socket.clone(),
             path: path.to_owned(),
@@ -107,16 +141,30 @@ impl ControlClient {
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body.unwrap_or_default())))
             .map_err(|e| http(e.to_string()))?;
-        let response = sender
+        sender
             .send_request(request)
             .await
-            .map_err(|e| http(e.to_string()))?;
+            .map_err(|e| http(e.to_string()))
+    }
+
+    /// One HTTP request; returns the status and body whatever the status.
+    pub async fn send(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(u16, Bytes), ClientError> {
+        let response = self.request(method, path, body).await?;
         let status = response.status().as_u16();
         let body = response
             .into_body()
             .collect()
             .await
-            .map_err(|e| http(e.to_string()))?
+            .map_err(|e| ClientError::Http {
+                socket: self.socket.clone(),
+                path: path.to_owned(),
+                message: e.to_string(),
+            })?
             .to_bytes();
         Ok((status, body))
     }

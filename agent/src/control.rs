@@ -61,6 +61,7 @@ pub fn router(
         .route("/v1/members", get(members_handler))
         .route("/v1/store", get(store_handler))
         .route("/v1/kubeconfig", get(kubeconfig_handler))
+        .route("/v1/watch", get(watch_handler))
         .route("/v1/objects", post(create_handler).put(apply_handler))
         .route("/v1/objects/{kind}", get(list_handler))
         .route(
@@ -77,6 +78,37 @@ pub fn router(
             self_info: Arc::new(self_info),
             kubeconfig: kubeconfig.map(Arc::new),
         })
+}
+
+/// Every change committed on this node from now on, one JSON line each:
+/// `{"resourceVersion": N, "event": "ADDED", "key": "...", "name": "...", "namespace": "..."}`.
+async fn watch_handler(State(state): State<ControlState>) -> Response {
+    let changes = state.replication.subscribe();
+    let stream = futures_util::stream::unfold(changes, |mut rx| async move {
+        loop {
+            match rx.recv().await {
+                Ok(change) => {
+                    let mut line = json!({
+                        "resourceVersion": change.resource_version,
+                        "event": change.event,
+                        "key": change.key.to_string(),
+                        "name": change.key.name,
+                        "namespace": change.key.namespace,
+                    })
+                    .to_string();
+                    line.push('\n');
+                    return Some((Ok::<_, std::io::Error>(line), rx));
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    });
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
+        axum::body::Body::from_stream(stream),
+    )
+        .into_response()
 }
 
 async fn kubeconfig_handler(

@@ -205,6 +205,19 @@ pub fn validate(mut object: Value, default_namespace: &str) -> Result<ValidObjec
     })
 }
 
+/// Formats up to 16 bytes as a UUID string (`8-4-4-4-12` hex digits), left-padding with zeros.
+pub fn uuid_string(bytes: &[u8]) -> String {
+    let h = format!("{:0>32}", hex::encode(&bytes[..bytes.len().min(16)]));
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
 /// A DNS-1123 label (namespaces): at most 63 lowercase alphanumerics or '-'.
 pub fn check_dns_label(s: &str) -> Result<(), String> {
     if s.is_empty() || s.len() > 63 || s.contains('.') {

@@ -413,6 +413,11 @@ pub async fn update(
     ))
 }
 
+fn parse_json_patch(body: &Bytes) -> Result<Value, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the patch is not valid JSON: {e}")))
+}
+
 fn strip_server_fields(mut object: Value) -> Value {
     if let Some(map) = object.as_object_mut() {
         map.remove("status");
@@ -441,16 +446,13 @@ pub async fn patch(
     let patch_err =
         |e: PatchError| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", e.to_string());
     if ct.starts_with("application/json-patch+json") {
-        let ops: Value = serde_json::from_slice(body)
-            .map_err(|e| ApiError::bad_request(format!("the patch is not valid JSON: {e}")))?;
+        let ops: Value = parse_json_patch(body)?;
         patch::json_patch(&mut target, &ops).map_err(patch_err)?;
     } else if ct.starts_with("application/merge-patch+json") {
-        let p: Value = serde_json::from_slice(body)
-            .map_err(|e| ApiError::bad_request(format!("the patch is not valid JSON: {e}")))?;
+        let p: Value = parse_json_patch(body)?;
         patch::merge_patch(&mut target, &p);
     } else if ct.starts_with("application/strategic-merge-patch+json") {
-        let p: Value = serde_json::from_slice(body)
-            .map_err(|e| ApiError::bad_request(format!("the patch is not valid JSON: {e}")))?;
+        let p: Value = parse_json_patch(body)?;
         patch::strategic_merge_patch(&mut target, &p).map_err(patch_err)?;
     } else if apply {
         let p: Value = serde_yaml_ng::from_slice(body).map_err(|e| {
@@ -661,9 +663,7 @@ pub async fn subresource(
                 scale = parse_body(headers, body)?;
             } else {
                 let ct = content_type(headers);
-                let p: Value = serde_json::from_slice(body).map_err(|e| {
-                    ApiError::bad_request(format!("the patch is not valid JSON: {e}"))
-                })?;
+                let p: Value = parse_json_patch(body)?;
                 if ct.starts_with("application/json-patch+json") {
                     patch::json_patch(&mut scale, &p)
                         .map_err(|e| ApiError::bad_request(e.to_string()))?;

@@ -62,18 +62,6 @@ pub fn endpoints_for(service: &Value) -> Value {
     })
 }
 
-fn uuid_from_hex(id: &str) -> String {
-    let h = format!("{id:0>32}");
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
-}
-
 /// A Node object for one member, from what it gossips about itself.
 pub fn node(member: &Member, now_rfc3339: &str) -> Value {
     let meta = member.meta.as_ref();
@@ -108,7 +96,7 @@ pub fn node(member: &Member, now_rfc3339: &str) -> Value {
         "kind": "Node",
         "metadata": {
             "name": member.name(),
-            "uid": uuid_from_hex(&member.node_id),
+            "uid": shoal_state::object::uuid_string(&hex::decode(&member.node_id).unwrap_or_default()),
             "resourceVersion": member.generation.to_string(),
             "creationTimestamp": started,
             "labels": meta.map(|m| json!(m.labels)).unwrap_or(json!({})),

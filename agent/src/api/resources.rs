@@ -22,16 +22,20 @@ pub type Subresource = (
     &'static [&'static str],
 );
 
-/// One resource type as the API serves it.
+/// One resource type as the API serves it: a kind (group, version, plural, scope, short
+/// names) and where its objects come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ApiResource {
-    pub group: &'static str,
-    pub version: &'static str,
-    pub kind: &'static str,
-    pub plural: &'static str,
-    pub namespaced: bool,
-    pub short_names: &'static [&'static str],
+    pub info: &'static KindInfo,
     pub source: Source,
+}
+
+impl std::ops::Deref for ApiResource {
+    type Target = KindInfo;
+
+    fn deref(&self) -> &KindInfo {
+        self.info
+    }
 }
 
 const READ_VERBS: &[&str] = &["get", "list"];
@@ -39,15 +43,28 @@ const WRITE_VERBS: &[&str] = &[
     "create", "delete", "get", "list", "patch", "update", "watch",
 ];
 
-impl ApiResource {
-    pub fn api_version(&self) -> String {
-        if self.group.is_empty() {
-            self.version.to_owned()
-        } else {
-            format!("{}/{}", self.group, self.version)
-        }
-    }
+/// Kinds the API serves from observation rather than from the store.
+const NODE: KindInfo = observed_kind("Node", "nodes", false, &["no"]);
+const EVENT: KindInfo = observed_kind("Event", "events", true, &["ev"]);
+const ENDPOINTS: KindInfo = observed_kind("Endpoints", "endpoints", true, &["ep"]);
 
+const fn observed_kind(
+    kind: &'static str,
+    plural: &'static str,
+    namespaced: bool,
+    short_names: &'static [&'static str],
+) -> KindInfo {
+    KindInfo {
+        group: "",
+        version: "v1",
+        kind,
+        plural,
+        namespaced,
+        short_names,
+    }
+}
+
+impl ApiResource {
     pub fn singular(&self) -> String {
         self.kind.to_ascii_lowercase()
     }
@@ -99,46 +116,27 @@ impl ApiResource {
 
 /// Every resource the API serves.
 pub fn all() -> Vec<ApiResource> {
-    let mut out: Vec<ApiResource> = KINDS
+    KINDS
         .iter()
-        .map(|k| ApiResource {
-            group: k.group,
-            version: k.version,
-            kind: k.kind,
-            plural: k.plural,
-            namespaced: k.namespaced,
-            short_names: k.short_names,
-            source: Source::Stored(k),
+        .map(|info| ApiResource {
+            info,
+            source: Source::Stored(info),
         })
-        .collect();
-    out.push(ApiResource {
-        group: "",
-        version: "v1",
-        kind: "Node",
-        plural: "nodes",
-        namespaced: false,
-        short_names: &["no"],
-        source: Source::Nodes,
-    });
-    out.push(ApiResource {
-        group: "",
-        version: "v1",
-        kind: "Event",
-        plural: "events",
-        namespaced: true,
-        short_names: &["ev"],
-        source: Source::Events,
-    });
-    out.push(ApiResource {
-        group: "",
-        version: "v1",
-        kind: "Endpoints",
-        plural: "endpoints",
-        namespaced: true,
-        short_names: &["ep"],
-        source: Source::Endpoints,
-    });
-    out
+        .chain([
+            ApiResource {
+                info: &NODE,
+                source: Source::Nodes,
+            },
+            ApiResource {
+                info: &EVENT,
+                source: Source::Events,
+            },
+            ApiResource {
+                info: &ENDPOINTS,
+                source: Source::Endpoints,
+            },
+        ])
+        .collect()
 }
 
 /// The group versions served, core ("") first.

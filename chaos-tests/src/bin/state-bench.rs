@@ -1,10 +1,9 @@
 //! Desired-state benchmark on real agents (release build), side by side with a 3-member etcd.
 //!
 //! 1. Latency: sequential writes at one agent of a 5-agent cluster; time to acknowledgement
-//!    (durable on the write quorum of 2), to visibility on one other agent, and on all five. etcd:
-//!    puts at member 1 of 3, time to acknowledgement and to the watch event on member 3 (v3 JSON
-//!    gateway). Visibility in Shoal is observed by polling the agents' control sockets in a
-//!    tight loop; etcd's by its watch stream (which favours etcd by up to one poll round).
+//!    (durable on the write quorum of 2), to the change event on another agent, and on all four
+//!    others (watch streams on their control sockets). etcd: puts at member 1 of 3, time to
+//!    acknowledgement and to the watch event on member 3 (v3 JSON gateway).
 //! 2. Bulk: `--objects` ConfigMaps written with 16 concurrent clients; RSS and disk afterwards.
 //! 3. Anti-entropy: one agent is stopped while `--objects` more are written, then restarted:
 //!    time until its digest matches, and the sync bytes it received — compared with what a fresh
@@ -84,7 +83,11 @@ async fn main() -> anyhow::Result<()> {
         wait_until("5 alive", LIMIT, || async { alive_count(a).await == 5 }).await?;
     }
 
-    // ---- 1. latency
+    // ---- 1. latency: agents 1..4 are followed through their watch streams.
+    let mut watches = Vec::new();
+    for a in &agents[1..] {
+        watches.push(a.client().watch().await?);
+    }
     let (mut ack, mut one, mut all) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..args.writes {
         let name = format!("lat-{i}");
@@ -94,24 +97,20 @@ async fn main() -> anyhow::Result<()> {
             bail!("write {name}: {status} {body}");
         }
         ack.push(ms(start.elapsed()));
-        let mut seen: Vec<Option<Duration>> = vec![None; 4];
-        while seen.iter().any(Option::is_none) {
-            for (j, slot) in seen.iter_mut().enumerate() {
-                if slot.is_none()
-                    && agents[j + 1]
-                        .object("cm", "default", &name)
-                        .await?
-                        .is_some()
-                {
-                    *slot = Some(start.elapsed());
+        let mut seen = Vec::new();
+        for rx in &mut watches {
+            loop {
+                let (at, change) = tokio::time::timeout(LIMIT, rx.recv())
+                    .await?
+                    .context("watch ended")?;
+                if change["name"] == name.as_str() {
+                    seen.push(at.duration_since(start));
+                    break;
                 }
             }
-            if start.elapsed() > LIMIT {
-                bail!("{name} never reached every agent");
-            }
         }
-        one.push(ms(seen[1].unwrap()));
-        all.push(ms(seen.iter().flatten().max().copied().unwrap()));
+        one.push(ms(seen[1]));
+        all.push(ms(seen.iter().max().copied().unwrap()));
     }
     println!("## Write latency, {} sequential writes (ms)\n", args.writes);
     println!("| system | figure | p50 | p99 |");

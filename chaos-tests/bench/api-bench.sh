@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# API latency under load: a 3-agent cluster (release build) with 1,000 pods in the store; wrk
+# (Debian) drives GET of one pod, LIST of the namespace's pods, and CREATE of new pods against
+# one agent's HTTPS API, with the cluster's bearer token. Prints wrk's latency distribution.
+#
+#   chaos-tests/bench/api-bench.sh [DURATION] [CONNECTIONS]     (defaults: 20s, 16)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+duration=${1:-20s}
+connections=${2:-16}
+command -v wrk >/dev/null || { echo "wrk is required: apt-get install -y wrk" >&2; exit 1; }
+cargo build --release --locked --quiet -p shoal-agent --bin shoal
+shoal=target/release/shoal
+dir=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+"$shoal" init --secret-file "$dir/secret" >/dev/null
+for i in 1 2 3; do
+  join=()
+  [ "$i" -gt 1 ] && join=(--join 127.0.0.1:7651)
+  "$shoal" agent --name "node-$i" --data-dir "$dir/n$i" --secret-file "$dir/secret" \
+    --bind "127.0.0.1:765$i" --api "127.0.0.1:645$i" "${join[@]}" >"$dir/n$i.log" 2>&1 &
+  pids+=($!)
+done
+for _ in $(seq 1 100); do
+  "$shoal" kubeconfig --data-dir "$dir/n1" >"$dir/kc" 2>/dev/null && break
+  sleep 0.1
+done
+TOKEN=$(sed -n 's/^    token: //p' "$dir/kc")
+export TOKEN
+api=https://127.0.0.1:6451
+echo "loading 1,000 pods..."
+python3 - "$api" "$TOKEN" <<'PY'
+import json, ssl, sys, urllib.request
+api, token = sys.argv[1], sys.argv[2]
+ctx = ssl._create_unverified_context()
+for i in range(1000):
+    body = json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"pod-{i}", "labels": {"app": "bench"}},
+                       "spec": {"containers": [{"name": "c", "image": "busybox:1.36"}]}}).encode()
+    req = urllib.request.Request(api + "/api/v1/namespaces/default/pods", data=body, method="POST",
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    urllib.request.urlopen(req, context=ctx).read()
+PY
+auth="Authorization: Bearer $TOKEN"
+echo; echo "== GET one pod ($connections connections, $duration)"
+wrk --latency -t2 -c"$connections" -d"$duration" -H "$auth" "$api/api/v1/namespaces/default/pods/pod-500"
+echo; echo "== LIST 1,000 pods ($connections connections, $duration)"
+wrk --latency -t2 -c"$connections" -d"$duration" -H "$auth" "$api/api/v1/namespaces/default/pods"
+echo; echo "== LIST 1,000 pods as a Table, as kubectl get asks ($connections connections, $duration)"
+wrk --latency -t2 -c"$connections" -d"$duration" -H "$auth" -H "Accept: application/json;as=Table;v=v1;g=meta.k8s.io" "$api/api/v1/namespaces/default/pods?limit=500"
+echo; echo "== CREATE pods (write quorum 2 of 3 agents; $connections connections, $duration)"
+wrk --latency -t2 -c"$connections" -d"$duration" -s chaos-tests/bench/create-pod.lua "$api"
