@@ -258,15 +258,17 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     let _ = api_stop_tx.send(());
     membership.shutdown().await;
     endpoint.shutdown().await;
-    match server.await {
-        Ok(Ok(())) => {}
-        Ok(Err(source)) => {
+    // Graceful shutdown waits for open requests; a follower of /v1/watch never ends its own.
+    match tokio::time::timeout(std::time::Duration::from_secs(2), server).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(source))) => {
             return Err(AgentError::ControlSocket {
                 path: socket_path,
                 source,
             });
         }
-        Err(join) => tracing::warn!(error = %join, "control server task failed"),
+        Ok(Err(join)) => tracing::warn!(error = %join, "control server task failed"),
+        Err(_) => info!("closing control connections still open after 2 s"),
     }
     Ok(())
 }

@@ -370,6 +370,9 @@ fn table(rows: &[Vec<String>]) -> String {
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        // Store work (fsync) runs on blocking threads; a few suffice, and each extra thread
+        // costs a malloc arena.
+        .max_blocking_threads(4)
         .enable_all()
         .build()
         .context("cannot start the tokio runtime")

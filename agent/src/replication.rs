@@ -101,7 +101,7 @@ impl Replication {
             membership,
             config,
             traffic: SyncTraffic::default(),
-            changes: tokio::sync::broadcast::channel(4096).0,
+            changes: tokio::sync::broadcast::channel(1024).0,
         })
     }
 
@@ -122,7 +122,7 @@ impl Replication {
     }
 
     /// Every committed change from now on, local or replicated (for watches). A receiver that
-    /// lags more than 4,096 changes gets `Lagged` and must relist.
+    /// lags more than 1,024 changes gets `Lagged` and must relist.
     pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change> {
         self.changes.subscribe()
     }

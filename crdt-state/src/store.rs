@@ -34,7 +34,8 @@ pub struct StoreConfig {
     /// Deleted objects are forgotten after this long (default 24 h). A node away for longer
     /// must resync from peers instead of merging its old state (see [`Store::is_stale`]).
     pub tombstone_horizon: Duration,
-    /// Changes kept for watches; older resourceVersions get "too old" (default 10,000).
+    /// Changes kept for watches; older resourceVersions get "too old" (default 1,000; the
+    /// apiserver's watch cache keeps 100 per resource type).
     pub change_log_capacity: usize,
     /// redb page cache (default 16 MiB; every object is also held decoded in memory).
     pub cache_bytes: usize,
@@ -47,7 +48,7 @@ impl StoreConfig {
             node,
             max_clock_drift: Duration::from_secs(60),
             tombstone_horizon: Duration::from_secs(24 * 3600),
-            change_log_capacity: 10_000,
+            change_log_capacity: 1_000,
             cache_bytes: 16 << 20,
         }
     }

@@ -122,12 +122,12 @@ async fn main() -> anyhow::Result<()> {
         percentile(&mut ack, 0.99)
     );
     println!(
-        "| Shoal, 5 agents | visible on another agent | {:.2} | {:.2} |",
+        "| Shoal, 5 agents | watch event on another agent | {:.2} | {:.2} |",
         shoal_one_p50,
         percentile(&mut one, 0.99)
     );
     println!(
-        "| Shoal, 5 agents | visible on all 5 | {:.2} | {:.2} |",
+        "| Shoal, 5 agents | watch event on all 4 others | {:.2} | {:.2} |",
         percentile(&mut all, 0.5),
         percentile(&mut all, 0.99)
     );
@@ -145,7 +145,7 @@ async fn main() -> anyhow::Result<()> {
             percentile(&mut e_watch, 0.99)
         );
         println!(
-            "\nShoal / etcd, p50 of visible-elsewhere: {:.2}",
+            "\nShoal / etcd, p50 of the watch event on another member: {:.2}",
             shoal_one_p50 / etcd_p50
         );
     }
