@@ -1,13 +1,22 @@
--- wrk script: each request creates a new Pod with a unique name.
+-- wrk script: each request creates a new Pod with a name unique across threads and runs.
 local token = os.getenv("TOKEN")
-local counter = 0
-local prefix = string.format("bench-%d", os.time())
+local threads = 0
 
-request = function()
+function setup(thread)
+  thread:set("id", threads)
+  threads = threads + 1
+end
+
+function init(args)
+  counter = 0
+  prefix = string.format("bench-%d-%d", os.time(), id)
+end
+
+function request()
   counter = counter + 1
   local body = string.format(
-    '{"apiVersion":"v1","kind":"Pod","metadata":{"name":"%s-%d-%d"},"spec":{"containers":[{"name":"c","image":"busybox:1.36"}]}}',
-    prefix, math.random(1, 1000000000), counter)
+    '{"apiVersion":"v1","kind":"Pod","metadata":{"name":"%s-%d"},"spec":{"containers":[{"name":"c","image":"busybox:1.36"}]}}',
+    prefix, counter)
   return wrk.format("POST", "/api/v1/namespaces/default/pods",
     {["Content-Type"] = "application/json", ["Authorization"] = "Bearer " .. token}, body)
 end
