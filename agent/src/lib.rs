@@ -13,6 +13,7 @@ pub mod control;
 pub mod host;
 pub mod node_identity;
 pub mod replication;
+pub mod scheduler;
 pub mod testkit;
 
 /// Version reported in gossip and by `shoal --version`.

@@ -1,0 +1,457 @@
+//! The distributed auction (DESIGN.md §6) as a pure state machine: one [`Scheduler`] per node,
+//! fed with time, messages and the replicated view of the world; it returns messages to send,
+//! bindings to write and unschedulable verdicts. No sockets, no clocks.
+//!
+//! - Each pending pod has one **auctioneer**: the live node with the highest rendezvous hash of
+//!   (pod uid, node id). A dead auctioneer is replaced without election when views change.
+//! - The auctioneer batches its pods and calls for bids from a deterministic sample of live
+//!   nodes (rendezvous over (auction id, node id)); if none of the sample can take a pod, the pod
+//!   goes to an exhaustive auction over every live node before it is declared unschedulable.
+//! - Each bidder decides for itself (predicates on its own labels, taints, allocations) and
+//!   answers every pod of the batch with a score or a reasoned decline, plus its free resources.
+//!   Bids are optimistic (Omega-style): nothing is reserved, because reserving every pod of every
+//!   concurrent batch starved the nodes in simulation (14% of a feasible workload placed). A
+//!   bidder does remember what it has *offered* and not yet seen bound, and scores later pods as
+//!   if those were placed: soft pressure that spreads concurrent auctions without declining
+//!   anything.
+//! - The auctioneer packs its batch greedily: each pod goes to its best offer (score, lowered by
+//!   what this batch already gave that node; then a hash tie-break) among nodes whose reported
+//!   free resources still fit it. Two auctioneers may still pick the same capacity: the winner's
+//!   admission refuses what no longer fits, and the pod is auctioned again with epoch + 1.
+//! - Bindings merge by (epoch, stamp): the highest wins everywhere, so concurrent auctioneers
+//!   converge on one node per pod.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::cluster::ClusterView;
+use super::model::{PodRequest, Resources};
+use super::predicates::{self, Decline};
+
+pub type NodeId = u64;
+
+/// Which node runs a pod. Higher `epoch` wins, then higher `stamp` (the writer's time and id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Binding {
+    pub pod: String,
+    pub node: NodeId,
+    pub epoch: u64,
+    pub stamp: (u64, NodeId),
+}
+
+impl Binding {
+    pub fn wins_over(&self, other: &Binding) -> bool {
+        (self.epoch, self.stamp, self.node) > (other.epoch, other.stamp, other.node)
+    }
+}
+
+/// A node's messages to another.
+#[derive(Debug, Clone)]
+pub enum Message {
+    Call {
+        auction: (NodeId, u64),
+        /// How many nodes this call went to (a bidder expects to win about 1 in `asked`).
+        asked: usize,
+        pods: Vec<Arc<PodRequest>>,
+    },
+    Bids {
+        auction: (NodeId, u64),
+        /// What the bidder has free (allocatable minus allocated), and its allocatable.
+        free: Resources,
+        allocatable: Resources,
+        bids: Vec<(String, Result<i64, Decline>)>,
+    },
+}
+
+/// What a node asks its shell to do.
+#[derive(Debug, Clone)]
+pub enum Output {
+    Send { to: NodeId, message: Message },
+    Bind(Binding),
+    Unschedulable { pod: String, message: String },
+}
+
+/// Tunables.
+#[derive(Debug, Clone)]
+pub struct AuctionConfig {
+    /// Pods per auction.
+    pub batch: usize,
+    /// Auctions one auctioneer runs at once. Later waves see earlier waves' bindings, which is
+    /// what keeps a burst of pods balanced (everything at once placed 10,000 pods with a CPU
+    /// utilisation stddev of 0.21 against greedy's 0.005).
+    pub max_in_flight: usize,
+    /// Nodes asked per (non-exhaustive) auction.
+    pub sample: usize,
+    /// An auction decides with the bids it has after this long.
+    pub bid_timeout: Duration,
+    /// An offer not resolved by a binding stops weighing on scores after this long.
+    pub offer_ttl: Duration,
+    /// How much of an open offer's requests weighs on the bidder's later scores, in percent.
+    pub pressure_percent: u64,
+    /// An unschedulable pod is auctioned again after this long.
+    pub retry_after: Duration,
+}
+
+impl Default for AuctionConfig {
+    fn default() -> Self {
+        // Measured on 200 nodes / 10,000 pods (scheduling-bench): the bigger the sample, the
+        // more concurrent auctions herd onto the same best nodes (sample 200: CPU stddev 0.20;
+        // 32: 0.10; 8: 0.03-0.04 against greedy's 0.004). Small batches and samples win.
+        Self {
+            batch: 4,
+            max_in_flight: 1,
+            sample: 8,
+            bid_timeout: Duration::from_millis(500),
+            offer_ttl: Duration::from_secs(2),
+            pressure_percent: 100,
+            retry_after: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What the shell knows of the world, as of now.
+pub struct World<'a> {
+    pub cluster: &'a ClusterView,
+    /// Pods this node is auctioneer of, with the epoch their next binding must carry.
+    pub pending: &'a [(Arc<PodRequest>, u64)],
+}
+
+struct Auction {
+    pods: Vec<Arc<PodRequest>>,
+    epochs: HashMap<String, u64>,
+    waiting: HashSet<NodeId>,
+    asked: usize,
+    exhaustive: bool,
+    /// Per pod: (score, tie-break, node) of every offer.
+    offers: HashMap<String, Vec<(i64, u64, NodeId)>>,
+    /// Per node: (free, allocatable) as reported with its bids.
+    capacity: HashMap<NodeId, (Resources, Resources)>,
+    declines: HashMap<String, Vec<Decline>>,
+    deadline: Duration,
+}
+
+/// One node's scheduler: bidder and auctioneer.
+pub struct Scheduler {
+    pub id: NodeId,
+    config: AuctionConfig,
+    /// Offers made and not yet resolved: (requests, forget after).
+    offered: HashMap<String, (Resources, Duration)>,
+    auctions: HashMap<u64, Auction>,
+    in_flight: HashSet<String>,
+    retry_at: HashMap<String, Duration>,
+    exhaustive_next: HashSet<String>,
+    seq: u64,
+    /// Messages and evaluations, for benchmarks.
+    pub evaluations: u64,
+}
+
+/// Rendezvous hash of (key, node).
+pub fn rendezvous(key: &str, node: NodeId) -> u64 {
+    predicates::tie_break(key, node)
+}
+
+/// The auctioneer of a pod: the live node with the highest rendezvous hash.
+pub fn auctioneer(pod_uid: &str, live: impl IntoIterator<Item = NodeId>) -> Option<NodeId> {
+    live.into_iter()
+        .max_by_key(|n| (rendezvous(pod_uid, *n), *n))
+}
+
+impl Scheduler {
+    pub fn new(id: NodeId, config: AuctionConfig) -> Self {
+        Self {
+            id,
+            config,
+            offered: HashMap::new(),
+            auctions: HashMap::new(),
+            in_flight: HashSet::new(),
+            retry_at: HashMap::new(),
+            exhaustive_next: HashSet::new(),
+            seq: 0,
+            evaluations: 0,
+        }
+    }
+
+    /// Decides auctions past their deadline and starts auctions for pending pods.
+    pub fn tick(&mut self, now: Duration, world: &World) -> Vec<Output> {
+        let mut out = Vec::new();
+        let expired: Vec<u64> = self
+            .auctions
+            .iter()
+            .filter(|(_, a)| a.deadline <= now)
+            .map(|(seq, _)| *seq)
+            .collect();
+        for seq in expired {
+            self.decide(seq, now, world, &mut out);
+        }
+        let mut batch: Vec<Arc<PodRequest>> = Vec::new();
+        let mut exhaustive: Vec<Arc<PodRequest>> = Vec::new();
+        let mut epochs = HashMap::new();
+        for (pod, epoch) in world.pending {
+            if self.in_flight.contains(&pod.uid)
+                || self.retry_at.get(&pod.uid).is_some_and(|t| *t > now)
+            {
+                continue;
+            }
+            if let Some(name) = &pod.node_name {
+                // spec.nodeName: bound directly, as in Kubernetes.
+                if let Some(node) = world.cluster.nodes().find(|n| n.name == *name) {
+                    out.push(Output::Bind(Binding {
+                        pod: pod.uid.clone(),
+                        node: node.id,
+                        epoch: *epoch,
+                        stamp: (now.as_millis() as u64, self.id),
+                    }));
+                }
+                continue;
+            }
+            epochs.insert(pod.uid.clone(), *epoch);
+            if self.exhaustive_next.remove(&pod.uid) {
+                exhaustive.push(pod.clone());
+            } else {
+                batch.push(pod.clone());
+            }
+        }
+        // Exhaustive re-auctions first: they are pods no sample could take.
+        let chunks = exhaustive
+            .chunks(self.config.batch)
+            .map(|c| (c.to_vec(), true))
+            .chain(batch.chunks(self.config.batch).map(|c| (c.to_vec(), false)));
+        for (chunk, exhaustive) in chunks {
+            if self.auctions.len() >= self.config.max_in_flight {
+                for pod in &chunk {
+                    if exhaustive {
+                        self.exhaustive_next.insert(pod.uid.clone());
+                    }
+                }
+                continue;
+            }
+            self.start(chunk, &epochs, exhaustive, now, world, &mut out);
+        }
+        out
+    }
+
+    fn start(
+        &mut self,
+        pods: Vec<Arc<PodRequest>>,
+        epochs: &HashMap<String, u64>,
+        exhaustive: bool,
+        now: Duration,
+        world: &World,
+        out: &mut Vec<Output>,
+    ) {
+        self.seq += 1;
+        let key = format!("{}/{}", self.id, self.seq);
+        let mut nodes = world.cluster.node_ids();
+        if !exhaustive && nodes.len() > self.config.sample {
+            nodes.sort_by_key(|n| std::cmp::Reverse(rendezvous(&key, *n)));
+            nodes.truncate(self.config.sample);
+        }
+        for pod in &pods {
+            self.in_flight.insert(pod.uid.clone());
+        }
+        for node in &nodes {
+            out.push(Output::Send {
+                to: *node,
+                message: Message::Call {
+                    auction: (self.id, self.seq),
+                    asked: nodes.len(),
+                    pods: pods.clone(),
+                },
+            });
+        }
+        self.auctions.insert(
+            self.seq,
+            Auction {
+                epochs: pods
+                    .iter()
+                    .map(|p| (p.uid.clone(), epochs.get(&p.uid).copied().unwrap_or(0)))
+                    .collect(),
+                pods,
+                waiting: nodes.iter().copied().collect(),
+                asked: nodes.len(),
+                exhaustive: exhaustive || nodes.len() == world.cluster.node_ids().len(),
+                offers: HashMap::new(),
+                capacity: HashMap::new(),
+                declines: HashMap::new(),
+                deadline: now + self.config.bid_timeout,
+            },
+        );
+    }
+
+    pub fn on_message(
+        &mut self,
+        now: Duration,
+        from: NodeId,
+        message: Message,
+        world: &World,
+    ) -> Vec<Output> {
+        let mut out = Vec::new();
+        match message {
+            Message::Call {
+                auction,
+                asked,
+                pods,
+            } => {
+                let Some(node) = world.cluster.node(self.id) else {
+                    return out;
+                };
+                let allocatable = node.allocatable;
+                let free = allocatable.minus(world.cluster.allocated(self.id));
+                let bids = self.bid(now, asked, &pods, world);
+                out.push(Output::Send {
+                    to: auction.0,
+                    message: Message::Bids {
+                        auction,
+                        free,
+                        allocatable,
+                        bids,
+                    },
+                });
+            }
+            Message::Bids {
+                auction,
+                free,
+                allocatable,
+                bids,
+            } => {
+                let Some(a) = self
+                    .auctions
+                    .get_mut(&auction.1)
+                    .filter(|_| auction.0 == self.id)
+                else {
+                    return out;
+                };
+                a.waiting.remove(&from);
+                a.capacity.insert(from, (free, allocatable));
+                for (uid, bid) in bids {
+                    match bid {
+                        Ok(score) => a.offers.entry(uid.clone()).or_default().push((
+                            score,
+                            predicates::tie_break(&uid, from),
+                            from,
+                        )),
+                        Err(decline) => a.declines.entry(uid).or_default().push(decline),
+                    }
+                }
+                if a.waiting.is_empty() {
+                    self.decide(auction.1, now, world, &mut out);
+                }
+            }
+        }
+        out
+    }
+
+    /// The bidder side: checks each pod of the batch against this node as it is now, and
+    /// scores it as if its expected share of the pods it has offered (and not seen bound yet)
+    /// were placed: an offer to one of `asked` bidders weighs `1/asked` of its requests.
+    fn bid(
+        &mut self,
+        now: Duration,
+        asked: usize,
+        pods: &[Arc<PodRequest>],
+        world: &World,
+    ) -> Vec<(String, Result<i64, Decline>)> {
+        let Some(node) = world.cluster.node(self.id) else {
+            return Vec::new();
+        };
+        self.offered.retain(|_, (_, until)| *until > now);
+        let used = world.cluster.allocated(self.id);
+        let mut pressure = self
+            .offered
+            .values()
+            .fold(Resources::default(), |acc, (r, _)| acc.plus(*r));
+        pods.iter()
+            .map(|pod| {
+                self.evaluations += 1;
+                let bid = predicates::check(pod, node, used, world.cluster).map(|()| {
+                    let score = predicates::score(pod, node, used.plus(pressure), world.cluster);
+                    let k = asked.max(1) as u64;
+                    let expected = Resources::new(
+                        pod.requests.cpu_millis * self.config.pressure_percent / 100 / k.min(1),
+                        pod.requests.memory_bytes * self.config.pressure_percent / 100 / k.min(1),
+                        0,
+                    );
+                    pressure = pressure.plus(expected);
+                    self.offered
+                        .insert(pod.uid.clone(), (expected, now + self.config.offer_ttl));
+                    score
+                });
+                (pod.uid.clone(), bid)
+            })
+            .collect()
+    }
+
+    /// Packs the batch: each pod, in order, to its best offer that still fits what the bidder
+    /// reported free minus what this batch already gave it.
+    fn decide(&mut self, seq: u64, now: Duration, world: &World, out: &mut Vec<Output>) {
+        let Some(mut a) = self.auctions.remove(&seq) else {
+            return;
+        };
+        let mut given: HashMap<NodeId, Resources> = HashMap::new();
+        for pod in &a.pods {
+            self.in_flight.remove(&pod.uid);
+            let epoch = a.epochs.get(&pod.uid).copied().unwrap_or(0);
+            let offers = a.offers.remove(&pod.uid).unwrap_or_default();
+            let best = offers
+                .iter()
+                .filter_map(|&(score, tie, node)| {
+                    let (free, allocatable) = a.capacity.get(&node).copied()?;
+                    let already = given.get(&node).copied().unwrap_or_default();
+                    let left = free.minus(already);
+                    let fits = pod.requests.cpu_millis <= left.cpu_millis
+                        && pod.requests.memory_bytes <= left.memory_bytes
+                        && pod.requests.pods <= left.pods;
+                    // What this batch gave the node lowers its least-allocated score, as if the
+                    // bidder had scored the pod after them.
+                    let share = |g: u64, cap: u64| (g * 100).checked_div(cap).unwrap_or(0) as i64;
+                    let lowered = score
+                        - predicates::WEIGHT_LEAST_ALLOCATED
+                            * (share(already.cpu_millis, allocatable.cpu_millis)
+                                + share(already.memory_bytes, allocatable.memory_bytes))
+                            / 2;
+                    fits.then_some((lowered, tie, node))
+                })
+                .max();
+            match best {
+                Some((_, _, node)) => {
+                    *given.entry(node).or_default() = given
+                        .get(&node)
+                        .copied()
+                        .unwrap_or_default()
+                        .plus(pod.requests);
+                    out.push(Output::Bind(Binding {
+                        pod: pod.uid.clone(),
+                        node,
+                        epoch,
+                        stamp: (now.as_millis() as u64, self.id),
+                    }));
+                }
+                None if !a.exhaustive => {
+                    self.exhaustive_next.insert(pod.uid.clone());
+                }
+                None => {
+                    let mut declines = a.declines.get(&pod.uid).cloned().unwrap_or_default();
+                    // Offers that this batch's own packing used up count as insufficient.
+                    declines.extend(offers.iter().map(|_| Decline::InsufficientCpu));
+                    self.retry_at
+                        .insert(pod.uid.clone(), now + self.config.retry_after);
+                    out.push(Output::Unschedulable {
+                        pod: pod.uid.clone(),
+                        message: predicates::summarize(
+                            world.cluster.node_ids().len().max(a.asked),
+                            &declines,
+                        ),
+                    });
+                }
+            }
+        }
+    }
+
+    /// A binding became visible: the offer for it is resolved (it now counts as allocated on
+    /// the winner, and as nothing elsewhere).
+    pub fn on_binding(&mut self, binding: &Binding) {
+        self.offered.remove(&binding.pod);
+        self.retry_at.remove(&binding.pod);
+    }
+}

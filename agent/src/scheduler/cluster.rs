@@ -1,0 +1,193 @@
+//! The cluster as scheduling sees it: live nodes, what is placed where, and per-topology-domain
+//! counts of pod labels, kept incrementally so that affinity and spread checks stay O(1) for the
+//! common `matchLabels` selectors.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::model::{NodeView, Operator, PodRequest, Resources, Term};
+
+/// (uid, namespace, labels) of a placed pod.
+type PlacedPod = (String, String, BTreeMap<String, String>);
+
+/// Placed pods and live nodes.
+#[derive(Debug, Default, Clone)]
+pub struct ClusterView {
+    nodes: BTreeMap<u64, NodeView>,
+    allocated: HashMap<u64, Resources>,
+    pods_on: HashMap<u64, Vec<PlacedPod>>,
+    /// (topology key, domain value, "namespace/label=value") → matching pods.
+    counts: HashMap<(String, String, String), u64>,
+    /// (topology key, "namespace/label=value") → domains with at least one matching pod.
+    nonzero: HashMap<(String, String), u64>,
+    /// topology key → domain value → nodes in it.
+    domains: HashMap<String, HashMap<String, u64>>,
+}
+
+fn label_key(namespace: &str, k: &str, v: &str) -> String {
+    format!("{namespace}/{k}={v}")
+}
+
+impl ClusterView {
+    pub fn add_node(&mut self, node: NodeView) {
+        for (k, v) in &node.labels {
+            *self
+                .domains
+                .entry(k.clone())
+                .or_default()
+                .entry(v.clone())
+                .or_default() += 1;
+        }
+        self.nodes.insert(node.id, node);
+    }
+
+    pub fn remove_node(&mut self, id: u64) {
+        if let Some(node) = self.nodes.remove(&id) {
+            for (k, v) in &node.labels {
+                if let Some(values) = self.domains.get_mut(k)
+                    && let Some(n) = values.get_mut(v)
+                {
+                    *n -= 1;
+                    if *n == 0 {
+                        values.remove(v);
+                    }
+                }
+            }
+            for (uid, ns, labels) in self.pods_on.remove(&id).unwrap_or_default() {
+                let _ = uid;
+                self.count(&node, &ns, &labels, false);
+            }
+            self.allocated.remove(&id);
+        }
+    }
+
+    pub fn nodes(&self) -> impl Iterator<Item = &NodeView> {
+        self.nodes.values()
+    }
+
+    pub fn node(&self, id: u64) -> Option<&NodeView> {
+        self.nodes.get(&id)
+    }
+
+    pub fn node_ids(&self) -> Vec<u64> {
+        self.nodes.keys().copied().collect()
+    }
+
+    pub fn allocated(&self, id: u64) -> Resources {
+        self.allocated.get(&id).copied().unwrap_or_default()
+    }
+
+    fn count(
+        &mut self,
+        node: &NodeView,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+        add: bool,
+    ) {
+        for (tk, domain) in &node.labels {
+            for (lk, lv) in labels {
+                let kv = label_key(namespace, lk, lv);
+                let slot = self
+                    .counts
+                    .entry((tk.clone(), domain.clone(), kv.clone()))
+                    .or_default();
+                if add {
+                    *slot += 1;
+                    if *slot == 1 {
+                        *self.nonzero.entry((tk.clone(), kv)).or_default() += 1;
+                    }
+                } else {
+                    *slot = slot.saturating_sub(1);
+                    if *slot == 0 {
+                        let nz = self.nonzero.entry((tk.clone(), kv)).or_default();
+                        *nz = nz.saturating_sub(1);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Records `pod` as running on node `id`.
+    pub fn place(&mut self, id: u64, pod: &PodRequest) {
+        let Some(node) = self.nodes.get(&id).cloned() else {
+            return;
+        };
+        *self.allocated.entry(id).or_default() = self.allocated(id).plus(pod.requests);
+        self.pods_on.entry(id).or_default().push((
+            pod.uid.clone(),
+            pod.namespace.clone(),
+            pod.labels.clone(),
+        ));
+        self.count(&node, &pod.namespace, &pod.labels, true);
+    }
+
+    /// Forgets `pod` on node `id`.
+    pub fn unplace(&mut self, id: u64, pod: &PodRequest) {
+        let Some(node) = self.nodes.get(&id).cloned() else {
+            return;
+        };
+        let Some(list) = self.pods_on.get_mut(&id) else {
+            return;
+        };
+        let Some(pos) = list.iter().position(|(uid, _, _)| *uid == pod.uid) else {
+            return;
+        };
+        list.remove(pos);
+        *self.allocated.entry(id).or_default() = self.allocated(id).minus(pod.requests);
+        self.count(&node, &pod.namespace, &pod.labels, false);
+    }
+
+    /// Pods in `namespace` matching `selector` in the domain `domain` of `topology_key`.
+    pub fn matching_in_domain(
+        &self,
+        topology_key: &str,
+        domain: &str,
+        namespace: &str,
+        selector: &Term,
+    ) -> u64 {
+        if let [req] = selector.as_slice()
+            && req.op == Operator::In
+            && req.values.len() == 1
+        {
+            let kv = label_key(namespace, &req.key, &req.values[0]);
+            return self
+                .counts
+                .get(&(topology_key.to_owned(), domain.to_owned(), kv))
+                .copied()
+                .unwrap_or(0);
+        }
+        self.nodes
+            .values()
+            .filter(|n| n.labels.get(topology_key).is_some_and(|d| d == domain))
+            .flat_map(|n| self.pods_on.get(&n.id).into_iter().flatten())
+            .filter(|(_, ns, labels)| {
+                ns == namespace && super::model::term_matches(selector, labels)
+            })
+            .count() as u64
+    }
+
+    /// The smallest count over all domains of `topology_key` (0 when a domain has none).
+    pub fn min_in_domains(&self, topology_key: &str, namespace: &str, selector: &Term) -> u64 {
+        let Some(domains) = self.domains.get(topology_key) else {
+            return 0;
+        };
+        if let [req] = selector.as_slice()
+            && req.op == Operator::In
+            && req.values.len() == 1
+        {
+            let kv = label_key(namespace, &req.key, &req.values[0]);
+            let nonzero = self
+                .nonzero
+                .get(&(topology_key.to_owned(), kv))
+                .copied()
+                .unwrap_or(0);
+            if (nonzero as usize) < domains.len() {
+                return 0;
+            }
+        }
+        domains
+            .keys()
+            .map(|d| self.matching_in_domain(topology_key, d, namespace, selector))
+            .min()
+            .unwrap_or(0)
+    }
+}

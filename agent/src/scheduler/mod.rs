@@ -1,0 +1,18 @@
+//! Scheduling without a scheduler (DESIGN.md §6): pods are auctioned among the agents.
+//!
+//! Pure decision code only: [`model`] (what a pod asks for, what a node offers), [`predicates`]
+//! (a node's own admission and score), [`cluster`] (the replicated view of placements),
+//! [`auction`] (the per-node state machine) and [`sim`] (all nodes in one deterministic process,
+//! for tests and the 1,000-node benchmark). Wiring it to the agents' QUIC channels and the
+//! desired-state bindings is the next step.
+
+pub mod auction;
+pub mod cluster;
+pub mod model;
+pub mod predicates;
+pub mod quantity;
+pub mod sim;
+pub mod workload;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,341 @@
+//! What scheduling decisions are made of: resources, nodes with labels and taints, and the
+//! scheduling-relevant part of a pod spec (parsed from the pod object).
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::quantity;
+
+/// Requested or allocatable resources.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Resources {
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+    pub pods: u64,
+}
+
+impl Resources {
+    pub fn new(cpu_millis: u64, memory_bytes: u64, pods: u64) -> Self {
+        Self {
+            cpu_millis,
+            memory_bytes,
+            pods,
+        }
+    }
+
+    pub fn plus(self, o: Self) -> Self {
+        Self::new(
+            self.cpu_millis + o.cpu_millis,
+            self.memory_bytes + o.memory_bytes,
+            self.pods + o.pods,
+        )
+    }
+
+    pub fn minus(self, o: Self) -> Self {
+        Self::new(
+            self.cpu_millis.saturating_sub(o.cpu_millis),
+            self.memory_bytes.saturating_sub(o.memory_bytes),
+            self.pods.saturating_sub(o.pods),
+        )
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaintEffect {
+    NoSchedule,
+    PreferNoSchedule,
+    NoExecute,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Taint {
+    pub key: String,
+    pub value: String,
+    pub effect: TaintEffect,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Toleration {
+    pub key: Option<String>,
+    /// `Exists` when true, else `Equal`.
+    pub exists: bool,
+    pub value: String,
+    pub effect: Option<TaintEffect>,
+}
+
+impl Toleration {
+    pub fn tolerates(&self, t: &Taint) -> bool {
+        self.effect.is_none_or(|e| e == t.effect)
+            && match &self.key {
+                None => self.exists,
+                Some(k) => *k == t.key && (self.exists || self.value == t.value),
+            }
+    }
+}
+
+/// A node as the scheduler sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeView {
+    pub id: u64,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub taints: Vec<Taint>,
+    pub allocatable: Resources,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operator {
+    In,
+    NotIn,
+    Exists,
+    DoesNotExist,
+    Gt,
+    Lt,
+}
+
+/// A label requirement (node affinity `matchExpressions`, label selectors).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Requirement {
+    pub key: String,
+    pub op: Operator,
+    pub values: Vec<String>,
+}
+
+impl Requirement {
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        let v = labels.get(&self.key);
+        let num = |s: &str| s.parse::<i64>().ok();
+        match self.op {
+            Operator::In => v.is_some_and(|v| self.values.contains(v)),
+            Operator::NotIn => v.is_none_or(|v| !self.values.contains(v)),
+            Operator::Exists => v.is_some(),
+            Operator::DoesNotExist => v.is_none(),
+            Operator::Gt => {
+                matches!((v.and_then(|v| num(v)), self.values.first().and_then(|x| num(x))), (Some(a), Some(b)) if a > b)
+            }
+            Operator::Lt => {
+                matches!((v.and_then(|v| num(v)), self.values.first().and_then(|x| num(x))), (Some(a), Some(b)) if a < b)
+            }
+        }
+    }
+}
+
+/// All requirements must hold (a node selector term, or a label selector).
+pub type Term = Vec<Requirement>;
+
+pub fn term_matches(term: &Term, labels: &BTreeMap<String, String>) -> bool {
+    term.iter().all(|r| r.matches(labels))
+}
+
+/// Required pod anti-affinity: no pod matching `selector` in the same `topology_key` domain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AntiAffinity {
+    pub topology_key: String,
+    pub selector: Term,
+}
+
+/// A topology spread constraint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spread {
+    pub topology_key: String,
+    pub max_skew: u64,
+    /// `DoNotSchedule` when true, `ScheduleAnyway` when false.
+    pub hard: bool,
+    pub selector: Term,
+}
+
+/// The scheduling-relevant part of a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRequest {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub requests: Resources,
+    pub node_selector: BTreeMap<String, String>,
+    /// Required node affinity: any term may match (empty: no requirement).
+    pub required_terms: Vec<Term>,
+    pub preferred_terms: Vec<(i64, Term)>,
+    pub tolerations: Vec<Toleration>,
+    pub priority: i32,
+    pub anti_affinity: Vec<AntiAffinity>,
+    pub spread: Vec<Spread>,
+    /// `spec.nodeName`: bound directly, no auction.
+    pub node_name: Option<String>,
+}
+
+fn string_map(v: &Value) -> BTreeMap<String, String> {
+    v.as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_owned())))
+        .collect()
+}
+
+fn parse_term(v: &Value) -> Result<Term, String> {
+    let mut reqs = Vec::new();
+    for (k, val) in v["matchLabels"].as_object().into_iter().flatten() {
+        reqs.push(Requirement {
+            key: k.clone(),
+            op: Operator::In,
+            values: vec![val.as_str().unwrap_or_default().to_owned()],
+        });
+    }
+    for e in v["matchExpressions"].as_array().into_iter().flatten() {
+        let op = match e["operator"].as_str().unwrap_or("") {
+            "In" => Operator::In,
+            "NotIn" => Operator::NotIn,
+            "Exists" => Operator::Exists,
+            "DoesNotExist" => Operator::DoesNotExist,
+            "Gt" => Operator::Gt,
+            "Lt" => Operator::Lt,
+            other => return Err(format!("unsupported operator {other:?}")),
+        };
+        reqs.push(Requirement {
+            key: e["key"].as_str().unwrap_or_default().to_owned(),
+            op,
+            values: e["values"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|x| x.as_str().map(str::to_owned))
+                .collect(),
+        });
+    }
+    Ok(reqs)
+}
+
+fn parse_effect(s: &str) -> Option<TaintEffect> {
+    match s {
+        "NoSchedule" => Some(TaintEffect::NoSchedule),
+        "PreferNoSchedule" => Some(TaintEffect::PreferNoSchedule),
+        "NoExecute" => Some(TaintEffect::NoExecute),
+        _ => None,
+    }
+}
+
+impl PodRequest {
+    /// Reads a Pod object. Requests are summed over containers (init containers: the max, as
+    /// Kubernetes does); a pod always counts as one against `pods`.
+    pub fn from_pod(pod: &Value) -> Result<Self, String> {
+        let spec = &pod["spec"];
+        let mut requests = Resources::new(0, 0, 1);
+        let container_requests = |c: &Value| -> Result<(u64, u64), String> {
+            let r = &c["resources"]["requests"];
+            let cpu = r["cpu"]
+                .as_str()
+                .map(quantity::cpu_millis)
+                .transpose()?
+                .unwrap_or(0);
+            let mem = r["memory"]
+                .as_str()
+                .map(quantity::bytes)
+                .transpose()?
+                .unwrap_or(0);
+            Ok((cpu, mem))
+        };
+        for c in spec["containers"].as_array().into_iter().flatten() {
+            let (cpu, mem) = container_requests(c)?;
+            requests.cpu_millis += cpu;
+            requests.memory_bytes += mem;
+        }
+        for c in spec["initContainers"].as_array().into_iter().flatten() {
+            let (cpu, mem) = container_requests(c)?;
+            requests.cpu_millis = requests.cpu_millis.max(cpu);
+            requests.memory_bytes = requests.memory_bytes.max(mem);
+        }
+        let affinity = &spec["affinity"];
+        let node_affinity = &affinity["nodeAffinity"];
+        let required_terms =
+            node_affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(parse_term)
+                .collect::<Result<_, _>>()?;
+        let preferred_terms = node_affinity["preferredDuringSchedulingIgnoredDuringExecution"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| {
+                Ok((
+                    p["weight"].as_i64().unwrap_or(1),
+                    parse_term(&p["preference"])?,
+                ))
+            })
+            .collect::<Result<_, String>>()?;
+        let anti_affinity =
+            affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|t| {
+                    Ok(AntiAffinity {
+                        topology_key: t["topologyKey"]
+                            .as_str()
+                            .unwrap_or("kubernetes.io/hostname")
+                            .to_owned(),
+                        selector: parse_term(&t["labelSelector"])?,
+                    })
+                })
+                .collect::<Result<_, String>>()?;
+        let spread = spec["topologySpreadConstraints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| {
+                Ok(Spread {
+                    topology_key: t["topologyKey"]
+                        .as_str()
+                        .unwrap_or("kubernetes.io/hostname")
+                        .to_owned(),
+                    max_skew: t["maxSkew"].as_u64().unwrap_or(1).max(1),
+                    hard: t["whenUnsatisfiable"].as_str() != Some("ScheduleAnyway"),
+                    selector: parse_term(&t["labelSelector"])?,
+                })
+            })
+            .collect::<Result<_, String>>()?;
+        let tolerations = spec["tolerations"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| Toleration {
+                key: t["key"]
+                    .as_str()
+                    .filter(|k| !k.is_empty())
+                    .map(str::to_owned),
+                exists: t["operator"].as_str() == Some("Exists"),
+                value: t["value"].as_str().unwrap_or_default().to_owned(),
+                effect: t["effect"].as_str().and_then(parse_effect),
+            })
+            .collect();
+        Ok(Self {
+            uid: pod["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            namespace: pod["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default")
+                .to_owned(),
+            name: pod["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            labels: string_map(&pod["metadata"]["labels"]),
+            requests,
+            node_selector: string_map(&spec["nodeSelector"]),
+            required_terms,
+            preferred_terms,
+            tolerations,
+            priority: spec["priority"].as_i64().unwrap_or(0) as i32,
+            anti_affinity,
+            spread,
+            node_name: spec["nodeName"]
+                .as_str()
+                .filter(|n| !n.is_empty())
+                .map(str::to_owned),
+        })
+    }
+}

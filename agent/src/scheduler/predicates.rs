@@ -1,0 +1,449 @@
+//! Whether a node can take a pod (a node decides this for itself), and how much it wants it.
+//!
+//! Decline reasons use kube-scheduler's wording, so the summary a user sees in `PodScheduled`
+//! reads like Kubernetes': `0/5 nodes are available: 3 Insufficient memory, 2 node(s) didn't
+//! match Pod's node affinity/selector.`
+
+use std::collections::BTreeMap;
+
+use super::cluster::ClusterView;
+use super::model::{NodeView, PodRequest, Resources, TaintEffect, term_matches};
+
+/// Why a node declines a pod.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Decline {
+    NodeAffinity,
+    Taint { key: String, value: String },
+    InsufficientCpu,
+    InsufficientMemory,
+    TooManyPods,
+    AntiAffinity,
+    Spread,
+}
+
+impl std::fmt::Display for Decline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Decline::NodeAffinity => {
+                f.write_str("node(s) didn't match Pod's node affinity/selector")
+            }
+            Decline::Taint { key, value } => {
+                write!(f, "node(s) had untolerated taint {{{key}: {value}}}")
+            }
+            Decline::InsufficientCpu => f.write_str("Insufficient cpu"),
+            Decline::InsufficientMemory => f.write_str("Insufficient memory"),
+            Decline::TooManyPods => f.write_str("Too many pods"),
+            Decline::AntiAffinity => f.write_str("node(s) didn't match pod anti-affinity rules"),
+            Decline::Spread => f.write_str("node(s) didn't match pod topology spread constraints"),
+        }
+    }
+}
+
+/// kube-scheduler's summary of why no node took a pod.
+pub fn summarize(nodes: usize, declines: &[Decline]) -> String {
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for d in declines {
+        *counts.entry(d.to_string()).or_default() += 1;
+    }
+    let reasons: Vec<String> = counts
+        .into_iter()
+        .map(|(r, n)| format!("{n} {r}"))
+        .collect();
+    if reasons.is_empty() {
+        format!("0/{nodes} nodes are available.")
+    } else {
+        format!("0/{nodes} nodes are available: {}.", reasons.join(", "))
+    }
+}
+
+/// The node-local checks. `used` is what the node has allocated plus its tentative reservations.
+pub fn check(
+    pod: &PodRequest,
+    node: &NodeView,
+    used: Resources,
+    cluster: &ClusterView,
+) -> Result<(), Decline> {
+    if pod
+        .node_selector
+        .iter()
+        .any(|(k, v)| node.labels.get(k) != Some(v))
+        || (!pod.required_terms.is_empty()
+            && !pod
+                .required_terms
+                .iter()
+                .any(|t| term_matches(t, &node.labels)))
+    {
+        return Err(Decline::NodeAffinity);
+    }
+    if let Some(t) = node.taints.iter().find(|t| {
+        t.effect != TaintEffect::PreferNoSchedule
+            && !pod.tolerations.iter().any(|tol| tol.tolerates(t))
+    }) {
+        return Err(Decline::Taint {
+            key: t.key.clone(),
+            value: t.value.clone(),
+        });
+    }
+    let after = used.plus(pod.requests);
+    if after.cpu_millis > node.allocatable.cpu_millis && pod.requests.cpu_millis > 0 {
+        return Err(Decline::InsufficientCpu);
+    }
+    if after.memory_bytes > node.allocatable.memory_bytes && pod.requests.memory_bytes > 0 {
+        return Err(Decline::InsufficientMemory);
+    }
+    if after.pods > node.allocatable.pods {
+        return Err(Decline::TooManyPods);
+    }
+    for anti in &pod.anti_affinity {
+        if let Some(domain) = node.labels.get(&anti.topology_key)
+            && cluster.matching_in_domain(
+                &anti.topology_key,
+                domain,
+                &pod.namespace,
+                &anti.selector,
+            ) > 0
+        {
+            return Err(Decline::AntiAffinity);
+        }
+    }
+    for spread in pod.spread.iter().filter(|s| s.hard) {
+        let Some(domain) = node.labels.get(&spread.topology_key) else {
+            return Err(Decline::Spread);
+        };
+        let here = cluster.matching_in_domain(
+            &spread.topology_key,
+            domain,
+            &pod.namespace,
+            &spread.selector,
+        );
+        let min = cluster.min_in_domains(&spread.topology_key, &pod.namespace, &spread.selector);
+        if here + 1 > min + spread.max_skew {
+            return Err(Decline::Spread);
+        }
+    }
+    Ok(())
+}
+
+/// Weights of the score components (each component is 0..=100).
+pub const WEIGHT_LEAST_ALLOCATED: i64 = 4;
+pub const WEIGHT_BALANCED: i64 = 2;
+pub const WEIGHT_PREFERRED_AFFINITY: i64 = 2;
+pub const WEIGHT_SPREAD: i64 = 2;
+pub const PENALTY_PREFER_NO_SCHEDULE: i64 = 100;
+
+/// How much a node wants a pod:
+/// `4·least_allocated + 2·balanced + 2·preferred_affinity + 2·spread − 100·[PreferNoSchedule]`,
+/// where least_allocated is the mean free fraction of cpu and memory after placing the pod,
+/// balanced is 1 − |cpu fraction − memory fraction|, preferred_affinity the matched share of
+/// preferred-term weights, and spread favours domains with fewer pods of the same constraint.
+pub fn score(pod: &PodRequest, node: &NodeView, used: Resources, cluster: &ClusterView) -> i64 {
+    let after = used.plus(pod.requests);
+    let frac = |u: u64, cap: u64| {
+        if cap == 0 {
+            1.0
+        } else {
+            (u as f64 / cap as f64).min(1.0)
+        }
+    };
+    let cpu = frac(after.cpu_millis, node.allocatable.cpu_millis);
+    let mem = frac(after.memory_bytes, node.allocatable.memory_bytes);
+    let least = ((2.0 - cpu - mem) / 2.0 * 100.0) as i64;
+    let balanced = ((1.0 - (cpu - mem).abs()) * 100.0) as i64;
+    let total_weight: i64 = pod.preferred_terms.iter().map(|(w, _)| *w).sum();
+    let preferred = if total_weight == 0 {
+        0
+    } else {
+        pod.preferred_terms
+            .iter()
+            .filter(|(_, t)| term_matches(t, &node.labels))
+            .map(|(w, _)| *w)
+            .sum::<i64>()
+            * 100
+            / total_weight
+    };
+    let spread = pod
+        .spread
+        .iter()
+        .map(|s| {
+            let here = node.labels.get(&s.topology_key).map_or(0, |d| {
+                cluster.matching_in_domain(&s.topology_key, d, &pod.namespace, &s.selector)
+            });
+            100 / (1 + here as i64)
+        })
+        .sum::<i64>()
+        / pod.spread.len().max(1) as i64;
+    let penalty = if node.taints.iter().any(|t| {
+        t.effect == TaintEffect::PreferNoSchedule
+            && !pod.tolerations.iter().any(|tol| tol.tolerates(t))
+    }) {
+        PENALTY_PREFER_NO_SCHEDULE
+    } else {
+        0
+    };
+    WEIGHT_LEAST_ALLOCATED * least
+        + WEIGHT_BALANCED * balanced
+        + WEIGHT_PREFERRED_AFFINITY * preferred
+        + WEIGHT_SPREAD * spread
+        - penalty
+}
+
+/// The deterministic tie-break between equal scores: a hash of (pod uid, node id). Also the
+/// rendezvous hash of auctioneers and bidder samples, so it must mix well: FNV-1a alone left
+/// the node id's bytes (hashed last) so weakly mixed that every auction sampled nearly the same
+/// nodes; murmur3's finalizer fixes that.
+pub fn tie_break(pod_uid: &str, node: u64) -> u64 {
+    // FNV-1a then fmix64: stable across processes and versions.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in pod_uid.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h ^= node.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::scheduler::model::{Taint, TaintEffect};
+
+    fn node(id: u64, labels: &[(&str, &str)], cpu: u64, mem_gib: u64) -> NodeView {
+        let mut l: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect();
+        l.insert("kubernetes.io/hostname".into(), format!("n{id}"));
+        NodeView {
+            id,
+            name: format!("n{id}"),
+            labels: l,
+            taints: vec![],
+            allocatable: Resources::new(cpu, mem_gib << 30, 110),
+        }
+    }
+
+    fn pod(spec: serde_json::Value) -> PodRequest {
+        PodRequest::from_pod(&json!({"metadata": {"name": "p", "uid": "u1", "namespace": "default", "labels": {"app": "web"}}, "spec": spec})).unwrap()
+    }
+
+    #[test]
+    fn predicates_table() {
+        let cluster = ClusterView::default();
+        let small = json!({"containers": [{"name": "c", "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}]});
+        let cases: Vec<(serde_json::Value, NodeView, Resources, Result<(), Decline>)> = vec![
+            (
+                small.clone(),
+                node(1, &[], 1000, 4),
+                Resources::default(),
+                Ok(()),
+            ),
+            (
+                small.clone(),
+                node(1, &[], 1000, 4),
+                Resources::new(600, 0, 1),
+                Err(Decline::InsufficientCpu),
+            ),
+            (
+                small.clone(),
+                node(1, &[], 1000, 4),
+                Resources::new(0, 3 << 30 | 1, 1),
+                Err(Decline::InsufficientMemory),
+            ),
+            (
+                small.clone(),
+                node(1, &[], 1000, 4),
+                Resources::new(0, 0, 110),
+                Err(Decline::TooManyPods),
+            ),
+            (
+                json!({"nodeSelector": {"disk": "ssd"}, "containers": []}),
+                node(1, &[("disk", "hdd")], 1000, 4),
+                Resources::default(),
+                Err(Decline::NodeAffinity),
+            ),
+            (
+                json!({"nodeSelector": {"disk": "ssd"}, "containers": []}),
+                node(1, &[("disk", "ssd")], 1000, 4),
+                Resources::default(),
+                Ok(()),
+            ),
+            (
+                json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "gen", "operator": "Gt", "values": ["3"]}]}]}}}, "containers": []}),
+                node(1, &[("gen", "2")], 1000, 4),
+                Resources::default(),
+                Err(Decline::NodeAffinity),
+            ),
+            (
+                json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["a"]}, {"key": "gpu", "operator": "DoesNotExist"}]},
+                {"matchExpressions": [{"key": "gen", "operator": "Lt", "values": ["3"]}]}]}}}, "containers": []}),
+                node(1, &[("zone", "a"), ("gen", "2")], 1000, 4),
+                Resources::default(),
+                Ok(()),
+            ),
+        ];
+        for (i, (spec, n, used, want)) in cases.into_iter().enumerate() {
+            assert_eq!(check(&pod(spec), &n, used, &cluster), want, "case {i}");
+        }
+    }
+
+    #[test]
+    fn taints_and_tolerations() {
+        let cluster = ClusterView::default();
+        let mut n = node(1, &[], 1000, 4);
+        n.taints.push(Taint {
+            key: "dedicated".into(),
+            value: "db".into(),
+            effect: TaintEffect::NoSchedule,
+        });
+        let plain = pod(json!({"containers": []}));
+        assert_eq!(
+            check(&plain, &n, Resources::default(), &cluster),
+            Err(Decline::Taint {
+                key: "dedicated".into(),
+                value: "db".into()
+            })
+        );
+        let tolerant = pod(
+            json!({"containers": [], "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "db", "effect": "NoSchedule"}]}),
+        );
+        assert_eq!(check(&tolerant, &n, Resources::default(), &cluster), Ok(()));
+        let exists_all = pod(json!({"containers": [], "tolerations": [{"operator": "Exists"}]}));
+        assert_eq!(
+            check(&exists_all, &n, Resources::default(), &cluster),
+            Ok(())
+        );
+        n.taints[0].effect = TaintEffect::PreferNoSchedule;
+        assert_eq!(check(&plain, &n, Resources::default(), &cluster), Ok(()));
+        assert!(
+            score(&plain, &n, Resources::default(), &cluster)
+                < score(
+                    &plain,
+                    &node(2, &[], 1000, 4),
+                    Resources::default(),
+                    &cluster
+                )
+        );
+    }
+
+    #[test]
+    fn anti_affinity_and_spread() {
+        let mut cluster = ClusterView::default();
+        for (id, zone) in [(1, "a"), (2, "a"), (3, "b")] {
+            cluster.add_node(node(id, &[("topology.kubernetes.io/zone", zone)], 4000, 8));
+        }
+        let anti = pod(
+            json!({"containers": [], "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "web"}}}]}}}),
+        );
+        assert_eq!(
+            check(
+                &anti,
+                cluster.node(1).unwrap(),
+                Resources::default(),
+                &cluster
+            ),
+            Ok(())
+        );
+        cluster.place(
+            1,
+            &PodRequest {
+                uid: "other".into(),
+                ..anti.clone()
+            },
+        );
+        assert_eq!(
+            check(
+                &anti,
+                cluster.node(1).unwrap(),
+                Resources::default(),
+                &cluster
+            ),
+            Err(Decline::AntiAffinity)
+        );
+        assert_eq!(
+            check(
+                &anti,
+                cluster.node(2).unwrap(),
+                Resources::default(),
+                &cluster
+            ),
+            Ok(())
+        );
+
+        let spread = pod(json!({"containers": [], "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "web"}}}]}));
+        // Zone a has 1 web pod, zone b none: a second one in zone a would make the skew 2.
+        assert_eq!(
+            check(
+                &spread,
+                cluster.node(2).unwrap(),
+                Resources::default(),
+                &cluster
+            ),
+            Err(Decline::Spread)
+        );
+        assert_eq!(
+            check(
+                &spread,
+                cluster.node(3).unwrap(),
+                Resources::default(),
+                &cluster
+            ),
+            Ok(())
+        );
+        assert!(
+            score(
+                &spread,
+                cluster.node(3).unwrap(),
+                Resources::default(),
+                &cluster
+            ) > score(
+                &spread,
+                cluster.node(2).unwrap(),
+                Resources::default(),
+                &cluster
+            )
+        );
+    }
+
+    #[test]
+    fn scores_prefer_emptier_and_preferred_nodes_and_summaries_read_like_kubernetes() {
+        let cluster = ClusterView::default();
+        let p = pod(
+            json!({"containers": [{"name": "c", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}],
+            "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 10, "preference": {"matchLabels": {"disk": "ssd"}}}]}}}),
+        );
+        let empty = node(1, &[], 4000, 8);
+        let busy = Resources::new(2000, 4 << 30, 5);
+        assert!(
+            score(&p, &empty, Resources::default(), &cluster) > score(&p, &empty, busy, &cluster)
+        );
+        let ssd = node(2, &[("disk", "ssd")], 4000, 8);
+        assert!(
+            score(&p, &ssd, Resources::default(), &cluster)
+                > score(&p, &empty, Resources::default(), &cluster)
+        );
+        assert_ne!(tie_break("u1", 1), tie_break("u1", 2));
+        assert_eq!(
+            summarize(
+                5,
+                &[
+                    Decline::InsufficientMemory,
+                    Decline::NodeAffinity,
+                    Decline::InsufficientMemory,
+                    Decline::InsufficientMemory,
+                    Decline::NodeAffinity
+                ]
+            ),
+            "0/5 nodes are available: 3 Insufficient memory, 2 node(s) didn't match Pod's node affinity/selector."
+        );
+    }
+}

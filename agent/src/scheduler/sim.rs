@@ -1,0 +1,366 @@
+//! A deterministic simulation of the auction: every node's [`Scheduler`] in one process, a
+//! message queue with a fixed latency on virtual time, and the replicated world (placements and
+//! bindings) applied as the auctioneers write it. Used by the tests (node loss, determinism)
+//! and by the 1,000-node benchmark.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::auction::{
+    AuctionConfig, Binding, Message, NodeId, Output, Scheduler, World, auctioneer,
+};
+use super::cluster::ClusterView;
+use super::model::{NodeView, PodRequest};
+use super::predicates;
+
+/// Tunables of a simulation.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    pub latency: Duration,
+    pub tick: Duration,
+    /// How long a dead node's pods wait before they are auctioned again.
+    pub eviction_delay: Duration,
+    pub auction: AuctionConfig,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            latency: Duration::from_millis(1),
+            tick: Duration::from_millis(10),
+            eviction_delay: Duration::from_secs(3),
+            auction: AuctionConfig::default(),
+        }
+    }
+}
+
+/// Counters of a run.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SimStats {
+    /// Calls for bids and bid answers.
+    pub auction_messages: u64,
+    /// Binding writes (each replicated to every node by the store).
+    pub bindings_written: u64,
+    /// Bindings refused at admission (re-auctioned with epoch + 1).
+    pub refused: u64,
+    /// Predicate + score evaluations by bidders.
+    pub evaluations: u64,
+}
+
+pub struct Sim {
+    pub now: Duration,
+    config: SimConfig,
+    schedulers: BTreeMap<NodeId, Scheduler>,
+    pub cluster: ClusterView,
+    pods: HashMap<String, Arc<PodRequest>>,
+    pub bindings: HashMap<String, Binding>,
+    dead: HashMap<NodeId, Duration>,
+    queue: BinaryHeap<Reverse<(Duration, u64)>>,
+    in_transit: HashMap<u64, (NodeId, NodeId, Message)>,
+    msg_seq: u64,
+    /// Who bid on a pod (to release their reservations when it is bound).
+    bidders: HashMap<String, HashSet<NodeId>>,
+    pub unschedulable: HashMap<String, String>,
+    pub stats: SimStats,
+    /// Pods waiting for an auction, by auctioneer, with the epoch their binding must carry.
+    pending: HashMap<NodeId, BTreeMap<String, (Arc<PodRequest>, u64)>>,
+    auctioneer_of: HashMap<String, NodeId>,
+    /// Evictions due: (time, dead node).
+    evictions: Vec<(Duration, NodeId)>,
+}
+
+impl Sim {
+    pub fn new(config: SimConfig, nodes: Vec<NodeView>) -> Self {
+        let mut cluster = ClusterView::default();
+        let mut schedulers = BTreeMap::new();
+        for node in nodes {
+            schedulers.insert(node.id, Scheduler::new(node.id, config.auction.clone()));
+            cluster.add_node(node);
+        }
+        Self {
+            now: Duration::ZERO,
+            config,
+            schedulers,
+            cluster,
+            pods: HashMap::new(),
+            bindings: HashMap::new(),
+            dead: HashMap::new(),
+            queue: BinaryHeap::new(),
+            in_transit: HashMap::new(),
+            msg_seq: 0,
+            bidders: HashMap::new(),
+            unschedulable: HashMap::new(),
+            stats: SimStats::default(),
+            pending: HashMap::new(),
+            auctioneer_of: HashMap::new(),
+            evictions: Vec::new(),
+        }
+    }
+
+    pub fn add_pods(&mut self, pods: impl IntoIterator<Item = PodRequest>) {
+        let live: Vec<NodeId> = self.schedulers.keys().copied().collect();
+        for pod in pods {
+            let pod = Arc::new(pod);
+            if let Some(a) = auctioneer(&pod.uid, live.iter().copied()) {
+                self.auctioneer_of.insert(pod.uid.clone(), a);
+            }
+            self.pods.insert(pod.uid.clone(), pod.clone());
+            self.make_pending(&pod.uid, 1);
+        }
+    }
+
+    fn make_pending(&mut self, uid: &str, epoch: u64) {
+        let Some(a) = self.auctioneer_of.get(uid).copied() else {
+            return;
+        };
+        let pod = self.pods[uid].clone();
+        self.pending
+            .entry(a)
+            .or_default()
+            .insert(uid.to_owned(), (pod, epoch));
+    }
+
+    fn unpend(&mut self, uid: &str) {
+        if let Some(a) = self.auctioneer_of.get(uid)
+            && let Some(list) = self.pending.get_mut(a)
+        {
+            list.remove(uid);
+        }
+    }
+
+    /// A node dies: it stops answering at once; its pods are re-auctioned after the eviction
+    /// delay (membership would have declared it dead by then).
+    pub fn kill(&mut self, node: NodeId) {
+        self.schedulers.remove(&node);
+        self.dead.insert(node, self.now);
+        self.cluster.remove_node(node);
+        self.evictions
+            .push((self.now + self.config.eviction_delay, node));
+        // Membership changed: auctioneers move (only those of the dead node's pods, by
+        // rendezvous hashing), and pending pods follow them.
+        let live: Vec<NodeId> = self.schedulers.keys().copied().collect();
+        let waiting: Vec<(String, u64)> = self
+            .pending
+            .drain()
+            .flat_map(|(_, list)| list.into_iter().map(|(uid, (_, epoch))| (uid, epoch)))
+            .collect();
+        let uids: Vec<String> = self.pods.keys().cloned().collect();
+        for uid in uids {
+            if self.auctioneer_of.get(&uid) == Some(&node)
+                && let Some(a) = auctioneer(&uid, live.iter().copied())
+            {
+                self.auctioneer_of.insert(uid, a);
+            }
+        }
+        for (uid, epoch) in waiting {
+            self.make_pending(&uid, epoch);
+        }
+    }
+
+    pub fn bound_count(&self) -> usize {
+        self.bindings
+            .values()
+            .filter(|b| !self.dead.contains_key(&b.node))
+            .count()
+    }
+
+    /// Pods of nodes whose eviction delay has passed become pending with epoch + 1.
+    fn evict_due(&mut self) {
+        let now = self.now;
+        let due: Vec<NodeId> = self
+            .evictions
+            .iter()
+            .filter(|(at, _)| *at <= now)
+            .map(|(_, n)| *n)
+            .collect();
+        self.evictions.retain(|(at, _)| *at > now);
+        for node in due {
+            let orphans: Vec<(String, u64)> = self
+                .bindings
+                .iter()
+                .filter(|(_, b)| b.node == node)
+                .map(|(uid, b)| (uid.clone(), b.epoch + 1))
+                .collect();
+            for (uid, epoch) in orphans {
+                self.make_pending(&uid, epoch);
+            }
+        }
+    }
+
+    fn send(&mut self, from: NodeId, to: NodeId, message: Message) {
+        self.msg_seq += 1;
+        self.stats.auction_messages += 1;
+        if let Message::Bids { bids, .. } = &message {
+            for (uid, bid) in bids {
+                if bid.is_ok() {
+                    self.bidders.entry(uid.clone()).or_default().insert(from);
+                }
+            }
+        }
+        self.in_transit.insert(self.msg_seq, (from, to, message));
+        self.queue
+            .push(Reverse((self.now + self.config.latency, self.msg_seq)));
+    }
+
+    fn apply(&mut self, from: NodeId, outputs: Vec<Output>) {
+        for output in outputs {
+            match output {
+                Output::Send { to, message } => self.send(from, to, message),
+                Output::Unschedulable { pod, message } => {
+                    self.unschedulable.insert(pod, message);
+                }
+                Output::Bind(binding) => self.bind(binding),
+            }
+        }
+    }
+
+    /// Writes a binding (merge rule: the higher binding wins) and runs the winner's admission.
+    fn bind(&mut self, binding: Binding) {
+        self.stats.bindings_written += 1;
+        if self
+            .bindings
+            .get(&binding.pod)
+            .is_some_and(|old| !binding.wins_over(old))
+        {
+            return;
+        }
+        let pod = self.pods[&binding.pod].clone();
+        let Some(node) = self.cluster.node(binding.node).cloned() else {
+            return; // the winner died meanwhile: the pod stays pending
+        };
+        let free = node.allocatable.minus(self.cluster.allocated(node.id));
+        let fits = pod.requests.cpu_millis <= free.cpu_millis
+            && pod.requests.memory_bytes <= free.memory_bytes
+            && pod.requests.pods <= free.pods;
+        for bidder in self.bidders.remove(&binding.pod).unwrap_or_default() {
+            if let Some(s) = self.schedulers.get_mut(&bidder) {
+                s.on_binding(&binding);
+            }
+        }
+        if !fits {
+            // The winner refuses: re-auction with a higher epoch.
+            self.stats.refused += 1;
+            self.make_pending(&binding.pod, binding.epoch + 1);
+            return;
+        }
+        if let Some(old) = self.bindings.get(&binding.pod)
+            && self.cluster.node(old.node).is_some()
+        {
+            // The loser stops its instance.
+            self.cluster.unplace(old.node, &pod);
+        }
+        self.cluster.place(binding.node, &pod);
+        self.unschedulable.remove(&binding.pod);
+        self.unpend(&binding.pod);
+        self.bindings.insert(binding.pod.clone(), binding);
+    }
+
+    /// Runs until `done` holds or `limit` of virtual time passes.
+    pub fn run(&mut self, limit: Duration, done: impl Fn(&Sim) -> bool) {
+        let end = self.now + limit;
+        let mut next_tick = self.now;
+        while self.now < end && !done(self) {
+            while let Some(Reverse((at, seq))) = self.queue.peek().copied() {
+                if at > self.now {
+                    break;
+                }
+                self.queue.pop();
+                let (from, to, message) = self.in_transit.remove(&seq).expect("queued");
+                let Some(mut s) = self.schedulers.remove(&to) else {
+                    continue;
+                };
+                let world = World {
+                    cluster: &self.cluster,
+                    pending: &[],
+                };
+                let outputs = s.on_message(self.now, from, message, &world);
+                self.schedulers.insert(to, s);
+                self.apply(to, outputs);
+            }
+            if self.now >= next_tick {
+                self.evict_due();
+                let ids: Vec<NodeId> = self.schedulers.keys().copied().collect();
+                for id in ids {
+                    let Some(mut s) = self.schedulers.remove(&id) else {
+                        continue;
+                    };
+                    let pending: Vec<(Arc<PodRequest>, u64)> = self
+                        .pending
+                        .get(&id)
+                        .map(|l| l.values().cloned().collect())
+                        .unwrap_or_default();
+                    let world = World {
+                        cluster: &self.cluster,
+                        pending: &pending,
+                    };
+                    let outputs = s.tick(self.now, &world);
+                    self.schedulers.insert(id, s);
+                    self.apply(id, outputs);
+                }
+                next_tick = self.now + self.config.tick;
+            }
+            let next_message = self.queue.peek().map(|Reverse((at, _))| *at);
+            self.now = next_message
+                .map_or(next_tick, |m| m.min(next_tick))
+                .max(self.now + Duration::from_micros(1));
+        }
+        self.stats.evaluations = self.schedulers.values().map(|s| s.evaluations).sum();
+    }
+
+    /// Everything placed, on live nodes, within every node's allocatable?
+    pub fn check_invariants(&self) -> Result<(), String> {
+        for node in self.cluster.nodes() {
+            let used = self.cluster.allocated(node.id);
+            if used.cpu_millis > node.allocatable.cpu_millis
+                || used.memory_bytes > node.allocatable.memory_bytes
+                || used.pods > node.allocatable.pods
+            {
+                return Err(format!(
+                    "node {} is overcommitted: {used:?} > {:?}",
+                    node.name, node.allocatable
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The centralized greedy baseline: each pod, in order, to the best-scoring feasible node.
+pub fn central_greedy(nodes: &[NodeView], pods: &[PodRequest]) -> ClusterView {
+    let mut cluster = ClusterView::default();
+    for n in nodes {
+        cluster.add_node(n.clone());
+    }
+    for pod in pods {
+        let best = nodes
+            .iter()
+            .filter_map(|n| {
+                let used = cluster.allocated(n.id);
+                predicates::check(pod, n, used, &cluster).ok().map(|()| {
+                    (
+                        predicates::score(pod, n, used, &cluster),
+                        predicates::tie_break(&pod.uid, n.id),
+                        n.id,
+                    )
+                })
+            })
+            .max();
+        if let Some((_, _, id)) = best {
+            cluster.place(id, pod);
+        }
+    }
+    cluster
+}
+
+/// Standard deviation of nodes' CPU utilisation (0..1).
+pub fn cpu_utilisation_stddev(cluster: &ClusterView) -> f64 {
+    let fractions: Vec<f64> = cluster
+        .nodes()
+        .map(|n| cluster.allocated(n.id).cpu_millis as f64 / n.allocatable.cpu_millis.max(1) as f64)
+        .collect();
+    let mean = fractions.iter().sum::<f64>() / fractions.len().max(1) as f64;
+    (fractions.iter().map(|f| (f - mean).powi(2)).sum::<f64>() / fractions.len().max(1) as f64)
+        .sqrt()
+}

@@ -1,0 +1,199 @@
+//! Simulation tests of the auction: deterministic, virtual time, no sockets.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::auction::{Binding, auctioneer};
+use super::model::{PodRequest, Resources};
+use super::sim::{Sim, SimConfig};
+use super::workload;
+
+fn settle(sim: &mut Sim, want: usize) {
+    sim.run(Duration::from_secs(60), |s| {
+        s.bound_count() + s.unschedulable.len() >= want
+    });
+}
+
+#[test]
+fn fifty_nodes_place_every_pod_once_without_overcommit() {
+    let nodes = workload::nodes(1, 50);
+    let pods = workload::pods(2, 1500);
+    let mut sim = Sim::new(SimConfig::default(), nodes);
+    sim.add_pods(pods.clone());
+    settle(&mut sim, pods.len());
+    sim.check_invariants().unwrap();
+    assert_eq!(sim.bound_count() + sim.unschedulable.len(), pods.len());
+    // The workload asks for more than the 50 nodes have: compare with a central greedy scheduler.
+    let greedy = super::sim::central_greedy(&workload::nodes(1, 50), &pods);
+    let greedy_placed: u64 = greedy.nodes().map(|n| greedy.allocated(n.id).pods).sum();
+    assert!(
+        sim.bound_count() as f64 >= 0.95 * greedy_placed as f64,
+        "auction placed {}, central greedy {greedy_placed}",
+        sim.bound_count()
+    );
+    // Every pod bound once, on a node whose labels satisfy it.
+    for pod in &pods {
+        if let Some(b) = sim.bindings.get(&pod.uid) {
+            let node = sim.cluster.node(b.node).unwrap();
+            assert!(
+                pod.node_selector
+                    .iter()
+                    .all(|(k, v)| node.labels.get(k) == Some(v))
+            );
+        }
+    }
+}
+
+#[test]
+fn the_same_input_replays_the_same_placements() {
+    let run = || {
+        let mut sim = Sim::new(SimConfig::default(), workload::nodes(3, 30));
+        sim.add_pods(workload::pods(4, 600));
+        settle(&mut sim, 600);
+        let mut b: Vec<(String, u64)> = sim
+            .bindings
+            .iter()
+            .map(|(p, b)| (p.clone(), b.node))
+            .collect();
+        b.sort();
+        b
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn pods_of_a_dead_node_are_auctioned_again_after_the_eviction_delay() {
+    let config = SimConfig {
+        eviction_delay: Duration::from_secs(2),
+        ..SimConfig::default()
+    };
+    let mut sim = Sim::new(config, workload::nodes(5, 50));
+    let pods = workload::pods(6, 800);
+    sim.add_pods(pods.clone());
+    settle(&mut sim, pods.len());
+    let victims: Vec<u64> = (1..=5).collect();
+    let orphans: HashSet<String> = sim
+        .bindings
+        .iter()
+        .filter(|(_, b)| victims.contains(&b.node))
+        .map(|(p, _)| p.clone())
+        .collect();
+    assert!(!orphans.is_empty());
+    for v in &victims {
+        sim.kill(*v);
+    }
+    let killed_at = sim.now;
+    sim.run(Duration::from_secs(1), |_| false);
+    assert!(
+        orphans
+            .iter()
+            .all(|p| victims.contains(&sim.bindings[p].node)),
+        "nothing moves before the eviction delay"
+    );
+    sim.run(Duration::from_secs(30), |s| {
+        orphans.iter().all(|p| {
+            s.bindings
+                .get(p)
+                .is_some_and(|b| !victims.contains(&b.node))
+                || s.unschedulable.contains_key(p)
+        })
+    });
+    assert!(
+        sim.now < killed_at + Duration::from_secs(3),
+        "re-auctioned within the delay + 1 s: {:?}",
+        sim.now - killed_at
+    );
+    for p in &orphans {
+        if let Some(b) = sim.bindings.get(p) {
+            assert!(!victims.contains(&b.node));
+            assert!(b.epoch >= 2, "a re-auction bumps the epoch");
+        }
+    }
+    sim.check_invariants().unwrap();
+}
+
+#[test]
+fn a_pod_that_fits_nowhere_gets_kube_scheduler_style_reasons() {
+    let nodes = workload::nodes(7, 10);
+    let mut sim = Sim::new(SimConfig::default(), nodes);
+    let mut huge = workload::pods(8, 1).remove(0);
+    huge.uid = "huge".into();
+    huge.requests = Resources::new(100_000, 1, 1);
+    huge.node_selector.clear();
+    let mut picky = workload::pods(9, 1).remove(0);
+    picky.uid = "picky".into();
+    picky.node_selector = [("disk".to_owned(), "nvme".to_owned())].into();
+    sim.add_pods([huge, picky]);
+    settle(&mut sim, 2);
+    assert!(
+        sim.unschedulable["huge"].starts_with("0/10 nodes are available: "),
+        "{}",
+        sim.unschedulable["huge"]
+    );
+    assert!(
+        sim.unschedulable["huge"].contains("Insufficient cpu"),
+        "{}",
+        sim.unschedulable["huge"]
+    );
+    assert_eq!(
+        sim.unschedulable["picky"],
+        "0/10 nodes are available: 10 node(s) didn't match Pod's node affinity/selector."
+    );
+}
+
+#[test]
+fn node_name_binds_directly() {
+    let nodes = workload::nodes(10, 5);
+    let target = nodes[3].clone();
+    let mut sim = Sim::new(SimConfig::default(), nodes);
+    let mut pod: PodRequest = workload::pods(11, 1).remove(0);
+    pod.node_name = Some(target.name.clone());
+    pod.node_selector.clear();
+    let uid = pod.uid.clone();
+    sim.add_pods([pod]);
+    settle(&mut sim, 1);
+    assert_eq!(sim.bindings[&uid].node, target.id);
+    assert_eq!(
+        sim.stats.auction_messages, 0,
+        "no auction for a pod with spec.nodeName"
+    );
+}
+
+#[test]
+fn auctioneers_move_only_for_pods_of_a_removed_node() {
+    let live: Vec<u64> = (1..=20).collect();
+    let before: Vec<u64> = (0..500)
+        .map(|i| auctioneer(&format!("p{i}"), live.iter().copied()).unwrap())
+        .collect();
+    let after: Vec<u64> = (0..500)
+        .map(|i| auctioneer(&format!("p{i}"), live.iter().copied().filter(|n| *n != 7)).unwrap())
+        .collect();
+    for (b, a) in before.iter().zip(&after) {
+        if *b != 7 {
+            assert_eq!(a, b, "rendezvous hashing keeps other pods' auctioneers");
+        }
+    }
+}
+
+proptest! {
+    /// Bindings of one pod written in any order resolve to the same winner everywhere.
+    #[test]
+    fn every_binding_conflict_resolves_to_one_winner(
+        writes in proptest::collection::vec((0u64..4, 1u64..4, 0u64..100, 0u64..5), 1..8),
+        order in any::<u64>(),
+    ) {
+        let bindings: Vec<Binding> = writes.iter().map(|(node, epoch, t, writer)| Binding { pod: "p".into(), node: *node, epoch: *epoch, stamp: (*t, *writer) }).collect();
+        let merge = |list: &[Binding]| list.iter().fold(None::<Binding>, |acc, b| match acc {
+            Some(a) if !b.wins_over(&a) => Some(a),
+            _ => Some(b.clone()),
+        });
+        let mut shuffled = bindings.clone();
+        let n = shuffled.len();
+        for i in 0..n {
+            shuffled.swap(i, ((order >> (i % 32)) as usize + i) % n);
+        }
+        prop_assert_eq!(merge(&bindings), merge(&shuffled));
+    }
+}
