@@ -183,6 +183,17 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         },
     );
     replication.start()?;
+    let scheduling = crate::scheduling::Scheduling::new(
+        node.numeric_id(),
+        replication.clone(),
+        membership.clone(),
+        endpoint.clone(),
+        crate::scheduling::SchedulingConfig {
+            eviction_delay: config.eviction_delay,
+            ..Default::default()
+        },
+    );
+    scheduling.start()?;
 
     let socket_path = paths::control_socket(&config.data_dir);
     let socket = ControlSocket::bind(&socket_path).map_err(|source| AgentError::ControlSocket {
@@ -221,6 +232,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         let state = crate::api::ApiState {
             replication: replication.clone(),
             membership: membership.clone(),
+            scheduling: scheduling.clone(),
             token: identity.api_token().into(),
             server_address: addr.to_string(),
         };

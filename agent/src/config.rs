@@ -53,6 +53,9 @@ pub struct AgentFlags {
     /// Nodes that must hold a write before it is acknowledged (capped by live nodes).
     #[arg(long, value_name = "N")]
     pub write_quorum: Option<usize>,
+    /// How long a node must be seen dead before its pods are auctioned again, e.g. `5s`.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub eviction_delay: Option<Duration>,
     /// Period of desired-state anti-entropy, e.g. `1s`.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub anti_entropy_interval: Option<Duration>,
@@ -99,6 +102,16 @@ pub struct AgentFile {
     pub gossip: GossipFile,
     #[serde(default)]
     pub state: StateFile,
+    #[serde(default)]
+    pub scheduling: SchedulingFile,
+}
+
+/// The `[scheduling]` table of the config file.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct SchedulingFile {
+    #[serde(default, with = "humantime_serde")]
+    pub eviction_delay: Option<Duration>,
 }
 
 /// The resolved configuration the agent runs with.
@@ -128,6 +141,8 @@ pub struct AgentConfig {
     pub anti_entropy_interval: Duration,
     /// Default 24 h.
     pub tombstone_horizon: Duration,
+    /// Default 5 s.
+    pub eviction_delay: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -227,6 +242,10 @@ impl AgentConfig {
                 .state
                 .tombstone_horizon
                 .unwrap_or(Duration::from_secs(24 * 3600)),
+            eviction_delay: flags
+                .eviction_delay
+                .or(file.scheduling.eviction_delay)
+                .unwrap_or(Duration::from_secs(5)),
         };
         config.validate()?;
         Ok(config)

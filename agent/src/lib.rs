@@ -14,6 +14,7 @@ pub mod host;
 pub mod node_identity;
 pub mod replication;
 pub mod scheduler;
+pub mod scheduling;
 pub mod testkit;
 
 /// Version reported in gossip and by `shoal --version`.

@@ -4,6 +4,7 @@
 mod api;
 mod cli;
 mod membership;
+mod scheduling;
 mod state;
 
 use std::path::{Path, PathBuf};

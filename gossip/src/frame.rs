@@ -19,10 +19,12 @@ pub enum Channel {
     Gossip = 1,
     /// Desired-state replication: pushes of fresh writes and anti-entropy, as request/response.
     Sync = 2,
+    /// Scheduling auctions: calls for bids and bids (one-way messages).
+    Auction = 3,
 }
 
 impl Channel {
-    pub const ALL: [Channel; 2] = [Channel::Gossip, Channel::Sync];
+    pub const ALL: [Channel; 3] = [Channel::Gossip, Channel::Sync, Channel::Auction];
 
     fn from_code(code: u8) -> Option<Self> {
         Self::ALL.into_iter().find(|c| *c as u8 == code)
@@ -36,6 +38,7 @@ impl Channel {
             Channel::Gossip => 65_507,
             // A batch of object states; objects are at most 1.5 MiB each.
             Channel::Sync => 64 << 20,
+            Channel::Auction => 4 << 20,
         }
     }
 }

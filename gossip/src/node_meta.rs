@@ -74,6 +74,8 @@ pub mod keys {
     pub const CAPACITY: Key<Capacity> = Key::new("node.capacity");
     pub const AGENT_VERSION: Key<String> = Key::new("node.agent-version");
     pub const INFO: Key<NodeInfo> = Key::new("node.info");
+    /// Pods this node, as their auctioneer, found no node for: pod uid → reason.
+    pub const UNSCHEDULABLE: Key<BTreeMap<String, String>> = Key::new("sched.unschedulable");
     /// Hex root digest of the node's desired-state store (anti-entropy trigger).
     pub const STORE_DIGEST: Key<String> = Key::new("store.digest");
 }

@@ -123,7 +123,7 @@ pub async fn list_objects(
             let items = s
                 .list(info.group, info.kind, namespace)
                 .into_iter()
-                .map(|o| observed::with_status(info.kind, o))
+                .map(|o| observed::with_status(&state.scheduling, info.kind, o))
                 .collect();
             (items, s.resource_version())
         }),
@@ -159,7 +159,7 @@ async fn get_object(
             state
                 .replication
                 .read(|s| s.get(&key))
-                .map(|o| observed::with_status(info.kind, o))
+                .map(|o| observed::with_status(&state.scheduling, info.kind, o))
         }
         _ => list_objects(state, resource, namespace)
             .await
@@ -373,7 +373,7 @@ pub async fn create(
         .map_err(|e| write_error(resource.kind, &name, e))?;
     Ok(json_response(
         StatusCode::CREATED,
-        &observed::with_status(resource.kind, object),
+        &observed::with_status(&state.scheduling, resource.kind, object),
     ))
 }
 
@@ -409,7 +409,7 @@ pub async fn update(
     };
     Ok(json_response(
         code,
-        &observed::with_status(resource.kind, object),
+        &observed::with_status(&state.scheduling, resource.kind, object),
     ))
 }
 
@@ -504,7 +504,7 @@ pub async fn patch(
     };
     Ok(json_response(
         code,
-        &observed::with_status(resource.kind, object),
+        &observed::with_status(&state.scheduling, resource.kind, object),
     ))
 }
 
@@ -573,7 +573,7 @@ pub async fn delete(
     });
     Ok(json_response(
         StatusCode::OK,
-        &observed::with_status(resource.kind, object),
+        &observed::with_status(&state.scheduling, resource.kind, object),
     ))
 }
 
@@ -698,7 +698,11 @@ pub async fn subresource(
                 .map_err(|e| write_error(resource.kind, name, e))?;
             Ok(json_response(
                 StatusCode::OK,
-                &scale_of(&observed::with_status(resource.kind, object)),
+                &scale_of(&observed::with_status(
+                    &state.scheduling,
+                    resource.kind,
+                    object,
+                )),
             ))
         }
         ("log", &Method::GET) => {
@@ -808,7 +812,7 @@ async fn watch(
                 Ok(past) => {
                     for c in past.into_iter().filter(|c| matches(&c.key, &c.object)) {
                         last_rv = last_rv.max(c.resource_version);
-                        initial.push(change_line(&c, info.kind, table_kind));
+                        initial.push(change_line(&state.scheduling, &c, info.kind, table_kind));
                     }
                     last_rv = last_rv.max(from);
                 }
@@ -845,7 +849,7 @@ async fn watch(
                 if matches(&key, &o) {
                     initial.push(event_line(
                         "ADDED",
-                        observed::with_status(info.kind, o),
+                        observed::with_status(&state.scheduling, info.kind, o),
                         table_kind,
                     ));
                 }
@@ -867,10 +871,12 @@ async fn watch(
         .unwrap_or(Duration::from_secs(3600));
     let deadline = tokio::time::Instant::now() + timeout;
     let kind = info.kind;
+    let scheduling = state.scheduling.clone();
     let live = futures_util::stream::unfold(
         (changes, last_rv, false),
         move |(mut rx, mut last, done)| {
             let matches = matches.clone();
+            let scheduling = scheduling.clone();
             async move {
                 if done {
                     return None;
@@ -886,7 +892,12 @@ async fn watch(
                             }
                             last = change.resource_version;
                             return Some((
-                                Ok::<_, std::io::Error>(change_line(&change, kind, table_kind)),
+                                Ok::<_, std::io::Error>(change_line(
+                                    &scheduling,
+                                    &change,
+                                    kind,
+                                    table_kind,
+                                )),
                                 (rx, last, false),
                             ));
                         }
@@ -917,7 +928,12 @@ async fn watch(
         .into_response())
 }
 
-fn change_line(change: &Change, kind: &str, table_kind: Option<&str>) -> Bytes {
+fn change_line(
+    scheduling: &crate::scheduling::Scheduling,
+    change: &Change,
+    kind: &str,
+    table_kind: Option<&str>,
+) -> Bytes {
     let event = match change.event {
         EventType::Added => "ADDED",
         EventType::Modified => "MODIFIED",
@@ -925,7 +941,7 @@ fn change_line(change: &Change, kind: &str, table_kind: Option<&str>) -> Bytes {
     };
     event_line(
         event,
-        observed::with_status(kind, change.object.clone()),
+        observed::with_status(scheduling, kind, change.object.clone()),
         table_kind,
     )
 }

@@ -38,6 +38,7 @@ use status::ApiError;
 pub struct ApiState {
     pub replication: Arc<Replication>,
     pub membership: Arc<Membership>,
+    pub scheduling: Arc<crate::scheduling::Scheduling>,
     pub token: Arc<str>,
     /// `host:port` clients use to reach this API.
     pub server_address: String,

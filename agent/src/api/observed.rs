@@ -1,25 +1,39 @@
 //! Status joined from observed state at read time (DESIGN.md §3): the store holds what users
-//! want; what is true now comes from the agents. Until pods are scheduled and run (the auction
-//! and runtime issues), observation says exactly that: pods are pending, workloads have no
-//! replicas yet.
+//! want; what is true now comes from the agents. Pods are scheduled by the auction (PodScheduled
+//! comes from the binding or the auctioneer's verdict) but no container runtime runs them yet,
+//! so bound pods stay Pending and workloads report no ready replicas.
 
 use serde_json::{Value, json};
 use shoal_gossip::{Member, MemberState};
 
+use crate::scheduling::Scheduling;
+
+/// The PodScheduled condition: bound (spec.nodeName set by the auction), refused with the
+/// auctioneer's reasons, or waiting for its auction.
+fn pod_scheduled(scheduling: &Scheduling, object: &Value) -> Value {
+    let since = object["metadata"]["creationTimestamp"].clone();
+    if object["spec"]["nodeName"]
+        .as_str()
+        .is_some_and(|n| !n.is_empty())
+    {
+        return json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": since});
+    }
+    let uid = object["metadata"]["uid"].as_str().unwrap_or_default();
+    let (reason, message) = match scheduling.unschedulable_reason(uid) {
+        Some(message) => ("Unschedulable", message),
+        None => ("Pending", "waiting for its auction".to_owned()),
+    };
+    json!({"type": "PodScheduled", "status": "False", "reason": reason, "message": message, "lastProbeTime": null, "lastTransitionTime": since})
+}
+
 /// Adds the observed `status` to a stored object.
-pub fn with_status(kind: &str, mut object: Value) -> Value {
+pub fn with_status(scheduling: &Scheduling, kind: &str, mut object: Value) -> Value {
     let generation = object["metadata"]["generation"].clone();
     let status = match kind {
+        // No container runtime runs pods yet: a bound pod stays Pending.
         "Pod" => json!({
             "phase": "Pending",
-            "conditions": [{
-                "type": "PodScheduled",
-                "status": "False",
-                "reason": "Unschedulable",
-                "message": "no node has claimed this pod: this Shoal version stores pods but does not schedule them yet",
-                "lastProbeTime": null,
-                "lastTransitionTime": object["metadata"]["creationTimestamp"].clone(),
-            }],
+            "conditions": [pod_scheduled(scheduling, &object)],
             "qosClass": "BestEffort",
         }),
         "Deployment" => json!({

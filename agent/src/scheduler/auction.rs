@@ -47,7 +47,7 @@ impl Binding {
 }
 
 /// A node's messages to another.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub enum Message {
     Call {
         auction: (NodeId, u64),

@@ -3,12 +3,13 @@
 
 use std::collections::BTreeMap;
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::quantity;
 
 /// Requested or allocatable resources.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Resources {
     pub cpu_millis: u64,
     pub memory_bytes: u64,
@@ -41,21 +42,21 @@ impl Resources {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TaintEffect {
     NoSchedule,
     PreferNoSchedule,
     NoExecute,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Taint {
     pub key: String,
     pub value: String,
     pub effect: TaintEffect,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Toleration {
     pub key: Option<String>,
     /// `Exists` when true, else `Equal`.
@@ -84,7 +85,7 @@ pub struct NodeView {
     pub allocatable: Resources,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Operator {
     In,
     NotIn,
@@ -95,7 +96,7 @@ pub enum Operator {
 }
 
 /// A label requirement (node affinity `matchExpressions`, label selectors).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Requirement {
     pub key: String,
     pub op: Operator,
@@ -129,14 +130,14 @@ pub fn term_matches(term: &Term, labels: &BTreeMap<String, String>) -> bool {
 }
 
 /// Required pod anti-affinity: no pod matching `selector` in the same `topology_key` domain.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AntiAffinity {
     pub topology_key: String,
     pub selector: Term,
 }
 
 /// A topology spread constraint.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Spread {
     pub topology_key: String,
     pub max_skew: u64,
@@ -146,7 +147,7 @@ pub struct Spread {
 }
 
 /// The scheduling-relevant part of a pod.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodRequest {
     pub uid: String,
     pub namespace: String,

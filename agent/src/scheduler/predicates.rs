@@ -10,7 +10,9 @@ use super::cluster::ClusterView;
 use super::model::{NodeView, PodRequest, Resources, TaintEffect, term_matches};
 
 /// Why a node declines a pod.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub enum Decline {
     NodeAffinity,
     Taint { key: String, value: String },

@@ -13,27 +13,33 @@ use crate::Lab;
 const CONVERGE: Duration = Duration::from_secs(30);
 
 /// A cluster of agents serving the API, with a kubeconfig per agent.
-struct ApiLab {
-    lab: Lab,
-    agents: Vec<AgentProcess>,
-    kubeconfigs: Vec<PathBuf>,
-    home: tempfile::TempDir,
+pub struct ApiLab {
+    pub lab: Lab,
+    pub agents: Vec<AgentProcess>,
+    pub kubeconfigs: Vec<PathBuf>,
+    pub home: tempfile::TempDir,
 }
 
 impl ApiLab {
-    async fn start(n: usize) -> Self {
+    pub async fn start(n: usize) -> Self {
+        Self::start_with(n, |_| Vec::new()).await
+    }
+
+    /// Starts `n` agents; agent `i` gets the extra flags `extra(i)`.
+    pub async fn start_with(n: usize, extra: impl Fn(usize) -> Vec<String>) -> Self {
         let lab = Lab::new();
-        let seed = AgentProcess::start(lab.spec("n0").arg("--api").arg("127.0.0.1:0"))
+        let with_extra = |spec: shoal_agent::testkit::AgentSpec, i: usize| {
+            extra(i)
+                .into_iter()
+                .fold(spec.arg("--api").arg("127.0.0.1:0"), |s, a| s.arg(a))
+        };
+        let seed = AgentProcess::start(with_extra(lab.spec("n0"), 0))
             .await
             .unwrap();
         let seed_addr = seed.gossip_addr();
         let mut agents = vec![seed];
         for i in 1..n {
-            let spec = lab
-                .spec(&format!("n{i}"))
-                .join(seed_addr)
-                .arg("--api")
-                .arg("127.0.0.1:0");
+            let spec = with_extra(lab.spec(&format!("n{i}")).join(seed_addr), i);
             agents.push(AgentProcess::start(spec).await.unwrap());
         }
         for a in &agents {
@@ -68,7 +74,7 @@ impl ApiLab {
     }
 
     /// Runs kubectl against agent `i` with a fresh HOME (kubectl caches discovery per host).
-    fn kubectl(&self, i: usize, args: &[&str]) -> (bool, String, String) {
+    pub fn kubectl(&self, i: usize, args: &[&str]) -> (bool, String, String) {
         let out = Command::new(which("kubectl"))
             .arg("--kubeconfig")
             .arg(&self.kubeconfigs[i])
@@ -83,7 +89,7 @@ impl ApiLab {
         )
     }
 
-    fn ok(&self, i: usize, args: &[&str]) -> String {
+    pub fn ok(&self, i: usize, args: &[&str]) -> String {
         let (ok, out, err) = self.kubectl(i, args);
         assert!(
             ok,
@@ -92,7 +98,7 @@ impl ApiLab {
         out
     }
 
-    fn manifest(&self, name: &str, text: &str) -> String {
+    pub fn manifest(&self, name: &str, text: &str) -> String {
         let path = self.lab.path().join(name);
         std::fs::write(&path, text).unwrap();
         path.to_str().unwrap().to_owned()

@@ -1,0 +1,358 @@
+//! Runs the auction ([`crate::scheduler`]) on a live agent: builds the world from membership
+//! and the replicated pods, carries auction messages over the node endpoint's auction channel,
+//! and writes each binding as the pod's `spec.nodeName` (with its epoch in the
+//! `shoal.io/binding-epoch` annotation), as a Kubernetes binding does.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use shoal_gossip::{Channel, IncomingFrames, MemberState, Membership, PeerEndpoint, keys};
+use shoal_state::{ObjectKey, WriteMode, kind};
+use tracing::{debug, info, warn};
+
+use crate::replication::Replication;
+use crate::scheduler::auction::{
+    AuctionConfig, Binding, Message, NodeId, Output, Scheduler, World, auctioneer,
+};
+use crate::scheduler::cluster::ClusterView;
+use crate::scheduler::model::{NodeView, PodRequest, Resources};
+
+/// Annotation carrying a binding's epoch.
+pub const EPOCH_ANNOTATION: &str = "shoal.io/binding-epoch";
+
+/// Tunables.
+#[derive(Debug, Clone)]
+pub struct SchedulingConfig {
+    /// Period of the scheduling loop.
+    pub tick: Duration,
+    /// How long a node must have been seen dead before its pods are auctioned again.
+    pub eviction_delay: Duration,
+    pub auction: AuctionConfig,
+}
+
+impl Default for SchedulingConfig {
+    fn default() -> Self {
+        Self {
+            tick: Duration::from_millis(100),
+            eviction_delay: Duration::from_secs(5),
+            auction: AuctionConfig::default(),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct WireMessage {
+    from: NodeId,
+    message: Message,
+}
+
+/// A live agent's scheduling.
+pub struct Scheduling {
+    self_id: NodeId,
+    replication: Arc<Replication>,
+    membership: Arc<Membership>,
+    endpoint: PeerEndpoint,
+    config: SchedulingConfig,
+    started: Instant,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    scheduler: Option<Scheduler>,
+    cluster: ClusterView,
+    addresses: HashMap<NodeId, (String, SocketAddr)>,
+    dead_since: HashMap<String, Instant>,
+    /// This node's verdicts as auctioneer.
+    unschedulable: BTreeMap<String, String>,
+    /// Everyone's verdicts, refreshed every tick (for the API's PodScheduled condition).
+    all_unschedulable: BTreeMap<String, String>,
+}
+
+fn node_numeric_id(hex_id: &str) -> Option<NodeId> {
+    u64::from_str_radix(hex_id, 16).ok()
+}
+
+impl Scheduling {
+    pub fn new(
+        self_id: NodeId,
+        replication: Arc<Replication>,
+        membership: Arc<Membership>,
+        endpoint: PeerEndpoint,
+        config: SchedulingConfig,
+    ) -> Arc<Self> {
+        let scheduler = Scheduler::new(self_id, config.auction.clone());
+        Arc::new(Self {
+            self_id,
+            replication,
+            membership,
+            endpoint,
+            config,
+            started: Instant::now(),
+            state: Mutex::new(State {
+                scheduler: Some(scheduler),
+                ..State::default()
+            }),
+        })
+    }
+
+    /// Starts the loop and the message handler.
+    pub fn start(self: &Arc<Self>) -> Result<(), shoal_gossip::EndpointError> {
+        let incoming = self.endpoint.subscribe(Channel::Auction)?;
+        tokio::spawn(self.clone().receive(incoming));
+        tokio::spawn(self.clone().run());
+        Ok(())
+    }
+
+    /// Why no node took a pod, if an auctioneer said so.
+    pub fn unschedulable_reason(&self, pod_uid: &str) -> Option<String> {
+        self.state
+            .lock()
+            .unwrap()
+            .all_unschedulable
+            .get(pod_uid)
+            .cloned()
+    }
+
+    fn now(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    async fn run(self: Arc<Self>) {
+        let mut ticker = tokio::time::interval(self.config.tick);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let outputs = self.tick().await;
+            self.handle(outputs).await;
+        }
+    }
+
+    /// Rebuilds the world and lets the scheduler start auctions.
+    async fn tick(&self) -> Vec<Output> {
+        let members = self.membership.members().await;
+        let peer_verdicts = self.membership.peer_values(keys::UNSCHEDULABLE).await;
+        let pods: Vec<Value> = self.replication.read(|s| s.list("", "Pod", None));
+        let mut state = self.state.lock().unwrap();
+        let now = Instant::now();
+        let mut cluster = ClusterView::default();
+        let mut addresses = HashMap::new();
+        let mut live_names: HashMap<String, NodeId> = HashMap::new();
+        // Suspect or joining nodes keep their pods; only a node declared dead starts the clock.
+        let mut undecided: std::collections::HashSet<String> = std::collections::HashSet::new();
+        for m in &members {
+            let (Some(id), Some(meta)) = (node_numeric_id(&m.node_id), m.meta.as_ref()) else {
+                continue;
+            };
+            if m.state == MemberState::Dead {
+                state.dead_since.entry(meta.name.clone()).or_insert(now);
+                continue;
+            }
+            state.dead_since.remove(&meta.name);
+            if m.state != MemberState::Alive {
+                undecided.insert(meta.name.clone());
+                continue;
+            }
+            addresses.insert(id, (meta.name.clone(), m.gossip_addr));
+            live_names.insert(meta.name.clone(), id);
+            cluster.add_node(NodeView {
+                id,
+                name: meta.name.clone(),
+                labels: meta.labels.clone(),
+                taints: Vec::new(),
+                allocatable: Resources::new(
+                    meta.capacity.cpu_millis,
+                    meta.capacity.memory_bytes,
+                    u64::from(meta.capacity.pods),
+                ),
+            });
+        }
+        let live_ids: Vec<NodeId> = addresses.keys().copied().collect();
+        let mut pending = Vec::new();
+        for pod in &pods {
+            let request = match PodRequest::from_pod(pod) {
+                Ok(r) => r,
+                Err(e) => {
+                    debug!(pod = %pod["metadata"]["name"], error = %e, "pod cannot be scheduled");
+                    continue;
+                }
+            };
+            let epoch: u64 = pod["metadata"]["annotations"][EPOCH_ANNOTATION]
+                .as_str()
+                .and_then(|e| e.parse().ok())
+                .unwrap_or(0);
+            let next_epoch = match pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) {
+                Some(node) => match live_names.get(node) {
+                    Some(id) => {
+                        cluster.place(*id, &request);
+                        continue;
+                    }
+                    None if undecided.contains(node) => continue,
+                    // A dead (or vanished) node: its pods move once the eviction delay passed.
+                    None => {
+                        let since = *state.dead_since.entry(node.to_owned()).or_insert(now);
+                        if now.duration_since(since) < self.config.eviction_delay {
+                            continue;
+                        }
+                        epoch + 1
+                    }
+                },
+                None => epoch.max(1),
+            };
+            if auctioneer(&request.uid, live_ids.iter().copied()) == Some(self.self_id) {
+                // A pod whose nodeName points at a dead node must not be bound back there.
+                let mut request = request;
+                request.node_name = None;
+                pending.push((Arc::new(request), next_epoch));
+            }
+        }
+        let mut verdicts: BTreeMap<String, String> = state.unschedulable.clone();
+        for peer in peer_verdicts {
+            if let Some(Ok(map)) = peer.value {
+                verdicts.extend(map);
+            }
+        }
+        let bound: std::collections::HashSet<&str> = pods
+            .iter()
+            .filter(|p| {
+                p["spec"]["nodeName"]
+                    .as_str()
+                    .is_some_and(|n| !n.is_empty())
+            })
+            .filter_map(|p| p["metadata"]["uid"].as_str())
+            .collect();
+        verdicts.retain(|uid, _| !bound.contains(uid.as_str()));
+        state
+            .unschedulable
+            .retain(|uid, _| !bound.contains(uid.as_str()));
+        state.all_unschedulable = verdicts;
+        state.cluster = cluster;
+        state.addresses = addresses;
+        let mut scheduler = state.scheduler.take().expect("scheduler present");
+        let world = World {
+            cluster: &state.cluster,
+            pending: &pending,
+        };
+        let outputs = scheduler.tick(self.now(), &world);
+        state.scheduler = Some(scheduler);
+        outputs
+    }
+
+    async fn receive(self: Arc<Self>, mut incoming: IncomingFrames) {
+        while let Some((peer, bytes)) = incoming.recv().await {
+            let wire: WireMessage = match rmp_serde::from_slice(&bytes) {
+                Ok(w) => w,
+                Err(error) => {
+                    warn!(%peer, %error, "refused a malformed auction message");
+                    continue;
+                }
+            };
+            let outputs = self.on_message(wire.from, wire.message);
+            self.handle(outputs).await;
+        }
+    }
+
+    fn on_message(&self, from: NodeId, message: Message) -> Vec<Output> {
+        let mut state = self.state.lock().unwrap();
+        let mut scheduler = state.scheduler.take().expect("scheduler present");
+        let world = World {
+            cluster: &state.cluster,
+            pending: &[],
+        };
+        let outputs = scheduler.on_message(self.now(), from, message, &world);
+        state.scheduler = Some(scheduler);
+        outputs
+    }
+
+    async fn handle(&self, mut outputs: Vec<Output>) {
+        while let Some(output) = outputs.pop() {
+            match output {
+                Output::Send { to, message } if to == self.self_id => {
+                    outputs.extend(self.on_message(self.self_id, message));
+                }
+                Output::Send { to, message } => {
+                    let addr = self
+                        .state
+                        .lock()
+                        .unwrap()
+                        .addresses
+                        .get(&to)
+                        .map(|(_, a)| *a);
+                    let Some(addr) = addr else { continue };
+                    let bytes = rmp_serde::to_vec(&WireMessage {
+                        from: self.self_id,
+                        message,
+                    })
+                    .expect("auction messages serialize");
+                    if let Err(error) = self.endpoint.send(addr, Channel::Auction, &bytes) {
+                        debug!(%addr, %error, "auction message not sent");
+                    }
+                }
+                Output::Bind(binding) => self.bind(binding).await,
+                Output::Unschedulable { pod, message } => {
+                    let map = {
+                        let mut state = self.state.lock().unwrap();
+                        state.unschedulable.insert(pod.clone(), message.clone());
+                        // Bounded: the newest verdicts of this auctioneer.
+                        while state.unschedulable.len() > 256 {
+                            let first = state
+                                .unschedulable
+                                .keys()
+                                .next()
+                                .cloned()
+                                .expect("non-empty");
+                            state.unschedulable.remove(&first);
+                        }
+                        state.unschedulable.clone()
+                    };
+                    info!(pod = %pod, reason = %message, "pod unschedulable");
+                    self.membership.publish(keys::UNSCHEDULABLE, &map).await;
+                }
+            }
+        }
+    }
+
+    /// Writes the binding into the pod: `spec.nodeName` and the epoch annotation.
+    async fn bind(&self, binding: Binding) {
+        let node_name = self
+            .state
+            .lock()
+            .unwrap()
+            .addresses
+            .get(&binding.node)
+            .map(|(n, _)| n.clone());
+        let Some(node_name) = node_name else { return };
+        let info = kind::lookup("v1", "Pod").expect("Pod is a known kind");
+        let pod = self.replication.read(|s| {
+            s.list("", "Pod", None)
+                .into_iter()
+                .find(|p| p["metadata"]["uid"] == binding.pod.as_str())
+        });
+        let Some(mut pod) = pod else { return };
+        let key = ObjectKey::new(
+            info,
+            pod["metadata"]["namespace"].as_str().unwrap_or("default"),
+            pod["metadata"]["name"].as_str().unwrap_or(""),
+        );
+        pod["spec"]["nodeName"] = json!(node_name);
+        pod["metadata"]["annotations"][EPOCH_ANNOTATION] = json!(binding.epoch.to_string());
+        if let Some(meta) = pod["metadata"].as_object_mut() {
+            meta.remove("resourceVersion");
+        }
+        let valid = match shoal_state::validate(pod, &key.namespace) {
+            Ok(v) => v,
+            Err(e) => {
+                warn!(pod = %key, error = %e, "binding not written");
+                return;
+            }
+        };
+        match self.replication.write(valid, WriteMode::Update).await {
+            Ok(_) => info!(pod = %key, node = %node_name, epoch = binding.epoch, "pod bound"),
+            Err(e) => debug!(pod = %key, error = %e, "binding not written"),
+        }
+    }
+}

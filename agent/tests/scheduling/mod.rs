@@ -1,0 +1,172 @@
+//! Scheduling by auction on real agents: label-based claims, reasoned refusals, and pods of a
+//! killed node auctioned again after the eviction delay. Read through the API with kubectl.
+
+use std::time::{Duration, Instant};
+
+use shoal_agent::testkit::{state_of, wait_until};
+use shoal_gossip::MemberState;
+
+use crate::api::ApiLab;
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn node_of(api: &ApiLab, agent: usize, pod: &str) -> String {
+    let (_, out, _) = api.kubectl(
+        agent,
+        &["get", "pod", pod, "-o", "jsonpath={.spec.nodeName}"],
+    );
+    out
+}
+
+fn pods(n: usize, prefix: &str, selector: &str, cpu: &str) -> String {
+    (0..n)
+        .map(|i| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {prefix}-{i}}}\nspec:\n  nodeSelector: {{{selector}}}\n  containers: [{{name: c, image: busybox, resources: {{requests: {{cpu: \"{cpu}\"}}}}}}]\n---\n"
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_land_only_on_nodes_whose_labels_match() {
+    // n0, n1 in zone a; n2 in zone b.
+    let api = ApiLab::start_with(3, |i| {
+        vec![
+            "--labels".into(),
+            format!("zone={}", if i == 2 { "b" } else { "a" }),
+        ]
+    })
+    .await;
+    let manifest = pods(6, "in-a", "zone: a", "100m") + &pods(3, "in-b", "zone: b", "100m");
+    let file = api.manifest("pods.yaml", &manifest);
+    api.ok(0, &["apply", "-f", &file]);
+    for (prefix, n, allowed) in [("in-a", 6, &["n0", "n1"][..]), ("in-b", 3, &["n2"][..])] {
+        for i in 0..n {
+            let pod = format!("{prefix}-{i}");
+            wait_until(&format!("{pod} to be bound"), LIMIT, || async {
+                !node_of(&api, 1, &pod).is_empty()
+            })
+            .await
+            .unwrap();
+            let node = node_of(&api, 2, &pod);
+            assert!(allowed.contains(&node.as_str()), "{pod} landed on {node}");
+        }
+    }
+    let out = api.ok(1, &["get", "pods", "-o", "wide"]);
+    assert!(out.contains("in-b-0") && out.contains("n2"), "{out}");
+    let scheduled = api.ok(
+        0,
+        &[
+            "get",
+            "pod",
+            "in-a-0",
+            "-o",
+            "jsonpath={.status.conditions[0].status}",
+        ],
+    );
+    assert_eq!(scheduled, "True");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_fits_nowhere_says_why() {
+    let api = ApiLab::start_with(3, |_| Vec::new()).await;
+    let file = api.manifest("big.yaml", &pods(1, "too-big", "", "5000"));
+    api.ok(0, &["apply", "-f", &file]);
+    let mut message = String::new();
+    wait_until("the unschedulable condition", LIMIT, || {
+        let out = api.ok(
+            1,
+            &[
+                "get",
+                "pod",
+                "too-big-0",
+                "-o",
+                "jsonpath={.status.conditions[0].message}",
+            ],
+        );
+        message = out.clone();
+        async move { out.starts_with("0/3 nodes are available") }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: last message {message:?}"));
+    assert_eq!(message, "0/3 nodes are available: 3 Insufficient cpu.");
+    assert_eq!(
+        api.ok(
+            2,
+            &[
+                "get",
+                "pod",
+                "too-big-0",
+                "-o",
+                "jsonpath={.status.conditions[0].reason}"
+            ]
+        ),
+        "Unschedulable"
+    );
+    assert!(node_of(&api, 0, "too-big-0").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_of_a_killed_node_are_auctioned_again_after_the_eviction_delay() {
+    let eviction = Duration::from_secs(1);
+    let mut api = ApiLab::start_with(3, |_| vec!["--eviction-delay".into(), "1s".into()]).await;
+    let file = api.manifest("pods.yaml", &pods(6, "p", "", "100m"));
+    api.ok(0, &["apply", "-f", &file]);
+    for i in 0..6 {
+        let pod = format!("p-{i}");
+        wait_until("all bound", LIMIT, || async {
+            !node_of(&api, 0, &pod).is_empty()
+        })
+        .await
+        .unwrap();
+    }
+    // Kill the node with the most pods (not the one we ask).
+    let placements: Vec<String> = (0..6)
+        .map(|i| node_of(&api, 0, &format!("p-{i}")))
+        .collect();
+    let victim = ["n1", "n2"]
+        .into_iter()
+        .max_by_key(|n| placements.iter().filter(|p| p == n).count())
+        .unwrap();
+    let moved: Vec<String> = (0..6)
+        .map(|i| format!("p-{i}"))
+        .filter(|p| node_of(&api, 0, p) == victim)
+        .collect();
+    let victim_index: usize = victim[1..].parse().unwrap();
+    api.agents[victim_index].kill().unwrap();
+    let survivors: Vec<usize> = (0..3).filter(|i| *i != victim_index).collect();
+    for i in &survivors {
+        let agent = &api.agents[*i];
+        wait_until("the victim seen dead", LIMIT, || async {
+            state_of(agent, victim).await.map(|s| s.0) == Some(MemberState::Dead)
+        })
+        .await
+        .unwrap();
+    }
+    let dead_at = Instant::now();
+    for pod in &moved {
+        wait_until(&format!("{pod} to move"), LIMIT, || async {
+            let node = node_of(&api, survivors[0], pod);
+            !node.is_empty() && node != victim
+        })
+        .await
+        .unwrap();
+    }
+    let took = dead_at.elapsed();
+    assert!(
+        took <= eviction + Duration::from_secs(2),
+        "re-auctioned {took:?} after the node was seen dead"
+    );
+    let epoch = api.ok(
+        survivors[1],
+        &[
+            "get",
+            "pod",
+            &moved[0],
+            "-o",
+            "jsonpath={.metadata.annotations.shoal\\.io/binding-epoch}",
+        ],
+    );
+    assert_eq!(epoch, "2");
+}
