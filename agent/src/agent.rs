@@ -152,6 +152,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         capacity: host::detect_capacity(host::DEFAULT_MAX_PODS).map_err(AgentError::Host)?,
         agent_version: crate::AGENT_VERSION.to_owned(),
         info: Some(host::node_info(&node.node_id)),
+        taints: config.taints.clone(),
     };
     let mut membership_config = MembershipConfig::new(
         node.node_id.clone(),

@@ -47,6 +47,9 @@ pub struct AgentFlags {
     /// Node labels, `k=v,k2=v2`.
     #[arg(long, value_name = "K=V,...")]
     pub labels: Option<String>,
+    /// Node taints, `key=value:Effect,...` (Effect: NoSchedule, PreferNoSchedule, NoExecute).
+    #[arg(long, value_name = "K=V:EFFECT,...")]
+    pub taints: Option<String>,
     /// Gossip round period, e.g. `200ms`.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub gossip_interval: Option<Duration>,
@@ -99,6 +102,8 @@ pub struct AgentFile {
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
+    pub taints: Vec<String>,
+    #[serde(default)]
     pub gossip: GossipFile,
     #[serde(default)]
     pub state: StateFile,
@@ -129,6 +134,7 @@ pub struct AgentConfig {
     pub join: Vec<String>,
     /// The user's labels (the well-known `kubernetes.io/*` labels are added by the agent).
     pub labels: BTreeMap<String, String>,
+    pub taints: Vec<shoal_gossip::NodeTaint>,
     /// Default 200 ms.
     pub gossip_interval: Duration,
     /// Default 8.0: dead after ~8 mean heartbeat intervals of silence.
@@ -196,7 +202,21 @@ impl AgentConfig {
             Some(list) => labels::parse_list(list).map_err(|e| invalid("labels", e.to_string()))?,
             None => file.labels,
         };
+        let taint_specs: Vec<String> = match &flags.taints {
+            Some(list) => list
+                .split(',')
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            None => file.taints.clone(),
+        };
+        let taints = taint_specs
+            .iter()
+            .map(|t| parse_taint(t))
+            .collect::<Result<Vec<_>, _>>()?;
         let config = AgentConfig {
+            taints,
             name,
             data_dir: flags.data_dir.clone().or(file.data_dir).ok_or_else(|| {
                 invalid("data-dir", "required (flag --data-dir or config data-dir)")
@@ -297,6 +317,29 @@ impl AgentConfig {
         }
         Ok(())
     }
+}
+
+/// `key=value:Effect` or `key:Effect`.
+fn parse_taint(spec: &str) -> Result<shoal_gossip::NodeTaint, ConfigError> {
+    let (kv, effect) = spec
+        .rsplit_once(':')
+        .ok_or_else(|| invalid("taints", format!("{spec:?}: expected key=value:Effect")))?;
+    if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+        return Err(invalid(
+            "taints",
+            format!("{spec:?}: effect must be NoSchedule, PreferNoSchedule or NoExecute"),
+        ));
+    }
+    let (key, value) = kv.split_once('=').unwrap_or((kv, ""));
+    labels::validate_key(key).map_err(|e| invalid("taints", e.to_string()))?;
+    if !value.is_empty() {
+        labels::validate_value(key, value).map_err(|e| invalid("taints", e.to_string()))?;
+    }
+    Ok(shoal_gossip::NodeTaint {
+        key: key.to_owned(),
+        value: value.to_owned(),
+        effect: effect.to_owned(),
+    })
 }
 
 fn default_node_name() -> Result<String, ConfigError> {

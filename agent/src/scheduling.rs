@@ -19,7 +19,7 @@ use crate::scheduler::auction::{
     AuctionConfig, Binding, Message, NodeId, Output, Scheduler, World, auctioneer,
 };
 use crate::scheduler::cluster::ClusterView;
-use crate::scheduler::model::{NodeView, PodRequest, Resources};
+use crate::scheduler::model::{NodeView, PodRequest, Resources, Taint, TaintEffect};
 
 /// Annotation carrying a binding's epoch.
 pub const EPOCH_ANNOTATION: &str = "shoal.io/binding-epoch";
@@ -71,6 +71,20 @@ struct State {
     unschedulable: BTreeMap<String, String>,
     /// Everyone's verdicts, refreshed every tick (for the API's PodScheduled condition).
     all_unschedulable: BTreeMap<String, String>,
+}
+
+fn to_taint(t: &shoal_gossip::NodeTaint) -> Option<Taint> {
+    let effect = match t.effect.as_str() {
+        "NoSchedule" => TaintEffect::NoSchedule,
+        "PreferNoSchedule" => TaintEffect::PreferNoSchedule,
+        "NoExecute" => TaintEffect::NoExecute,
+        _ => return None,
+    };
+    Some(Taint {
+        key: t.key.clone(),
+        value: t.value.clone(),
+        effect,
+    })
 }
 
 fn node_numeric_id(hex_id: &str) -> Option<NodeId> {
@@ -163,7 +177,7 @@ impl Scheduling {
                 id,
                 name: meta.name.clone(),
                 labels: meta.labels.clone(),
-                taints: Vec::new(),
+                taints: meta.taints.iter().filter_map(to_taint).collect(),
                 allocatable: Resources::new(
                     meta.capacity.cpu_millis,
                     meta.capacity.memory_bytes,

@@ -28,7 +28,7 @@ pub use frame::{Channel, FRAME_HEADER_BYTES, Frame, FrameError, PROTOCOL_VERSION
 pub use identity::{ClusterIdentity, IdentityError, NodeCertificate};
 pub use liveness::{LivenessTracker, MemberState, Verdict};
 pub use membership::{Member, Membership, MembershipConfig, MembershipError, PeerValue};
-pub use node_meta::{Capacity, Key, MetaError, NodeAddresses, NodeInfo, NodeMeta, keys};
+pub use node_meta::{Capacity, Key, MetaError, NodeAddresses, NodeInfo, NodeMeta, NodeTaint, keys};
 pub use secret::{ClusterSecret, SecretError};
 pub use transport::QuicTransport;
 

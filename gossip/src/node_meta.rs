@@ -66,7 +66,7 @@ impl<T: Serialize + DeserializeOwned> Key<T> {
 pub mod keys {
     use std::collections::BTreeMap;
 
-    use super::{Capacity, Key, NodeAddresses, NodeInfo};
+    use super::{Capacity, Key, NodeAddresses, NodeInfo, NodeTaint};
 
     pub const NAME: Key<String> = Key::new("node.name");
     pub const LABELS: Key<BTreeMap<String, String>> = Key::new("node.labels");
@@ -74,6 +74,7 @@ pub mod keys {
     pub const CAPACITY: Key<Capacity> = Key::new("node.capacity");
     pub const AGENT_VERSION: Key<String> = Key::new("node.agent-version");
     pub const INFO: Key<NodeInfo> = Key::new("node.info");
+    pub const TAINTS: Key<Vec<NodeTaint>> = Key::new("node.taints");
     /// Pods this node, as their auctioneer, found no node for: pod uid → reason.
     pub const UNSCHEDULABLE: Key<BTreeMap<String, String>> = Key::new("sched.unschedulable");
     /// Hex root digest of the node's desired-state store (anti-entropy trigger).
@@ -98,6 +99,16 @@ pub struct Capacity {
     pub pods: u32,
 }
 
+/// A node taint, as in a Node's `spec.taints` (`effect` is NoSchedule, PreferNoSchedule or
+/// NoExecute).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeTaint {
+    pub key: String,
+    #[serde(default)]
+    pub value: String,
+    pub effect: String,
+}
+
 /// Facts about the node's host, shown in the API's Node `status.nodeInfo`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeInfo {
@@ -120,6 +131,8 @@ pub struct NodeMeta {
     /// Host facts; optional so that agents that do not publish them still decode.
     #[serde(default)]
     pub info: Option<NodeInfo>,
+    #[serde(default)]
+    pub taints: Vec<NodeTaint>,
 }
 
 impl NodeMeta {
@@ -150,6 +163,10 @@ impl NodeMeta {
                 .as_ref()
                 .map(|info| (keys::INFO.name().into(), keys::INFO.encode(info))),
         )
+        .chain([(
+            keys::TAINTS.name().into(),
+            keys::TAINTS.encode(&self.taints),
+        )])
         .collect()
     }
 
@@ -162,6 +179,7 @@ impl NodeMeta {
             capacity: keys::CAPACITY.read(&lookup)?,
             agent_version: keys::AGENT_VERSION.read(&lookup)?,
             info: keys::INFO.read(&lookup).ok(),
+            taints: keys::TAINTS.read(&lookup).unwrap_or_default(),
         })
     }
 }
@@ -190,6 +208,11 @@ mod tests {
                 kernel_version: "6.1".into(),
                 ..NodeInfo::default()
             }),
+            taints: vec![NodeTaint {
+                key: "dedicated".into(),
+                value: "db".into(),
+                effect: "NoSchedule".into(),
+            }],
         }
     }
 

@@ -116,7 +116,11 @@ pub fn node(member: &Member, now_rfc3339: &str) -> Value {
             "labels": meta.map(|m| json!(m.labels)).unwrap_or(json!({})),
             "annotations": {"shoal.io/node-id": member.node_id, "shoal.io/generation": member.generation.to_string()},
         },
-        "spec": {},
+        "spec": if meta.is_some_and(|m| !m.taints.is_empty()) {
+            json!({"taints": meta.map(|m| m.taints.iter().map(|t| json!({"key": t.key, "value": t.value, "effect": t.effect})).collect::<Vec<_>>())})
+        } else {
+            json!({})
+        },
         "status": {
             "capacity": capacity,
             "allocatable": capacity,

@@ -170,3 +170,49 @@ async fn pods_of_a_killed_node_are_auctioned_again_after_the_eviction_delay() {
     );
     assert_eq!(epoch, "2");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tainted_nodes_take_only_pods_that_tolerate_them() {
+    let api = ApiLab::start_with(2, |i| {
+        if i == 0 {
+            vec!["--taints".into(), "dedicated=db:NoSchedule".into()]
+        } else {
+            Vec::new()
+        }
+    })
+    .await;
+    let plain = pods(4, "plain", "", "100m");
+    let tolerant = "apiVersion: v1\nkind: Pod\nmetadata: {name: tolerant}\nspec:\n  nodeSelector: {kubernetes.io/hostname: n0}\n  tolerations: [{key: dedicated, operator: Equal, value: db, effect: NoSchedule}]\n  containers: [{name: c, image: busybox}]\n---\n";
+    let stuck = "apiVersion: v1\nkind: Pod\nmetadata: {name: stuck}\nspec:\n  nodeSelector: {kubernetes.io/hostname: n0}\n  containers: [{name: c, image: busybox}]\n";
+    let file = api.manifest("taints.yaml", &format!("{plain}{tolerant}{stuck}"));
+    api.ok(1, &["apply", "-f", &file]);
+    for i in 0..4 {
+        let pod = format!("plain-{i}");
+        wait_until("bound", LIMIT, || async {
+            !node_of(&api, 0, &pod).is_empty()
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            node_of(&api, 0, &pod),
+            "n1",
+            "{pod} avoids the tainted node"
+        );
+    }
+    wait_until("the tolerant pod bound", LIMIT, || async {
+        node_of(&api, 1, "tolerant") == "n0"
+    })
+    .await
+    .unwrap();
+    wait_until("the stuck pod's reasons", LIMIT, || async {
+        api.ok(0, &["get", "pod", "stuck", "-o", "jsonpath={.status.conditions[0].message}"])
+            == "0/2 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 1 node(s) had untolerated taint {dedicated: db}."
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", api.ok(0, &["get", "pod", "stuck", "-o", "jsonpath={.status.conditions[0].message}"])));
+    let taints = api.ok(
+        1,
+        &["get", "node", "n0", "-o", "jsonpath={.spec.taints[0].key}"],
+    );
+    assert_eq!(taints, "dedicated");
+}

@@ -135,6 +135,7 @@ fn meta(name: &str, addr: SocketAddr) -> NodeMeta {
         },
         agent_version: "test".into(),
         info: None,
+        taints: Vec::new(),
     }
 }
 
