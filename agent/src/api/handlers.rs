@@ -366,15 +366,7 @@ pub async fn create(
     if dry_run(query) {
         return Ok(json_response(StatusCode::CREATED, &valid.body));
     }
-    let (object, _) = state
-        .replication
-        .write(valid, WriteMode::Create)
-        .await
-        .map_err(|e| write_error(resource.kind, &name, e))?;
-    Ok(json_response(
-        StatusCode::CREATED,
-        &observed::with_status(&state.scheduling, resource.kind, object),
-    ))
+    write(state, resource, &name, valid, WriteMode::Create).await
 }
 
 /// PUT of an object.
@@ -397,20 +389,7 @@ pub async fn update(
     if dry_run(query) {
         return Ok(json_response(StatusCode::OK, &valid.body));
     }
-    let (object, created) = state
-        .replication
-        .write(valid, WriteMode::Update)
-        .await
-        .map_err(|e| write_error(resource.kind, name, e))?;
-    let code = if created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    Ok(json_response(
-        code,
-        &observed::with_status(&state.scheduling, resource.kind, object),
-    ))
+    write(state, resource, name, valid, WriteMode::Update).await
 }
 
 fn parse_json_patch(body: &Bytes) -> Result<Value, ApiError> {
@@ -492,6 +471,18 @@ pub async fn patch(
     } else {
         WriteMode::Update
     };
+    write(state, resource, name, valid, mode).await
+}
+
+/// Writes a validated object (waiting for the write quorum) and answers with it: 201 when it
+/// was created, 200 otherwise.
+async fn write(
+    state: &ApiState,
+    resource: &ApiResource,
+    name: &str,
+    valid: shoal_state::ValidObject,
+    mode: WriteMode,
+) -> Result<Response, ApiError> {
     let (object, created) = state
         .replication
         .write(valid, mode)
