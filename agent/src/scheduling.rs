@@ -61,9 +61,36 @@ pub struct Scheduling {
     state: Mutex<State>,
 }
 
+/// A pod as scheduling needs it, parsed once per change.
+struct PodEntry {
+    request: Arc<PodRequest>,
+    key: ObjectKey,
+    node_name: Option<String>,
+    epoch: u64,
+}
+
+impl PodEntry {
+    fn parse(key: ObjectKey, pod: &Value) -> Result<Self, String> {
+        Ok(Self {
+            request: Arc::new(PodRequest::from_pod(pod)?),
+            key,
+            node_name: pod["spec"]["nodeName"]
+                .as_str()
+                .filter(|n| !n.is_empty())
+                .map(str::to_owned),
+            epoch: pod["metadata"]["annotations"][EPOCH_ANNOTATION]
+                .as_str()
+                .and_then(|e| e.parse().ok())
+                .unwrap_or(0),
+        })
+    }
+}
+
 #[derive(Default)]
 struct State {
     scheduler: Option<Scheduler>,
+    /// Every pod, kept current from the store's change feed.
+    pods: HashMap<String, PodEntry>,
     cluster: ClusterView,
     addresses: HashMap<NodeId, (String, SocketAddr)>,
     dead_since: HashMap<String, Instant>,
@@ -114,12 +141,67 @@ impl Scheduling {
         })
     }
 
-    /// Starts the loop and the message handler.
+    /// Starts the loop, the pod cache and the message handler.
     pub fn start(self: &Arc<Self>) -> Result<(), shoal_gossip::EndpointError> {
         let incoming = self.endpoint.subscribe(Channel::Auction)?;
+        // Subscribe before the first listing, so no change falls between them.
+        let changes = self.replication.subscribe();
+        self.reload_pods();
+        tokio::spawn(self.clone().follow(changes));
         tokio::spawn(self.clone().receive(incoming));
         tokio::spawn(self.clone().run());
         Ok(())
+    }
+
+    fn reload_pods(&self) {
+        let info = kind::lookup("v1", "Pod").expect("Pod is a known kind");
+        let pods = self.replication.read(|s| s.list("", "Pod", None));
+        let mut entries = HashMap::new();
+        for pod in &pods {
+            let key = ObjectKey::new(
+                info,
+                pod["metadata"]["namespace"].as_str().unwrap_or("default"),
+                pod["metadata"]["name"].as_str().unwrap_or(""),
+            );
+            if let Ok(entry) = PodEntry::parse(key, pod) {
+                entries.insert(entry.request.uid.clone(), entry);
+            }
+        }
+        self.state.lock().unwrap().pods = entries;
+    }
+
+    /// Keeps the pod cache current from the store's change feed.
+    async fn follow(
+        self: Arc<Self>,
+        mut changes: tokio::sync::broadcast::Receiver<shoal_state::Change>,
+    ) {
+        loop {
+            match changes.recv().await {
+                Ok(change) if change.key.kind == "Pod" && change.key.group.is_empty() => {
+                    let uid = change.object["metadata"]["uid"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned();
+                    let mut state = self.state.lock().unwrap();
+                    if change.event == shoal_state::EventType::Deleted {
+                        state.pods.remove(&uid);
+                        continue;
+                    }
+                    match PodEntry::parse(change.key.clone(), &change.object) {
+                        Ok(entry) => {
+                            state.pods.insert(uid, entry);
+                        }
+                        Err(error) => {
+                            debug!(pod = %change.key, %error, "pod cannot be scheduled");
+                            state.pods.remove(&uid);
+                        }
+                    }
+                }
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => self.reload_pods(),
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
     }
 
     /// Why no node took a pod, if an auctioneer said so.
@@ -150,7 +232,6 @@ impl Scheduling {
     async fn tick(&self) -> Vec<Output> {
         let members = self.membership.members().await;
         let peer_verdicts = self.membership.peer_values(keys::UNSCHEDULABLE).await;
-        let pods: Vec<Value> = self.replication.read(|s| s.list("", "Pod", None));
         let mut state = self.state.lock().unwrap();
         let now = Instant::now();
         let mut cluster = ClusterView::default();
@@ -187,62 +268,48 @@ impl Scheduling {
         }
         let live_ids: Vec<NodeId> = addresses.keys().copied().collect();
         let mut pending = Vec::new();
-        for pod in &pods {
-            let request = match PodRequest::from_pod(pod) {
-                Ok(r) => r,
-                Err(e) => {
-                    debug!(pod = %pod["metadata"]["name"], error = %e, "pod cannot be scheduled");
-                    continue;
-                }
-            };
-            let epoch: u64 = pod["metadata"]["annotations"][EPOCH_ANNOTATION]
-                .as_str()
-                .and_then(|e| e.parse().ok())
-                .unwrap_or(0);
-            let next_epoch = match pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) {
+        let mut dead_since = std::mem::take(&mut state.dead_since);
+        for entry in state.pods.values() {
+            let next_epoch = match &entry.node_name {
                 Some(node) => match live_names.get(node) {
                     Some(id) => {
-                        cluster.place(*id, &request);
+                        cluster.place(*id, &entry.request);
                         continue;
                     }
                     None if undecided.contains(node) => continue,
                     // A dead (or vanished) node: its pods move once the eviction delay passed.
                     None => {
-                        let since = *state.dead_since.entry(node.to_owned()).or_insert(now);
+                        let since = *dead_since.entry(node.clone()).or_insert(now);
                         if now.duration_since(since) < self.config.eviction_delay {
                             continue;
                         }
-                        epoch + 1
+                        entry.epoch + 1
                     }
                 },
-                None => epoch.max(1),
+                None => entry.epoch.max(1),
             };
-            if auctioneer(&request.uid, live_ids.iter().copied()) == Some(self.self_id) {
+            if auctioneer(&entry.request.uid, live_ids.iter().copied()) == Some(self.self_id) {
                 // A pod whose nodeName points at a dead node must not be bound back there.
-                let mut request = request;
+                let mut request = (*entry.request).clone();
                 request.node_name = None;
                 pending.push((Arc::new(request), next_epoch));
             }
         }
+        state.dead_since = dead_since;
         let mut verdicts: BTreeMap<String, String> = state.unschedulable.clone();
         for peer in peer_verdicts {
             if let Some(Ok(map)) = peer.value {
                 verdicts.extend(map);
             }
         }
-        let bound: std::collections::HashSet<&str> = pods
-            .iter()
-            .filter(|p| {
-                p["spec"]["nodeName"]
-                    .as_str()
-                    .is_some_and(|n| !n.is_empty())
-            })
-            .filter_map(|p| p["metadata"]["uid"].as_str())
-            .collect();
-        verdicts.retain(|uid, _| !bound.contains(uid.as_str()));
-        state
-            .unschedulable
-            .retain(|uid, _| !bound.contains(uid.as_str()));
+        // Verdicts about pods since bound (or gone) no longer apply.
+        let unbound = |uid: &String, pods: &HashMap<String, PodEntry>| {
+            pods.get(uid).is_some_and(|p| p.node_name.is_none())
+        };
+        verdicts.retain(|uid, _| unbound(uid, &state.pods));
+        let pods = std::mem::take(&mut state.pods);
+        state.unschedulable.retain(|uid, _| unbound(uid, &pods));
+        state.pods = pods;
         state.all_unschedulable = verdicts;
         state.cluster = cluster;
         state.addresses = addresses;
@@ -340,18 +407,19 @@ impl Scheduling {
             .get(&binding.node)
             .map(|(n, _)| n.clone());
         let Some(node_name) = node_name else { return };
-        let info = kind::lookup("v1", "Pod").expect("Pod is a known kind");
-        let pod = self.replication.read(|s| {
-            s.list("", "Pod", None)
-                .into_iter()
-                .find(|p| p["metadata"]["uid"] == binding.pod.as_str())
-        });
+        let key = self
+            .state
+            .lock()
+            .unwrap()
+            .pods
+            .get(&binding.pod)
+            .map(|p| p.key.clone());
+        let Some(key) = key else { return };
+        let pod = self
+            .replication
+            .read(|s| s.get(&key))
+            .filter(|p| p["metadata"]["uid"] == binding.pod.as_str());
         let Some(mut pod) = pod else { return };
-        let key = ObjectKey::new(
-            info,
-            pod["metadata"]["namespace"].as_str().unwrap_or("default"),
-            pod["metadata"]["name"].as_str().unwrap_or(""),
-        );
         pod["spec"]["nodeName"] = json!(node_name);
         pod["metadata"]["annotations"][EPOCH_ANNOTATION] = json!(binding.epoch.to_string());
         if let Some(meta) = pod["metadata"].as_object_mut() {
