@@ -24,6 +24,8 @@ pub struct AgentSpec {
     pub bind: SocketAddr,
     pub join: Vec<SocketAddr>,
     pub extra_args: Vec<String>,
+    /// Run inside this network namespace (`ip netns exec`), for the chaos lab.
+    pub netns: Option<String>,
 }
 
 impl AgentSpec {
@@ -36,7 +38,20 @@ impl AgentSpec {
             bind: "127.0.0.1:0".parse().expect("literal address"),
             join: Vec::new(),
             extra_args: Vec::new(),
+            netns: None,
         }
+    }
+
+    /// Binds the gossip endpoint to `bind` (e.g. a lab host's address).
+    pub fn bind(mut self, bind: SocketAddr) -> Self {
+        self.bind = bind;
+        self
+    }
+
+    /// Runs the agent inside network namespace `netns`.
+    pub fn netns(mut self, netns: &str) -> Self {
+        self.netns = Some(netns.to_owned());
+        self
     }
 
     pub fn join(mut self, seed: SocketAddr) -> Self {
@@ -96,7 +111,15 @@ impl AgentProcess {
             .append(true)
             .open(&log_path)?;
         let bind = self.gossip_addr.unwrap_or(self.spec.bind);
-        let mut cmd = Command::new(&self.spec.binary);
+        let mut cmd = match &self.spec.netns {
+            // `ip netns exec` execs the binary: the child's pid is the agent's.
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(&self.spec.binary);
+                c
+            }
+            None => Command::new(&self.spec.binary),
+        };
         cmd.arg("agent")
             .args(["--name", &self.spec.name])
             .arg("--data-dir")

@@ -1,0 +1,3 @@
+//! Chaos tests: real agents in network namespaces (root), networks broken and healed for real.
+
+mod partition;
