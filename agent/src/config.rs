@@ -59,6 +59,9 @@ pub struct AgentFlags {
     /// How long a node must be seen dead before its pods are auctioned again, e.g. `5s`.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub eviction_delay: Option<Duration>,
+    /// How long a node without a majority keeps its `fenced` pods, e.g. `5s`.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub fence_timeout: Option<Duration>,
     /// Period of desired-state anti-entropy, e.g. `1s`.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub anti_entropy_interval: Option<Duration>,
@@ -117,6 +120,8 @@ pub struct AgentFile {
 pub struct SchedulingFile {
     #[serde(default, with = "humantime_serde")]
     pub eviction_delay: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub fence_timeout: Option<Duration>,
 }
 
 /// The resolved configuration the agent runs with.
@@ -149,6 +154,8 @@ pub struct AgentConfig {
     pub tombstone_horizon: Duration,
     /// Default 5 s.
     pub eviction_delay: Duration,
+    /// Default 5 s.
+    pub fence_timeout: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -265,6 +272,10 @@ impl AgentConfig {
             eviction_delay: flags
                 .eviction_delay
                 .or(file.scheduling.eviction_delay)
+                .unwrap_or(Duration::from_secs(5)),
+            fence_timeout: flags
+                .fence_timeout
+                .or(file.scheduling.fence_timeout)
                 .unwrap_or(Duration::from_secs(5)),
         };
         config.validate()?;

@@ -20,6 +20,7 @@ use crate::scheduler::auction::{
 };
 use crate::scheduler::cluster::ClusterView;
 use crate::scheduler::model::{NodeView, PodRequest, Resources, Taint, TaintEffect};
+use crate::scheduler::partition::{self, FenceConfig, Policy};
 
 /// Annotation carrying a binding's epoch.
 pub const EPOCH_ANNOTATION: &str = "shoal.io/binding-epoch";
@@ -31,6 +32,8 @@ pub struct SchedulingConfig {
     pub tick: Duration,
     /// How long a node must have been seen dead before its pods are auctioned again.
     pub eviction_delay: Duration,
+    /// Timing of the `fenced` partition policy.
+    pub fence: FenceConfig,
     pub auction: AuctionConfig,
 }
 
@@ -39,6 +42,7 @@ impl Default for SchedulingConfig {
         Self {
             tick: Duration::from_millis(100),
             eviction_delay: Duration::from_secs(5),
+            fence: FenceConfig::new(Duration::from_secs(4), Duration::from_secs(5)),
             auction: AuctionConfig::default(),
         }
     }
@@ -64,6 +68,7 @@ pub struct Scheduling {
 /// A pod as scheduling needs it, parsed once per change.
 struct PodEntry {
     request: Arc<PodRequest>,
+    policy: Policy,
     key: ObjectKey,
     node_name: Option<String>,
     epoch: u64,
@@ -73,6 +78,7 @@ impl PodEntry {
     fn parse(key: ObjectKey, pod: &Value) -> Result<Self, String> {
         Ok(Self {
             request: Arc::new(PodRequest::from_pod(pod)?),
+            policy: Policy::parse(pod["metadata"]["annotations"][partition::ANNOTATION].as_str()),
             key,
             node_name: pod["spec"]["nodeName"]
                 .as_str()
@@ -98,6 +104,8 @@ struct State {
     unschedulable: BTreeMap<String, String>,
     /// Everyone's verdicts, refreshed every tick (for the API's PodScheduled condition).
     all_unschedulable: BTreeMap<String, String>,
+    /// Since when this node has not seen a majority of the known membership.
+    without_majority_since: Option<Instant>,
 }
 
 fn to_taint(t: &shoal_gossip::NodeTaint) -> Option<Taint> {
@@ -204,6 +212,13 @@ impl Scheduling {
         }
     }
 
+    /// Whether this node's fenced pods must stop: it has lacked a majority for the fence
+    /// timeout (the container runtime acts on this).
+    pub fn must_stop_fenced(&self) -> bool {
+        let since = self.state.lock().unwrap().without_majority_since;
+        partition::must_stop(since.map(|s| s.elapsed()), &self.config.fence)
+    }
+
     /// Why no node took a pod, if an auctioneer said so.
     pub fn unschedulable_reason(&self, pod_uid: &str) -> Option<String> {
         self.state
@@ -267,6 +282,22 @@ impl Scheduling {
             });
         }
         let live_ids: Vec<NodeId> = addresses.keys().copied().collect();
+        let majority = partition::has_majority(live_ids.len(), members.len());
+        match (majority, state.without_majority_since) {
+            (true, Some(_)) => {
+                info!("a majority of the membership is visible again");
+                state.without_majority_since = None;
+            }
+            (false, None) => {
+                warn!(
+                    alive = live_ids.len(),
+                    known = members.len(),
+                    "this node no longer sees a majority: fenced pods are not replaced here, and must stop once the fence timeout passes"
+                );
+                state.without_majority_since = Some(now);
+            }
+            _ => {}
+        }
         let mut pending = Vec::new();
         let mut dead_since = std::mem::take(&mut state.dead_since);
         for entry in state.pods.values() {
@@ -280,12 +311,21 @@ impl Scheduling {
                     // A dead (or vanished) node: its pods move once the eviction delay passed.
                     None => {
                         let since = *dead_since.entry(node.clone()).or_insert(now);
-                        if now.duration_since(since) < self.config.eviction_delay {
+                        let dead_for = now.duration_since(since);
+                        if !partition::may_replace(
+                            entry.policy,
+                            dead_for,
+                            majority,
+                            self.config.eviction_delay,
+                            &self.config.fence,
+                        ) {
                             continue;
                         }
                         entry.epoch + 1
                     }
                 },
+                // A fenced pod is never started where a majority is not visible.
+                None if entry.policy == Policy::Fenced && !majority => continue,
                 None => entry.epoch.max(1),
             };
             if auctioneer(&entry.request.uid, live_ids.iter().copied()) == Some(self.self_id) {

@@ -9,6 +9,7 @@
 pub mod auction;
 pub mod cluster;
 pub mod model;
+pub mod partition;
 pub mod predicates;
 pub mod quantity;
 pub mod sim;

@@ -1,0 +1,172 @@
+//! Partition policies on a real 3|2 partition: `available` pods are replaced on both sides after
+//! the eviction delay; a `fenced` pod is replaced only on the majority side, and only after the
+//! longer fenced delay; the minority never replaces it.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use shoal_agent::testkit::{
+    AgentProcess, AgentSpec, alive_count, init_secret, state_of, wait_until,
+};
+use shoal_chaos::lab::NetLab;
+use shoal_gossip::MemberState;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn pod(name: &str, node: &str, fenced: bool) -> Value {
+    let policy = if fenced { "fenced" } else { "available" };
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": "default", "annotations": {"shoal.io/partition-policy": policy}},
+           "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}})
+}
+
+async fn node_of(agent: &AgentProcess, name: &str) -> String {
+    agent
+        .object("pods", "default", name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|p| p["spec"]["nodeName"].as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_pods_move_only_on_the_majority_side_and_only_later() {
+    let mut lab = NetLab::new(5).expect("creating the netns lab (needs root and iproute2)");
+    let binary = shoal_chaos::shoal_binary().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let secret = root.path().join("secret");
+    init_secret(&binary, &secret).unwrap();
+    let seed = SocketAddr::new(lab.address(0), 7600);
+    let mut agents = Vec::new();
+    for i in 0..5 {
+        let mut spec = AgentSpec::new(&binary, root.path(), &format!("n{i}"), &secret)
+            .bind(SocketAddr::new(lab.address(i), 7600))
+            .netns(&lab.host(i));
+        for flag in [
+            "--eviction-delay",
+            "1s",
+            "--fence-timeout",
+            "1s",
+            "--anti-entropy-interval",
+            "200ms",
+        ] {
+            spec = spec.arg(flag);
+        }
+        if i > 0 {
+            spec = spec.join(seed);
+        }
+        agents.push(AgentProcess::start(spec).await.unwrap());
+    }
+    for a in &agents {
+        wait_until("5 alive", LIMIT, || async { alive_count(a).await == 5 })
+            .await
+            .unwrap();
+    }
+    for (name, node, fenced) in [
+        ("avail-n4", "n4", false),
+        ("fenced-n4", "n4", true),
+        ("avail-n0", "n0", false),
+        ("fenced-n0", "n0", true),
+    ] {
+        assert_eq!(
+            agents[0].apply(&pod(name, node, fenced)).await.unwrap().0,
+            201
+        );
+    }
+    for a in &agents {
+        wait_until("the pods everywhere", LIMIT, || async {
+            node_of(a, "fenced-n0").await == "n0" && node_of(a, "fenced-n4").await == "n4"
+        })
+        .await
+        .unwrap();
+    }
+
+    lab.partition(&[&[0, 1, 2], &[3, 4]]).unwrap();
+    let (major, minor) = (&agents[1], &agents[3]);
+    wait_until("the majority to see n4 dead", LIMIT, || async {
+        state_of(major, "n4").await.map(|s| s.0) == Some(MemberState::Dead)
+    })
+    .await
+    .unwrap();
+    let dead_seen = Instant::now();
+    wait_until(
+        "the available pod to move on the majority side",
+        LIMIT,
+        || async {
+            let n = node_of(major, "avail-n4").await;
+            !n.is_empty() && n != "n4"
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        node_of(major, "fenced-n4").await,
+        "n4",
+        "the fenced pod waits longer than the available one"
+    );
+    wait_until(
+        "the fenced pod to move on the majority side",
+        LIMIT,
+        || async {
+            let n = node_of(major, "fenced-n4").await;
+            !n.is_empty() && n != "n4"
+        },
+    )
+    .await
+    .unwrap();
+    // Fenced delay: detection bound (200 ms x 8 x 2) + fence timeout (1 s) + 1 s = 5.2 s.
+    assert!(
+        dead_seen.elapsed() >= Duration::from_secs(4),
+        "fenced pod moved after only {:?}",
+        dead_seen.elapsed()
+    );
+
+    // The minority replaces the available pod it lost, never the fenced one.
+    wait_until("the minority to see n0 dead", LIMIT, || async {
+        state_of(minor, "n0").await.map(|s| s.0) == Some(MemberState::Dead)
+    })
+    .await
+    .unwrap();
+    wait_until(
+        "the available pod to move on the minority side",
+        LIMIT,
+        || async {
+            let n = node_of(minor, "avail-n0").await;
+            !n.is_empty() && n != "n0"
+        },
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert_eq!(
+        node_of(minor, "fenced-n0").await,
+        "n0",
+        "a side without a majority never replaces a fenced pod"
+    );
+
+    lab.heal().unwrap();
+    wait_until("identical digests on all five", LIMIT, || async {
+        let mut digests = Vec::new();
+        for a in &agents {
+            match a.store_info().await {
+                Ok(info) => digests.push(info.digest),
+                Err(_) => return false,
+            }
+        }
+        digests.windows(2).all(|w| w[0] == w[1])
+    })
+    .await
+    .unwrap();
+    for name in ["avail-n4", "fenced-n4", "avail-n0", "fenced-n0"] {
+        let node = node_of(&agents[0], name).await;
+        for a in &agents[1..] {
+            assert_eq!(
+                node_of(a, name).await,
+                node,
+                "one binding for {name} everywhere"
+            );
+        }
+    }
+}
