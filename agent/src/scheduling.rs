@@ -69,6 +69,8 @@ pub struct Scheduling {
 struct PodEntry {
     request: Arc<PodRequest>,
     policy: Policy,
+    /// Owned by a DaemonSet (its uid): bound to its node for good, never auctioned.
+    daemon: Option<String>,
     key: ObjectKey,
     node_name: Option<String>,
     epoch: u64,
@@ -79,6 +81,12 @@ impl PodEntry {
         Ok(Self {
             request: Arc::new(PodRequest::from_pod(pod)?),
             policy: Policy::parse(pod["metadata"]["annotations"][partition::ANNOTATION].as_str()),
+            daemon: pod["metadata"]["ownerReferences"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|r| r["kind"] == "DaemonSet")
+                .and_then(|r| r["uid"].as_str().map(str::to_owned)),
             key,
             node_name: pod["spec"]["nodeName"]
                 .as_str()
@@ -240,6 +248,117 @@ impl Scheduling {
             ticker.tick().await;
             let outputs = self.tick().await;
             self.handle(outputs).await;
+            self.claim_daemon_pods().await;
+        }
+    }
+
+    /// DaemonSets need no auction: each node claims, for itself, the pods of the DaemonSets
+    /// whose node selector, affinity and tolerations it satisfies (one pod per DaemonSet and
+    /// node, named `<daemonset>-<node>`), and removes its pod when it stops satisfying them.
+    async fn claim_daemon_pods(&self) {
+        let daemon_sets = self.replication.read(|s| s.list("apps", "DaemonSet", None));
+        // Garbage: this node's DaemonSet pods whose DaemonSet is gone (e.g. claimed just before
+        // the DaemonSet's deletion arrived here).
+        let live_uids: std::collections::HashSet<&str> = daemon_sets
+            .iter()
+            .filter_map(|d| d["metadata"]["uid"].as_str())
+            .collect();
+        let self_name = self
+            .state
+            .lock()
+            .unwrap()
+            .addresses
+            .get(&self.self_id)
+            .map(|(n, _)| n.clone());
+        let orphans: Vec<ObjectKey> = self
+            .state
+            .lock()
+            .unwrap()
+            .pods
+            .values()
+            .filter(|p| p.node_name.is_some() && p.node_name == self_name)
+            .filter(|p| {
+                p.daemon
+                    .as_deref()
+                    .is_some_and(|uid| !live_uids.contains(uid))
+            })
+            .map(|p| p.key.clone())
+            .collect();
+        for key in orphans {
+            if self.replication.delete(&key, None).await.is_ok() {
+                info!(pod = %key, "deleted a DaemonSet pod whose DaemonSet is gone");
+            }
+        }
+        if daemon_sets.is_empty() {
+            return;
+        }
+        let (this, cluster) = {
+            let state = self.state.lock().unwrap();
+            (
+                state.cluster.node(self.self_id).cloned(),
+                state.cluster.clone(),
+            )
+        };
+        let Some(this) = this else { return };
+        let info = kind::lookup("v1", "Pod").expect("Pod is a known kind");
+        for ds in daemon_sets {
+            let namespace = ds["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default")
+                .to_owned();
+            let ds_name = ds["metadata"]["name"].as_str().unwrap_or_default();
+            let pod_name = format!("{ds_name}-{}", this.name);
+            let key = ObjectKey::new(info, &namespace, &pod_name);
+            let template = &ds["spec"]["template"];
+            let mut candidate = json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": pod_name,
+                    "namespace": namespace,
+                    "labels": template["metadata"]["labels"],
+                    "annotations": template["metadata"]["annotations"],
+                    "ownerReferences": [{
+                        "apiVersion": "apps/v1", "kind": "DaemonSet", "name": ds_name,
+                        "uid": ds["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true,
+                    }],
+                },
+                "spec": template["spec"],
+            });
+            let Ok(request) = PodRequest::from_pod(&candidate) else {
+                continue;
+            };
+            // Resources are not a reason to refuse a DaemonSet pod (it is this node's to run).
+            let fits = crate::scheduler::predicates::check(
+                &request,
+                &this,
+                Resources::default(),
+                &cluster,
+            )
+            .is_ok();
+            let exists = self.replication.read(|s| s.get(&key)).is_some();
+            if fits && !exists {
+                candidate["spec"]["nodeName"] = json!(this.name);
+                if let Some(meta) = candidate["metadata"].as_object_mut() {
+                    meta.retain(|_, v| !v.is_null());
+                }
+                match shoal_state::validate(candidate, &namespace) {
+                    Ok(valid) => match self.replication.write(valid, WriteMode::Create).await {
+                        Ok(_) => info!(pod = %key, "claimed a DaemonSet pod"),
+                        Err(e) => debug!(pod = %key, error = %e, "DaemonSet pod not created"),
+                    },
+                    Err(e) => {
+                        warn!(daemonset = ds_name, error = %e, "DaemonSet template is not a valid pod")
+                    }
+                }
+            } else if !fits && exists {
+                match self.replication.delete(&key, None).await {
+                    Ok(_) => {
+                        info!(pod = %key, "released a DaemonSet pod this node no longer matches")
+                    }
+                    Err(e) => debug!(pod = %key, error = %e, "DaemonSet pod not deleted"),
+                }
+            }
         }
     }
 
@@ -307,7 +426,7 @@ impl Scheduling {
                         cluster.place(*id, &entry.request);
                         continue;
                     }
-                    None if undecided.contains(node) => continue,
+                    None if undecided.contains(node) || entry.daemon.is_some() => continue,
                     // A dead (or vanished) node: its pods move once the eviction delay passed.
                     None => {
                         let since = *dead_since.entry(node.clone()).or_insert(now);

@@ -216,3 +216,48 @@ async fn tainted_nodes_take_only_pods_that_tolerate_them() {
     );
     assert_eq!(taints, "dedicated");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemonset_pods_are_claimed_by_each_matching_node() {
+    let api = ApiLab::start_with(3, |i| {
+        vec![
+            "--labels".into(),
+            format!("zone={}", if i == 2 { "b" } else { "a" }),
+        ]
+    })
+    .await;
+    let ds = "apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: agent}\nspec:\n  selector: {matchLabels: {app: agent}}\n  template:\n    metadata: {labels: {app: agent}}\n    spec:\n      nodeSelector: {zone: a}\n      containers: [{name: c, image: busybox}]\n";
+    let file = api.manifest("ds.yaml", ds);
+    api.ok(2, &["apply", "-f", &file]);
+    for node in ["n0", "n1"] {
+        let pod = format!("agent-{node}");
+        wait_until(&format!("{pod} claimed"), LIMIT, || async {
+            node_of(&api, 2, &pod) == node
+        })
+        .await
+        .unwrap();
+    }
+    // No pod for the node that does not match, and no auction moved anything.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (ok, _, _) = api.kubectl(0, &["get", "pod", "agent-n2"]);
+    assert!(!ok, "n2 (zone b) must not claim a pod");
+    let owners = api.ok(
+        1,
+        &[
+            "get",
+            "pod",
+            "agent-n0",
+            "-o",
+            "jsonpath={.metadata.ownerReferences[0].kind}",
+        ],
+    );
+    assert_eq!(owners, "DaemonSet");
+    // Deleting the DaemonSet deletes its pods (owner references).
+    api.ok(0, &["delete", "daemonset", "agent"]);
+    wait_until("the DaemonSet's pods gone", LIMIT, || async {
+        let out = api.ok(1, &["get", "pods", "-o", "name"]);
+        !out.contains("agent-n0") && !out.contains("agent-n1")
+    })
+    .await
+    .unwrap();
+}
