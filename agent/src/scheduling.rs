@@ -325,6 +325,10 @@ impl Scheduling {
                 },
                 "spec": template["spec"],
             });
+            if !candidate["spec"].is_object() {
+                warn!(daemonset = ds_name, "DaemonSet template has no pod spec");
+                continue;
+            }
             let Ok(request) = PodRequest::from_pod(&candidate) else {
                 continue;
             };
@@ -579,6 +583,12 @@ impl Scheduling {
             .read(|s| s.get(&key))
             .filter(|p| p["metadata"]["uid"] == binding.pod.as_str());
         let Some(mut pod) = pod else { return };
+        let annotations_ok =
+            pod["metadata"]["annotations"].is_object() || pod["metadata"]["annotations"].is_null();
+        if !pod["spec"].is_object() || !annotations_ok {
+            warn!(pod = %key, "pod has a malformed spec or annotations; not bound");
+            return;
+        }
         pod["spec"]["nodeName"] = json!(node_name);
         pod["metadata"]["annotations"][EPOCH_ANNOTATION] = json!(binding.epoch.to_string());
         if let Some(meta) = pod["metadata"].as_object_mut() {
