@@ -677,7 +677,15 @@ pub async fn subresource(
                     )
                 })?;
             let mut updated = object;
-            updated["spec"]["replicas"] = json!(replicas);
+            let Some(spec) = updated.get_mut("spec").and_then(Value::as_object_mut) else {
+                return Err(ApiError::invalid(
+                    resource.kind,
+                    name,
+                    "spec",
+                    "Invalid value: must be an object",
+                ));
+            };
+            spec.insert("replicas".into(), json!(replicas));
             if let Some(meta) = updated["metadata"].as_object_mut() {
                 meta.remove("resourceVersion");
             }
