@@ -165,6 +165,15 @@ impl ClusterView {
             .count() as u64
     }
 
+    /// Whether any pod in `namespace` matching `selector` runs on a node with `topology_key`.
+    pub fn any_matching(&self, topology_key: &str, namespace: &str, selector: &Term) -> bool {
+        self.domains.get(topology_key).is_some_and(|domains| {
+            domains
+                .keys()
+                .any(|d| self.matching_in_domain(topology_key, d, namespace, selector) > 0)
+        })
+    }
+
     /// The smallest count over all domains of `topology_key` (0 when a domain has none).
     pub fn min_in_domains(&self, topology_key: &str, namespace: &str, selector: &Term) -> u64 {
         let Some(domains) = self.domains.get(topology_key) else {

@@ -161,6 +161,9 @@ pub struct PodRequest {
     pub tolerations: Vec<Toleration>,
     pub priority: i32,
     pub anti_affinity: Vec<AntiAffinity>,
+    /// Required pod affinity: some pod matching `selector` in the same `topology_key` domain.
+    #[serde(default)]
+    pub affinity: Vec<AntiAffinity>,
     pub spread: Vec<Spread>,
     /// `spec.nodeName`: bound directly, no auction.
     pub node_name: Option<String>,
@@ -266,8 +269,8 @@ impl PodRequest {
                 ))
             })
             .collect::<Result<_, String>>()?;
-        let anti_affinity =
-            affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        let pod_terms = |field: &str| -> Result<Vec<AntiAffinity>, String> {
+            affinity[field]["requiredDuringSchedulingIgnoredDuringExecution"]
                 .as_array()
                 .into_iter()
                 .flatten()
@@ -280,7 +283,10 @@ impl PodRequest {
                         selector: parse_term(&t["labelSelector"])?,
                     })
                 })
-                .collect::<Result<_, String>>()?;
+                .collect()
+        };
+        let anti_affinity = pod_terms("podAntiAffinity")?;
+        let pod_affinity = pod_terms("podAffinity")?;
         let spread = spec["topologySpreadConstraints"]
             .as_array()
             .into_iter()
@@ -332,6 +338,7 @@ impl PodRequest {
             tolerations,
             priority: spec["priority"].as_i64().unwrap_or(0) as i32,
             anti_affinity,
+            affinity: pod_affinity,
             spread,
             node_name: spec["nodeName"]
                 .as_str()

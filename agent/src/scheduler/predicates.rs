@@ -20,6 +20,7 @@ pub enum Decline {
     InsufficientMemory,
     TooManyPods,
     AntiAffinity,
+    Affinity,
     Spread,
 }
 
@@ -36,6 +37,7 @@ impl std::fmt::Display for Decline {
             Decline::InsufficientMemory => f.write_str("Insufficient memory"),
             Decline::TooManyPods => f.write_str("Too many pods"),
             Decline::AntiAffinity => f.write_str("node(s) didn't match pod anti-affinity rules"),
+            Decline::Affinity => f.write_str("node(s) didn't match pod affinity rules"),
             Decline::Spread => f.write_str("node(s) didn't match pod topology spread constraints"),
         }
     }
@@ -106,6 +108,18 @@ pub fn check(
             ) > 0
         {
             return Err(Decline::AntiAffinity);
+        }
+    }
+    for term in &pod.affinity {
+        let here = node.labels.get(&term.topology_key).map_or(0, |d| {
+            cluster.matching_in_domain(&term.topology_key, d, &pod.namespace, &term.selector)
+        });
+        // As in Kubernetes: the first pod of a group that matches its own selector may go
+        // anywhere, or it could never be placed.
+        let first_of_its_kind = super::model::term_matches(&term.selector, &pod.labels)
+            && !cluster.any_matching(&term.topology_key, &pod.namespace, &term.selector);
+        if here == 0 && !first_of_its_kind {
+            return Err(Decline::Affinity);
         }
     }
     for spread in pod.spread.iter().filter(|s| s.hard) {

@@ -116,6 +116,7 @@ pub fn pods(seed: u64, n: usize) -> Vec<PodRequest> {
                 tolerations,
                 priority: 0,
                 anti_affinity: vec![],
+                affinity: vec![],
                 spread,
                 node_name: None,
             }
