@@ -462,4 +462,59 @@ mod tests {
             "0/5 nodes are available: 3 Insufficient memory, 2 node(s) didn't match Pod's node affinity/selector."
         );
     }
+
+    #[test]
+    fn pod_affinity_needs_a_matching_pod_in_the_domain_unless_first_of_its_kind() {
+        let mut cluster = ClusterView::default();
+        for (id, zone) in [(1, "a"), (2, "a"), (3, "b")] {
+            cluster.add_node(node(id, &[("topology.kubernetes.io/zone", zone)], 4000, 8));
+        }
+        let web = pod(json!({"containers": []}));
+        cluster.place(1, &web);
+        let near = pod(
+            json!({"containers": [], "affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "topology.kubernetes.io/zone", "labelSelector": {"matchLabels": {"app": "web"}}}]}}}),
+        );
+        let near = PodRequest {
+            uid: "u2".into(),
+            labels: [("app".to_owned(), "api".to_owned())].into(),
+            ..near
+        };
+        assert_eq!(
+            check(
+                &near,
+                cluster.node(2).unwrap(),
+                Resources::default(),
+                &cluster
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            check(
+                &near,
+                cluster.node(3).unwrap(),
+                Resources::default(),
+                &cluster
+            ),
+            Err(Decline::Affinity)
+        );
+        let first = pod(
+            json!({"containers": [], "affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "db"}}}]}}}),
+        );
+        let first = PodRequest {
+            uid: "u3".into(),
+            labels: [("app".to_owned(), "db".to_owned())].into(),
+            ..first
+        };
+        assert_eq!(
+            check(
+                &first,
+                cluster.node(3).unwrap(),
+                Resources::default(),
+                &cluster
+            ),
+            Ok(())
+        );
+    }
 }
