@@ -51,8 +51,6 @@ impl Binding {
 pub enum Message {
     Call {
         auction: (NodeId, u64),
-        /// How many nodes this call went to (a bidder expects to win about 1 in `asked`).
-        asked: usize,
         pods: Vec<Arc<PodRequest>>,
     },
     Bids {
@@ -255,7 +253,6 @@ impl Scheduler {
                 to: *node,
                 message: Message::Call {
                     auction: (self.id, self.seq),
-                    asked: nodes.len(),
                     pods: pods.clone(),
                 },
             });
@@ -288,17 +285,13 @@ impl Scheduler {
     ) -> Vec<Output> {
         let mut out = Vec::new();
         match message {
-            Message::Call {
-                auction,
-                asked,
-                pods,
-            } => {
+            Message::Call { auction, pods } => {
                 let Some(node) = world.cluster.node(self.id) else {
                     return out;
                 };
                 let allocatable = node.allocatable;
                 let free = allocatable.minus(world.cluster.allocated(self.id));
-                let bids = self.bid(now, asked, &pods, world);
+                let bids = self.bid(now, &pods, world);
                 out.push(Output::Send {
                     to: auction.0,
                     message: Message::Bids {
@@ -343,12 +336,11 @@ impl Scheduler {
     }
 
     /// The bidder side: checks each pod of the batch against this node as it is now, and
-    /// scores it as if its expected share of the pods it has offered (and not seen bound yet)
-    /// were placed: an offer to one of `asked` bidders weighs `1/asked` of its requests.
+    /// scores it as if the pods it has offered (and not seen bound yet) were placed, weighted by
+    /// `pressure_percent`.
     fn bid(
         &mut self,
         now: Duration,
-        asked: usize,
         pods: &[Arc<PodRequest>],
         world: &World,
     ) -> Vec<(String, Result<i64, Decline>)> {
@@ -366,10 +358,9 @@ impl Scheduler {
                 self.evaluations += 1;
                 let bid = predicates::check(pod, node, used, world.cluster).map(|()| {
                     let score = predicates::score(pod, node, used.plus(pressure), world.cluster);
-                    let k = asked.max(1) as u64;
                     let expected = Resources::new(
-                        pod.requests.cpu_millis * self.config.pressure_percent / 100 / k.min(1),
-                        pod.requests.memory_bytes * self.config.pressure_percent / 100 / k.min(1),
+                        pod.requests.cpu_millis * self.config.pressure_percent / 100,
+                        pod.requests.memory_bytes * self.config.pressure_percent / 100,
                         0,
                     );
                     pressure = pressure.plus(expected);
