@@ -366,6 +366,24 @@ where
     }
 }
 
+/// Waits until every agent's desired-state store has the same root digest.
+pub async fn wait_for_identical_digests(
+    agents: &[&AgentProcess],
+    timeout: Duration,
+) -> anyhow::Result<Duration> {
+    wait_until("identical store digests", timeout, || async {
+        let mut digests = Vec::new();
+        for agent in agents {
+            match agent.store_info().await {
+                Ok(info) => digests.push(info.digest),
+                Err(_) => return false,
+            }
+        }
+        digests.windows(2).all(|w| w[0] == w[1])
+    })
+    .await
+}
+
 /// The state in which `observer` sees the node named `name`, if it knows it.
 pub async fn state_of(observer: &AgentProcess, name: &str) -> Option<(MemberState, u64)> {
     let members = observer.members().await.ok()?;

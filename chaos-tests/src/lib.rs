@@ -23,3 +23,38 @@ pub fn shoal_binary() -> anyhow::Result<std::path::PathBuf> {
         exe.display()
     )
 }
+
+/// Starts `n` agents in `lab`'s hosts (host 0 is the seed), each with `flags`, and waits until
+/// all see all alive. The returned directory holds the secret and the data dirs.
+pub async fn start_cluster(
+    lab: &lab::NetLab,
+    n: usize,
+    flags: &[&str],
+) -> anyhow::Result<(tempfile::TempDir, Vec<shoal_agent::testkit::AgentProcess>)> {
+    use shoal_agent::testkit::{AgentProcess, AgentSpec, alive_count, init_secret, wait_until};
+    let binary = shoal_binary()?;
+    let root = tempfile::tempdir()?;
+    let secret = root.path().join("secret");
+    init_secret(&binary, &secret)?;
+    let seed = std::net::SocketAddr::new(lab.address(0), 7600);
+    let mut agents = Vec::new();
+    for i in 0..n {
+        let mut spec = AgentSpec::new(&binary, root.path(), &format!("n{i}"), &secret)
+            .bind(std::net::SocketAddr::new(lab.address(i), 7600))
+            .netns(&lab.host(i));
+        for flag in flags {
+            spec = spec.arg(*flag);
+        }
+        if i > 0 {
+            spec = spec.join(seed);
+        }
+        agents.push(AgentProcess::start(spec).await?);
+    }
+    for a in &agents {
+        wait_until("all alive", std::time::Duration::from_secs(60), || async {
+            alive_count(a).await == n
+        })
+        .await?;
+    }
+    Ok((root, agents))
+}

@@ -2,13 +2,10 @@
 //! the eviction delay; a `fenced` pod is replaced only on the majority side, and only after the
 //! longer fenced delay; the minority never replaces it.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use shoal_agent::testkit::{
-    AgentProcess, AgentSpec, alive_count, init_secret, state_of, wait_until,
-};
+use shoal_agent::testkit::{AgentProcess, state_of, wait_for_identical_digests, wait_until};
 use shoal_chaos::lab::NetLab;
 use shoal_gossip::MemberState;
 
@@ -34,36 +31,20 @@ async fn node_of(agent: &AgentProcess, name: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fenced_pods_move_only_on_the_majority_side_and_only_later() {
     let mut lab = NetLab::new(5).expect("creating the netns lab (needs root and iproute2)");
-    let binary = shoal_chaos::shoal_binary().unwrap();
-    let root = tempfile::tempdir().unwrap();
-    let secret = root.path().join("secret");
-    init_secret(&binary, &secret).unwrap();
-    let seed = SocketAddr::new(lab.address(0), 7600);
-    let mut agents = Vec::new();
-    for i in 0..5 {
-        let mut spec = AgentSpec::new(&binary, root.path(), &format!("n{i}"), &secret)
-            .bind(SocketAddr::new(lab.address(i), 7600))
-            .netns(&lab.host(i));
-        for flag in [
+    let (_root, agents) = shoal_chaos::start_cluster(
+        &lab,
+        5,
+        &[
             "--eviction-delay",
             "1s",
             "--fence-timeout",
             "1s",
             "--anti-entropy-interval",
             "200ms",
-        ] {
-            spec = spec.arg(flag);
-        }
-        if i > 0 {
-            spec = spec.join(seed);
-        }
-        agents.push(AgentProcess::start(spec).await.unwrap());
-    }
-    for a in &agents {
-        wait_until("5 alive", LIMIT, || async { alive_count(a).await == 5 })
-            .await
-            .unwrap();
-    }
+        ],
+    )
+    .await
+    .unwrap();
     for (name, node, fenced) in [
         ("avail-n4", "n4", false),
         ("fenced-n4", "n4", true),
@@ -147,18 +128,9 @@ async fn fenced_pods_move_only_on_the_majority_side_and_only_later() {
     );
 
     lab.heal().unwrap();
-    wait_until("identical digests on all five", LIMIT, || async {
-        let mut digests = Vec::new();
-        for a in &agents {
-            match a.store_info().await {
-                Ok(info) => digests.push(info.digest),
-                Err(_) => return false,
-            }
-        }
-        digests.windows(2).all(|w| w[0] == w[1])
-    })
-    .await
-    .unwrap();
+    wait_for_identical_digests(&agents.iter().collect::<Vec<_>>(), LIMIT)
+        .await
+        .unwrap();
     for name in ["avail-n4", "fenced-n4", "avail-n0", "fenced-n0"] {
         let node = node_of(&agents[0], name).await;
         for a in &agents[1..] {

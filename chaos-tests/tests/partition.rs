@@ -1,12 +1,11 @@
 //! A 3|2 partition of five agents: both sides keep accepting writes; after the heal every agent
 //! holds identical desired state, with the documented merge semantics.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use shoal_agent::testkit::{
-    AgentProcess, AgentSpec, alive_count, init_secret, state_of, wait_until,
+    AgentProcess, alive_count, state_of, wait_for_identical_digests, wait_until,
 };
 use shoal_chaos::lab::NetLab;
 use shoal_gossip::MemberState;
@@ -28,28 +27,10 @@ async fn has(agent: &AgentProcess, name: &str) -> Option<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitioned_sides_both_write_and_converge_after_heal() {
     let mut lab = NetLab::new(5).expect("creating the netns lab (needs root and iproute2)");
-    let binary = shoal_chaos::shoal_binary().unwrap();
-    let root = tempfile::tempdir().unwrap();
-    let secret = root.path().join("secret");
-    init_secret(&binary, &secret).unwrap();
-    let seed = SocketAddr::new(lab.address(0), 7600);
-    let mut agents = Vec::new();
-    for i in 0..5 {
-        let mut spec = AgentSpec::new(&binary, root.path(), &format!("n{i}"), &secret)
-            .bind(SocketAddr::new(lab.address(i), 7600))
-            .netns(&lab.host(i))
-            .arg("--anti-entropy-interval")
-            .arg("200ms");
-        if i > 0 {
-            spec = spec.join(seed);
-        }
-        agents.push(AgentProcess::start(spec).await.unwrap());
-    }
-    for a in &agents {
-        wait_until("5 alive", LIMIT, || async { alive_count(a).await == 5 })
+    let (_root, agents) =
+        shoal_chaos::start_cluster(&lab, 5, &["--anti-entropy-interval", "200ms"])
             .await
             .unwrap();
-    }
     agents[0]
         .apply(&config_map("shared", json!({"a": "0", "b": "0"})))
         .await
@@ -147,18 +128,9 @@ async fn partitioned_sides_both_write_and_converge_after_heal() {
     );
 
     lab.heal().unwrap();
-    wait_until("identical digests on all five", LIMIT, || async {
-        let mut digests = Vec::new();
-        for a in &agents {
-            match a.store_info().await {
-                Ok(info) => digests.push(info.digest),
-                Err(_) => return false,
-            }
-        }
-        digests.windows(2).all(|w| w[0] == w[1])
-    })
-    .await
-    .unwrap();
+    wait_for_identical_digests(&agents.iter().collect::<Vec<_>>(), LIMIT)
+        .await
+        .unwrap();
     for a in &agents {
         let shared = has(a, "shared").await.unwrap();
         assert_eq!(
