@@ -25,7 +25,8 @@ impl KindInfo {
     }
 }
 
-const fn kind(
+/// A kind's description, usable in `const` tables.
+pub const fn kind(
     group: &'static str,
     version: &'static str,
     kind: &'static str,

@@ -23,6 +23,17 @@ use crate::replication::WriteError;
 
 pub type Query = HashMap<String, String>;
 
+/// One API request's parts, as every verb reads them.
+#[derive(Clone, Copy)]
+pub struct Request<'a> {
+    pub state: &'a ApiState,
+    pub resource: &'a ApiResource,
+    pub namespace: Option<&'a str>,
+    pub query: &'a Query,
+    pub headers: &'a HeaderMap,
+    pub body: &'a Bytes,
+}
+
 fn json_response(code: StatusCode, value: &Value) -> Response {
     (
         code,
@@ -171,15 +182,17 @@ async fn get_object(
 }
 
 /// GET of a collection: list, or watch with `?watch=true`.
-pub async fn list(
-    state: &ApiState,
-    resource: &ApiResource,
-    namespace: Option<&str>,
-    query: &Query,
-    headers: &HeaderMap,
-) -> Result<Response, ApiError> {
+pub async fn list(request: &Request<'_>) -> Result<Response, ApiError> {
+    let Request {
+        state,
+        resource,
+        namespace,
+        query,
+        headers,
+        ..
+    } = *request;
     if matches!(query.get("watch").map(String::as_str), Some("true" | "1")) {
-        return watch(state, resource, namespace, query, headers).await;
+        return watch(request).await;
     }
     let (labels, fields) = selectors(query)?;
     let (items, rv) = list_objects(state, resource, namespace).await;
@@ -219,13 +232,14 @@ pub async fn list(
     ))
 }
 
-pub async fn get(
-    state: &ApiState,
-    resource: &ApiResource,
-    namespace: Option<&str>,
-    name: &str,
-    headers: &HeaderMap,
-) -> Result<Response, ApiError> {
+pub async fn get(request: &Request<'_>, name: &str) -> Result<Response, ApiError> {
+    let Request {
+        state,
+        resource,
+        namespace,
+        headers,
+        ..
+    } = *request;
     let object = get_object(state, resource, namespace, name).await?;
     if table::wants_table(accept(headers)) {
         let rv = object["metadata"]["resourceVersion"]
@@ -341,14 +355,15 @@ fn dry_run(query: &Query) -> bool {
 }
 
 /// POST to a collection.
-pub async fn create(
-    state: &ApiState,
-    resource: &ApiResource,
-    namespace: Option<&str>,
-    query: &Query,
-    headers: &HeaderMap,
-    body: &Bytes,
-) -> Result<Response, ApiError> {
+pub async fn create(request: &Request<'_>) -> Result<Response, ApiError> {
+    let Request {
+        state,
+        resource,
+        namespace,
+        query,
+        headers,
+        body,
+    } = *request;
     let mut object = parse_body(headers, body)?;
     if object["metadata"]["name"]
         .as_str()
@@ -370,15 +385,15 @@ pub async fn create(
 }
 
 /// PUT of an object.
-pub async fn update(
-    state: &ApiState,
-    resource: &ApiResource,
-    namespace: Option<&str>,
-    name: &str,
-    query: &Query,
-    headers: &HeaderMap,
-    body: &Bytes,
-) -> Result<Response, ApiError> {
+pub async fn update(request: &Request<'_>, name: &str) -> Result<Response, ApiError> {
+    let Request {
+        state,
+        resource,
+        namespace,
+        query,
+        headers,
+        body,
+    } = *request;
     let valid = prepare(
         resource,
         namespace,
@@ -405,15 +420,15 @@ fn strip_server_fields(mut object: Value) -> Value {
 }
 
 /// PATCH of an object (merge, JSON, strategic merge, server-side apply).
-pub async fn patch(
-    state: &ApiState,
-    resource: &ApiResource,
-    namespace: Option<&str>,
-    name: &str,
-    query: &Query,
-    headers: &HeaderMap,
-    body: &Bytes,
-) -> Result<Response, ApiError> {
+pub async fn patch(request: &Request<'_>, name: &str) -> Result<Response, ApiError> {
+    let Request {
+        state,
+        resource,
+        namespace,
+        query,
+        headers,
+        body,
+    } = *request;
     let ct = content_type(headers).to_owned();
     let current = get_object(state, resource, namespace, name).await;
     let apply = ct.starts_with("application/apply-patch");
@@ -504,14 +519,15 @@ fn body_names_resource_version(body: &Bytes) -> bool {
 }
 
 /// DELETE of an object; owned objects are deleted too unless `propagationPolicy=Orphan`.
-pub async fn delete(
-    state: &ApiState,
-    resource: &ApiResource,
-    namespace: Option<&str>,
-    name: &str,
-    query: &Query,
-    body: &Bytes,
-) -> Result<Response, ApiError> {
+pub async fn delete(request: &Request<'_>, name: &str) -> Result<Response, ApiError> {
+    let Request {
+        state,
+        resource,
+        namespace,
+        query,
+        body,
+        ..
+    } = *request;
     let Some(info) = resource.kind_info() else {
         return Err(ApiError::method_not_allowed(format!(
             "{} are observed, not written",
@@ -619,18 +635,20 @@ async fn collect_garbage(
 }
 
 /// Subresources: status (observed, read-only), scale, log.
-#[allow(clippy::too_many_arguments)] // the request's parts, as the other verbs take them
 pub async fn subresource(
-    state: &ApiState,
-    resource: &ApiResource,
-    namespace: Option<&str>,
+    request: &Request<'_>,
     name: &str,
     sub: &str,
     method: &Method,
-    query: &Query,
-    headers: &HeaderMap,
-    body: &Bytes,
 ) -> Result<Response, ApiError> {
+    let Request {
+        state,
+        resource,
+        namespace,
+        query,
+        headers,
+        body,
+    } = *request;
     let allowed = resource.subresources().iter().any(|(s, _, _)| *s == sub);
     if !allowed {
         return Err(ApiError::not_found(
@@ -639,7 +657,7 @@ pub async fn subresource(
         ));
     }
     match (sub, method) {
-        ("status", &Method::GET) => get(state, resource, namespace, name, headers).await,
+        ("status", &Method::GET) => get(request, name).await,
         ("status", _) => Err(ApiError::method_not_allowed(
             "status is observed by the agents and cannot be written",
         )),
@@ -767,13 +785,15 @@ fn event_line(event: &str, object: Value, table_kind: Option<&str>) -> Bytes {
 }
 
 /// A watch: chunked newline-delimited JSON events.
-async fn watch(
-    state: &ApiState,
-    resource: &ApiResource,
-    namespace: Option<&str>,
-    query: &Query,
-    headers: &HeaderMap,
-) -> Result<Response, ApiError> {
+async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
+    let Request {
+        state,
+        resource,
+        namespace,
+        query,
+        headers,
+        ..
+    } = *request;
     let Source::Stored(info) = resource.source else {
         return Err(ApiError::method_not_allowed(format!(
             "watching {} is not supported",

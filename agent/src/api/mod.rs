@@ -186,48 +186,46 @@ async fn route(
         ApiPath::Collection {
             resource,
             namespace,
-        } => match *method {
-            Method::GET => {
-                handlers::list(state, &resource, namespace.as_deref(), &query, headers).await
+        } => {
+            let request = handlers::Request {
+                state,
+                resource: &resource,
+                namespace: namespace.as_deref(),
+                query: &query,
+                headers,
+                body,
+            };
+            match *method {
+                Method::GET => handlers::list(&request).await,
+                Method::POST => handlers::create(&request).await,
+                Method::DELETE => Err(handlers::delete_collection(&resource)),
+                _ => Err(ApiError::method_not_allowed(format!(
+                    "{method} is not allowed on a collection"
+                ))),
             }
-            Method::POST => {
-                handlers::create(
-                    state,
-                    &resource,
-                    namespace.as_deref(),
-                    &query,
-                    headers,
-                    body,
-                )
-                .await
-            }
-            Method::DELETE => Err(handlers::delete_collection(&resource)),
-            _ => Err(ApiError::method_not_allowed(format!(
-                "{method} is not allowed on a collection"
-            ))),
-        },
+        }
         ApiPath::Object {
             resource,
             namespace,
             name,
             subresource,
         } => {
-            let ns = namespace.as_deref();
+            let request = handlers::Request {
+                state,
+                resource: &resource,
+                namespace: namespace.as_deref(),
+                query: &query,
+                headers,
+                body,
+            };
             if let Some(sub) = subresource {
-                return handlers::subresource(
-                    state, &resource, ns, &name, &sub, method, &query, headers, body,
-                )
-                .await;
+                return handlers::subresource(&request, &name, &sub, method).await;
             }
             match *method {
-                Method::GET => handlers::get(state, &resource, ns, &name, headers).await,
-                Method::PUT => {
-                    handlers::update(state, &resource, ns, &name, &query, headers, body).await
-                }
-                Method::PATCH => {
-                    handlers::patch(state, &resource, ns, &name, &query, headers, body).await
-                }
-                Method::DELETE => handlers::delete(state, &resource, ns, &name, &query, body).await,
+                Method::GET => handlers::get(&request, &name).await,
+                Method::PUT => handlers::update(&request, &name).await,
+                Method::PATCH => handlers::patch(&request, &name).await,
+                Method::DELETE => handlers::delete(&request, &name).await,
                 _ => Err(ApiError::method_not_allowed(format!(
                     "{method} is not allowed on an object"
                 ))),

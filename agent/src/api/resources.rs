@@ -1,6 +1,6 @@
 //! The API's resource registry and URL grammar (`/api/v1/namespaces/{ns}/pods/{name}/log`, …).
 
-use shoal_state::kind::{KINDS, KindInfo};
+use shoal_state::kind::{self, KINDS, KindInfo};
 
 /// Where a resource's objects come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,25 +44,9 @@ const WRITE_VERBS: &[&str] = &[
 ];
 
 /// Kinds the API serves from observation rather than from the store.
-const NODE: KindInfo = observed_kind("Node", "nodes", false, &["no"]);
-const EVENT: KindInfo = observed_kind("Event", "events", true, &["ev"]);
-const ENDPOINTS: KindInfo = observed_kind("Endpoints", "endpoints", true, &["ep"]);
-
-const fn observed_kind(
-    kind: &'static str,
-    plural: &'static str,
-    namespaced: bool,
-    short_names: &'static [&'static str],
-) -> KindInfo {
-    KindInfo {
-        group: "",
-        version: "v1",
-        kind,
-        plural,
-        namespaced,
-        short_names,
-    }
-}
+const NODE: KindInfo = kind::kind("", "v1", "Node", "nodes", false, &["no"]);
+const EVENT: KindInfo = kind::kind("", "v1", "Event", "events", true, &["ev"]);
+const ENDPOINTS: KindInfo = kind::kind("", "v1", "Endpoints", "endpoints", true, &["ep"]);
 
 impl ApiResource {
     pub fn singular(&self) -> String {
