@@ -965,6 +965,27 @@ fn change_line(
     )
 }
 
+/// A request on one object: its verbs, or a subresource.
+pub async fn object(
+    request: &Request<'_>,
+    name: &str,
+    subresource: Option<&str>,
+    method: &Method,
+) -> Result<Response, ApiError> {
+    if let Some(sub) = subresource {
+        return self::subresource(request, name, sub, method).await;
+    }
+    match *method {
+        Method::GET => get(request, name).await,
+        Method::PUT => update(request, name).await,
+        Method::PATCH => patch(request, name).await,
+        Method::DELETE => delete(request, name).await,
+        _ => Err(ApiError::method_not_allowed(format!(
+            "{method} is not allowed on an object"
+        ))),
+    }
+}
+
 /// A successful delete-collection is not supported; say so clearly.
 pub fn delete_collection(resource: &ApiResource) -> ApiError {
     ApiError::method_not_allowed(format!(

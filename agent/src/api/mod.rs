@@ -175,62 +175,46 @@ async fn route(
             "{method} is not allowed on {path}"
         )));
     }
-    match parsed {
-        ApiPath::CoreVersions if discovery::wants_aggregated(accept) => Ok(aggregated(true)),
-        ApiPath::CoreVersions => Ok(json(&discovery::core_versions(&state.server_address))),
-        ApiPath::Groups if discovery::wants_aggregated(accept) => Ok(aggregated(false)),
-        ApiPath::Groups => Ok(json(&discovery::group_list())),
+    // Discovery paths answer directly; resource paths go to the verbs with one Request.
+    let (resource, namespace, object) = match parsed {
+        ApiPath::CoreVersions if discovery::wants_aggregated(accept) => {
+            return Ok(aggregated(true));
+        }
+        ApiPath::CoreVersions => return Ok(json(&discovery::core_versions(&state.server_address))),
+        ApiPath::Groups if discovery::wants_aggregated(accept) => return Ok(aggregated(false)),
+        ApiPath::Groups => return Ok(json(&discovery::group_list())),
         ApiPath::ResourceList { group, version } => {
-            Ok(json(&discovery::resource_list(&group, &version)))
+            return Ok(json(&discovery::resource_list(&group, &version)));
         }
         ApiPath::Collection {
             resource,
             namespace,
-        } => {
-            let request = handlers::Request {
-                state,
-                resource: &resource,
-                namespace: namespace.as_deref(),
-                query: &query,
-                headers,
-                body,
-            };
-            match *method {
-                Method::GET => handlers::list(&request).await,
-                Method::POST => handlers::create(&request).await,
-                Method::DELETE => Err(handlers::delete_collection(&resource)),
-                _ => Err(ApiError::method_not_allowed(format!(
-                    "{method} is not allowed on a collection"
-                ))),
-            }
-        }
+        } => (resource, namespace, None),
         ApiPath::Object {
             resource,
             namespace,
             name,
             subresource,
-        } => {
-            let request = handlers::Request {
-                state,
-                resource: &resource,
-                namespace: namespace.as_deref(),
-                query: &query,
-                headers,
-                body,
-            };
-            if let Some(sub) = subresource {
-                return handlers::subresource(&request, &name, &sub, method).await;
-            }
-            match *method {
-                Method::GET => handlers::get(&request, &name).await,
-                Method::PUT => handlers::update(&request, &name).await,
-                Method::PATCH => handlers::patch(&request, &name).await,
-                Method::DELETE => handlers::delete(&request, &name).await,
-                _ => Err(ApiError::method_not_allowed(format!(
-                    "{method} is not allowed on an object"
-                ))),
-            }
+        } => (resource, namespace, Some((name, subresource))),
+    };
+    let request = handlers::Request {
+        state,
+        resource: &resource,
+        namespace: namespace.as_deref(),
+        query: &query,
+        headers,
+        body,
+    };
+    match (object, method) {
+        (Some((name, subresource)), _) => {
+            handlers::object(&request, &name, subresource.as_deref(), method).await
         }
+        (None, &Method::GET) => handlers::list(&request).await,
+        (None, &Method::POST) => handlers::create(&request).await,
+        (None, &Method::DELETE) => Err(handlers::delete_collection(&resource)),
+        (None, _) => Err(ApiError::method_not_allowed(format!(
+            "{method} is not allowed on a collection"
+        ))),
     }
 }
 
