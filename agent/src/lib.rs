@@ -11,8 +11,10 @@ pub mod client;
 pub mod config;
 pub mod control;
 pub mod host;
+pub mod images;
 pub mod node_identity;
 pub mod replication;
+pub mod runtime;
 pub mod scheduler;
 pub mod scheduling;
 pub mod testkit;
@@ -37,6 +39,16 @@ pub mod paths {
     /// The desired-state store (redb).
     pub fn store(data_dir: &Path) -> PathBuf {
         data_dir.join("state.redb")
+    }
+
+    /// The image store.
+    pub fn images(data_dir: &Path) -> PathBuf {
+        data_dir.join("images")
+    }
+
+    /// Per-pod runtime state: bundles, overlay mounts, container logs.
+    pub fn pods(data_dir: &Path) -> PathBuf {
+        data_dir.join("pods")
     }
 
     /// Held (flock) while an agent runs on this data dir.

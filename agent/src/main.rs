@@ -68,6 +68,20 @@ enum Command {
         #[arg(long, value_name = "URL")]
         server: Option<String>,
     },
+    /// Manage the node's images (the store in the agent's data dir, shared with a running agent).
+    Image {
+        #[command(subcommand)]
+        command: ImageCommand,
+    },
+    /// Stop and remove every container and pod sandbox of this node (the agent must be
+    /// stopped): processes, mounts, cgroups, network namespaces, pod directories.
+    Reset {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Supervise one container (started by the agent; not for interactive use).
+    #[command(hide = true)]
+    Shim(shoal_agent::runtime::shim::ShimArgs),
     /// Delete an object.
     Delete {
         #[command(flatten)]
@@ -76,6 +90,33 @@ enum Command {
         name: String,
         #[arg(short, long, default_value = "default")]
         namespace: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum ImageCommand {
+    /// Import the images of an OCI image archive (`skopeo copy … oci-archive:FILE`), an OCI
+    /// layout packed with tar, or a `docker save` archive (plain or gzip).
+    Import {
+        #[command(flatten)]
+        target: Target,
+        file: PathBuf,
+        /// Name the (single) image of the archive instead of using the names it carries.
+        #[arg(long, value_name = "NAME")]
+        tag: Option<String>,
+    },
+    /// List the node's images.
+    Ls {
+        #[command(flatten)]
+        target: Target,
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Remove an image's tag, and its blobs unless another tag still needs them.
+    Rm {
+        #[command(flatten)]
+        target: Target,
+        reference: String,
     },
 }
 
@@ -159,6 +200,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", kubeconfig_yaml(&info, server.as_deref()));
             Ok(())
         }
+        Command::Image { command } => image(command),
+        Command::Shim(args) => Ok(shoal_agent::runtime::shim::main(&args)?),
+        Command::Reset { target } => {
+            let runtime = shoal_agent::runtime::Runtime::new(&target.data_dir)?;
+            let removed = runtime.reset()?;
+            println!("removed {removed} pod sandbox(es)");
+            Ok(())
+        }
         Command::Delete {
             target,
             kind,
@@ -172,6 +221,42 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+fn image(command: ImageCommand) -> anyhow::Result<()> {
+    use shoal_agent::images::ImageStore;
+    let open = |target: &Target| ImageStore::open(shoal_agent::paths::images(&target.data_dir));
+    match command {
+        ImageCommand::Import { target, file, tag } => {
+            for image in open(&target)?.import(&file, tag.as_deref())? {
+                println!("imported {} {}", image.reference, image.digest);
+            }
+        }
+        ImageCommand::Ls { target, output } => {
+            let images = open(&target)?.list()?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&images)?),
+                Output::Yaml => print!("{}", serde_yaml_ng::to_string(&images)?),
+                Output::Table => {
+                    println!("{:<48} {:<19} {:>10}", "IMAGE", "DIGEST", "SIZE");
+                    for image in images {
+                        let short = image.digest.get(..19).unwrap_or(&image.digest);
+                        println!(
+                            "{:<48} {:<19} {:>10}",
+                            image.reference,
+                            short,
+                            format!("{:.1}MB", image.size_bytes as f64 / 1e6)
+                        );
+                    }
+                }
+            }
+        }
+        ImageCommand::Rm { target, reference } => {
+            let removed = open(&target)?.remove(&reference)?;
+            println!("untagged {} {}", removed.reference, removed.digest);
+        }
+    }
+    Ok(())
 }
 
 /// Sends a request; a non-2xx answer becomes an error carrying the server's message.

@@ -1,0 +1,603 @@
+//! The node's image store (DESIGN.md §8): content-addressed blobs (sha256, verified on
+//! import), tags naming manifests, and layers unpacked once into directories that containers
+//! mount as overlayfs lower layers.
+//!
+//! Layout under `<data-dir>/images/`:
+//! - `blobs/sha256/<hex>`: manifests, configs and layer blobs, named by the hash of their bytes;
+//! - `layers/<hex>/`: a layer blob unpacked (whiteouts turned into overlay whiteouts);
+//! - `tags.json`: normalised reference → manifest digest;
+//! - `lock`: held (flock) while the store changes, so the CLI and the agent can share it.
+
+mod archive;
+pub mod layer;
+pub mod reference;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use oci_spec::image::{ImageConfiguration, ImageIndex, ImageManifest, MediaType};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error("image store {path}: {source}")]
+    Store { path: PathBuf, source: io::Error },
+    #[error("archive {archive}: {source}")]
+    Archive { archive: PathBuf, source: io::Error },
+    #[error("archive {archive}: {reason}")]
+    Invalid { archive: PathBuf, reason: String },
+    #[error(
+        "archive {archive}: blob {blob} is corrupt: its content hashes to {actual}; the archive is damaged or was altered"
+    )]
+    Corrupt {
+        archive: PathBuf,
+        blob: String,
+        actual: String,
+    },
+    #[error("image {reference:?}: {reason}")]
+    Reference { reference: String, reason: String },
+    #[error("image {reference} is not present on this node (import it with `shoal image import`)")]
+    NotFound { reference: String },
+    #[error("image {reference}: stored {what} {digest} is unreadable: {reason}")]
+    Damaged {
+        reference: String,
+        what: &'static str,
+        digest: String,
+        reason: String,
+    },
+    #[error("image {reference} is in use by a running container ({mount})")]
+    InUse { reference: String, mount: String },
+    #[error(transparent)]
+    Layer(#[from] layer::LayerError),
+}
+
+/// One tagged image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageSummary {
+    pub reference: String,
+    /// `sha256:<hex>` of the manifest.
+    pub digest: String,
+    /// Compressed size of config and layers.
+    pub size_bytes: u64,
+}
+
+/// What a container needs from its image.
+#[derive(Debug, Clone)]
+pub struct ResolvedImage {
+    pub reference: String,
+    pub digest: String,
+    pub entrypoint: Vec<String>,
+    pub cmd: Vec<String>,
+    pub env: Vec<String>,
+    pub working_dir: Option<String>,
+    pub user: Option<String>,
+    /// Unpacked layer directories, lowest first.
+    pub layers: Vec<PathBuf>,
+}
+
+/// The content-addressed image store of one node.
+#[derive(Debug, Clone)]
+pub struct ImageStore {
+    root: PathBuf,
+}
+
+/// Held while the store changes.
+struct StoreLock {
+    _file: File,
+}
+
+impl ImageStore {
+    /// Opens (creating) the store at `root`.
+    pub fn open(root: impl Into<PathBuf>) -> Result<Self, ImageError> {
+        let root = root.into();
+        for dir in ["blobs/sha256", "layers", "tmp"] {
+            let path = root.join(dir);
+            std::fs::create_dir_all(&path).map_err(|source| ImageError::Store { path, source })?;
+        }
+        Ok(Self { root })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn store_err(&self, path: &Path) -> impl Fn(io::Error) -> ImageError {
+        let path = path.to_owned();
+        move |source| ImageError::Store {
+            path: path.clone(),
+            source,
+        }
+    }
+
+    fn lock(&self) -> Result<StoreLock, ImageError> {
+        let path = self.root.join("lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(self.store_err(&path))?;
+        // SAFETY: flock on a descriptor we own; blocks until the other holder is done.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(ImageError::Store {
+                path,
+                source: io::Error::last_os_error(),
+            });
+        }
+        Ok(StoreLock { _file: file })
+    }
+
+    fn blob_path(&self, hex: &str) -> PathBuf {
+        self.root.join("blobs/sha256").join(hex)
+    }
+
+    /// Stores the bytes of `reader` as a blob; returns its hex digest.
+    fn put_blob(&self, reader: &mut dyn Read) -> io::Result<String> {
+        let (tmp, hex) = archive::spool(&self.root.join("tmp"), reader)?;
+        let dest = self.blob_path(&hex);
+        if dest.exists() {
+            std::fs::remove_file(&tmp)?;
+        } else {
+            std::fs::rename(&tmp, &dest)?;
+        }
+        Ok(hex)
+    }
+
+    fn read_blob(&self, digest: &str, max: u64) -> io::Result<Vec<u8>> {
+        let hex = reference::parse_digest(digest).map_err(io::Error::other)?;
+        let mut bytes = Vec::new();
+        File::open(self.blob_path(hex))?
+            .take(max)
+            .read_to_end(&mut bytes)?;
+        Ok(bytes)
+    }
+
+    fn tags(&self) -> Result<BTreeMap<String, String>, ImageError> {
+        let path = self.root.join("tags.json");
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|err| ImageError::Store {
+                path,
+                source: io::Error::new(io::ErrorKind::InvalidData, err),
+            }),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(BTreeMap::new()),
+            Err(source) => Err(ImageError::Store { path, source }),
+        }
+    }
+
+    fn write_tags(&self, tags: &BTreeMap<String, String>) -> Result<(), ImageError> {
+        let path = self.root.join("tags.json");
+        let tmp = self.root.join("tmp/tags.json");
+        let bytes = serde_json::to_vec_pretty(tags).expect("tags serialize");
+        std::fs::write(&tmp, bytes)
+            .and_then(|()| File::open(&tmp)?.sync_all())
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .map_err(self.store_err(&path))
+    }
+
+    /// Imports every image of an OCI archive or `docker save` archive, tagging it `tag` if
+    /// given (else with the names the archive carries). Returns the imported images.
+    pub fn import(
+        &self,
+        archive_path: &Path,
+        tag: Option<&str>,
+    ) -> Result<Vec<ImageSummary>, ImageError> {
+        let tag = tag
+            .map(|t| {
+                reference::normalize(t).map_err(|reason| ImageError::Reference {
+                    reference: t.to_owned(),
+                    reason,
+                })
+            })
+            .transpose()?;
+        let _lock = self.lock()?;
+        let unpacked = archive::read(self, archive_path)?;
+        let invalid = |reason: String| ImageError::Invalid {
+            archive: archive_path.to_owned(),
+            reason,
+        };
+        // (names, manifest digest)
+        let mut images: Vec<(Vec<String>, String)> = Vec::new();
+        if let Some(index) = &unpacked.index {
+            let index: ImageIndex = serde_json::from_slice(index)
+                .map_err(|err| invalid(format!("index.json: {err}")))?;
+            for descriptor in index.manifests() {
+                let digest = self.platform_manifest(descriptor, archive_path, 0)?;
+                let names = descriptor
+                    .annotations()
+                    .as_ref()
+                    .and_then(|a| a.get("org.opencontainers.image.ref.name"))
+                    .and_then(|name| reference::normalize(name).ok())
+                    .into_iter()
+                    .collect();
+                images.push((names, digest));
+            }
+        } else if let Some(manifest) = &unpacked.docker_manifest {
+            images = self.import_docker(&unpacked, manifest, archive_path)?;
+        } else {
+            return Err(invalid(
+                "neither an OCI image archive (index.json) nor a `docker save` archive (manifest.json)".into(),
+            ));
+        }
+        if images.is_empty() {
+            return Err(invalid("the archive holds no image".into()));
+        }
+        if let Some(tag) = &tag {
+            if images.len() > 1 {
+                return Err(invalid(format!(
+                    "--tag names one image but the archive holds {}",
+                    images.len()
+                )));
+            }
+            images[0].0 = vec![tag.clone()];
+        }
+        let mut tags = self.tags()?;
+        let mut imported = Vec::new();
+        for (names, digest) in &images {
+            let manifest = self.manifest(digest, archive_path)?;
+            self.check_complete(&manifest, archive_path)?;
+            if names.is_empty() {
+                return Err(invalid(format!(
+                    "image {digest} carries no name; pass --tag"
+                )));
+            }
+            for name in names {
+                tags.insert(name.clone(), digest.clone());
+                imported.push(ImageSummary {
+                    reference: name.clone(),
+                    digest: digest.clone(),
+                    size_bytes: size_of(&manifest),
+                });
+            }
+        }
+        self.write_tags(&tags)?;
+        self.collect_garbage(&tags)?;
+        Ok(imported)
+    }
+
+    /// The manifest digest a descriptor leads to on this platform (following nested indexes).
+    fn platform_manifest(
+        &self,
+        descriptor: &oci_spec::image::Descriptor,
+        archive: &Path,
+        depth: u8,
+    ) -> Result<String, ImageError> {
+        let digest = descriptor.digest().to_string();
+        if *descriptor.media_type() != MediaType::ImageIndex {
+            return Ok(digest);
+        }
+        let invalid = |reason: String| ImageError::Invalid {
+            archive: archive.to_owned(),
+            reason,
+        };
+        if depth > 4 {
+            return Err(invalid("image indexes nest deeper than 4".into()));
+        }
+        let bytes = self
+            .read_blob(&digest, archive::MAX_METADATA_BYTES)
+            .map_err(|err| invalid(format!("index {digest}: {err}")))?;
+        let index: ImageIndex = serde_json::from_slice(&bytes)
+            .map_err(|err| invalid(format!("index {digest}: {err}")))?;
+        let arch = go_arch();
+        let chosen = index
+            .manifests()
+            .iter()
+            .find(|m| {
+                m.platform().as_ref().is_none_or(|p| {
+                    p.os().to_string() == "linux" && p.architecture().to_string() == arch
+                })
+            })
+            .ok_or_else(|| invalid(format!("index {digest} has no linux/{arch} image")))?;
+        self.platform_manifest(chosen, archive, depth + 1)
+    }
+
+    fn manifest(&self, digest: &str, archive: &Path) -> Result<ImageManifest, ImageError> {
+        let bytes = self
+            .read_blob(digest, archive::MAX_METADATA_BYTES)
+            .map_err(|err| ImageError::Invalid {
+                archive: archive.to_owned(),
+                reason: format!("manifest {digest}: {err}"),
+            })?;
+        serde_json::from_slice(&bytes).map_err(|err| ImageError::Invalid {
+            archive: archive.to_owned(),
+            reason: format!("manifest {digest}: {err}"),
+        })
+    }
+
+    /// Every blob a manifest names is in the store, with the size the manifest says.
+    fn check_complete(&self, manifest: &ImageManifest, archive: &Path) -> Result<(), ImageError> {
+        for descriptor in std::iter::once(manifest.config()).chain(manifest.layers()) {
+            let digest = descriptor.digest().to_string();
+            let hex = reference::parse_digest(&digest).map_err(|reason| ImageError::Invalid {
+                archive: archive.to_owned(),
+                reason,
+            })?;
+            match std::fs::metadata(self.blob_path(hex)) {
+                Ok(meta) if meta.len() == descriptor.size() => {}
+                Ok(meta) => {
+                    return Err(ImageError::Invalid {
+                        archive: archive.to_owned(),
+                        reason: format!(
+                            "blob {digest} has {} bytes, the manifest says {}",
+                            meta.len(),
+                            descriptor.size()
+                        ),
+                    });
+                }
+                Err(_) => {
+                    return Err(ImageError::Invalid {
+                        archive: archive.to_owned(),
+                        reason: format!(
+                            "the manifest names blob {digest}, which the archive lacks"
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Turns `docker save` entries into OCI manifests (stored as blobs).
+    fn import_docker(
+        &self,
+        unpacked: &archive::Unpacked,
+        manifest: &[u8],
+        archive: &Path,
+    ) -> Result<Vec<(Vec<String>, String)>, ImageError> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "PascalCase")]
+        struct DockerImage {
+            config: String,
+            #[serde(default)]
+            repo_tags: Option<Vec<String>>,
+            layers: Vec<String>,
+        }
+        let invalid = |reason: String| ImageError::Invalid {
+            archive: archive.to_owned(),
+            reason,
+        };
+        let images: Vec<DockerImage> = serde_json::from_slice(manifest)
+            .map_err(|err| invalid(format!("manifest.json: {err}")))?;
+        let mut out = Vec::new();
+        for image in images {
+            let find = |path: &str| {
+                unpacked.digest_of(path).map(str::to_owned).ok_or_else(|| {
+                    invalid(format!(
+                        "manifest.json names {path}, which the archive lacks"
+                    ))
+                })
+            };
+            let descriptor = |media: &str, hex: &str| -> Result<serde_json::Value, ImageError> {
+                let size = std::fs::metadata(self.blob_path(hex))
+                    .map_err(self.store_err(&self.blob_path(hex)))?
+                    .len();
+                Ok(
+                    serde_json::json!({"mediaType": media, "digest": format!("sha256:{hex}"), "size": size}),
+                )
+            };
+            let config = find(&image.config)?;
+            let layers = image
+                .layers
+                .iter()
+                .map(|l| descriptor("application/vnd.oci.image.layer.v1.tar", &find(l)?))
+                .collect::<Result<Vec<_>, _>>()?;
+            let manifest = serde_json::json!({
+                "schemaVersion": 2,
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": descriptor("application/vnd.oci.image.config.v1+json", &config)?,
+                "layers": layers,
+            });
+            let bytes = serde_json::to_vec(&manifest).expect("manifest serializes");
+            let hex = self
+                .put_blob(&mut bytes.as_slice())
+                .map_err(self.store_err(&self.root))?;
+            let names = image
+                .repo_tags
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|t| reference::normalize(t).ok())
+                .collect();
+            out.push((names, format!("sha256:{hex}")));
+        }
+        Ok(out)
+    }
+
+    /// Removes blobs and unpacked layers no tagged image reaches.
+    fn collect_garbage(&self, tags: &BTreeMap<String, String>) -> Result<(), ImageError> {
+        let mut live: BTreeSet<String> = BTreeSet::new();
+        for digest in tags.values() {
+            let Ok(hex) = reference::parse_digest(digest) else {
+                continue;
+            };
+            live.insert(hex.to_owned());
+            let Ok(bytes) = self.read_blob(digest, archive::MAX_METADATA_BYTES) else {
+                continue;
+            };
+            if let Ok(manifest) = serde_json::from_slice::<ImageManifest>(&bytes) {
+                for d in std::iter::once(manifest.config()).chain(manifest.layers()) {
+                    if let Ok(hex) = reference::parse_digest(d.digest().as_ref()) {
+                        live.insert(hex.to_owned());
+                    }
+                }
+            }
+        }
+        for dir in ["blobs/sha256", "layers"] {
+            let path = self.root.join(dir);
+            for entry in std::fs::read_dir(&path).map_err(self.store_err(&path))? {
+                let entry = entry.map_err(self.store_err(&path))?;
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if live.contains(&name) {
+                    continue;
+                }
+                let p = entry.path();
+                let result = if p.is_dir() {
+                    std::fs::remove_dir_all(&p)
+                } else {
+                    std::fs::remove_file(&p)
+                };
+                result.map_err(self.store_err(&p))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every tagged image.
+    pub fn list(&self) -> Result<Vec<ImageSummary>, ImageError> {
+        let tags = self.tags()?;
+        Ok(tags
+            .into_iter()
+            .map(|(reference, digest)| {
+                let size_bytes = self
+                    .read_blob(&digest, archive::MAX_METADATA_BYTES)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<ImageManifest>(&b).ok())
+                    .map_or(0, |m| size_of(&m));
+                ImageSummary {
+                    reference,
+                    digest,
+                    size_bytes,
+                }
+            })
+            .collect())
+    }
+
+    /// Whether this node holds the image.
+    pub fn contains(&self, reference: &str) -> bool {
+        self.lookup(reference).is_ok()
+    }
+
+    fn lookup(&self, reference: &str) -> Result<(String, String), ImageError> {
+        let normal = reference::normalize(reference).map_err(|reason| ImageError::Reference {
+            reference: reference.to_owned(),
+            reason,
+        })?;
+        if let Some((_, digest)) = normal.split_once('@') {
+            let hex = reference::parse_digest(digest).expect("normalize checked the digest");
+            if self.blob_path(hex).exists() {
+                return Ok((normal.clone(), digest.to_owned()));
+            }
+            return Err(ImageError::NotFound { reference: normal });
+        }
+        match self.tags()?.get(&normal) {
+            Some(digest) => Ok((normal, digest.clone())),
+            None => Err(ImageError::NotFound { reference: normal }),
+        }
+    }
+
+    /// Removes a tag (and the blobs only it reached), refusing while a container uses them.
+    pub fn remove(&self, reference: &str) -> Result<ImageSummary, ImageError> {
+        let (normal, digest) = self.lookup(reference)?;
+        let _lock = self.lock()?;
+        let mut tags = self.tags()?;
+        let summary = ImageSummary {
+            reference: normal.clone(),
+            digest: digest.clone(),
+            size_bytes: 0,
+        };
+        tags.remove(&normal);
+        if !tags.values().any(|d| *d == digest) {
+            let manifest = self.manifest(&digest, &self.root)?;
+            let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+            for layer in manifest.layers() {
+                let hex = reference::parse_digest(layer.digest().as_ref())
+                    .unwrap_or_default()
+                    .to_owned();
+                let dir = self.root.join("layers").join(&hex);
+                let dir = dir.to_string_lossy();
+                if let Some(line) = mounts.lines().find(|l| l.contains(dir.as_ref())) {
+                    let mount = line.split(' ').nth(4).unwrap_or_default().to_owned();
+                    return Err(ImageError::InUse {
+                        reference: normal,
+                        mount,
+                    });
+                }
+            }
+        }
+        self.write_tags(&tags)?;
+        self.collect_garbage(&tags)?;
+        Ok(summary)
+    }
+
+    /// What a container needs to run `reference`, unpacking its layers on first use.
+    pub fn resolve(&self, reference: &str) -> Result<ResolvedImage, ImageError> {
+        let (normal, digest) = self.lookup(reference)?;
+        let damaged = |what: &'static str, digest: &str, reason: String| ImageError::Damaged {
+            reference: normal.clone(),
+            what,
+            digest: digest.to_owned(),
+            reason,
+        };
+        let bytes = self
+            .read_blob(&digest, archive::MAX_METADATA_BYTES)
+            .map_err(|e| damaged("manifest", &digest, e.to_string()))?;
+        let manifest: ImageManifest = serde_json::from_slice(&bytes)
+            .map_err(|e| damaged("manifest", &digest, e.to_string()))?;
+        let config_digest = manifest.config().digest().to_string();
+        let bytes = self
+            .read_blob(&config_digest, archive::MAX_METADATA_BYTES)
+            .map_err(|e| damaged("config", &config_digest, e.to_string()))?;
+        let config: ImageConfiguration = serde_json::from_slice(&bytes)
+            .map_err(|e| damaged("config", &config_digest, e.to_string()))?;
+        let diff_ids = config.rootfs().diff_ids();
+        if diff_ids.len() != manifest.layers().len() {
+            return Err(damaged(
+                "config",
+                &config_digest,
+                format!(
+                    "{} diff_ids for {} layers",
+                    diff_ids.len(),
+                    manifest.layers().len()
+                ),
+            ));
+        }
+        let mut layers = Vec::new();
+        for (descriptor, diff_id) in manifest.layers().iter().zip(diff_ids) {
+            let layer_digest = descriptor.digest().to_string();
+            let hex = reference::parse_digest(&layer_digest)
+                .map_err(|e| damaged("layer", &layer_digest, e))?;
+            let dir = self.root.join("layers").join(hex);
+            if !dir.exists() {
+                let tmp = tempfile::Builder::new()
+                    .prefix("layer-")
+                    .tempdir_in(self.root.join("tmp"))
+                    .map_err(self.store_err(&self.root.join("tmp")))?;
+                layer::unpack(&self.blob_path(hex), tmp.path(), Some(diff_id))?;
+                let tmp = tmp.keep();
+                if let Err(source) = std::fs::rename(&tmp, &dir) {
+                    let _ = std::fs::remove_dir_all(&tmp);
+                    if !dir.exists() {
+                        return Err(ImageError::Store { path: dir, source });
+                    }
+                }
+            }
+            layers.push(dir);
+        }
+        let exec = config.config().clone().unwrap_or_default();
+        Ok(ResolvedImage {
+            reference: normal,
+            digest,
+            entrypoint: exec.entrypoint().clone().unwrap_or_default(),
+            cmd: exec.cmd().clone().unwrap_or_default(),
+            env: exec.env().clone().unwrap_or_default(),
+            working_dir: exec.working_dir().clone().filter(|w| !w.is_empty()),
+            user: exec.user().clone().filter(|u| !u.is_empty()),
+            layers,
+        })
+    }
+}
+
+fn size_of(manifest: &ImageManifest) -> u64 {
+    manifest.config().size() + manifest.layers().iter().map(|l| l.size()).sum::<u64>()
+}
+
+/// The host architecture as OCI/Go names it.
+pub fn go_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        other => other,
+    }
+}

@@ -1,0 +1,141 @@
+//! The few cgroup files the agent reads or writes itself (runc manages the containers' own
+//! cgroups): pod-level limits, OOM kill counters, usage, and removal of a pod's cgroups.
+//! Works on cgroup v1 (also the hybrid layout of this machine) and v2.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+const ROOT: &str = "/sys/fs/cgroup";
+
+/// Which cgroup layout the host uses for resource controllers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Per-controller hierarchies (`/sys/fs/cgroup/memory`, …), possibly beside a unified one.
+    V1,
+    /// One unified hierarchy.
+    V2,
+}
+
+impl Layout {
+    pub fn detect() -> Self {
+        if Path::new(ROOT).join("memory").is_dir() {
+            Layout::V1
+        } else {
+            Layout::V2
+        }
+    }
+}
+
+/// The cgroup path (below every hierarchy's root) of a pod.
+pub fn pod_path(pod_uid: &str) -> String {
+    format!("/shoal/pod{pod_uid}")
+}
+
+fn dir(layout: Layout, controller: &str, path: &str) -> PathBuf {
+    let path = path.trim_start_matches('/');
+    match layout {
+        Layout::V1 => Path::new(ROOT).join(controller).join(path),
+        Layout::V2 => Path::new(ROOT).join(path),
+    }
+}
+
+/// Creates the pod's cgroup and caps its memory (the sum of its containers' limits).
+pub fn set_pod_memory_limit(layout: Layout, pod_uid: &str, bytes: i64) -> io::Result<()> {
+    let dir = dir(layout, "memory", &pod_path(pod_uid));
+    std::fs::create_dir_all(&dir)?;
+    match layout {
+        Layout::V1 => std::fs::write(dir.join("memory.limit_in_bytes"), bytes.to_string()),
+        Layout::V2 => std::fs::write(dir.join("memory.max"), bytes.to_string()),
+    }
+}
+
+/// How many times the kernel's OOM killer killed a process of this cgroup.
+pub fn oom_kills(layout: Layout, path: &str) -> u64 {
+    let (file, key) = match layout {
+        Layout::V1 => ("memory.oom_control", "oom_kill"),
+        Layout::V2 => ("memory.events", "oom_kill"),
+    };
+    std::fs::read_to_string(dir(layout, "memory", path).join(file))
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Memory in use (bytes) and CPU time used (ns) by a cgroup, if it exists.
+pub fn usage(layout: Layout, path: &str) -> Option<(u64, u64)> {
+    let read = |controller: &str, file: &str| {
+        std::fs::read_to_string(dir(layout, controller, path).join(file)).ok()
+    };
+    match layout {
+        Layout::V1 => {
+            let memory = read("memory", "memory.usage_in_bytes")?
+                .trim()
+                .parse()
+                .ok()?;
+            let cpu = read("cpuacct", "cpuacct.usage")?.trim().parse().ok()?;
+            Some((memory, cpu))
+        }
+        Layout::V2 => {
+            let memory = read("memory", "memory.current")?.trim().parse().ok()?;
+            let cpu_us: u64 = read("cpu", "cpu.stat")?
+                .lines()
+                .find_map(|l| l.strip_prefix("usage_usec ")?.trim().parse().ok())?;
+            Some((memory, cpu_us * 1000))
+        }
+    }
+}
+
+/// Removes a cgroup (and empty children) in every hierarchy; missing ones are fine.
+pub fn remove(layout: Layout, path: &str) -> io::Result<()> {
+    let dirs: Vec<PathBuf> = roots(layout)?
+        .into_iter()
+        .map(|root| root.join(path.trim_start_matches('/')))
+        .collect();
+    for dir in dirs {
+        remove_tree(&dir)?;
+    }
+    Ok(())
+}
+
+/// Removes one cgroup directory in every hierarchy where it has no children left.
+pub fn remove_if_empty(layout: Layout, path: &str) -> io::Result<()> {
+    for root in roots(layout)? {
+        let _ = std::fs::remove_dir(root.join(path.trim_start_matches('/')));
+    }
+    Ok(())
+}
+
+fn roots(layout: Layout) -> io::Result<Vec<PathBuf>> {
+    Ok(match layout {
+        Layout::V1 => std::fs::read_dir(ROOT)?
+            .filter_map(Result::ok)
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.path())
+            .collect(),
+        Layout::V2 => vec![PathBuf::from(ROOT)],
+    })
+}
+
+/// cgroup directories are removed bottom-up with rmdir (their files cannot be unlinked).
+fn remove_tree(dir: &Path) -> io::Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(err) => return Err(err),
+    };
+    for entry in entries.filter_map(Result::ok) {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_tree(&entry.path())?;
+        }
+    }
+    match std::fs::remove_dir(dir) {
+        Err(err) if err.kind() != io::ErrorKind::NotFound => Err(io::Error::new(
+            err.kind(),
+            format!("rmdir {}: {err}", dir.display()),
+        )),
+        _ => Ok(()),
+    }
+}

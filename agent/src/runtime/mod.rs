@@ -1,0 +1,636 @@
+//! Running containers on this node (DESIGN.md §8) with a real OCI runtime: `runc`, driven
+//! through one `shoal shim` per container ([`shim`]). The runtime is low-level on purpose
+//! (create sandbox, start, signal, remove, list): what to run and when is the kubelet's
+//! decision ([`crate::kubelet`]).
+//!
+//! Layout under `<data-dir>/pods/<pod uid>/`:
+//! - `sandbox.json`: the pod's identity and network namespace;
+//! - `etc/`: the pod's `hosts`, `hostname` and `resolv.conf`, bind-mounted into containers;
+//! - `volumes/<name>/`: emptyDir and configMap volumes;
+//! - `containers/<name>.<attempt>/`: a bundle (`config.json`, overlay `rootfs`, `upper`,
+//!   `work`), `meta.json`, and the shim's state files (`started.json`, `exit.json`);
+//! - `logs/<name>/<attempt>.log`: container output in the CRI log format.
+//!
+//! Every container and pod sandbox lives under those directories, runc's root
+//! `<data-dir>/runc`, the `shoal-<uid>` network namespace and the `/shoal/pod<uid>` cgroup, so
+//! [`Runtime::remove_sandbox`] and [`Runtime::reset`] can leave nothing behind.
+
+pub mod cgroup;
+pub mod shim;
+pub mod spec;
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use shim::{Exited, Started};
+pub use spec::{BindMount, ContainerRequest, Limits};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("`{command}` failed: {message}")]
+    Command { command: String, message: String },
+    #[error("no OCI runtime: {0} (install runc: apt-get install -y runc)")]
+    NoRuntime(String),
+}
+
+fn io_at(path: &Path) -> impl Fn(io::Error) -> RuntimeError + '_ {
+    move |source| RuntimeError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// A pod's sandbox: what its containers share.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SandboxSpec {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub hostname: String,
+    /// The pod's memory cap (sum of its containers' limits, when all have one).
+    pub memory_limit_bytes: Option<i64>,
+}
+
+/// What is written next to a container's bundle.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ContainerMeta {
+    pub name: String,
+    pub attempt: u32,
+    pub init: bool,
+    pub image: String,
+    pub image_digest: String,
+    pub runtime_id: String,
+    pub cgroup_path: String,
+}
+
+/// A container's state as the runtime observes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ObservedState {
+    /// The shim runs but the process has not started yet.
+    Creating,
+    Running(Started),
+    Exited {
+        started: Option<Started>,
+        exited: Exited,
+        oom_killed: bool,
+    },
+}
+
+/// One container found on disk.
+#[derive(Debug, Clone)]
+pub struct ObservedContainer {
+    pub meta: ContainerMeta,
+    pub state: ObservedState,
+    pub log_path: PathBuf,
+}
+
+/// One pod sandbox found on disk, with its containers.
+#[derive(Debug, Clone)]
+pub struct ObservedPod {
+    pub sandbox: SandboxSpec,
+    pub containers: Vec<ObservedContainer>,
+}
+
+/// The runc-backed runtime of one agent.
+#[derive(Debug, Clone)]
+pub struct Runtime {
+    runc: PathBuf,
+    runc_root: PathBuf,
+    pods_dir: PathBuf,
+    shoal_binary: PathBuf,
+    layout: cgroup::Layout,
+    log_max_bytes: u64,
+}
+
+fn run(command: &mut Command) -> Result<(), RuntimeError> {
+    let output = command
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|err| RuntimeError::Command {
+            command: format!("{command:?}"),
+            message: err.to_string(),
+        })?;
+    if !output.status.success() {
+        return Err(RuntimeError::Command {
+            command: format!("{command:?}"),
+            message: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+        });
+    }
+    Ok(())
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
+    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+}
+
+fn c_path(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)
+}
+
+fn is_mounted(path: &Path) -> bool {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let path = path.to_string_lossy();
+    text.lines()
+        .any(|l| l.split(' ').nth(4) == Some(path.as_ref()))
+}
+
+fn unmount(path: &Path) -> Result<(), RuntimeError> {
+    if !is_mounted(path) {
+        return Ok(());
+    }
+    let c = c_path(path).map_err(io_at(path))?;
+    // SAFETY: a NUL-terminated path; umount2 touches no memory of ours.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+        return Err(RuntimeError::Io {
+            path: path.to_owned(),
+            source: io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+fn process_alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    pid > 0 && unsafe { libc::kill(pid, 0) } == 0
+}
+
+/// The network namespace name of a pod.
+pub fn netns_name(pod_uid: &str) -> String {
+    format!("shoal-{pod_uid}")
+}
+
+impl Runtime {
+    /// A runtime storing its state under `data_dir`, using `runc` from PATH (or `SHOAL_RUNC`).
+    pub fn new(data_dir: &Path) -> Result<Self, RuntimeError> {
+        let runc = std::env::var_os("SHOAL_RUNC")
+            .map(PathBuf::from)
+            .or_else(|| {
+                [
+                    "/usr/sbin/runc",
+                    "/usr/bin/runc",
+                    "/usr/local/sbin/runc",
+                    "/usr/local/bin/runc",
+                ]
+                .iter()
+                .map(PathBuf::from)
+                .find(|p| p.exists())
+            })
+            .ok_or_else(|| RuntimeError::NoRuntime("runc is not installed".into()))?;
+        let shoal_binary = std::env::current_exe().map_err(io_at(Path::new("/proc/self/exe")))?;
+        let runtime = Self {
+            runc,
+            runc_root: data_dir.join("runc"),
+            pods_dir: crate::paths::pods(data_dir),
+            shoal_binary,
+            layout: cgroup::Layout::detect(),
+            log_max_bytes: 10 << 20,
+        };
+        for dir in [&runtime.runc_root, &runtime.pods_dir] {
+            std::fs::create_dir_all(dir).map_err(io_at(dir))?;
+        }
+        Ok(runtime)
+    }
+
+    /// The `shoal` binary that runs shims (tests pass the built binary).
+    pub fn with_shoal_binary(mut self, binary: PathBuf) -> Self {
+        self.shoal_binary = binary;
+        self
+    }
+
+    pub fn runtime_version(&self) -> String {
+        Command::new(&self.runc)
+            .arg("--version")
+            .output()
+            .ok()
+            .and_then(|o| {
+                String::from_utf8(o.stdout)
+                    .ok()?
+                    .lines()
+                    .next()
+                    .map(|l| l.replace("runc version ", "runc://"))
+            })
+            .unwrap_or_else(|| "runc://unknown".into())
+    }
+
+    pub fn cgroup_layout(&self) -> cgroup::Layout {
+        self.layout
+    }
+
+    fn pod_dir(&self, uid: &str) -> PathBuf {
+        self.pods_dir.join(uid)
+    }
+
+    fn bundle(&self, uid: &str, name: &str, attempt: u32) -> PathBuf {
+        self.pod_dir(uid)
+            .join("containers")
+            .join(format!("{name}.{attempt}"))
+    }
+
+    /// The log file of one container attempt.
+    pub fn log_path(&self, uid: &str, name: &str, attempt: u32) -> PathBuf {
+        self.pod_dir(uid)
+            .join("logs")
+            .join(name)
+            .join(format!("{attempt}.log"))
+    }
+
+    /// Directory of a pod's volume `name`.
+    pub fn volume_dir(&self, uid: &str, name: &str) -> PathBuf {
+        self.pod_dir(uid).join("volumes").join(name)
+    }
+
+    /// The pod's generated `/etc` files.
+    pub fn etc_dir(&self, uid: &str) -> PathBuf {
+        self.pod_dir(uid).join("etc")
+    }
+
+    /// Path of the pod's network namespace.
+    pub fn netns_path(&self, uid: &str) -> PathBuf {
+        Path::new("/run/netns").join(netns_name(uid))
+    }
+
+    /// Creates the pod sandbox if missing: directories, network namespace (loopback up),
+    /// /etc files, the pod cgroup with its memory cap. Idempotent.
+    pub fn ensure_sandbox(&self, sandbox: &SandboxSpec) -> Result<(), RuntimeError> {
+        let dir = self.pod_dir(&sandbox.uid);
+        let record = dir.join("sandbox.json");
+        if record.exists() && self.netns_path(&sandbox.uid).exists() {
+            return Ok(());
+        }
+        for sub in ["containers", "logs", "volumes", "etc"] {
+            std::fs::create_dir_all(dir.join(sub)).map_err(io_at(&dir))?;
+        }
+        // Written first, so a crash from here on still leaves a record that cleanup finds.
+        shim::write_state(&dir, "sandbox.json", sandbox).map_err(io_at(&record))?;
+        let netns = netns_name(&sandbox.uid);
+        if !self.netns_path(&sandbox.uid).exists() {
+            run(Command::new("ip").args(["netns", "add", &netns]))?;
+        }
+        run(Command::new("ip").args(["-n", &netns, "link", "set", "lo", "up"]))?;
+        let etc = self.etc_dir(&sandbox.uid);
+        let write = |name: &str, text: String| {
+            std::fs::write(etc.join(name), text).map_err(io_at(&etc.join(name)))
+        };
+        write(
+            "hosts",
+            format!(
+                "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{}\n",
+                sandbox.hostname
+            ),
+        )?;
+        write("hostname", format!("{}\n", sandbox.hostname))?;
+        write(
+            "resolv.conf",
+            std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
+        )?;
+        if let Some(bytes) = sandbox.memory_limit_bytes {
+            cgroup::set_pod_memory_limit(self.layout, &sandbox.uid, bytes)
+                .map_err(io_at(Path::new("/sys/fs/cgroup")))?;
+        }
+        Ok(())
+    }
+
+    /// Creates and starts a container in its pod's sandbox; returns once its shim runs (the
+    /// process start shows up in [`Runtime::list`]).
+    pub fn start_container(
+        &self,
+        pod_uid: &str,
+        meta: &ContainerMeta,
+        request: &ContainerRequest,
+    ) -> Result<(), RuntimeError> {
+        let bundle = self.bundle(pod_uid, &meta.name, meta.attempt);
+        if bundle.exists() {
+            // A leftover of an attempt that never got going: start clean.
+            self.remove_container(pod_uid, &meta.name, meta.attempt)?;
+        }
+        let (rootfs, upper, work) = (
+            bundle.join("rootfs"),
+            bundle.join("upper"),
+            bundle.join("work"),
+        );
+        for dir in [&rootfs, &upper, &work] {
+            std::fs::create_dir_all(dir).map_err(io_at(dir))?;
+        }
+        shim::write_state(&bundle, "meta.json", meta).map_err(io_at(&bundle))?;
+        let lower: Vec<String> = request
+            .layers
+            .iter()
+            .rev()
+            .map(|l| l.to_string_lossy().into_owned())
+            .collect();
+        let options = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.join(":"),
+            upper.display(),
+            work.display()
+        );
+        let (source, target, fstype, data) = (
+            CString::new("overlay").expect("static"),
+            c_path(&rootfs).map_err(io_at(&rootfs))?,
+            CString::new("overlay").expect("static"),
+            CString::new(options).map_err(|e| io_at(&rootfs)(io::Error::other(e)))?,
+        );
+        // SAFETY: NUL-terminated strings that outlive the call.
+        let rc = unsafe {
+            libc::mount(
+                source.as_ptr(),
+                target.as_ptr(),
+                fstype.as_ptr(),
+                0,
+                data.as_ptr().cast(),
+            )
+        };
+        if rc != 0 {
+            return Err(RuntimeError::Io {
+                path: rootfs,
+                source: io::Error::last_os_error(),
+            });
+        }
+        let config = spec::runtime_spec(request);
+        let config_path = bundle.join("config.json");
+        std::fs::write(
+            &config_path,
+            serde_json::to_vec_pretty(&config).expect("spec serializes"),
+        )
+        .map_err(io_at(&config_path))?;
+        let shim_log = bundle.join("shim.log");
+        let stderr = std::fs::File::create(&shim_log).map_err(io_at(&shim_log))?;
+        let mut command = Command::new(&self.shoal_binary);
+        command
+            .arg("shim")
+            .arg("--runc")
+            .arg(&self.runc)
+            .arg("--root")
+            .arg(&self.runc_root)
+            .arg("--id")
+            .arg(&meta.runtime_id)
+            .arg("--bundle")
+            .arg(&bundle)
+            .arg("--log")
+            .arg(&request.log_path)
+            .arg("--log-max-bytes")
+            .arg(self.log_max_bytes.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr);
+        // SAFETY: setsid is async-signal-safe; the shim leaves the agent's session so signals
+        // aimed at the agent's process group do not reach containers.
+        unsafe {
+            command.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        // The shim forks and its first process exits at once: this wait is short and leaves
+        // no zombie behind.
+        let status = command.status().map_err(io_at(&self.shoal_binary))?;
+        if !status.success() {
+            return Err(RuntimeError::Command {
+                command: "shoal shim".into(),
+                message: std::fs::read_to_string(&shim_log).unwrap_or_default(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Sends `signal` to a container's processes.
+    pub fn signal(&self, meta: &ContainerMeta, signal: &str) -> Result<(), RuntimeError> {
+        run(Command::new(&self.runc)
+            .arg("--root")
+            .arg(&self.runc_root)
+            .args(["kill", "--all", &meta.runtime_id, signal]))
+    }
+
+    /// Removes a container that has exited (or kills it first): runc state, cgroup, overlay
+    /// mount and bundle. Its log stays until the pod is removed.
+    pub fn remove_container(
+        &self,
+        pod_uid: &str,
+        name: &str,
+        attempt: u32,
+    ) -> Result<(), RuntimeError> {
+        let bundle = self.bundle(pod_uid, name, attempt);
+        if let Some(meta) = read_json::<ContainerMeta>(&bundle.join("meta.json")) {
+            let state = self.runc_root.join(&meta.runtime_id);
+            if state.exists() {
+                run(Command::new(&self.runc)
+                    .arg("--root")
+                    .arg(&self.runc_root)
+                    .args(["delete", "--force", &meta.runtime_id]))?;
+            }
+            cgroup::remove(self.layout, &meta.cgroup_path)
+                .map_err(io_at(Path::new(&meta.cgroup_path)))?;
+            // The shim exits right after the process; give a straggler a moment.
+            if let Some(pid) = read_json::<i32>(&bundle.join(shim::SHIM_PID_FILE)) {
+                for _ in 0..50 {
+                    if !process_alive(pid) || bundle.join(shim::EXIT_FILE).exists() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+        unmount(&bundle.join("rootfs"))?;
+        match std::fs::remove_dir_all(&bundle) {
+            Err(err) if err.kind() != io::ErrorKind::NotFound => Err(io_at(&bundle)(err)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Removes a pod sandbox and everything in it (containers must have exited or are
+    /// killed): network namespace, cgroups, volumes, logs.
+    pub fn remove_sandbox(&self, pod_uid: &str) -> Result<(), RuntimeError> {
+        let dir = self.pod_dir(pod_uid);
+        let containers = dir.join("containers");
+        if let Ok(entries) = std::fs::read_dir(&containers) {
+            for entry in entries.filter_map(Result::ok) {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if let Some((name, attempt)) = name.rsplit_once('.')
+                    && let Ok(attempt) = attempt.parse()
+                {
+                    self.remove_container(pod_uid, name, attempt)?;
+                }
+            }
+        }
+        if self.netns_path(pod_uid).exists() {
+            run(Command::new("ip").args(["netns", "delete", &netns_name(pod_uid)]))?;
+        }
+        cgroup::remove(self.layout, &cgroup::pod_path(pod_uid))
+            .map_err(io_at(Path::new(&cgroup::pod_path(pod_uid))))?;
+        match std::fs::remove_dir_all(&dir) {
+            Err(err) if err.kind() != io::ErrorKind::NotFound => Err(io_at(&dir)(err)),
+            _ => Ok(()),
+        }
+    }
+
+    fn observe_container(&self, bundle: &Path) -> Option<ObservedContainer> {
+        let meta: ContainerMeta = read_json(&bundle.join("meta.json"))?;
+        let started: Option<Started> = read_json(&bundle.join(shim::STARTED_FILE));
+        let exited: Option<Exited> = read_json(&bundle.join(shim::EXIT_FILE));
+        let state = match exited {
+            Some(exited) => {
+                // The OOM counter lives in the container's cgroup, which stays until removal;
+                // remember it beside the bundle once read.
+                let oom_file = bundle.join("oom.json");
+                let oom_killed = match read_json::<bool>(&oom_file) {
+                    Some(oom) => oom,
+                    None => {
+                        let oom = cgroup::oom_kills(self.layout, &meta.cgroup_path) > 0;
+                        let _ = shim::write_state(bundle, "oom.json", &oom);
+                        oom
+                    }
+                };
+                ObservedState::Exited {
+                    started,
+                    exited,
+                    oom_killed,
+                }
+            }
+            None => {
+                let shim_alive =
+                    read_json::<i32>(&bundle.join(shim::SHIM_PID_FILE)).is_some_and(process_alive);
+                let meta_age = std::fs::metadata(bundle.join("meta.json"))
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .unwrap_or_default();
+                if shim_alive || meta_age < Duration::from_secs(5) {
+                    match started {
+                        Some(started) => ObservedState::Running(started),
+                        None => ObservedState::Creating,
+                    }
+                } else {
+                    // The shim is gone without a word (killed, or the node rebooted): the
+                    // container is unsupervised, so it counts as exited and is replaced.
+                    ObservedState::Exited {
+                        started,
+                        exited: Exited {
+                            exit_code: 255,
+                            signal: None,
+                            finished_unix_ms: shim::unix_ms(std::time::SystemTime::now()),
+                            start_error: Some("the container's shim disappeared".into()),
+                        },
+                        oom_killed: false,
+                    }
+                }
+            }
+        };
+        Some(ObservedContainer {
+            log_path: self.log_path_for(bundle, &meta),
+            meta,
+            state,
+        })
+    }
+
+    fn log_path_for(&self, bundle: &Path, meta: &ContainerMeta) -> PathBuf {
+        let uid = bundle
+            .parent()
+            .and_then(Path::parent)
+            .and_then(Path::file_name)
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        self.log_path(&uid, &meta.name, meta.attempt)
+    }
+
+    /// Every pod sandbox on this node with its containers, from the files on disk.
+    pub fn list(&self) -> Vec<ObservedPod> {
+        let mut pods = Vec::new();
+        let Ok(entries) = std::fs::read_dir(&self.pods_dir) else {
+            return pods;
+        };
+        for entry in entries.filter_map(Result::ok) {
+            let dir = entry.path();
+            let Some(sandbox) = read_json::<SandboxSpec>(&dir.join("sandbox.json")) else {
+                continue;
+            };
+            let mut containers: Vec<ObservedContainer> = std::fs::read_dir(dir.join("containers"))
+                .into_iter()
+                .flatten()
+                .filter_map(Result::ok)
+                .filter_map(|e| self.observe_container(&e.path()))
+                .collect();
+            containers.sort_by(|a, b| {
+                (&a.meta.name, a.meta.attempt).cmp(&(&b.meta.name, b.meta.attempt))
+            });
+            pods.push(ObservedPod {
+                sandbox,
+                containers,
+            });
+        }
+        pods.sort_by(|a, b| a.sandbox.uid.cmp(&b.sandbox.uid));
+        pods
+    }
+
+    /// Memory (bytes) and CPU time (ns) of a running container.
+    pub fn usage(&self, meta: &ContainerMeta) -> Option<(u64, u64)> {
+        cgroup::usage(self.layout, &meta.cgroup_path)
+    }
+
+    /// Stops and removes every container and pod sandbox of this node (`shoal reset`, and the
+    /// test harness after killing an agent).
+    pub fn reset(&self) -> Result<usize, RuntimeError> {
+        let pods = self.list();
+        for pod in &pods {
+            for container in &pod.containers {
+                if !matches!(container.state, ObservedState::Exited { .. }) {
+                    let _ = self.signal(&container.meta, "KILL");
+                }
+            }
+        }
+        let mut first_error = None;
+        for pod in &pods {
+            if let Err(err) = self.remove_sandbox(&pod.sandbox.uid) {
+                first_error.get_or_insert(err);
+            }
+        }
+        // Directories without a sandbox record (a crash mid-creation).
+        if let Ok(entries) = std::fs::read_dir(&self.pods_dir) {
+            for entry in entries.filter_map(Result::ok) {
+                let uid = entry.file_name().to_string_lossy().into_owned();
+                if let Err(err) = self.remove_sandbox(&uid) {
+                    first_error.get_or_insert(err);
+                }
+            }
+        }
+        // The node-wide parent, once empty (other agents on this host may still use it).
+        let _ = cgroup::remove_if_empty(self.layout, "/shoal");
+        match first_error {
+            Some(err) => Err(err),
+            None => Ok(pods.len()),
+        }
+    }
+
+    /// Runtime ids of containers runc knows in this agent's root (for leak checks).
+    pub fn runc_containers(&self) -> BTreeMap<String, String> {
+        let output = Command::new(&self.runc)
+            .arg("--root")
+            .arg(&self.runc_root)
+            .args(["list", "--format", "json"])
+            .output();
+        let Ok(output) = output else {
+            return BTreeMap::new();
+        };
+        serde_json::from_slice::<Option<Vec<serde_json::Value>>>(&output.stdout)
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|c| {
+                Some((
+                    c["id"].as_str()?.to_owned(),
+                    c["status"].as_str()?.to_owned(),
+                ))
+            })
+            .collect()
+    }
+}

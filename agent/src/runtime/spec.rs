@@ -1,0 +1,263 @@
+//! The OCI runtime spec (`config.json`) of one container, built from a fully resolved
+//! [`ContainerRequest`]. Pure: no file is read or written here.
+
+use std::path::PathBuf;
+
+use serde_json::{Value, json};
+
+/// A bind mount into the container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BindMount {
+    pub source: PathBuf,
+    pub destination: String,
+    pub readonly: bool,
+}
+
+/// Resource limits of a container (cgroup settings).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Limits {
+    pub memory_bytes: Option<i64>,
+    /// cpu.shares from the cpu request (Kubernetes: millicores × 1024 / 1000, at least 2).
+    pub cpu_shares: u64,
+    /// CFS quota in µs per `cpu_period_us`, from the cpu limit.
+    pub cpu_quota_us: Option<i64>,
+    pub cpu_period_us: u64,
+    pub pids: Option<i64>,
+}
+
+/// Everything the runtime needs to create one container; the kubelet resolves it from the
+/// pod, the image and the node.
+#[derive(Debug, Clone)]
+pub struct ContainerRequest {
+    /// Runtime-wide unique id.
+    pub id: String,
+    pub hostname: String,
+    pub args: Vec<String>,
+    pub env: Vec<String>,
+    pub working_dir: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub readonly_rootfs: bool,
+    pub no_new_privileges: bool,
+    /// Capabilities the process keeps (bounding, effective, permitted).
+    pub capabilities: Vec<String>,
+    pub limits: Limits,
+    pub mounts: Vec<BindMount>,
+    /// The pod's network namespace (shared by its containers).
+    pub netns: PathBuf,
+    /// cgroup path below the cgroup root(s), e.g. `/shoal/pod<uid>/<id>`.
+    pub cgroup_path: String,
+    /// Image layer directories, lowest first (overlayfs lower dirs).
+    pub layers: Vec<PathBuf>,
+    pub log_path: PathBuf,
+}
+
+/// Docker's and containerd's default capability set.
+pub const DEFAULT_CAPABILITIES: [&str; 14] = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+];
+
+/// Syscalls the default seccomp profile refuses with EPERM: kernel modules, kexec, reboot,
+/// clock setting, swap, keyrings, BPF and perf, mount and namespace manipulation, tracing of
+/// other processes' memory. An allow-by-default list (Docker's RuntimeDefault is an allow-list;
+/// this keeps the same dangerous calls out with a short, reviewable list).
+pub const DENIED_SYSCALLS: [&str; 33] = [
+    "acct",
+    "add_key",
+    "bpf",
+    "clock_adjtime",
+    "clock_settime",
+    "create_module",
+    "delete_module",
+    "finit_module",
+    "fsconfig",
+    "fsmount",
+    "fsopen",
+    "init_module",
+    "iopl",
+    "ioperm",
+    "kexec_file_load",
+    "kexec_load",
+    "keyctl",
+    "mount",
+    "move_mount",
+    "open_by_handle_at",
+    "perf_event_open",
+    "pivot_root",
+    "process_vm_readv",
+    "process_vm_writev",
+    "quotactl",
+    "reboot",
+    "request_key",
+    "setns",
+    "settimeofday",
+    "swapoff",
+    "swapon",
+    "umount2",
+    "unshare",
+];
+
+/// The container's `config.json`.
+pub fn runtime_spec(request: &ContainerRequest) -> Value {
+    let mut mounts = vec![
+        json!({"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]}),
+        json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
+        json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]}),
+        json!({"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}),
+        json!({"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]}),
+        json!({"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]}),
+    ];
+    for mount in &request.mounts {
+        let mut options = vec!["rbind", "rprivate"];
+        if mount.readonly {
+            options.push("ro");
+        }
+        mounts.push(json!({
+            "destination": mount.destination,
+            "type": "bind",
+            "source": mount.source,
+            "options": options,
+        }));
+    }
+    let mut resources = json!({
+        "devices": [{"allow": false, "access": "rwm"}],
+        "cpu": {"shares": request.limits.cpu_shares, "period": request.limits.cpu_period_us},
+    });
+    if let Some(quota) = request.limits.cpu_quota_us {
+        resources["cpu"]["quota"] = json!(quota);
+    }
+    if let Some(memory) = request.limits.memory_bytes {
+        // No swap: the limit is the limit (Kubernetes runs without swap).
+        resources["memory"] = json!({"limit": memory, "swap": memory});
+    }
+    if let Some(pids) = request.limits.pids {
+        resources["pids"] = json!({"limit": pids});
+    }
+    let caps = &request.capabilities;
+    json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": false,
+            "user": {"uid": request.uid, "gid": request.gid},
+            "args": request.args,
+            "env": request.env,
+            "cwd": request.working_dir,
+            "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
+            "noNewPrivileges": request.no_new_privileges,
+        },
+        "root": {"path": "rootfs", "readonly": request.readonly_rootfs},
+        "hostname": request.hostname,
+        "mounts": mounts,
+        "linux": {
+            "cgroupsPath": request.cgroup_path,
+            "resources": resources,
+            "namespaces": [
+                {"type": "pid"},
+                {"type": "ipc"},
+                {"type": "uts"},
+                {"type": "mount"},
+                {"type": "network", "path": request.netns},
+            ],
+            "seccomp": {
+                "defaultAction": "SCMP_ACT_ALLOW",
+                "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32", "SCMP_ARCH_AARCH64"],
+                "syscalls": [{"names": &DENIED_SYSCALLS[..], "action": "SCMP_ACT_ERRNO", "errnoRet": 1}],
+            },
+            "maskedPaths": [
+                "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+                "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware",
+                "/proc/scsi",
+            ],
+            "readonlyPaths": [
+                "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+            ],
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> ContainerRequest {
+        ContainerRequest {
+            id: "c1".into(),
+            hostname: "web-0".into(),
+            args: vec!["sh".into(), "-c".into(), "echo hi".into()],
+            env: vec!["PATH=/bin".into()],
+            working_dir: "/".into(),
+            uid: 1000,
+            gid: 1000,
+            readonly_rootfs: true,
+            no_new_privileges: true,
+            capabilities: DEFAULT_CAPABILITIES.iter().map(|c| c.to_string()).collect(),
+            limits: Limits {
+                memory_bytes: Some(64 << 20),
+                cpu_shares: 512,
+                cpu_quota_us: Some(50_000),
+                cpu_period_us: 100_000,
+                pids: Some(128),
+            },
+            mounts: vec![BindMount {
+                source: "/data/pods/u/volumes/cache".into(),
+                destination: "/cache".into(),
+                readonly: false,
+            }],
+            netns: "/run/netns/shoal-u".into(),
+            cgroup_path: "/shoal/podu/c1".into(),
+            layers: vec![],
+            log_path: "/data/pods/u/logs/c/0.log".into(),
+        }
+    }
+
+    #[test]
+    fn the_spec_is_a_valid_oci_runtime_spec() {
+        let value = runtime_spec(&request());
+        let spec: oci_spec::runtime::Spec = serde_json::from_value(value.clone()).unwrap();
+        let process = spec.process().as_ref().unwrap();
+        assert_eq!(process.user().uid(), 1000);
+        assert_eq!(process.no_new_privileges(), Some(true));
+        assert_eq!(spec.root().as_ref().unwrap().readonly(), Some(true));
+        let linux = spec.linux().as_ref().unwrap();
+        let memory = linux
+            .resources()
+            .as_ref()
+            .unwrap()
+            .memory()
+            .as_ref()
+            .unwrap();
+        assert_eq!(memory.limit(), Some(64 << 20));
+        assert_eq!(
+            value["linux"]["namespaces"][4]["path"],
+            "/run/netns/shoal-u"
+        );
+        assert_eq!(value["mounts"][6]["destination"], "/cache");
+        assert_eq!(value["linux"]["resources"]["pids"]["limit"], 128);
+    }
+
+    #[test]
+    fn no_limits_means_no_cgroup_caps() {
+        let mut r = request();
+        r.limits = Limits {
+            cpu_shares: 2,
+            cpu_period_us: 100_000,
+            ..Limits::default()
+        };
+        let value = runtime_spec(&r);
+        assert!(value["linux"]["resources"].get("memory").is_none());
+        assert!(value["linux"]["resources"]["cpu"].get("quota").is_none());
+    }
+}

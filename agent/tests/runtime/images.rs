@@ -1,0 +1,79 @@
+//! The image store with the project's test images: OCI and docker-save archives, corrupted
+//! archives refused with the blob named, layers unpacked once, removal.
+
+use shoal_agent::images::ImageStore;
+
+use super::test_images;
+
+#[test]
+fn imports_oci_and_docker_archives() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ImageStore::open(dir.path()).unwrap();
+    let oci = store
+        .import(&test_images().join("httpd-1.oci.tar"), None)
+        .unwrap();
+    assert_eq!(oci[0].reference, "shoal.local/httpd:1");
+    let docker = store
+        .import(
+            &test_images().join("busybox-1.docker.tar"),
+            Some("bb:docker"),
+        )
+        .unwrap();
+    assert_eq!(docker[0].reference, "docker.io/library/bb:docker");
+    let listed: Vec<String> = store
+        .list()
+        .unwrap()
+        .into_iter()
+        .map(|i| i.reference)
+        .collect();
+    assert_eq!(
+        listed,
+        ["docker.io/library/bb:docker", "shoal.local/httpd:1"]
+    );
+
+    let httpd = store.resolve("shoal.local/httpd:1").unwrap();
+    assert_eq!(httpd.layers.len(), 2);
+    assert!(httpd.layers[0].join("bin/busybox").exists());
+    assert!(httpd.layers[1].join("www/index.html").exists());
+    assert_eq!(httpd.cmd[0], "httpd");
+    let bb = store.resolve("bb:docker").unwrap();
+    assert!(bb.layers[0].join("bin/sh").exists());
+
+    store.remove("shoal.local/httpd:1").unwrap();
+    assert!(!store.contains("shoal.local/httpd:1"));
+    assert!(!httpd.layers[1].exists(), "unreferenced layer left");
+    let err = store
+        .resolve("shoal.local/httpd:1")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not present on this node"), "{err}");
+}
+
+#[test]
+fn a_corrupted_archive_is_refused_naming_the_blob() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = std::fs::read(test_images().join("busybox-1.oci.tar")).unwrap();
+    // Flip a byte well inside the layer blob (the biggest file, after the small JSON ones).
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0xff;
+    let bad = dir.path().join("bad.tar");
+    std::fs::write(&bad, &bytes).unwrap();
+    let store = ImageStore::open(dir.path().join("store")).unwrap();
+    let err = store.import(&bad, None).unwrap_err().to_string();
+    assert!(
+        err.contains("is corrupt") && err.contains("sha256:"),
+        "{err}"
+    );
+    assert!(store.list().unwrap().is_empty());
+
+    // A truncated archive names the archive.
+    let cut = dir.path().join("cut.tar");
+    std::fs::write(&cut, &bytes[..bytes.len() / 3]).unwrap();
+    let err = store.import(&cut, None).unwrap_err().to_string();
+    assert!(err.contains("cut.tar"), "{err}");
+
+    // Something that is no image archive at all.
+    let junk = dir.path().join("junk.tar");
+    std::fs::write(&junk, b"not a tar").unwrap();
+    assert!(store.import(&junk, None).is_err());
+}

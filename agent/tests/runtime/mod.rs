@@ -1,0 +1,294 @@
+//! The container runtime against real runc, overlayfs, cgroups and network namespaces
+//! (needs root, runc and busybox-static: CI installs them).
+
+mod images;
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use shoal_agent::images::ImageStore;
+use shoal_agent::runtime::{
+    ContainerMeta, ContainerRequest, Limits, ObservedState, Runtime, SandboxSpec,
+};
+
+/// The project's test images (`examples/images/build.sh`), built once per test run.
+pub fn test_images() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let out = root.join("target/test-images");
+        let status = std::process::Command::new("bash")
+            .arg(root.join("examples/images/build.sh"))
+            .arg(&out)
+            .env("DOCKER", "1")
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("running examples/images/build.sh");
+        assert!(status.success(), "examples/images/build.sh failed");
+        out
+    })
+}
+
+pub fn busybox_archive() -> PathBuf {
+    test_images().join("busybox-1.oci.tar")
+}
+
+struct Node {
+    _dir: tempfile::TempDir,
+    images: ImageStore,
+    runtime: Runtime,
+}
+
+impl Node {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let images = ImageStore::open(dir.path().join("images")).unwrap();
+        images.import(&busybox_archive(), None).unwrap();
+        let runtime = Runtime::new(dir.path())
+            .unwrap()
+            .with_shoal_binary(crate::shoal_binary());
+        Self {
+            _dir: dir,
+            images,
+            runtime,
+        }
+    }
+
+    fn sandbox(&self, uid: &str) -> SandboxSpec {
+        let sandbox = SandboxSpec {
+            uid: uid.into(),
+            namespace: "default".into(),
+            name: format!("pod-{uid}"),
+            hostname: format!("pod-{uid}"),
+            memory_limit_bytes: None,
+        };
+        self.runtime.ensure_sandbox(&sandbox).unwrap();
+        sandbox
+    }
+
+    fn start(&self, uid: &str, name: &str, args: &[&str], limits: Limits, readonly: bool) {
+        let image = self.images.resolve("shoal.local/busybox:1").unwrap();
+        let id = format!("{uid}-{name}-0");
+        let meta = ContainerMeta {
+            name: name.into(),
+            attempt: 0,
+            init: false,
+            image: image.reference.clone(),
+            image_digest: image.digest.clone(),
+            runtime_id: id.clone(),
+            cgroup_path: format!("/shoal/pod{uid}/{id}"),
+        };
+        let request = ContainerRequest {
+            id: id.clone(),
+            hostname: format!("pod-{uid}"),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            env: image.env.clone(),
+            working_dir: "/".into(),
+            uid: 0,
+            gid: 0,
+            readonly_rootfs: readonly,
+            no_new_privileges: true,
+            capabilities: shoal_agent::runtime::spec::DEFAULT_CAPABILITIES
+                .iter()
+                .map(|c| c.to_string())
+                .collect(),
+            limits,
+            mounts: vec![],
+            netns: self.runtime.netns_path(uid),
+            cgroup_path: meta.cgroup_path.clone(),
+            layers: image.layers.clone(),
+            log_path: self.runtime.log_path(uid, name, 0),
+        };
+        self.runtime.start_container(uid, &meta, &request).unwrap();
+    }
+
+    fn wait_exit(&self, uid: &str, name: &str) -> ObservedState {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let state = self
+                .runtime
+                .list()
+                .into_iter()
+                .find(|p| p.sandbox.uid == uid)
+                .and_then(|p| p.containers.into_iter().find(|c| c.meta.name == name))
+                .map(|c| c.state);
+            if let Some(state @ ObservedState::Exited { .. }) = state {
+                return state;
+            }
+            assert!(Instant::now() < deadline, "{name} did not exit: {state:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn log(&self, uid: &str, name: &str) -> String {
+        std::fs::read_to_string(self.runtime.log_path(uid, name, 0)).unwrap_or_default()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.runtime.reset().unwrap();
+    }
+}
+
+fn default_limits() -> Limits {
+    Limits {
+        cpu_shares: 2,
+        cpu_period_us: 100_000,
+        ..Limits::default()
+    }
+}
+
+/// No process, mount, netns or cgroup of this runtime is left.
+fn assert_no_leaks(uid: &str, runtime: &Runtime) {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(uid), "mount left: {mounts}");
+    assert!(!runtime.netns_path(uid).exists(), "netns left");
+    assert!(
+        !Path::new(&format!("/sys/fs/cgroup/memory/shoal/pod{uid}")).exists()
+            && !Path::new(&format!("/sys/fs/cgroup/shoal/pod{uid}")).exists(),
+        "cgroup left"
+    );
+    assert!(runtime.runc_containers().is_empty(), "runc containers left");
+}
+
+#[test]
+fn a_container_runs_logs_and_exits_with_its_code() {
+    let node = Node::new();
+    let uid = "rt-exit";
+    node.sandbox(uid);
+    node.start(
+        uid,
+        "main",
+        &["sh", "-c", "echo hello; echo oops >&2; hostname; exit 3"],
+        default_limits(),
+        false,
+    );
+    let ObservedState::Exited {
+        exited,
+        oom_killed,
+        started,
+    } = node.wait_exit(uid, "main")
+    else {
+        unreachable!()
+    };
+    assert_eq!(exited.exit_code, 3, "{exited:?}");
+    assert!(!oom_killed);
+    assert!(started.is_some());
+    let log = node.log(uid, "main");
+    assert!(log.contains(" stdout F hello\n"), "{log}");
+    assert!(log.contains(" stderr F oops\n"), "{log}");
+    assert!(log.contains(" stdout F pod-rt-exit\n"), "{log}");
+    node.runtime.remove_sandbox(uid).unwrap();
+    assert_no_leaks(uid, &node.runtime);
+}
+
+#[test]
+fn memory_limit_ends_in_an_oom_kill() {
+    let node = Node::new();
+    let uid = "rt-oom";
+    node.sandbox(uid);
+    let limits = Limits {
+        memory_bytes: Some(16 << 20),
+        ..default_limits()
+    };
+    // A shell variable that doubles until it passes 16 MiB.
+    node.start(
+        uid,
+        "hog",
+        &[
+            "sh",
+            "-c",
+            "x=xxxxxxxxxxxxxxxx; while true; do x=$x$x; done",
+        ],
+        limits,
+        false,
+    );
+    let ObservedState::Exited {
+        exited, oom_killed, ..
+    } = node.wait_exit(uid, "hog")
+    else {
+        unreachable!()
+    };
+    assert_eq!(exited.signal, Some(9), "{exited:?}");
+    assert_eq!(exited.exit_code, 137);
+    assert!(oom_killed);
+}
+
+#[test]
+fn read_only_root_filesystem_is_enforced() {
+    let node = Node::new();
+    let uid = "rt-ro";
+    node.sandbox(uid);
+    node.start(
+        uid,
+        "ro",
+        &[
+            "sh",
+            "-c",
+            "touch /x && echo wrote || echo refused; touch /tmp/y || echo tmp-refused",
+        ],
+        default_limits(),
+        true,
+    );
+    node.wait_exit(uid, "ro");
+    let log = node.log(uid, "ro");
+    assert!(log.contains("stdout F refused"), "{log}");
+    assert!(!log.contains("wrote"), "{log}");
+}
+
+#[test]
+fn a_missing_command_is_a_start_error_naming_it() {
+    let node = Node::new();
+    let uid = "rt-nocmd";
+    node.sandbox(uid);
+    node.start(uid, "bad", &["/no/such/binary"], default_limits(), false);
+    let ObservedState::Exited { exited, .. } = node.wait_exit(uid, "bad") else {
+        unreachable!()
+    };
+    let error = exited.start_error.unwrap_or_default();
+    assert!(error.contains("/no/such/binary"), "{error}");
+}
+
+#[test]
+fn containers_of_a_pod_share_localhost_and_killing_stops_them() {
+    let node = Node::new();
+    let uid = "rt-share";
+    node.sandbox(uid);
+    node.start(
+        uid,
+        "server",
+        // PID 1 ignores signals it has no handler for: the trap is the graceful stop.
+        &["sh", "-c", "trap 'echo bye; exit 0' TERM; echo -e 'HTTP/1.0 200 OK\\r\\n\\r\\nfrom-server' > /tmp/r; while true; do nc -l -p 8080 < /tmp/r; done"],
+        default_limits(),
+        false,
+    );
+    node.start(
+        uid,
+        "client",
+        &["sh", "-c", "for i in $(seq 50); do wget -q -O - http://127.0.0.1:8080/ && exit 0; sleep 0.1; done; exit 1"],
+        default_limits(),
+        false,
+    );
+    let ObservedState::Exited { exited, .. } = node.wait_exit(uid, "client") else {
+        unreachable!()
+    };
+    assert_eq!(exited.exit_code, 0, "{}", node.log(uid, "client"));
+    assert!(node.log(uid, "client").contains("from-server"));
+    let server = node
+        .runtime
+        .list()
+        .into_iter()
+        .flat_map(|p| p.containers)
+        .find(|c| c.meta.name == "server")
+        .unwrap();
+    node.runtime.signal(&server.meta, "TERM").unwrap();
+    let ObservedState::Exited { exited, .. } = node.wait_exit(uid, "server") else {
+        unreachable!()
+    };
+    assert_eq!(exited.exit_code, 0, "{exited:?}");
+    assert!(node.log(uid, "server").contains("stdout F bye"));
+    node.runtime.remove_sandbox(uid).unwrap();
+    assert_no_leaks(uid, &node.runtime);
+}
