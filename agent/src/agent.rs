@@ -53,6 +53,10 @@ pub enum AgentError {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
+    #[error("container runtime: {0} (or start the agent with --no-runtime)")]
+    Runtime(#[from] crate::runtime::RuntimeError),
+    #[error(transparent)]
+    Images(#[from] crate::images::ImageError),
     #[error("control socket {path}: {source}")]
     ControlSocket {
         path: PathBuf,
@@ -201,6 +205,45 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     );
     scheduling.start()?;
 
+    let pod_statuses = Arc::new(crate::kubelet::status::PodStatusCache::default());
+    tokio::spawn(
+        pod_statuses
+            .clone()
+            .follow(membership.clone(), std::time::Duration::from_millis(100)),
+    );
+    let kubelet = if config.no_runtime {
+        info!("--no-runtime: this node runs no pods");
+        None
+    } else {
+        let runtime = crate::runtime::Runtime::new(&config.data_dir)?;
+        let images = crate::images::ImageStore::open(paths::images(&config.data_dir))?;
+        let kubelet = crate::kubelet::Kubelet::new(
+            config.name.clone(),
+            advertise.ip().to_string(),
+            runtime,
+            images,
+            replication.clone(),
+            membership.clone(),
+            scheduling.clone(),
+            crate::kubelet::KubeletConfig {
+                worker: crate::kubelet::worker::WorkerConfig {
+                    backoff_base_ms: config.restart_backoff.as_millis() as u64,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        );
+        kubelet.start();
+        Some(kubelet)
+    };
+    let logs = crate::kubelet::log_service::LogService::new(
+        kubelet.clone(),
+        membership.clone(),
+        endpoint.clone(),
+        config.name.clone(),
+    );
+    logs.start()?;
+
     let socket_path = paths::control_socket(&config.data_dir);
     let socket = ControlSocket::bind(&socket_path).map_err(|source| AgentError::ControlSocket {
         path: socket_path.clone(),
@@ -239,6 +282,8 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             replication: replication.clone(),
             membership: membership.clone(),
             scheduling: scheduling.clone(),
+            pod_statuses: pod_statuses.clone(),
+            logs: logs.clone(),
             token: identity.api_token().into(),
             server_address: addr.to_string(),
         };

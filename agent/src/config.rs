@@ -65,6 +65,14 @@ pub struct AgentFlags {
     /// Period of desired-state anti-entropy, e.g. `1s`.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub anti_entropy_interval: Option<Duration>,
+    /// First delay before restarting a crashed container; it doubles per restart up to 300 s
+    /// (CrashLoopBackOff), e.g. `10s`.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub restart_backoff: Option<Duration>,
+    /// Do not run pods on this node (no container runtime); it still gossips, stores,
+    /// schedules and serves the API.
+    #[arg(long)]
+    pub no_runtime: bool,
 }
 
 /// The `[state]` table of the config file.
@@ -112,6 +120,18 @@ pub struct AgentFile {
     pub state: StateFile,
     #[serde(default)]
     pub scheduling: SchedulingFile,
+    #[serde(default)]
+    pub kubelet: KubeletFile,
+}
+
+/// The `[kubelet]` table of the config file.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct KubeletFile {
+    #[serde(default, with = "humantime_serde")]
+    pub restart_backoff: Option<Duration>,
+    #[serde(default)]
+    pub no_runtime: Option<bool>,
 }
 
 /// The `[scheduling]` table of the config file.
@@ -156,6 +176,10 @@ pub struct AgentConfig {
     pub eviction_delay: Duration,
     /// Default 5 s.
     pub fence_timeout: Duration,
+    /// Default 10 s.
+    pub restart_backoff: Duration,
+    /// Default false: pods run in containers.
+    pub no_runtime: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -277,6 +301,11 @@ impl AgentConfig {
                 .fence_timeout
                 .or(file.scheduling.fence_timeout)
                 .unwrap_or(Duration::from_secs(5)),
+            restart_backoff: flags
+                .restart_backoff
+                .or(file.kubelet.restart_backoff)
+                .unwrap_or(Duration::from_secs(10)),
+            no_runtime: flags.no_runtime || file.kubelet.no_runtime.unwrap_or(false),
         };
         config.validate()?;
         Ok(config)

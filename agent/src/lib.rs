@@ -12,6 +12,7 @@ pub mod config;
 pub mod control;
 pub mod host;
 pub mod images;
+pub mod kubelet;
 pub mod node_identity;
 pub mod replication;
 pub mod runtime;

@@ -265,6 +265,24 @@ impl AgentProcess {
     }
 
     /// `kill -9` and reap.
+    /// `shoal reset` on this agent's data dir (the agent must be stopped): stops and removes
+    /// every container and pod sandbox it left.
+    pub fn reset_node(&self) -> anyhow::Result<()> {
+        let mut command = Command::new(&self.spec.binary);
+        command
+            .arg("reset")
+            .arg("--data-dir")
+            .arg(&self.spec.data_dir);
+        let output = command.stdin(Stdio::null()).output()?;
+        if !output.status.success() {
+            bail!(
+                "shoal reset: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        Ok(())
+    }
+
     pub fn kill(&mut self) -> anyhow::Result<()> {
         if let Some(mut child) = self.child.take() {
             child.kill()?;
@@ -331,6 +349,11 @@ impl Drop for AgentProcess {
             // SAFETY: continue our own child so that SIGKILL is delivered; no memory involved.
             unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGCONT) };
             let _ = child.wait();
+        }
+        // Containers outlive their agent by design (the shim supervises them): a test's
+        // agent takes its pods with it.
+        if crate::paths::pods(&self.spec.data_dir).exists() {
+            let _ = self.reset_node();
         }
     }
 }

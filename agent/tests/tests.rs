@@ -4,6 +4,7 @@
 mod api;
 mod cli;
 mod membership;
+mod pods;
 mod runtime;
 mod scheduling;
 mod state;

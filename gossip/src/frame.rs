@@ -21,10 +21,17 @@ pub enum Channel {
     Sync = 2,
     /// Scheduling auctions: calls for bids and bids (one-way messages).
     Auction = 3,
+    /// Requests to one node about what runs on it (container logs), as request/response.
+    Node = 4,
 }
 
 impl Channel {
-    pub const ALL: [Channel; 3] = [Channel::Gossip, Channel::Sync, Channel::Auction];
+    pub const ALL: [Channel; 4] = [
+        Channel::Gossip,
+        Channel::Sync,
+        Channel::Auction,
+        Channel::Node,
+    ];
 
     fn from_code(code: u8) -> Option<Self> {
         Self::ALL.into_iter().find(|c| *c as u8 == code)
@@ -39,6 +46,8 @@ impl Channel {
             // A batch of object states; objects are at most 1.5 MiB each.
             Channel::Sync => 64 << 20,
             Channel::Auction => 4 << 20,
+            // A chunk of a container log (8 MiB) with its envelope.
+            Channel::Node => 9 << 20,
         }
     }
 }

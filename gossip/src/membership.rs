@@ -196,6 +196,43 @@ impl Membership {
             .set(key.name(), key.encode(value));
     }
 
+    /// Sets (`Some`) or deletes (`None`) one key of this node's gossip state whose name is
+    /// not fixed (e.g. one key per pod: `pod.<uid>`).
+    pub async fn set_dynamic(&self, key: &str, value: Option<String>) {
+        let chitchat = self.handle.chitchat();
+        let mut chitchat = chitchat.lock().await;
+        let state = chitchat.self_node_state();
+        match value {
+            Some(value) => state.set(key, value),
+            None => state.delete(key),
+        }
+    }
+
+    /// Every live node's keys starting with `prefix`, this node's included (newest generation
+    /// of each node id): (node id, key, value).
+    pub async fn dynamic_values(&self, prefix: &str) -> Vec<(String, String, String)> {
+        let chitchat = self.handle.chitchat();
+        let chitchat = chitchat.lock().await;
+        let mut newest: BTreeMap<&str, &ChitchatId> = BTreeMap::new();
+        let self_id = chitchat.self_chitchat_id().clone();
+        for id in chitchat.live_nodes().chain(std::iter::once(&self_id)) {
+            let slot = newest.entry(&id.node_id).or_insert(id);
+            if id.generation_id > slot.generation_id {
+                *slot = id;
+            }
+        }
+        let mut out = Vec::new();
+        for id in newest.into_values() {
+            let Some(state) = chitchat.node_state(id) else {
+                continue;
+            };
+            for (key, value) in state.iter_prefix(prefix) {
+                out.push((id.node_id.to_string(), key.to_owned(), value.value.clone()));
+            }
+        }
+        out
+    }
+
     /// The value of `key` published by each live peer (newest generation of each node id).
     pub async fn peer_values<T: Serialize + DeserializeOwned>(
         &self,

@@ -134,7 +134,7 @@ pub async fn list_objects(
             let items = s
                 .list(info.group, info.kind, namespace)
                 .into_iter()
-                .map(|o| observed::with_status(&state.scheduling, info.kind, o))
+                .map(|o| observed::with_status(state, info.kind, o))
                 .collect();
             (items, s.resource_version())
         }),
@@ -170,7 +170,7 @@ async fn get_object(
             state
                 .replication
                 .read(|s| s.get(&key))
-                .map(|o| observed::with_status(&state.scheduling, info.kind, o))
+                .map(|o| observed::with_status(state, info.kind, o))
         }
         _ => list_objects(state, resource, namespace)
             .await
@@ -510,7 +510,7 @@ async fn write(
     };
     Ok(json_response(
         code,
-        &observed::with_status(&state.scheduling, resource.kind, object),
+        &observed::with_status(state, resource.kind, object),
     ))
 }
 
@@ -580,7 +580,7 @@ pub async fn delete(request: &Request<'_>, name: &str) -> Result<Response, ApiEr
     });
     Ok(json_response(
         StatusCode::OK,
-        &observed::with_status(&state.scheduling, resource.kind, object),
+        &observed::with_status(state, resource.kind, object),
     ))
 }
 
@@ -715,28 +715,10 @@ pub async fn subresource(
                 .map_err(|e| write_error(resource.kind, name, e))?;
             Ok(json_response(
                 StatusCode::OK,
-                &scale_of(&observed::with_status(
-                    &state.scheduling,
-                    resource.kind,
-                    object,
-                )),
+                &scale_of(&observed::with_status(state, resource.kind, object)),
             ))
         }
-        ("log", &Method::GET) => {
-            let pod = get_object(state, resource, namespace, name).await?;
-            let container = query
-                .get("container")
-                .cloned()
-                .or_else(|| {
-                    pod["spec"]["containers"][0]["name"]
-                        .as_str()
-                        .map(str::to_owned)
-                })
-                .unwrap_or_default();
-            Err(ApiError::bad_request(format!(
-                "container {container:?} in pod {name:?} is waiting to start: no node runs this pod yet"
-            )))
-        }
+        ("log", &Method::GET) => pod_log(state, resource, namespace, name, query).await,
         _ => Err(ApiError::method_not_allowed(format!(
             "{method} is not supported on {sub}"
         ))),
@@ -831,7 +813,7 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
                 Ok(past) => {
                     for c in past.into_iter().filter(|c| matches(&c.key, &c.object)) {
                         last_rv = last_rv.max(c.resource_version);
-                        initial.push(change_line(&state.scheduling, &c, info.kind, table_kind));
+                        initial.push(change_line(state, &c, info.kind, table_kind));
                     }
                     last_rv = last_rv.max(from);
                 }
@@ -868,7 +850,7 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
                 if matches(&key, &o) {
                     initial.push(event_line(
                         "ADDED",
-                        observed::with_status(&state.scheduling, info.kind, o),
+                        observed::with_status(state, info.kind, o),
                         table_kind,
                     ));
                 }
@@ -890,20 +872,48 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
         .unwrap_or(Duration::from_secs(3600));
     let deadline = tokio::time::Instant::now() + timeout;
     let kind = info.kind;
-    let scheduling = state.scheduling.clone();
+    let api = state.clone();
+    // Pods also change when their node reports a new status (observed state, not a store
+    // write): those come as MODIFIED events at the pod's current resourceVersion.
+    let statuses = (info.kind == "Pod").then(|| state.pod_statuses.subscribe());
     let live = futures_util::stream::unfold(
-        (changes, last_rv, false),
-        move |(mut rx, mut last, done)| {
+        (changes, last_rv, false, statuses),
+        move |(mut rx, mut last, done, mut statuses)| {
             let matches = matches.clone();
-            let scheduling = scheduling.clone();
+            let api = api.clone();
             async move {
                 if done {
                     return None;
                 }
                 loop {
-                    match tokio::time::timeout_at(deadline, rx.recv()).await {
-                        Err(_) => return None,
-                        Ok(Ok(change)) => {
+                    let status_change = async {
+                        match statuses.as_mut() {
+                            Some(s) => s.recv().await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    let next = tokio::select! {
+                        change = rx.recv() => Some(change),
+                        status = status_change => {
+                            if let Ok(c) = status {
+                                let key = ObjectKey::new(info, &c.namespace, &c.name);
+                                let pod = api.replication.read(|s| s.get(&key));
+                                if let Some(pod) = pod.filter(|p| p["metadata"]["uid"] == c.uid.as_str() && matches(&key, p)) {
+                                    let line = event_line(
+                                        "MODIFIED",
+                                        observed::with_status(&api, kind, pod),
+                                        table_kind,
+                                    );
+                                    return Some((Ok(line), (rx, last, false, statuses)));
+                                }
+                            }
+                            None
+                        }
+                        _ = tokio::time::sleep_until(deadline) => return None,
+                    };
+                    let Some(next) = next else { continue };
+                    match next {
+                        Ok(change) => {
                             if change.resource_version <= last
                                 || !matches(&change.key, &change.object)
                             {
@@ -912,24 +922,24 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
                             last = change.resource_version;
                             return Some((
                                 Ok::<_, std::io::Error>(change_line(
-                                    &scheduling,
-                                    &change,
-                                    kind,
-                                    table_kind,
+                                    &api, &change, kind, table_kind,
                                 )),
-                                (rx, last, false),
+                                (rx, last, false, statuses),
                             ));
                         }
-                        Ok(Err(RecvError::Lagged(_))) => {
+                        Err(RecvError::Lagged(_)) => {
                             let gone = ApiError::new(
                                 StatusCode::GONE,
                                 "Expired",
                                 "the watch fell behind; relist",
                             )
                             .to_status();
-                            return Some((Ok(event_line("ERROR", gone, None)), (rx, last, true)));
+                            return Some((
+                                Ok(event_line("ERROR", gone, None)),
+                                (rx, last, true, statuses),
+                            ));
                         }
-                        Ok(Err(RecvError::Closed)) => return None,
+                        Err(RecvError::Closed) => return None,
                     }
                 }
             }
@@ -947,12 +957,7 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
         .into_response())
 }
 
-fn change_line(
-    scheduling: &crate::scheduling::Scheduling,
-    change: &Change,
-    kind: &str,
-    table_kind: Option<&str>,
-) -> Bytes {
+fn change_line(state: &ApiState, change: &Change, kind: &str, table_kind: Option<&str>) -> Bytes {
     let event = match change.event {
         EventType::Added => "ADDED",
         EventType::Modified => "MODIFIED",
@@ -960,9 +965,141 @@ fn change_line(
     };
     event_line(
         event,
-        observed::with_status(scheduling, kind, change.object.clone()),
+        observed::with_status(state, kind, change.object.clone()),
         table_kind,
     )
+}
+
+/// `pods/{name}/log`: read from the node running the pod; `follow` streams until the
+/// container ends or the client leaves.
+async fn pod_log(
+    state: &ApiState,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+    name: &str,
+    query: &HashMap<String, String>,
+) -> Result<Response, ApiError> {
+    use crate::kubelet::log_service::LogRequest;
+    use crate::kubelet::logs::LogQuery;
+    let pod = get_object(state, resource, namespace, name).await?;
+    let containers: Vec<&str> = ["initContainers", "containers"]
+        .iter()
+        .flat_map(|f| pod["spec"][f].as_array().into_iter().flatten())
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    let container = match query.get("container") {
+        Some(c) if containers.contains(&c.as_str()) => c.clone(),
+        Some(c) => {
+            return Err(ApiError::bad_request(format!(
+                "container {c} is not valid for pod {name}"
+            )));
+        }
+        None => match pod["spec"]["containers"].as_array().map(Vec::len) {
+            Some(1) => pod["spec"]["containers"][0]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "a container name must be specified for pod {name}, choose one of: [{}]",
+                    containers.join(" ")
+                )));
+            }
+        },
+    };
+    let Some(node) = pod["spec"]["nodeName"]
+        .as_str()
+        .filter(|n| !n.is_empty())
+        .map(str::to_owned)
+    else {
+        return Err(ApiError::bad_request(format!(
+            "container {container:?} in pod {name:?} is waiting to start: the pod is not scheduled yet"
+        )));
+    };
+    let number = |key: &str| -> Result<Option<usize>, ApiError> {
+        query
+            .get(key)
+            .map(|v| {
+                v.parse::<usize>()
+                    .map_err(|_| ApiError::bad_request(format!("{key}: invalid value {v:?}")))
+            })
+            .transpose()
+    };
+    let flag = |key: &str| query.get(key).is_some_and(|v| v == "true");
+    // A container that never ran has no log: say why it waits, as the apiserver does.
+    let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
+    let status = state.pod_statuses.get(uid, &node);
+    let container_state = status.as_ref().and_then(|s| {
+        ["containerStatuses", "initContainerStatuses"]
+            .iter()
+            .flat_map(|f| s[f].as_array().into_iter().flatten())
+            .find(|c| c["name"] == container.as_str())
+            .cloned()
+    });
+    let never_ran = container_state.as_ref().is_none_or(|c| {
+        c["state"].get("waiting").is_some() && c["lastState"].get("terminated").is_none()
+    });
+    if never_ran && !flag("previous") {
+        let reason = container_state
+            .as_ref()
+            .and_then(|c| c["state"]["waiting"]["reason"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| "ContainerCreating".to_owned());
+        return Err(ApiError::bad_request(format!(
+            "container {container:?} in pod {name:?} is waiting to start: {reason}"
+        )));
+    }
+    let mut request = LogRequest {
+        uid: pod["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        container: container.clone(),
+        previous: flag("previous"),
+        query: LogQuery {
+            tail_lines: number("tailLines")?,
+            timestamps: flag("timestamps"),
+            limit_bytes: number("limitBytes")?,
+            from_offset: None,
+        },
+    };
+    let (first, running) = state.logs.read(&node, request.clone()).await.map_err(|e| {
+        ApiError::bad_request(format!("container {container:?} in pod {name:?}: {e}"))
+    })?;
+    let text_plain = [(header::CONTENT_TYPE, "text/plain")];
+    if !flag("follow") || !running {
+        return Ok((StatusCode::OK, text_plain, first.text).into_response());
+    }
+    let logs = state.logs.clone();
+    request.query.tail_lines = None;
+    request.query.limit_bytes = None;
+    let stream = futures_util::stream::unfold(
+        (Some(first), request, true),
+        move |(pending, mut request, running)| {
+            let logs = logs.clone();
+            let node = node.clone();
+            async move {
+                if let Some(chunk) = pending {
+                    request.query.from_offset = Some(chunk.next_offset);
+                    return Some((
+                        Ok::<_, std::io::Error>(Bytes::from(chunk.text)),
+                        (None, request, running),
+                    ));
+                }
+                if !running {
+                    return None;
+                }
+                loop {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    let (chunk, still) = logs.read(&node, request.clone()).await.ok()?;
+                    if !chunk.text.is_empty() || !still {
+                        request.query.from_offset = Some(chunk.next_offset);
+                        return Some((Ok(Bytes::from(chunk.text)), (None, request, still)));
+                    }
+                }
+            }
+        },
+    );
+    Ok((StatusCode::OK, text_plain, Body::from_stream(stream)).into_response())
 }
 
 /// A request on one object: its verbs, or a subresource.

@@ -39,6 +39,10 @@ pub struct ApiState {
     pub replication: Arc<Replication>,
     pub membership: Arc<Membership>,
     pub scheduling: Arc<crate::scheduling::Scheduling>,
+    /// Pod statuses gossiped by the nodes running them.
+    pub pod_statuses: Arc<crate::kubelet::status::PodStatusCache>,
+    /// Container logs, from this node or the one running the pod.
+    pub logs: Arc<crate::kubelet::log_service::LogService>,
     pub token: Arc<str>,
     /// `host:port` clients use to reach this API.
     pub server_address: String,

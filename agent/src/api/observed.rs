@@ -1,11 +1,13 @@
 //! Status joined from observed state at read time (DESIGN.md §3): the store holds what users
-//! want; what is true now comes from the agents. Pods are scheduled by the auction (PodScheduled
-//! comes from the binding or the auctioneer's verdict) but no container runtime runs them yet,
-//! so bound pods stay Pending and workloads report no ready replicas.
+//! want; what is true now comes from the agents. PodScheduled comes from the binding or the
+//! auctioneer's verdict; everything else about a pod from the status its node gossips
+//! ([`crate::kubelet::status`]). Workload controllers do not run yet, so workloads report no
+//! ready replicas.
 
 use serde_json::{Value, json};
 use shoal_gossip::{Member, MemberState};
 
+use super::ApiState;
 use crate::scheduling::Scheduling;
 
 /// The PodScheduled condition: bound (spec.nodeName set by the auction), refused with the
@@ -26,16 +28,30 @@ fn pod_scheduled(scheduling: &Scheduling, object: &Value) -> Value {
     json!({"type": "PodScheduled", "status": "False", "reason": reason, "message": message, "lastProbeTime": null, "lastTransitionTime": since})
 }
 
+/// A pod's status: what its node publishes, with PodScheduled in front; Pending until then.
+fn pod_status(state: &ApiState, pod: &Value) -> Value {
+    let scheduled = pod_scheduled(&state.scheduling, pod);
+    let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
+    let published = pod["spec"]["nodeName"]
+        .as_str()
+        .filter(|n| !n.is_empty())
+        .and_then(|node| state.pod_statuses.get(uid, node));
+    match published {
+        Some(mut status) => {
+            if let Some(conditions) = status["conditions"].as_array_mut() {
+                conditions.insert(0, scheduled);
+            }
+            status
+        }
+        None => json!({"phase": "Pending", "conditions": [scheduled], "qosClass": "BestEffort"}),
+    }
+}
+
 /// Adds the observed `status` to a stored object.
-pub fn with_status(scheduling: &Scheduling, kind: &str, mut object: Value) -> Value {
+pub fn with_status(state: &ApiState, kind: &str, mut object: Value) -> Value {
     let generation = object["metadata"]["generation"].clone();
     let status = match kind {
-        // No container runtime runs pods yet: a bound pod stays Pending.
-        "Pod" => json!({
-            "phase": "Pending",
-            "conditions": [pod_scheduled(scheduling, &object)],
-            "qosClass": "BestEffort",
-        }),
+        "Pod" => pod_status(state, &object),
         "Deployment" => json!({
             "observedGeneration": generation,
             "replicas": 0, "updatedReplicas": 0, "readyReplicas": 0, "availableReplicas": 0,

@@ -97,6 +97,11 @@ impl ImageStore {
             let path = root.join(dir);
             std::fs::create_dir_all(&path).map_err(|source| ImageError::Store { path, source })?;
         }
+        // Layer directories become overlay lower dirs: absolute paths.
+        let root = std::fs::canonicalize(&root).map_err(|source| ImageError::Store {
+            path: root.clone(),
+            source,
+        })?;
         Ok(Self { root })
     }
 

@@ -119,6 +119,41 @@ fn roots(layout: Layout) -> io::Result<Vec<PathBuf>> {
     })
 }
 
+/// SIGKILLs every process in a cgroup tree (all hierarchies) until none is left or `patience`
+/// runs out; returns how many are left. Used when runc's state is gone but processes are not.
+pub fn kill_all(layout: Layout, path: &str, patience: std::time::Duration) -> usize {
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        let mut pids = Vec::new();
+        for root in roots(layout).unwrap_or_default() {
+            collect_pids(&root.join(path.trim_start_matches('/')), &mut pids);
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        if pids.is_empty() || std::time::Instant::now() > deadline {
+            return pids.len();
+        }
+        for pid in &pids {
+            // SAFETY: kill with a pid read from the cgroup; no memory involved.
+            unsafe { libc::kill(*pid, libc::SIGKILL) };
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+fn collect_pids(dir: &Path, pids: &mut Vec<i32>) {
+    if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+        pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+    }
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.filter_map(Result::ok) {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                collect_pids(&entry.path(), pids);
+            }
+        }
+    }
+}
+
 /// cgroup directories are removed bottom-up with rmdir (their files cannot be unlinked).
 fn remove_tree(dir: &Path) -> io::Result<()> {
     let entries = match std::fs::read_dir(dir) {

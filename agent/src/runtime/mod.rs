@@ -187,6 +187,10 @@ impl Runtime {
             })
             .ok_or_else(|| RuntimeError::NoRuntime("runc is not installed".into()))?;
         let shoal_binary = std::env::current_exe().map_err(io_at(Path::new("/proc/self/exe")))?;
+        // Bundles, mounts and runc's state are named by absolute paths (a relative data dir
+        // would break every one of them and the cleanup that matches mounts by path).
+        std::fs::create_dir_all(data_dir).map_err(io_at(data_dir))?;
+        let data_dir = &std::fs::canonicalize(data_dir).map_err(io_at(data_dir))?;
         let runtime = Self {
             runc,
             runc_root: data_dir.join("runc"),
@@ -411,6 +415,51 @@ impl Runtime {
             .args(["kill", "--all", &meta.runtime_id, signal]))
     }
 
+    /// Runs `command` in a running container (exec probes); returns its exit code and
+    /// output, killing it after `timeout`.
+    pub fn exec(
+        &self,
+        meta: &ContainerMeta,
+        command: &[String],
+        timeout: Duration,
+    ) -> Result<(i32, String), String> {
+        let mut child = Command::new(&self.runc)
+            .arg("--root")
+            .arg(&self.runc_root)
+            .args(["exec", &meta.runtime_id])
+            .args(command)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("runc exec: {e}"))?;
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    let mut output = String::new();
+                    if let Some(mut out) = child.stdout.take() {
+                        let _ = io::Read::read_to_string(&mut out, &mut output);
+                    }
+                    if let Some(mut err) = child.stderr.take() {
+                        let _ = io::Read::read_to_string(&mut err, &mut output);
+                    }
+                    output.truncate(1024);
+                    return Ok((status.code().unwrap_or(128), output));
+                }
+                Ok(None) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Ok(None) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!("command timed out after {timeout:?}"));
+                }
+                Err(e) => return Err(format!("runc exec: {e}")),
+            }
+        }
+    }
+
     /// Removes a container that has exited (or kills it first): runc state, cgroup, overlay
     /// mount and bundle. Its log stays until the pod is removed.
     pub fn remove_container(
@@ -422,12 +471,16 @@ impl Runtime {
         let bundle = self.bundle(pod_uid, name, attempt);
         if let Some(meta) = read_json::<ContainerMeta>(&bundle.join("meta.json")) {
             let state = self.runc_root.join(&meta.runtime_id);
-            if state.exists() {
-                run(Command::new(&self.runc)
+            if state.exists()
+                && let Err(err) = run(Command::new(&self.runc)
                     .arg("--root")
                     .arg(&self.runc_root)
-                    .args(["delete", "--force", &meta.runtime_id]))?;
+                    .args(["delete", "--force", &meta.runtime_id]))
+            {
+                tracing::warn!(container = %meta.runtime_id, error = %err, "runc delete failed; killing the container's cgroup");
             }
+            // Whatever runc left (or a container whose runc state is lost) dies with its cgroup.
+            cgroup::kill_all(self.layout, &meta.cgroup_path, Duration::from_secs(2));
             cgroup::remove(self.layout, &meta.cgroup_path)
                 .map_err(io_at(Path::new(&meta.cgroup_path)))?;
             // The shim exits right after the process; give a straggler a moment.
@@ -452,15 +505,40 @@ impl Runtime {
     pub fn remove_sandbox(&self, pod_uid: &str) -> Result<(), RuntimeError> {
         let dir = self.pod_dir(pod_uid);
         let containers = dir.join("containers");
+        let mut first_error = None;
         if let Ok(entries) = std::fs::read_dir(&containers) {
             for entry in entries.filter_map(Result::ok) {
                 let name = entry.file_name().to_string_lossy().into_owned();
                 if let Some((name, attempt)) = name.rsplit_once('.')
                     && let Ok(attempt) = attempt.parse()
+                    && let Err(err) = self.remove_container(pod_uid, name, attempt)
                 {
-                    self.remove_container(pod_uid, name, attempt)?;
+                    first_error.get_or_insert(err);
                 }
             }
+        }
+        // Even with records lost: every process of the pod's cgroup, every mount below its
+        // directory.
+        cgroup::kill_all(
+            self.layout,
+            &cgroup::pod_path(pod_uid),
+            Duration::from_secs(2),
+        );
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let prefix = format!("{}/", dir.display());
+        let mut below: Vec<&str> = mounts
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| m.starts_with(&prefix))
+            .collect();
+        below.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for mount in below {
+            if let Err(err) = unmount(Path::new(mount)) {
+                first_error.get_or_insert(err);
+            }
+        }
+        if let Some(err) = first_error {
+            tracing::warn!(pod = %pod_uid, error = %err, "removing the pod's containers; cleaning up by cgroup and mounts");
         }
         if self.netns_path(pod_uid).exists() {
             run(Command::new("ip").args(["netns", "delete", &netns_name(pod_uid)]))?;

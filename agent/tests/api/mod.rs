@@ -14,8 +14,9 @@ const CONVERGE: Duration = Duration::from_secs(30);
 
 /// A cluster of agents serving the API, with a kubeconfig per agent.
 pub struct ApiLab {
-    pub lab: Lab,
+    // Agents drop first: they take their containers with them while their data dirs exist.
     pub agents: Vec<AgentProcess>,
+    pub lab: Lab,
     pub kubeconfigs: Vec<PathBuf>,
     pub home: tempfile::TempDir,
 }
@@ -105,7 +106,7 @@ impl ApiLab {
     }
 }
 
-fn which(program: &str) -> PathBuf {
+pub fn which(program: &str) -> PathBuf {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .map(|dir| dir.join(program))

@@ -1,0 +1,600 @@
+//! Turning a container of a pod into a [`ContainerRequest`] for the runtime: command and args
+//! over the image's entrypoint and cmd, the environment (image, `env`, `envFrom`, downward API,
+//! ConfigMap and Secret keys, `$(VAR)` expansion), user, capabilities, limits and mounts.
+//! Pure but for the object lookups passed in.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use base64::Engine;
+use serde_json::Value;
+
+use super::pod::{ContainerPlan, EnvSource, PodPlan, VolumeSource};
+use crate::images::ResolvedImage;
+use crate::runtime::spec::{BindMount, ContainerRequest, DEFAULT_CAPABILITIES, Limits};
+
+/// Why a container cannot be created, as Kubernetes reports it in `waiting.reason`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+fn config_error(message: String) -> ConfigError {
+    ConfigError {
+        reason: "CreateContainerConfigError",
+        message,
+    }
+}
+
+/// What a request needs besides the pod and the image.
+pub struct Context<'a> {
+    pub runtime_id: String,
+    pub node_name: &'a str,
+    pub host_ip: &'a str,
+    pub pod_ip: &'a str,
+    pub netns: PathBuf,
+    pub etc_dir: PathBuf,
+    pub log_path: PathBuf,
+    /// Directory of the pod's volume `name`.
+    pub volume_dir: &'a dyn Fn(&str) -> PathBuf,
+    /// A ConfigMap or Secret (`kind`, name) of the pod's namespace.
+    pub lookup: &'a dyn Fn(&str, &str) -> Option<Value>,
+}
+
+/// The string data of a ConfigMap (`data`) or Secret (`data`, base64; `stringData`).
+pub fn object_data(kind: &str, object: &Value) -> BTreeMap<String, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    if let Some(map) = object["data"].as_object() {
+        for (k, v) in map {
+            let Some(text) = v.as_str() else { continue };
+            let bytes = if kind == "Secret" {
+                base64::engine::general_purpose::STANDARD
+                    .decode(text)
+                    .unwrap_or_else(|_| text.as_bytes().to_vec())
+            } else {
+                text.as_bytes().to_vec()
+            };
+            out.insert(k.clone(), bytes);
+        }
+    }
+    for field in ["stringData", "binaryData"] {
+        if let Some(map) = object[field].as_object() {
+            for (k, v) in map {
+                if let Some(text) = v.as_str() {
+                    let bytes = if field == "binaryData" {
+                        base64::engine::general_purpose::STANDARD
+                            .decode(text)
+                            .unwrap_or_default()
+                    } else {
+                        text.as_bytes().to_vec()
+                    };
+                    out.insert(k.clone(), bytes);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Kubernetes' `$(VAR)` expansion: defined variables are replaced, `$$` is a literal `$`,
+/// anything else is left as written.
+pub fn expand(text: &str, vars: &BTreeMap<String, String>) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        if let Some(stripped) = after.strip_prefix('$') {
+            out.push('$');
+            rest = stripped;
+        } else if let Some(inner) = after.strip_prefix('(')
+            && let Some(end) = inner.find(')')
+            && let Some(value) = vars.get(&inner[..end])
+        {
+            out.push_str(value);
+            rest = &inner[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+fn field_value(plan: &PodPlan, path: &str, ctx: &Context) -> Result<String, ConfigError> {
+    let indexed = |prefix: &str, map: &BTreeMap<String, String>| {
+        path.strip_prefix(prefix)
+            .and_then(|r| r.strip_suffix("']"))
+            .map(|k| map.get(k).cloned().unwrap_or_default())
+    };
+    if let Some(v) = indexed("metadata.labels['", &plan.labels) {
+        return Ok(v);
+    }
+    if let Some(v) = indexed("metadata.annotations['", &plan.annotations) {
+        return Ok(v);
+    }
+    Ok(match path {
+        "metadata.name" => plan.name.clone(),
+        "metadata.namespace" => plan.namespace.clone(),
+        "metadata.uid" => plan.uid.clone(),
+        "spec.nodeName" => ctx.node_name.to_owned(),
+        "spec.serviceAccountName" => "default".to_owned(),
+        "status.hostIP" => ctx.host_ip.to_owned(),
+        "status.podIP" => ctx.pod_ip.to_owned(),
+        other => {
+            return Err(config_error(format!(
+                "fieldRef: unsupported fieldPath {other:?}"
+            )));
+        }
+    })
+}
+
+fn resource_value(
+    plan: &PodPlan,
+    this: &ContainerPlan,
+    container: &str,
+    resource: &str,
+    divisor: &str,
+) -> Result<String, ConfigError> {
+    let c = if container.is_empty() {
+        this
+    } else {
+        plan.containers
+            .iter()
+            .chain(&plan.init_containers)
+            .find(|c| c.name == container)
+            .ok_or_else(|| config_error(format!("resourceFieldRef: no container {container:?}")))?
+    };
+    let bad = |e: String| config_error(format!("resourceFieldRef.divisor: {e}"));
+    Ok(match resource {
+        "requests.cpu" | "limits.cpu" => {
+            let millis = if resource == "limits.cpu" {
+                c.cpu_limit_millis
+            } else {
+                c.cpu_request_millis
+            }
+            .unwrap_or(0);
+            let div = crate::scheduler::quantity::cpu_millis(divisor)
+                .map_err(bad)?
+                .max(1);
+            millis.div_ceil(div).to_string()
+        }
+        "requests.memory" | "limits.memory" => {
+            let bytes = if resource == "limits.memory" {
+                c.memory_limit_bytes
+            } else {
+                c.memory_request_bytes
+            }
+            .unwrap_or(0);
+            let div = crate::scheduler::quantity::bytes(divisor)
+                .map_err(bad)?
+                .max(1);
+            bytes.div_ceil(div).to_string()
+        }
+        other => {
+            return Err(config_error(format!(
+                "resourceFieldRef: unsupported resource {other:?}"
+            )));
+        }
+    })
+}
+
+/// `uid[:gid]` or a user name looked up in the image's /etc/passwd.
+fn image_user(user: &str, image: &ResolvedImage) -> Result<(u32, u32), ConfigError> {
+    let (name, group) = user.split_once(':').unwrap_or((user, ""));
+    let passwd = image
+        .layers
+        .iter()
+        .rev()
+        .find_map(|l| std::fs::read_to_string(l.join("etc/passwd")).ok())
+        .unwrap_or_default();
+    let uid_gid = match name.parse::<u32>() {
+        Ok(uid) => (uid, uid),
+        Err(_) => passwd
+            .lines()
+            .map(|l| l.split(':').collect::<Vec<_>>())
+            .find(|f| f.len() > 3 && f[0] == name)
+            .and_then(|f| Some((f[2].parse().ok()?, f[3].parse().ok()?)))
+            .ok_or_else(|| {
+                config_error(format!(
+                    "image user {name:?} is not in the image's /etc/passwd"
+                ))
+            })?,
+    };
+    let gid = if group.is_empty() {
+        uid_gid.1
+    } else {
+        group
+            .parse()
+            .map_err(|_| config_error(format!("image group {group:?} must be numeric")))?
+    };
+    Ok((uid_gid.0, gid))
+}
+
+/// Writes a ConfigMap's or Secret's keys as files into `dir` (replacing what was there).
+pub fn project(dir: &std::path::Path, data: &BTreeMap<String, Vec<u8>>) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if !data.contains_key(entry.file_name().to_string_lossy().as_ref()) {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    for (key, bytes) in data {
+        if key.contains('/') || key == ".." || key == "." {
+            continue;
+        }
+        std::fs::write(dir.join(key), bytes)?;
+    }
+    Ok(())
+}
+
+/// The runtime request of container `c` of `plan`.
+pub fn build(
+    plan: &PodPlan,
+    c: &ContainerPlan,
+    image: &ResolvedImage,
+    ctx: &Context,
+) -> Result<ContainerRequest, ConfigError> {
+    if c.privileged {
+        return Err(config_error(
+            "privileged containers are not supported".into(),
+        ));
+    }
+    // Environment: the image's, then envFrom, then env (later wins), with $(VAR) expansion
+    // against what is defined before.
+    let mut vars: BTreeMap<String, String> = BTreeMap::new();
+    let mut order: Vec<String> = Vec::new();
+    let mut set = |vars: &mut BTreeMap<String, String>, k: String, v: String| {
+        if !vars.contains_key(&k) {
+            order.push(k.clone());
+        }
+        vars.insert(k, v);
+    };
+    for entry in &image.env {
+        if let Some((k, v)) = entry.split_once('=') {
+            set(&mut vars, k.to_owned(), v.to_owned());
+        }
+    }
+    if !vars.contains_key("PATH") {
+        set(
+            &mut vars,
+            "PATH".into(),
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+        );
+    }
+    set(&mut vars, "HOSTNAME".into(), plan.hostname.clone());
+    for from in &c.env_from {
+        match (ctx.lookup)(from.kind, &from.name) {
+            Some(object) => {
+                for (k, v) in object_data(from.kind, &object) {
+                    set(
+                        &mut vars,
+                        format!("{}{k}", from.prefix),
+                        String::from_utf8_lossy(&v).into_owned(),
+                    );
+                }
+            }
+            None if from.optional => {}
+            None => {
+                return Err(config_error(format!(
+                    "{} {:?} not found",
+                    from.kind.to_lowercase(),
+                    from.name
+                )));
+            }
+        }
+    }
+    for (key, source) in &c.env {
+        let value = match source {
+            EnvSource::Value(v) => expand(v, &vars),
+            EnvSource::Field(path) => field_value(plan, path, ctx)?,
+            EnvSource::Resource {
+                container,
+                resource,
+                divisor,
+            } => resource_value(plan, c, container, resource, divisor)?,
+            EnvSource::Key {
+                kind,
+                name,
+                key: data_key,
+                optional,
+            } => {
+                let found = (ctx.lookup)(kind, name)
+                    .map(|o| object_data(kind, &o))
+                    .and_then(|d| d.get(data_key).cloned());
+                match found {
+                    Some(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+                    None if *optional => continue,
+                    None => {
+                        return Err(config_error(format!(
+                            "couldn't find key {data_key} in {} {}/{name}",
+                            kind, plan.namespace
+                        )));
+                    }
+                }
+            }
+        };
+        set(&mut vars, key.clone(), value);
+    }
+    let env: Vec<String> = order.iter().map(|k| format!("{k}={}", vars[k])).collect();
+    let expand_all = |list: &[String]| list.iter().map(|a| expand(a, &vars)).collect::<Vec<_>>();
+    let args: Vec<String> = match (&c.command, &c.args) {
+        (Some(command), args) => {
+            let mut all = expand_all(command);
+            all.extend(expand_all(args.as_deref().unwrap_or_default()));
+            all
+        }
+        (None, Some(args)) => {
+            let mut all = image.entrypoint.clone();
+            all.extend(expand_all(args));
+            all
+        }
+        (None, None) => image.entrypoint.iter().chain(&image.cmd).cloned().collect(),
+    };
+    if args.is_empty() {
+        return Err(config_error(format!(
+            "container {:?}: no command given and image {} has none",
+            c.name, image.reference
+        )));
+    }
+    let (mut uid, mut gid) = match &image.user {
+        Some(user) => image_user(user, image)?,
+        None => (0, 0),
+    };
+    if let Some(u) = c.run_as_user {
+        uid = u;
+        if c.run_as_group.is_none() && image.user.is_none() {
+            gid = 0;
+        }
+    }
+    if let Some(g) = c.run_as_group {
+        gid = g;
+    }
+    let normalize = |cap: &str| {
+        let cap = cap.to_ascii_uppercase();
+        if cap.starts_with("CAP_") {
+            cap
+        } else {
+            format!("CAP_{cap}")
+        }
+    };
+    let drop_all = c
+        .capabilities_drop
+        .iter()
+        .any(|d| d.eq_ignore_ascii_case("ALL"));
+    let dropped: Vec<String> = c.capabilities_drop.iter().map(|d| normalize(d)).collect();
+    let mut capabilities: Vec<String> = if drop_all {
+        Vec::new()
+    } else {
+        DEFAULT_CAPABILITIES
+            .iter()
+            .map(|c| c.to_string())
+            .filter(|c| !dropped.contains(c))
+            .collect()
+    };
+    for add in &c.capabilities_add {
+        let cap = normalize(add);
+        if !capabilities.contains(&cap) {
+            capabilities.push(cap);
+        }
+    }
+    const PERIOD_US: u64 = 100_000;
+    let limits = Limits {
+        memory_bytes: c.memory_limit_bytes.map(|b| b as i64),
+        // Kubernetes' shares: 1024 per cpu of request, at least 2.
+        cpu_shares: c.cpu_request_millis.map_or(2, |m| (m * 1024 / 1000).max(2)),
+        cpu_quota_us: c
+            .cpu_limit_millis
+            .map(|m| (m * PERIOD_US / 1000).max(1000) as i64),
+        cpu_period_us: PERIOD_US,
+        pids: None,
+    };
+    let mut mounts = vec![
+        BindMount {
+            source: ctx.etc_dir.join("hosts"),
+            destination: "/etc/hosts".into(),
+            readonly: false,
+        },
+        BindMount {
+            source: ctx.etc_dir.join("hostname"),
+            destination: "/etc/hostname".into(),
+            readonly: false,
+        },
+        BindMount {
+            source: ctx.etc_dir.join("resolv.conf"),
+            destination: "/etc/resolv.conf".into(),
+            readonly: false,
+        },
+    ];
+    for (i, m) in c.volume_mounts.iter().enumerate() {
+        let volume = plan
+            .volumes
+            .iter()
+            .find(|v| v.name == m.name)
+            .ok_or_else(|| {
+                config_error(format!(
+                    "{}.volumeMounts[{i}].name: no volume {:?} in spec.volumes",
+                    c.name, m.name
+                ))
+            })?;
+        let mut source = (ctx.volume_dir)(&volume.name);
+        if let Some(sub) = &m.sub_path {
+            if sub.split('/').any(|p| p == "..") {
+                return Err(config_error(format!(
+                    "{}.volumeMounts[{i}].subPath: must not contain '..'",
+                    c.name
+                )));
+            }
+            source = source.join(sub);
+        }
+        let readonly = m.read_only || matches!(volume.source, VolumeSource::Projected { .. });
+        mounts.push(BindMount {
+            source,
+            destination: m.mount_path.clone(),
+            readonly,
+        });
+    }
+    Ok(ContainerRequest {
+        id: ctx.runtime_id.clone(),
+        hostname: plan.hostname.clone(),
+        args,
+        env,
+        working_dir: c
+            .working_dir
+            .clone()
+            .or_else(|| image.working_dir.clone())
+            .unwrap_or_else(|| "/".into()),
+        uid,
+        gid,
+        readonly_rootfs: c.read_only_root_filesystem,
+        no_new_privileges: !c.allow_privilege_escalation,
+        capabilities,
+        limits,
+        mounts,
+        netns: ctx.netns.clone(),
+        cgroup_path: format!(
+            "{}/{}",
+            crate::runtime::cgroup::pod_path(&plan.uid),
+            ctx.runtime_id
+        ),
+        layers: image.layers.clone(),
+        log_path: ctx.log_path.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn image() -> ResolvedImage {
+        ResolvedImage {
+            reference: "shoal.local/busybox:1".into(),
+            digest: "sha256:x".into(),
+            entrypoint: vec![],
+            cmd: vec!["sh".into()],
+            env: vec!["PATH=/bin".into(), "FROM_IMAGE=1".into()],
+            working_dir: None,
+            user: None,
+            layers: vec![],
+        }
+    }
+
+    fn request(
+        spec: Value,
+        lookup: &dyn Fn(&str, &str) -> Option<Value>,
+    ) -> Result<ContainerRequest, ConfigError> {
+        let pod = json!({"metadata": {"name": "web-1", "namespace": "prod", "uid": "u1", "labels": {"app": "web"}}, "spec": spec});
+        let plan = PodPlan::parse(&pod).unwrap();
+        let volume_dir = |name: &str| PathBuf::from(format!("/v/{name}"));
+        let ctx = Context {
+            runtime_id: "u1-app-0".into(),
+            node_name: "n1",
+            host_ip: "10.0.0.1",
+            pod_ip: "",
+            netns: "/run/netns/x".into(),
+            etc_dir: "/etc-dir".into(),
+            log_path: "/log".into(),
+            volume_dir: &volume_dir,
+            lookup,
+        };
+        build(&plan, &plan.containers[0], &image(), &ctx)
+    }
+
+    #[test]
+    fn environment_downward_api_and_config_maps() {
+        let lookup = |kind: &str, name: &str| match (kind, name) {
+            ("ConfigMap", "cfg") => Some(json!({"data": {"mode": "fast", "level": "3"}})),
+            ("Secret", "s") => Some(json!({"data": {"password": "aHVudGVyMg=="}})),
+            _ => None,
+        };
+        let r = request(
+            json!({"nodeName": "n1", "containers": [{"name": "app", "image": "b",
+                "command": ["sh", "-c"], "args": ["echo $(GREETING) $$HOME"],
+                "resources": {"limits": {"memory": "64Mi", "cpu": "250m"}},
+                "envFrom": [{"configMapRef": {"name": "cfg"}, "prefix": "CFG_"}],
+                "env": [
+                    {"name": "GREETING", "value": "hi-$(POD_NAME)"},
+                    {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
+                    {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                    {"name": "MEM_MI", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}},
+                    {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "s", "key": "password"}}},
+                ]}]}),
+            &lookup,
+        )
+        .unwrap();
+        let env = r.env.join(" ");
+        for want in [
+            "FROM_IMAGE=1",
+            "CFG_mode=fast",
+            "POD_NAME=web-1",
+            "APP=web",
+            "NODE=n1",
+            "MEM_MI=64",
+            "PASSWORD=hunter2",
+            "HOSTNAME=web-1",
+        ] {
+            assert!(r.env.iter().any(|e| e == want), "{want} missing from {env}");
+        }
+        // $(POD_NAME) was not yet defined when GREETING was: left as written, like Kubernetes.
+        assert!(
+            r.env.contains(&"GREETING=hi-$(POD_NAME)".to_owned()),
+            "{env}"
+        );
+        assert_eq!(r.args, ["sh", "-c", "echo hi-$(POD_NAME) $HOME"]);
+        assert_eq!(r.limits.memory_bytes, Some(64 << 20));
+        assert_eq!(r.limits.cpu_quota_us, Some(25_000));
+        assert_eq!(r.limits.cpu_shares, 256);
+        assert_eq!(r.cgroup_path, "/shoal/podu1/u1-app-0");
+    }
+
+    #[test]
+    fn missing_references_are_config_errors_naming_them() {
+        let none = |_: &str, _: &str| None;
+        let err = request(
+            json!({"containers": [{"name": "app", "image": "b", "env": [
+                {"name": "X", "valueFrom": {"configMapKeyRef": {"name": "absent", "key": "k"}}}]}]}),
+            &none,
+        )
+        .unwrap_err();
+        assert_eq!(err.reason, "CreateContainerConfigError");
+        assert!(err.message.contains("absent"), "{}", err.message);
+        let err = request(
+            json!({"containers": [{"name": "app", "image": "b", "volumeMounts": [{"name": "v", "mountPath": "/v"}]}]}),
+            &none,
+        )
+        .unwrap_err();
+        assert!(err.message.contains("no volume \"v\""), "{}", err.message);
+    }
+
+    #[test]
+    fn security_context_and_volumes() {
+        let none = |_: &str, _: &str| None;
+        let r = request(
+            json!({"securityContext": {"runAsUser": 1000}, "containers": [{"name": "app", "image": "b",
+                "securityContext": {"readOnlyRootFilesystem": true, "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}},
+                "volumeMounts": [{"name": "cache", "mountPath": "/cache"}, {"name": "cfg", "mountPath": "/etc/cfg"}]}],
+                "volumes": [{"name": "cache", "emptyDir": {}}, {"name": "cfg", "configMap": {"name": "c"}}]}),
+            &none,
+        )
+        .unwrap();
+        assert_eq!((r.uid, r.gid), (1000, 0));
+        assert!(r.readonly_rootfs && r.no_new_privileges);
+        assert_eq!(r.capabilities, ["CAP_NET_BIND_SERVICE"]);
+        assert_eq!(r.mounts[3].source, PathBuf::from("/v/cache"));
+        assert!(!r.mounts[3].readonly);
+        assert!(r.mounts[4].readonly, "configMap volumes are read-only");
+        assert_eq!(r.args, ["sh"], "the image's cmd");
+    }
+
+    #[test]
+    fn expansion_rules() {
+        let vars = BTreeMap::from([("A".to_owned(), "1".to_owned())]);
+        assert_eq!(expand("$(A)-$(B)-$$(A)-$", &vars), "1-$(B)-$(A)-$");
+    }
+}

@@ -1,0 +1,556 @@
+//! The kubelet: runs the pods bound to this node (DESIGN.md §8).
+pub mod container;
+pub mod log_service;
+pub mod logs;
+pub mod pod;
+pub mod probe;
+pub mod status;
+pub mod worker;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use serde_json::{Value, json};
+use shoal_gossip::Membership;
+use shoal_state::{ObjectKey, kind};
+use tracing::{debug, info, warn};
+
+use crate::images::{ImageError, ImageStore};
+use crate::replication::Replication;
+use crate::runtime::{ContainerMeta, ObservedPod, Runtime, SandboxSpec};
+use crate::scheduler::partition::{self, Policy};
+use crate::scheduling::Scheduling;
+use worker::{Action, PodWorker, ProbeKind, StopSignal, WorkerConfig};
+
+/// Tunables.
+#[derive(Debug, Clone)]
+pub struct KubeletConfig {
+    /// Longest pause between two reconciliations (changes wake the loop at once).
+    pub sync_period: Duration,
+    pub worker: WorkerConfig,
+}
+
+impl Default for KubeletConfig {
+    fn default() -> Self {
+        Self {
+            sync_period: Duration::from_millis(100),
+            worker: WorkerConfig::default(),
+        }
+    }
+}
+
+struct ProbeResult {
+    uid: String,
+    name: String,
+    attempt: u32,
+    kind: ProbeKind,
+    probe: pod::Probe,
+    success: bool,
+    message: String,
+}
+
+/// Runs this node's pods.
+pub struct Kubelet {
+    node_name: String,
+    host_ip: String,
+    runtime: Runtime,
+    images: ImageStore,
+    replication: Arc<Replication>,
+    membership: Arc<Membership>,
+    scheduling: Arc<Scheduling>,
+    config: KubeletConfig,
+    /// Pods bound to this node, by uid.
+    bound: Mutex<HashMap<String, Value>>,
+    wake: Mutex<Option<mpsc::Sender<()>>>,
+}
+
+/// The gossiped form of a pod's status.
+fn report(pod: &Value, status: Value) -> String {
+    let report = status::PodReport {
+        namespace: pod["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_owned(),
+        name: pod["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        status,
+    };
+    serde_json::to_string(&report).expect("reports serialize")
+}
+
+fn now_ms() -> u64 {
+    crate::runtime::shim::unix_ms(SystemTime::now())
+}
+
+impl Kubelet {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        node_name: String,
+        host_ip: String,
+        runtime: Runtime,
+        images: ImageStore,
+        replication: Arc<Replication>,
+        membership: Arc<Membership>,
+        scheduling: Arc<Scheduling>,
+        config: KubeletConfig,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            node_name,
+            host_ip,
+            runtime,
+            images,
+            replication,
+            membership,
+            scheduling,
+            config,
+            bound: Mutex::new(HashMap::new()),
+            wake: Mutex::new(None),
+        })
+    }
+
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
+    /// Starts the pod cache and the reconcile loop (on its own thread: runtime calls block).
+    pub fn start(self: &Arc<Self>) {
+        let changes = self.replication.subscribe();
+        self.reload_bound();
+        let (tx, rx) = mpsc::channel();
+        *self.wake.lock().unwrap() = Some(tx);
+        tokio::spawn(self.clone().follow(changes));
+        let handle = tokio::runtime::Handle::current();
+        let kubelet = self.clone();
+        std::thread::Builder::new()
+            .name("kubelet".into())
+            .spawn(move || kubelet.run(handle, rx))
+            .expect("spawning the kubelet thread");
+    }
+
+    fn is_mine(&self, pod: &Value) -> bool {
+        pod["spec"]["nodeName"].as_str() == Some(self.node_name.as_str())
+    }
+
+    fn reload_bound(&self) {
+        let pods = self.replication.read(|s| s.list("", "Pod", None));
+        let mine = pods
+            .into_iter()
+            .filter(|p| self.is_mine(p))
+            .filter_map(|p| Some((p["metadata"]["uid"].as_str()?.to_owned(), p)))
+            .collect();
+        *self.bound.lock().unwrap() = mine;
+    }
+
+    fn wake(&self) {
+        if let Some(tx) = self.wake.lock().unwrap().as_ref() {
+            let _ = tx.send(());
+        }
+    }
+
+    async fn follow(
+        self: Arc<Self>,
+        mut changes: tokio::sync::broadcast::Receiver<shoal_state::Change>,
+    ) {
+        loop {
+            match changes.recv().await {
+                Ok(change) if change.key.kind == "Pod" && change.key.group.is_empty() => {
+                    let Some(uid) = change.object["metadata"]["uid"].as_str() else {
+                        continue;
+                    };
+                    let mut bound = self.bound.lock().unwrap();
+                    let deleted = change.event == shoal_state::EventType::Deleted;
+                    if !deleted && self.is_mine(&change.object) {
+                        bound.insert(uid.to_owned(), change.object.clone());
+                    } else if bound.remove(uid).is_none() {
+                        continue;
+                    }
+                    drop(bound);
+                    self.wake();
+                }
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                    self.reload_bound();
+                    self.wake();
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    }
+
+    /// The reconcile loop.
+    fn run(self: Arc<Self>, handle: tokio::runtime::Handle, wake: mpsc::Receiver<()>) {
+        let mut workers: HashMap<String, PodWorker> = HashMap::new();
+        let mut published: HashMap<String, String> = HashMap::new();
+        let (probe_tx, probe_rx) = mpsc::channel::<ProbeResult>();
+        // Statuses published by an earlier run of this agent (its pods may be gone).
+        for (node_id, key, value) in
+            handle.block_on(self.membership.dynamic_values(status::KEY_PREFIX))
+        {
+            if node_id == self.membership.node_id() {
+                published.insert(key, value);
+            }
+        }
+        info!(node = %self.node_name, runtime = %self.runtime.runtime_version(), "kubelet started");
+        loop {
+            match wake.recv_timeout(self.config.sync_period) {
+                Ok(()) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+            while wake.try_recv().is_ok() {}
+            for result in probe_rx.try_iter() {
+                if let Some(worker) = workers.get_mut(&result.uid) {
+                    worker.probe_done(
+                        &result.name,
+                        result.attempt,
+                        result.kind,
+                        &result.probe,
+                        result.success,
+                        &result.message,
+                    );
+                }
+            }
+            self.sync(&handle, &mut workers, &mut published, &probe_tx);
+        }
+    }
+
+    fn sync(
+        &self,
+        handle: &tokio::runtime::Handle,
+        workers: &mut HashMap<String, PodWorker>,
+        published: &mut HashMap<String, String>,
+        probe_tx: &mpsc::Sender<ProbeResult>,
+    ) {
+        let bound = self.bound.lock().unwrap().clone();
+        let fenced_stop = self.scheduling.must_stop_fenced();
+        let observed: HashMap<String, ObservedPod> = self
+            .runtime
+            .list()
+            .into_iter()
+            .map(|p| (p.sandbox.uid.clone(), p))
+            .collect();
+        let uids: HashSet<String> = bound
+            .keys()
+            .chain(observed.keys())
+            .chain(workers.keys())
+            .cloned()
+            .collect();
+        let mut statuses: HashMap<String, Option<String>> = HashMap::new();
+        for uid in uids {
+            let now = now_ms();
+            let pod = bound.get(&uid);
+            let plan = match pod.map(pod::PodPlan::parse) {
+                Some(Ok(plan)) => {
+                    let policy = Policy::parse(
+                        plan.annotations
+                            .get(partition::ANNOTATION)
+                            .map(String::as_str),
+                    );
+                    (!(fenced_stop && policy == Policy::Fenced)).then_some(plan)
+                }
+                Some(Err(error)) => {
+                    // Not runnable as written (the API validates, but a newer peer may not):
+                    // say why and leave whatever runs alone.
+                    let status =
+                        json!({"phase": "Pending", "reason": "InvalidPodSpec", "message": error});
+                    statuses.insert(uid.clone(), Some(report(pod.expect("parsed"), status)));
+                    continue;
+                }
+                None => None,
+            };
+            let empty = Vec::new();
+            let seen = observed.get(&uid);
+            let containers = seen.map_or(&empty, |p| &p.containers);
+            let worker = workers
+                .entry(uid.clone())
+                .or_insert_with(|| PodWorker::new(self.config.worker));
+            let decision = worker.decide(now, plan.as_ref(), seen.is_some(), containers);
+            for action in decision.actions {
+                if let Err(error) =
+                    self.act(&uid, plan.as_ref(), containers, worker, action, probe_tx)
+                {
+                    warn!(pod = %uid, %error, "kubelet action failed");
+                    break;
+                }
+            }
+            match decision.status {
+                Some(mut status) => {
+                    status["hostIP"] = json!(self.host_ip);
+                    status["hostIPs"] = json!([{"ip": self.host_ip}]);
+                    let pod = pod.expect("a status comes with a spec");
+                    statuses.insert(uid.clone(), Some(report(pod, status)));
+                }
+                None => {
+                    statuses.insert(uid.clone(), None);
+                }
+            }
+            if decision.finished {
+                workers.remove(&uid);
+            }
+        }
+        // Publish what changed; withdraw statuses of pods no longer here.
+        for key in published.keys().cloned().collect::<Vec<_>>() {
+            let uid = key.trim_start_matches(status::KEY_PREFIX);
+            if !statuses.contains_key(uid) {
+                statuses.insert(uid.to_owned(), None);
+            }
+        }
+        for (uid, status) in statuses {
+            let key = format!("{}{uid}", status::KEY_PREFIX);
+            if published.get(&key) == status.as_ref() {
+                continue;
+            }
+            handle.block_on(self.membership.set_dynamic(&key, status.clone()));
+            match status {
+                Some(status) => published.insert(key, status),
+                None => published.remove(&key),
+            };
+        }
+    }
+
+    fn sandbox_spec(plan: &pod::PodPlan) -> SandboxSpec {
+        SandboxSpec {
+            uid: plan.uid.clone(),
+            namespace: plan.namespace.clone(),
+            name: plan.name.clone(),
+            hostname: plan.hostname.clone(),
+            memory_limit_bytes: plan.memory_limit_bytes(),
+        }
+    }
+
+    fn act(
+        &self,
+        uid: &str,
+        plan: Option<&pod::PodPlan>,
+        containers: &[crate::runtime::ObservedContainer],
+        worker: &mut PodWorker,
+        action: Action,
+        probe_tx: &mpsc::Sender<ProbeResult>,
+    ) -> Result<(), String> {
+        let find = |name: &str, attempt: u32| {
+            containers
+                .iter()
+                .find(|c| c.meta.name == name && c.meta.attempt == attempt)
+                .map(|c| c.meta.clone())
+        };
+        match action {
+            Action::EnsureSandbox => {
+                let plan = plan.ok_or("no pod spec")?;
+                self.runtime
+                    .ensure_sandbox(&Self::sandbox_spec(plan))
+                    .map_err(|e| e.to_string())?;
+            }
+            Action::Start {
+                name,
+                attempt,
+                init,
+            } => {
+                let plan = plan.ok_or("no pod spec")?;
+                match self.start_container(plan, &name, attempt, init) {
+                    Ok(()) => {
+                        worker.start_succeeded(&name);
+                        debug!(pod = %plan.name, container = %name, attempt, "container started");
+                    }
+                    Err(error) => {
+                        warn!(pod = %plan.name, container = %name, reason = error.reason, message = %error.message, "container not started");
+                        worker.start_failed(&name, error.reason, &error.message, now_ms());
+                    }
+                }
+            }
+            Action::Signal {
+                name,
+                attempt,
+                signal,
+            } => {
+                if let Some(meta) = find(&name, attempt) {
+                    let signal = match signal {
+                        StopSignal::Term => "TERM",
+                        StopSignal::Kill => "KILL",
+                    };
+                    // The process may have just exited: not an error worth more than a debug line.
+                    if let Err(error) = self.runtime.signal(&meta, signal) {
+                        debug!(pod = %uid, container = %name, %error, "signal");
+                    }
+                }
+            }
+            Action::Probe {
+                name,
+                attempt,
+                kind,
+                probe,
+            } => {
+                let Some(meta) = find(&name, attempt) else {
+                    return Ok(());
+                };
+                let runtime = self.runtime.clone();
+                let netns = self.runtime.netns_path(uid);
+                let tx = probe_tx.clone();
+                let uid = uid.to_owned();
+                // A fresh thread per probe: network probes move their thread into the pod's
+                // network namespace, so it must not be reused.
+                std::thread::Builder::new()
+                    .name("probe".into())
+                    .spawn(move || {
+                        let (success, message) = probe::run(&probe, &netns, |command, timeout| {
+                            runtime.exec(&meta, command, timeout)
+                        });
+                        let _ = tx.send(ProbeResult {
+                            uid,
+                            name,
+                            attempt,
+                            kind,
+                            probe,
+                            success,
+                            message,
+                        });
+                    })
+                    .map_err(|e| e.to_string())?;
+            }
+            Action::Remove { name, attempt } => {
+                self.runtime
+                    .remove_container(uid, &name, attempt)
+                    .map_err(|e| e.to_string())?;
+            }
+            Action::RemoveSandbox => {
+                self.runtime
+                    .remove_sandbox(uid)
+                    .map_err(|e| e.to_string())?;
+                info!(pod = %uid, "pod sandbox removed");
+            }
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, namespace: &str, kind_name: &str, name: &str) -> Option<Value> {
+        let info = kind::lookup("v1", kind_name)?;
+        self.replication
+            .read(|s| s.get(&ObjectKey::new(info, namespace, name)))
+    }
+
+    fn start_container(
+        &self,
+        plan: &pod::PodPlan,
+        name: &str,
+        attempt: u32,
+        init: bool,
+    ) -> Result<(), container::ConfigError> {
+        let c = plan
+            .containers
+            .iter()
+            .chain(&plan.init_containers)
+            .find(|c| c.name == name)
+            .expect("the worker starts containers of the plan");
+        let image = self.images.resolve(&c.image).map_err(|error| match error {
+            ImageError::NotFound { .. } => container::ConfigError {
+                reason: "ErrImageNeverPull",
+                message: format!("{error} on node {}", self.node_name),
+            },
+            ImageError::Reference { .. } => container::ConfigError {
+                reason: "InvalidImageName",
+                message: error.to_string(),
+            },
+            other => container::ConfigError {
+                reason: "CreateContainerError",
+                message: other.to_string(),
+            },
+        })?;
+        // Volumes: emptyDirs live as long as the pod; projected ones are refreshed per start.
+        for volume in &plan.volumes {
+            let dir = self.runtime.volume_dir(&plan.uid, &volume.name);
+            let result = match &volume.source {
+                pod::VolumeSource::EmptyDir => std::fs::create_dir_all(&dir),
+                pod::VolumeSource::Projected {
+                    kind,
+                    name,
+                    optional,
+                } => match self.lookup(&plan.namespace, kind, name) {
+                    Some(object) => {
+                        container::project(&dir, &container::object_data(kind, &object))
+                    }
+                    None if *optional => std::fs::create_dir_all(&dir),
+                    None => {
+                        return Err(container::ConfigError {
+                            reason: "CreateContainerConfigError",
+                            message: format!("{} {:?} not found", kind.to_lowercase(), name),
+                        });
+                    }
+                },
+            };
+            result.map_err(|e| container::ConfigError {
+                reason: "CreateContainerError",
+                message: format!("volume {}: {e}", volume.name),
+            })?;
+        }
+        let runtime_id = format!("{}-{name}-{attempt}", plan.uid);
+        let volume_dir = |v: &str| self.runtime.volume_dir(&plan.uid, v);
+        let lookup = |kind: &str, object: &str| self.lookup(&plan.namespace, kind, object);
+        let ctx = container::Context {
+            runtime_id: runtime_id.clone(),
+            node_name: &self.node_name,
+            host_ip: &self.host_ip,
+            pod_ip: "",
+            netns: self.runtime.netns_path(&plan.uid),
+            etc_dir: self.runtime.etc_dir(&plan.uid),
+            log_path: self.runtime.log_path(&plan.uid, name, attempt),
+            volume_dir: &volume_dir,
+            lookup: &lookup,
+        };
+        let request = container::build(plan, c, &image, &ctx)?;
+        let meta = ContainerMeta {
+            name: name.to_owned(),
+            attempt,
+            init,
+            image: image.reference.clone(),
+            image_digest: image.digest.clone(),
+            runtime_id,
+            cgroup_path: request.cgroup_path.clone(),
+        };
+        self.runtime
+            .ensure_sandbox(&Self::sandbox_spec(plan))
+            .and_then(|()| self.runtime.start_container(&plan.uid, &meta, &request))
+            .map_err(|e| container::ConfigError {
+                reason: "RunContainerError",
+                message: e.to_string(),
+            })
+    }
+
+    /// Reads a container's log on this node. `previous` reads the attempt before the latest.
+    pub fn read_log(
+        &self,
+        uid: &str,
+        container: &str,
+        previous: bool,
+        query: &logs::LogQuery,
+    ) -> Result<(logs::LogChunk, bool), String> {
+        let pod = self
+            .runtime
+            .list()
+            .into_iter()
+            .find(|p| p.sandbox.uid == uid)
+            .ok_or_else(|| format!("pod {uid} does not run on node {}", self.node_name))?;
+        let mut attempts: Vec<&crate::runtime::ObservedContainer> = pod
+            .containers
+            .iter()
+            .filter(|c| c.meta.name == container)
+            .collect();
+        attempts.sort_by_key(|c| c.meta.attempt);
+        let chosen = if previous {
+            attempts.len().checked_sub(2).map(|i| attempts[i])
+        } else {
+            attempts.last().copied()
+        };
+        let chosen = chosen.ok_or_else(|| {
+            if previous {
+                format!("previous terminated container {container:?} in pod {uid} not found")
+            } else {
+                format!("container {container:?} in pod {uid} has not started yet")
+            }
+        })?;
+        let running = !matches!(chosen.state, crate::runtime::ObservedState::Exited { .. });
+        let chunk = logs::read(&chosen.log_path, query).map_err(|e| e.to_string())?;
+        Ok((chunk, running))
+    }
+}

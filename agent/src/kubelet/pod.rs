@@ -1,0 +1,531 @@
+//! A pod's spec as the kubelet needs it, parsed once from the stored object (pure).
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::scheduler::quantity;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartPolicy {
+    Always,
+    OnFailure,
+    Never,
+}
+
+impl RestartPolicy {
+    /// Whether a container that exited with `code` is started again.
+    pub fn restarts(self, code: i32) -> bool {
+        match self {
+            RestartPolicy::Always => true,
+            RestartPolicy::OnFailure => code != 0,
+            RestartPolicy::Never => false,
+        }
+    }
+}
+
+/// Where an environment variable's value comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvSource {
+    Value(String),
+    /// `fieldRef.fieldPath`: metadata.name, metadata.namespace, metadata.uid, spec.nodeName,
+    /// status.podIP, status.hostIP, metadata.labels['k'], metadata.annotations['k'], …
+    Field(String),
+    /// `resourceFieldRef`: (container name or empty for this one, resource, divisor).
+    Resource {
+        container: String,
+        resource: String,
+        divisor: String,
+    },
+    /// `configMapKeyRef` / `secretKeyRef`: (kind, object name, key, optional).
+    Key {
+        kind: &'static str,
+        name: String,
+        key: String,
+        optional: bool,
+    },
+}
+
+/// `envFrom` entries: every key of a ConfigMap or Secret, with a prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvFrom {
+    pub kind: &'static str,
+    pub name: String,
+    pub prefix: String,
+    pub optional: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeMount {
+    pub name: String,
+    pub mount_path: String,
+    pub read_only: bool,
+    pub sub_path: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VolumeSource {
+    EmptyDir,
+    /// (kind ConfigMap|Secret, name, optional)
+    Projected {
+        kind: &'static str,
+        name: String,
+        optional: bool,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Volume {
+    pub name: String,
+    pub source: VolumeSource,
+}
+
+/// A probe's action.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeAction {
+    Exec(Vec<String>),
+    /// (port, path, scheme, host header)
+    HttpGet {
+        port: u16,
+        path: String,
+    },
+    TcpSocket {
+        port: u16,
+    },
+}
+
+/// A liveness, readiness or startup probe (Kubernetes field names and defaults).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    pub action: ProbeAction,
+    pub initial_delay_ms: u64,
+    pub period_ms: u64,
+    pub timeout_ms: u64,
+    pub success_threshold: u32,
+    pub failure_threshold: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerPlan {
+    pub name: String,
+    pub image: String,
+    pub command: Option<Vec<String>>,
+    pub args: Option<Vec<String>>,
+    pub working_dir: Option<String>,
+    pub env: Vec<(String, EnvSource)>,
+    pub env_from: Vec<EnvFrom>,
+    pub volume_mounts: Vec<VolumeMount>,
+    pub cpu_request_millis: Option<u64>,
+    pub cpu_limit_millis: Option<u64>,
+    pub memory_request_bytes: Option<u64>,
+    pub memory_limit_bytes: Option<u64>,
+    pub run_as_user: Option<u32>,
+    pub run_as_group: Option<u32>,
+    pub read_only_root_filesystem: bool,
+    pub allow_privilege_escalation: bool,
+    pub privileged: bool,
+    pub capabilities_add: Vec<String>,
+    pub capabilities_drop: Vec<String>,
+    pub liveness: Option<Probe>,
+    pub readiness: Option<Probe>,
+    pub startup: Option<Probe>,
+}
+
+/// Everything the kubelet acts on for one pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodPlan {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub node_name: String,
+    pub hostname: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub init_containers: Vec<ContainerPlan>,
+    pub containers: Vec<ContainerPlan>,
+    pub volumes: Vec<Volume>,
+    pub restart_policy: RestartPolicy,
+    pub termination_grace_ms: u64,
+    pub creation_timestamp: Option<String>,
+}
+
+fn strings(value: &Value) -> Option<Vec<String>> {
+    value.as_array().map(|a| {
+        a.iter()
+            .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+            .collect()
+    })
+}
+
+fn port(value: &Value, field: &str) -> Result<u16, String> {
+    value
+        .as_u64()
+        .and_then(|p| u16::try_from(p).ok())
+        .filter(|p| *p > 0)
+        .ok_or_else(|| format!("{field}: must be a port number (named ports are not supported)"))
+}
+
+fn probe(value: &Value, field: &str) -> Result<Option<Probe>, String> {
+    if value.is_null() {
+        return Ok(None);
+    }
+    let action = if let Some(exec) = value.get("exec") {
+        ProbeAction::Exec(strings(&exec["command"]).unwrap_or_default())
+    } else if let Some(http) = value.get("httpGet") {
+        ProbeAction::HttpGet {
+            port: port(&http["port"], &format!("{field}.httpGet.port"))?,
+            path: http["path"].as_str().unwrap_or("/").to_owned(),
+        }
+    } else if let Some(tcp) = value.get("tcpSocket") {
+        ProbeAction::TcpSocket {
+            port: port(&tcp["port"], &format!("{field}.tcpSocket.port"))?,
+        }
+    } else {
+        return Err(format!("{field}: needs exec, httpGet or tcpSocket"));
+    };
+    let seconds = |name: &str, default: u64| value[name].as_u64().unwrap_or(default) * 1000;
+    let count = |name: &str, default: u32| {
+        value[name]
+            .as_u64()
+            .map_or(default, |v| v.clamp(1, u32::MAX as u64) as u32)
+    };
+    Ok(Some(Probe {
+        action,
+        initial_delay_ms: seconds("initialDelaySeconds", 0),
+        period_ms: seconds("periodSeconds", 10).max(1000),
+        timeout_ms: seconds("timeoutSeconds", 1).max(1000),
+        success_threshold: count("successThreshold", 1),
+        failure_threshold: count("failureThreshold", 3),
+    }))
+}
+
+fn container(value: &Value, field: &str) -> Result<ContainerPlan, String> {
+    let name = value["name"]
+        .as_str()
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| format!("{field}.name: required"))?
+        .to_owned();
+    let image = value["image"]
+        .as_str()
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| format!("{field}.image: required"))?
+        .to_owned();
+    let mut env = Vec::new();
+    for (i, e) in value["env"].as_array().into_iter().flatten().enumerate() {
+        let at = format!("{field}.env[{i}]");
+        let key = e["name"]
+            .as_str()
+            .ok_or_else(|| format!("{at}.name: required"))?;
+        let from = &e["valueFrom"];
+        let source = if from.is_null() {
+            EnvSource::Value(e["value"].as_str().unwrap_or_default().to_owned())
+        } else if let Some(path) = from["fieldRef"]["fieldPath"].as_str() {
+            EnvSource::Field(path.to_owned())
+        } else if let Some(r) = from.get("resourceFieldRef") {
+            EnvSource::Resource {
+                container: r["containerName"].as_str().unwrap_or_default().to_owned(),
+                resource: r["resource"].as_str().unwrap_or_default().to_owned(),
+                divisor: r["divisor"].as_str().unwrap_or("1").to_owned(),
+            }
+        } else if let Some((kind, r)) = from
+            .get("configMapKeyRef")
+            .map(|r| ("ConfigMap", r))
+            .or_else(|| from.get("secretKeyRef").map(|r| ("Secret", r)))
+        {
+            EnvSource::Key {
+                kind,
+                name: r["name"].as_str().unwrap_or_default().to_owned(),
+                key: r["key"].as_str().unwrap_or_default().to_owned(),
+                optional: r["optional"].as_bool().unwrap_or(false),
+            }
+        } else {
+            return Err(format!("{at}.valueFrom: unsupported source"));
+        };
+        env.push((key.to_owned(), source));
+    }
+    let mut env_from = Vec::new();
+    for e in value["envFrom"].as_array().into_iter().flatten() {
+        let (kind, r) = match (e.get("configMapRef"), e.get("secretRef")) {
+            (Some(r), _) => ("ConfigMap", r),
+            (None, Some(r)) => ("Secret", r),
+            _ => continue,
+        };
+        env_from.push(EnvFrom {
+            kind,
+            name: r["name"].as_str().unwrap_or_default().to_owned(),
+            prefix: e["prefix"].as_str().unwrap_or_default().to_owned(),
+            optional: r["optional"].as_bool().unwrap_or(false),
+        });
+    }
+    let volume_mounts = value["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| VolumeMount {
+            name: m["name"].as_str().unwrap_or_default().to_owned(),
+            mount_path: m["mountPath"].as_str().unwrap_or_default().to_owned(),
+            read_only: m["readOnly"].as_bool().unwrap_or(false),
+            sub_path: m["subPath"]
+                .as_str()
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned),
+        })
+        .collect();
+    let resources = &value["resources"];
+    let cpu = |v: &Value, f: &str| {
+        v.as_str()
+            .map(|q| quantity::cpu_millis(q).map_err(|e| format!("{field}.resources.{f}: {e}")))
+            .or_else(|| v.as_u64().map(|n| Ok(n * 1000)))
+            .transpose()
+    };
+    let mem = |v: &Value, f: &str| {
+        v.as_str()
+            .map(|q| quantity::bytes(q).map_err(|e| format!("{field}.resources.{f}: {e}")))
+            .or_else(|| v.as_u64().map(Ok))
+            .transpose()
+    };
+    let limits = &resources["limits"];
+    let requests = &resources["requests"];
+    let cpu_limit_millis = cpu(&limits["cpu"], "limits.cpu")?;
+    let memory_limit_bytes = mem(&limits["memory"], "limits.memory")?;
+    let security = &value["securityContext"];
+    let id = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
+    Ok(ContainerPlan {
+        name,
+        image,
+        command: strings(&value["command"]),
+        args: strings(&value["args"]),
+        working_dir: value["workingDir"]
+            .as_str()
+            .filter(|w| !w.is_empty())
+            .map(str::to_owned),
+        env,
+        env_from,
+        volume_mounts,
+        // As in Kubernetes, a limit without a request makes the request equal to the limit.
+        cpu_request_millis: cpu(&requests["cpu"], "requests.cpu")?.or(cpu_limit_millis),
+        cpu_limit_millis,
+        memory_request_bytes: mem(&requests["memory"], "requests.memory")?.or(memory_limit_bytes),
+        memory_limit_bytes,
+        run_as_user: id(&security["runAsUser"]),
+        run_as_group: id(&security["runAsGroup"]),
+        read_only_root_filesystem: security["readOnlyRootFilesystem"]
+            .as_bool()
+            .unwrap_or(false),
+        allow_privilege_escalation: security["allowPrivilegeEscalation"]
+            .as_bool()
+            .unwrap_or(false),
+        privileged: security["privileged"].as_bool().unwrap_or(false),
+        capabilities_add: strings(&security["capabilities"]["add"]).unwrap_or_default(),
+        capabilities_drop: strings(&security["capabilities"]["drop"]).unwrap_or_default(),
+        liveness: probe(&value["livenessProbe"], &format!("{field}.livenessProbe"))?,
+        readiness: probe(&value["readinessProbe"], &format!("{field}.readinessProbe"))?,
+        startup: probe(&value["startupProbe"], &format!("{field}.startupProbe"))?,
+    })
+}
+
+fn string_map(value: &Value) -> BTreeMap<String, String> {
+    value
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl PodPlan {
+    /// Parses a stored pod; errors name the field.
+    pub fn parse(pod: &Value) -> Result<Self, String> {
+        let meta = &pod["metadata"];
+        let spec = &pod["spec"];
+        let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+        let pod_security = &spec["securityContext"];
+        let mut containers = Vec::new();
+        let mut init_containers = Vec::new();
+        for (list, field, out) in [
+            (
+                &spec["initContainers"],
+                "spec.initContainers",
+                &mut init_containers,
+            ),
+            (&spec["containers"], "spec.containers", &mut containers),
+        ] {
+            for (i, c) in list.as_array().into_iter().flatten().enumerate() {
+                let mut plan = container(c, &format!("{field}[{i}]"))?;
+                // Pod-level securityContext supplies what the container does not set.
+                let id = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
+                plan.run_as_user = plan.run_as_user.or(id(&pod_security["runAsUser"]));
+                plan.run_as_group = plan.run_as_group.or(id(&pod_security["runAsGroup"]));
+                out.push(plan);
+            }
+        }
+        if containers.is_empty() {
+            return Err("spec.containers: at least one container is required".into());
+        }
+        let volumes = spec["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, v)| {
+                let name = text(&v["name"]);
+                let source = if v.get("emptyDir").is_some() {
+                    VolumeSource::EmptyDir
+                } else if let Some(c) = v.get("configMap") {
+                    VolumeSource::Projected {
+                        kind: "ConfigMap",
+                        name: text(&c["name"]),
+                        optional: c["optional"].as_bool().unwrap_or(false),
+                    }
+                } else if let Some(s) = v.get("secret") {
+                    VolumeSource::Projected {
+                        kind: "Secret",
+                        name: text(&s["secretName"]),
+                        optional: s["optional"].as_bool().unwrap_or(false),
+                    }
+                } else {
+                    return Err(format!(
+                        "spec.volumes[{i}]: only emptyDir, configMap and secret volumes are supported"
+                    ));
+                };
+                Ok(Volume { name, source })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let restart_policy = match spec["restartPolicy"].as_str() {
+            None | Some("Always") => RestartPolicy::Always,
+            Some("OnFailure") => RestartPolicy::OnFailure,
+            Some("Never") => RestartPolicy::Never,
+            Some(other) => return Err(format!("spec.restartPolicy: unsupported value {other:?}")),
+        };
+        let name = text(&meta["name"]);
+        Ok(Self {
+            uid: text(&meta["uid"]),
+            namespace: meta["namespace"].as_str().unwrap_or("default").to_owned(),
+            hostname: spec["hostname"]
+                .as_str()
+                .map_or_else(|| name.clone(), str::to_owned),
+            name,
+            node_name: text(&spec["nodeName"]),
+            labels: string_map(&meta["labels"]),
+            annotations: string_map(&meta["annotations"]),
+            init_containers,
+            containers,
+            volumes,
+            restart_policy,
+            termination_grace_ms: spec["terminationGracePeriodSeconds"].as_u64().unwrap_or(30)
+                * 1000,
+            creation_timestamp: meta["creationTimestamp"].as_str().map(str::to_owned),
+        })
+    }
+
+    /// Kubernetes' QoS class.
+    pub fn qos_class(&self) -> &'static str {
+        let all = || self.containers.iter().chain(&self.init_containers);
+        let none = all().all(|c| {
+            c.cpu_request_millis.is_none()
+                && c.memory_request_bytes.is_none()
+                && c.cpu_limit_millis.is_none()
+                && c.memory_limit_bytes.is_none()
+        });
+        if none {
+            return "BestEffort";
+        }
+        let guaranteed = all().all(|c| {
+            c.cpu_limit_millis.is_some()
+                && c.memory_limit_bytes.is_some()
+                && c.cpu_request_millis == c.cpu_limit_millis
+                && c.memory_request_bytes == c.memory_limit_bytes
+        });
+        if guaranteed {
+            "Guaranteed"
+        } else {
+            "Burstable"
+        }
+    }
+
+    /// The pod cgroup's memory cap: the sum of the containers' limits if every one has one
+    /// (init containers run alone, so the biggest of them counts against the same cap).
+    pub fn memory_limit_bytes(&self) -> Option<i64> {
+        let sum: Option<u64> = self.containers.iter().map(|c| c.memory_limit_bytes).sum();
+        let init = self
+            .init_containers
+            .iter()
+            .map(|c| c.memory_limit_bytes)
+            .collect::<Option<Vec<u64>>>()?
+            .into_iter()
+            .max()
+            .unwrap_or(0);
+        sum.map(|s| s.max(init) as i64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn parses_containers_env_resources_and_probes() {
+        let pod = json!({
+            "metadata": {"name": "web", "namespace": "prod", "uid": "u1", "labels": {"app": "web"}},
+            "spec": {
+                "nodeName": "n1",
+                "restartPolicy": "OnFailure",
+                "terminationGracePeriodSeconds": 5,
+                "initContainers": [{"name": "setup", "image": "busybox", "command": ["true"]}],
+                "containers": [{
+                    "name": "app", "image": "shoal.local/httpd:1",
+                    "env": [
+                        {"name": "A", "value": "1"},
+                        {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                        {"name": "C", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "k"}}},
+                    ],
+                    "resources": {"limits": {"cpu": "500m", "memory": "64Mi"}},
+                    "securityContext": {"readOnlyRootFilesystem": true, "runAsUser": 1000},
+                    "livenessProbe": {"httpGet": {"port": 8080, "path": "/healthz"}, "periodSeconds": 2},
+                }],
+                "volumes": [{"name": "cache", "emptyDir": {}}],
+            },
+        });
+        let plan = PodPlan::parse(&pod).unwrap();
+        assert_eq!(plan.restart_policy, RestartPolicy::OnFailure);
+        assert_eq!(plan.termination_grace_ms, 5000);
+        assert_eq!(plan.init_containers[0].name, "setup");
+        let app = &plan.containers[0];
+        assert_eq!(app.cpu_request_millis, Some(500));
+        assert_eq!(app.memory_limit_bytes, Some(64 << 20));
+        assert_eq!(app.env[1].1, EnvSource::Field("metadata.name".into()));
+        assert!(matches!(
+            &app.env[2].1,
+            EnvSource::Key {
+                kind: "ConfigMap",
+                ..
+            }
+        ));
+        assert_eq!(app.run_as_user, Some(1000));
+        let probe = app.liveness.as_ref().unwrap();
+        assert_eq!(probe.period_ms, 2000);
+        assert_eq!(probe.failure_threshold, 3);
+        assert_eq!(plan.qos_class(), "Burstable");
+        assert_eq!(plan.memory_limit_bytes(), None);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let pod = json!({"metadata": {"name": "x"}, "spec": {"containers": [{"name": "a"}]}});
+        assert_eq!(
+            PodPlan::parse(&pod).unwrap_err(),
+            "spec.containers[0].image: required"
+        );
+        let pod = json!({"metadata": {"name": "x"}, "spec": {"containers": [{"name": "a", "image": "b",
+            "livenessProbe": {"tcpSocket": {"port": "http"}}}]}});
+        assert!(
+            PodPlan::parse(&pod)
+                .unwrap_err()
+                .contains("livenessProbe.tcpSocket.port")
+        );
+    }
+}

@@ -1,0 +1,90 @@
+//! Running one probe: TCP connect or HTTP GET from inside the pod's network namespace (the
+//! probing thread joins it), or a command run in the container.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::time::Duration;
+
+use super::pod::{Probe, ProbeAction};
+
+/// Moves the calling thread into the network namespace at `netns`. The thread must not be
+/// reused for anything else afterwards.
+fn enter_netns(netns: &Path) -> Result<(), String> {
+    let file = std::fs::File::open(netns).map_err(|e| format!("{}: {e}", netns.display()))?;
+    // SAFETY: setns on a descriptor we own; affects only this thread's network namespace.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(format!(
+            "setns {}: {}",
+            netns.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+fn http_get(port: u16, path: &str, timeout: Duration) -> Result<String, String> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream =
+        TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("dial {addr}: {e}"))?;
+    stream.set_read_timeout(Some(timeout)).ok();
+    stream.set_write_timeout(Some(timeout)).ok();
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUser-Agent: shoal-probe/{}\r\nAccept: */*\r\nConnection: close\r\n\r\n",
+        crate::AGENT_VERSION
+    );
+    stream
+        .write_all(request.as_bytes())
+        .map_err(|e| format!("write: {e}"))?;
+    let mut head = [0u8; 64];
+    let n = stream.read(&mut head).map_err(|e| format!("read: {e}"))?;
+    let line = String::from_utf8_lossy(&head[..n]);
+    let code: u16 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| {
+            format!(
+                "not an HTTP answer: {:?}",
+                line.lines().next().unwrap_or("")
+            )
+        })?;
+    if (200..400).contains(&code) {
+        Ok(format!("HTTP {code}"))
+    } else {
+        Err(format!("HTTP probe failed with statuscode: {code}"))
+    }
+}
+
+/// Runs `probe`; `exec` runs a command in the container with a timeout and returns its exit
+/// code and output. Returns (success, message).
+pub fn run(
+    probe: &Probe,
+    netns: &Path,
+    exec: impl FnOnce(&[String], Duration) -> Result<(i32, String), String>,
+) -> (bool, String) {
+    let timeout = Duration::from_millis(probe.timeout_ms);
+    let result = match &probe.action {
+        ProbeAction::Exec(command) => exec(command, timeout).and_then(|(code, output)| {
+            if code == 0 {
+                Ok(output)
+            } else {
+                Err(format!("command exited with {code}: {}", output.trim()))
+            }
+        }),
+        ProbeAction::TcpSocket { port } => enter_netns(netns).and_then(|()| {
+            let addr = SocketAddr::from(([127, 0, 0, 1], *port));
+            TcpStream::connect_timeout(&addr, timeout)
+                .map(|_| format!("connected to {addr}"))
+                .map_err(|e| format!("dial {addr}: {e}"))
+        }),
+        ProbeAction::HttpGet { port, path } => {
+            enter_netns(netns).and_then(|()| http_get(*port, path, timeout))
+        }
+    };
+    match result {
+        Ok(message) => (true, message),
+        Err(message) => (false, message),
+    }
+}

@@ -1,0 +1,135 @@
+//! Pod statuses as every node publishes them in gossip (`pod.<uid>` keys): observed state,
+//! never written to the desired-state store (DESIGN.md §3). The API joins them into pods at
+//! read time, and watchers get a MODIFIED event when a pod's status changes.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use shoal_gossip::Membership;
+
+/// The gossip key prefix of pod statuses.
+pub const KEY_PREFIX: &str = "pod.";
+
+/// What a node gossips under `pod.<uid>`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PodReport {
+    pub namespace: String,
+    pub name: String,
+    pub status: Value,
+}
+
+/// One pod's status as published by the node running it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PublishedStatus {
+    /// Name of the node that published it.
+    pub node: String,
+    pub report: PodReport,
+}
+
+/// A pod whose published status changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusChange {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+/// The cluster's pod statuses, refreshed from gossip.
+pub struct PodStatusCache {
+    /// Pod uid → what each node running it published (two while a moved pod's old node
+    /// still stops it).
+    statuses: Mutex<HashMap<String, Vec<PublishedStatus>>>,
+    changed: tokio::sync::broadcast::Sender<StatusChange>,
+}
+
+impl Default for PodStatusCache {
+    fn default() -> Self {
+        Self {
+            statuses: Mutex::new(HashMap::new()),
+            changed: tokio::sync::broadcast::channel(1024).0,
+        }
+    }
+}
+
+impl PodStatusCache {
+    /// The status node `node` published for pod `uid`.
+    pub fn get(&self, uid: &str, node: &str) -> Option<Value> {
+        self.statuses
+            .lock()
+            .unwrap()
+            .get(uid)?
+            .iter()
+            .find(|s| s.node == node)
+            .map(|s| s.report.status.clone())
+    }
+
+    /// Uids of pods whose published status changed.
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<StatusChange> {
+        self.changed.subscribe()
+    }
+
+    /// Replaces the cache with `fresh`, announcing the pods whose status changed.
+    pub fn replace(&self, fresh: HashMap<String, Vec<PublishedStatus>>) {
+        let mut statuses = self.statuses.lock().unwrap();
+        let change = |uid: &str, list: &[PublishedStatus]| {
+            list.first().map(|s| StatusChange {
+                uid: uid.to_owned(),
+                namespace: s.report.namespace.clone(),
+                name: s.report.name.clone(),
+            })
+        };
+        let mut changed: Vec<StatusChange> = fresh
+            .iter()
+            .filter(|(uid, s)| statuses.get(*uid) != Some(s))
+            .filter_map(|(uid, s)| change(uid, s))
+            .collect();
+        changed.extend(
+            statuses
+                .iter()
+                .filter(|(u, _)| !fresh.contains_key(*u))
+                .filter_map(|(uid, s)| change(uid, s)),
+        );
+        *statuses = fresh;
+        drop(statuses);
+        for c in changed {
+            let _ = self.changed.send(c);
+        }
+    }
+
+    /// Refreshes from gossip every `period`, forever.
+    pub async fn follow(self: Arc<Self>, membership: Arc<Membership>, period: Duration) {
+        let mut ticker = tokio::time::interval(period);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let names: HashMap<String, String> = membership
+                .members()
+                .await
+                .into_iter()
+                .map(|m| (m.node_id.clone(), m.name().to_owned()))
+                .collect();
+            let mut fresh: HashMap<String, Vec<PublishedStatus>> = HashMap::new();
+            for (node_id, key, value) in membership.dynamic_values(KEY_PREFIX).await {
+                let Some(uid) = key.strip_prefix(KEY_PREFIX) else {
+                    continue;
+                };
+                let (Some(node), Ok(report)) = (
+                    names.get(&node_id),
+                    serde_json::from_str::<PodReport>(&value),
+                ) else {
+                    continue;
+                };
+                fresh
+                    .entry(uid.to_owned())
+                    .or_default()
+                    .push(PublishedStatus {
+                        node: node.clone(),
+                        report,
+                    });
+            }
+            self.replace(fresh);
+        }
+    }
+}

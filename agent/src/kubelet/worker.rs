@@ -1,0 +1,1134 @@
+//! The pod worker: a pure state machine deciding what to do with one pod on this node, from
+//! the pod's spec ([`PodPlan`], or none when the pod must not run here any more), what the
+//! runtime observes, and the time. It returns actions for the shell to carry out and the pod's
+//! status to publish. No I/O, no clock: tests replay any sequence.
+//!
+//! Lifecycle rules (Kubernetes'): init containers run one at a time, in order, each to
+//! success; then every container starts. An exited container restarts by `restartPolicy`
+//! (`Always`; `OnFailure` if it failed; init containers restart on failure unless `Never`),
+//! after an exponential back-off (base × 2^attempt, capped: CrashLoopBackOff). A startup probe
+//! holds the other probes back until it succeeds; liveness (or startup) failures past the
+//! threshold stop the container, which then restarts by policy; readiness drives `Ready`.
+//! Stopping sends SIGTERM, then SIGKILL after the grace period.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde_json::{Value, json};
+
+use super::pod::{ContainerPlan, PodPlan, Probe};
+use crate::runtime::{ObservedContainer, ObservedState};
+
+/// Back-off and timing knobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerConfig {
+    /// First restart delay (Kubernetes: 10 s).
+    pub backoff_base_ms: u64,
+    /// Longest restart delay (Kubernetes: 300 s).
+    pub backoff_max_ms: u64,
+    /// Grace period when the pod spec is gone (Kubernetes' default: 30 s).
+    pub default_grace_ms: u64,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            backoff_base_ms: 10_000,
+            backoff_max_ms: 300_000,
+            default_grace_ms: 30_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ProbeKind {
+    Startup,
+    Liveness,
+    Readiness,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopSignal {
+    Term,
+    Kill,
+}
+
+/// What the shell must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    EnsureSandbox,
+    Start {
+        name: String,
+        attempt: u32,
+        init: bool,
+    },
+    Signal {
+        name: String,
+        attempt: u32,
+        signal: StopSignal,
+    },
+    Probe {
+        name: String,
+        attempt: u32,
+        kind: ProbeKind,
+        probe: Probe,
+    },
+    Remove {
+        name: String,
+        attempt: u32,
+    },
+    RemoveSandbox,
+}
+
+/// The outcome of one decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub actions: Vec<Action>,
+    /// The pod's status (Kubernetes `PodStatus` JSON) while it has a spec here.
+    pub status: Option<Value>,
+    /// Everything of the pod is gone from this node: the worker can be dropped.
+    pub finished: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Stopping {
+    term_at_ms: u64,
+    kill_at_ms: Option<u64>,
+    reason: StopReason,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StopReason {
+    PodGone,
+    Unhealthy(ProbeKind),
+    Removed,
+}
+
+#[derive(Debug, Clone)]
+struct StartError {
+    reason: String,
+    message: String,
+    at_ms: u64,
+    failures: u32,
+}
+
+#[derive(Debug, Clone, Default)]
+struct ProbeState {
+    successes: u32,
+    failures: u32,
+    last_run_ms: Option<u64>,
+    in_flight: bool,
+    /// Latest verdict after thresholds: Some(true) passing, Some(false) failing.
+    passing: Option<bool>,
+    last_message: String,
+}
+
+/// One pod's worker.
+#[derive(Debug, Default)]
+pub struct PodWorker {
+    config: WorkerConfig,
+    grace_ms: Option<u64>,
+    first_seen_ms: Option<u64>,
+    stopping: HashMap<(String, u32), Stopping>,
+    start_errors: HashMap<String, StartError>,
+    probes: HashMap<(String, u32, ProbeKind), ProbeState>,
+}
+
+fn rfc3339(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+        .to_string()
+}
+
+/// The per-container view the worker computes.
+struct ContainerView<'a> {
+    plan: &'a ContainerPlan,
+    init: bool,
+    latest: Option<&'a ObservedContainer>,
+    previous: Option<&'a ObservedContainer>,
+    waiting: Option<(String, String)>,
+    ready: bool,
+    /// Will not run again (exited and the policy does not restart it).
+    done: bool,
+}
+
+impl PodWorker {
+    pub fn new(config: WorkerConfig) -> Self {
+        Self {
+            config,
+            ..Self::default()
+        }
+    }
+
+    fn backoff_ms(&self, attempt: u32) -> u64 {
+        let factor = 1u64.checked_shl(attempt.min(20)).unwrap_or(u64::MAX);
+        self.config
+            .backoff_base_ms
+            .saturating_mul(factor)
+            .min(self.config.backoff_max_ms)
+    }
+
+    /// The shell could not start a container (image missing, bad config, …).
+    pub fn start_failed(&mut self, name: &str, reason: &str, message: &str, now_ms: u64) {
+        let failures = self.start_errors.get(name).map_or(0, |e| e.failures) + 1;
+        self.start_errors.insert(
+            name.to_owned(),
+            StartError {
+                reason: reason.to_owned(),
+                message: message.to_owned(),
+                at_ms: now_ms,
+                failures,
+            },
+        );
+    }
+
+    pub fn start_succeeded(&mut self, name: &str) {
+        self.start_errors.remove(name);
+    }
+
+    /// A probe the shell ran has finished.
+    pub fn probe_done(
+        &mut self,
+        name: &str,
+        attempt: u32,
+        kind: ProbeKind,
+        probe: &Probe,
+        success: bool,
+        message: &str,
+    ) {
+        let state = self
+            .probes
+            .entry((name.to_owned(), attempt, kind))
+            .or_default();
+        state.in_flight = false;
+        state.last_message = message.to_owned();
+        if success {
+            state.successes += 1;
+            state.failures = 0;
+            if state.successes >= probe.success_threshold {
+                state.passing = Some(true);
+            }
+        } else {
+            state.failures += 1;
+            state.successes = 0;
+            if state.failures >= probe.failure_threshold {
+                state.passing = Some(false);
+            }
+        }
+    }
+
+    fn stop(
+        &mut self,
+        actions: &mut Vec<Action>,
+        c: &ObservedContainer,
+        now_ms: u64,
+        reason: StopReason,
+    ) {
+        let key = (c.meta.name.clone(), c.meta.attempt);
+        let grace = self.grace_ms.unwrap_or(self.config.default_grace_ms);
+        let (name, attempt) = key.clone();
+        match self.stopping.get_mut(&key) {
+            None => {
+                self.stopping.insert(
+                    key,
+                    Stopping {
+                        term_at_ms: now_ms,
+                        kill_at_ms: None,
+                        reason,
+                    },
+                );
+                actions.push(Action::Signal {
+                    name,
+                    attempt,
+                    signal: StopSignal::Term,
+                });
+            }
+            Some(stopping) => {
+                let due = match stopping.kill_at_ms {
+                    None => now_ms >= stopping.term_at_ms + grace,
+                    // Repeat the kill now and then in case it raced with the start.
+                    Some(at) => now_ms >= at + 2_000,
+                };
+                if due {
+                    stopping.kill_at_ms = Some(now_ms);
+                    actions.push(Action::Signal {
+                        name,
+                        attempt,
+                        signal: StopSignal::Kill,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Decides what to do now.
+    pub fn decide(
+        &mut self,
+        now_ms: u64,
+        plan: Option<&PodPlan>,
+        sandbox_exists: bool,
+        observed: &[ObservedContainer],
+    ) -> Decision {
+        let mut actions = Vec::new();
+        let Some(plan) = plan else {
+            // The pod must not run here: stop everything, then remove everything.
+            let mut running = false;
+            for c in observed {
+                if !matches!(c.state, ObservedState::Exited { .. }) {
+                    running = true;
+                    self.stop(&mut actions, c, now_ms, StopReason::PodGone);
+                }
+            }
+            if running {
+                return Decision {
+                    actions,
+                    status: None,
+                    finished: false,
+                };
+            }
+            for c in observed {
+                actions.push(Action::Remove {
+                    name: c.meta.name.clone(),
+                    attempt: c.meta.attempt,
+                });
+            }
+            if sandbox_exists {
+                actions.push(Action::RemoveSandbox);
+            }
+            return Decision {
+                actions,
+                status: None,
+                finished: true,
+            };
+        };
+        self.grace_ms = Some(plan.termination_grace_ms);
+        let first_seen = *self.first_seen_ms.get_or_insert(now_ms);
+        if !sandbox_exists {
+            actions.push(Action::EnsureSandbox);
+        }
+
+        let mut by_name: BTreeMap<&str, Vec<&ObservedContainer>> = BTreeMap::new();
+        for c in observed {
+            by_name.entry(c.meta.name.as_str()).or_default().push(c);
+        }
+        for list in by_name.values_mut() {
+            list.sort_by_key(|c| c.meta.attempt);
+        }
+        // Containers no longer in the spec, and attempts older than the previous one.
+        let known = |name: &str| {
+            plan.containers
+                .iter()
+                .chain(&plan.init_containers)
+                .any(|c| c.name == name)
+        };
+        for (name, list) in &by_name {
+            for (i, c) in list.iter().enumerate() {
+                let stale = !known(name) || i + 2 < list.len();
+                if !stale {
+                    continue;
+                }
+                if matches!(c.state, ObservedState::Exited { .. }) {
+                    actions.push(Action::Remove {
+                        name: c.meta.name.clone(),
+                        attempt: c.meta.attempt,
+                    });
+                } else {
+                    self.stop(&mut actions, c, now_ms, StopReason::Removed);
+                }
+            }
+        }
+        // Forget probe and stop state of attempts that no longer exist.
+        let exists = |name: &str, attempt: u32| {
+            observed
+                .iter()
+                .any(|c| c.meta.name == name && c.meta.attempt == attempt)
+        };
+        self.probes.retain(|(n, a, _), _| exists(n, *a));
+        self.stopping.retain(|(n, a), _| exists(n, *a));
+
+        let main_started = plan
+            .containers
+            .iter()
+            .any(|c| by_name.contains_key(c.name.as_str()));
+        let mut views: Vec<ContainerView> = Vec::new();
+        let mut init_complete = true;
+        let mut init_failed = false;
+        for c in &plan.init_containers {
+            let list = by_name.get(c.name.as_str());
+            let mut view = ContainerView {
+                plan: c,
+                init: true,
+                latest: list.and_then(|l| l.last().copied()),
+                previous: list.and_then(|l| l.len().checked_sub(2).map(|i| l[i])),
+                waiting: None,
+                ready: false,
+                done: false,
+            };
+            if main_started {
+                view.done = true;
+                views.push(view);
+                continue;
+            }
+            if !init_complete || init_failed {
+                view.waiting = Some(("PodInitializing".into(), String::new()));
+                views.push(view);
+                continue;
+            }
+            match view.latest.map(|l| &l.state) {
+                Some(ObservedState::Exited { exited, .. })
+                    if exited.exit_code == 0 && exited.start_error.is_none() =>
+                {
+                    view.done = true;
+                }
+                Some(ObservedState::Exited { .. })
+                    if plan.restart_policy == super::pod::RestartPolicy::Never =>
+                {
+                    view.done = true;
+                    init_failed = true;
+                }
+                _ => {
+                    init_complete = false;
+                    self.drive(&mut actions, &mut view, plan, now_ms, true);
+                }
+            }
+            views.push(view);
+        }
+        let init_complete = init_complete && !init_failed;
+        for c in &plan.containers {
+            let list = by_name.get(c.name.as_str());
+            let mut view = ContainerView {
+                plan: c,
+                init: false,
+                latest: list.and_then(|l| l.last().copied()),
+                previous: list.and_then(|l| l.len().checked_sub(2).map(|i| l[i])),
+                waiting: None,
+                ready: false,
+                done: false,
+            };
+            if !init_complete {
+                view.waiting = Some(("PodInitializing".into(), String::new()));
+            } else {
+                self.drive(&mut actions, &mut view, plan, now_ms, false);
+            }
+            views.push(view);
+        }
+        let status = self.status(plan, &views, init_complete, init_failed, first_seen);
+        Decision {
+            actions,
+            status: Some(status),
+            finished: false,
+        }
+    }
+
+    /// Starts, restarts, probes or stops one container.
+    fn drive(
+        &mut self,
+        actions: &mut Vec<Action>,
+        view: &mut ContainerView,
+        plan: &PodPlan,
+        now_ms: u64,
+        init: bool,
+    ) {
+        let name = view.plan.name.clone();
+        match view.latest.map(|c| (c, &c.state)) {
+            None => {
+                if let Some(error) = self.start_errors.get(&name)
+                    && now_ms < error.at_ms + self.backoff_ms(error.failures.saturating_sub(1))
+                {
+                    view.waiting = Some((error.reason.clone(), error.message.clone()));
+                    return;
+                }
+                view.waiting = Some(("ContainerCreating".into(), String::new()));
+                actions.push(Action::Start {
+                    name,
+                    attempt: 0,
+                    init,
+                });
+            }
+            Some((_, ObservedState::Creating)) => {
+                view.waiting = Some(("ContainerCreating".into(), String::new()));
+            }
+            Some((c, ObservedState::Running(started))) => {
+                if let Some(stopping) = self.stopping.get(&(name.clone(), c.meta.attempt)).copied()
+                {
+                    // Being stopped (a failed probe): keep at it.
+                    self.stop(actions, c, now_ms, stopping.reason);
+                    return;
+                }
+                let attempt = c.meta.attempt;
+                let startup_passed = view.plan.startup.is_none()
+                    || self.probe_passing(&name, attempt, ProbeKind::Startup) == Some(true);
+                let mut probes: Vec<(ProbeKind, &Probe)> = Vec::new();
+                if let Some(p) = &view.plan.startup
+                    && !startup_passed
+                {
+                    probes.push((ProbeKind::Startup, p));
+                }
+                if startup_passed {
+                    if let Some(p) = &view.plan.liveness {
+                        probes.push((ProbeKind::Liveness, p));
+                    }
+                    if let Some(p) = &view.plan.readiness {
+                        probes.push((ProbeKind::Readiness, p));
+                    }
+                }
+                for (kind, probe) in probes {
+                    let state = self
+                        .probes
+                        .entry((name.clone(), attempt, kind))
+                        .or_default();
+                    if kind != ProbeKind::Readiness && state.passing == Some(false) {
+                        let failing = kind;
+                        self.stop(actions, c, now_ms, StopReason::Unhealthy(failing));
+                        return;
+                    }
+                    let due_from = match state.last_run_ms {
+                        Some(last) => last + probe.period_ms,
+                        None => started.started_unix_ms + probe.initial_delay_ms,
+                    };
+                    if !state.in_flight && now_ms >= due_from {
+                        state.in_flight = true;
+                        state.last_run_ms = Some(now_ms);
+                        actions.push(Action::Probe {
+                            name: name.clone(),
+                            attempt,
+                            kind,
+                            probe: probe.clone(),
+                        });
+                    }
+                }
+                view.ready = !init
+                    && startup_passed
+                    && (view.plan.readiness.is_none()
+                        || self.probe_passing(&name, attempt, ProbeKind::Readiness) == Some(true));
+            }
+            Some((c, ObservedState::Exited { exited, .. })) => {
+                let restarts = if init {
+                    plan.restart_policy != super::pod::RestartPolicy::Never
+                } else {
+                    let unhealthy = matches!(
+                        self.stopping
+                            .get(&(name.clone(), c.meta.attempt))
+                            .map(|s| s.reason),
+                        Some(StopReason::Unhealthy(_))
+                    );
+                    unhealthy || plan.restart_policy.restarts(exited.exit_code)
+                };
+                if !restarts {
+                    view.done = true;
+                    return;
+                }
+                let due = exited.finished_unix_ms + self.backoff_ms(c.meta.attempt);
+                if now_ms >= due {
+                    view.waiting = Some(("ContainerCreating".into(), String::new()));
+                    actions.push(Action::Start {
+                        name,
+                        attempt: c.meta.attempt + 1,
+                        init,
+                    });
+                } else {
+                    let seconds = self.backoff_ms(c.meta.attempt) / 1000;
+                    view.waiting = Some((
+                        "CrashLoopBackOff".into(),
+                        format!(
+                            "back-off {seconds}s restarting failed container={name} pod={}_{}({})",
+                            plan.name, plan.namespace, plan.uid
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+
+    fn probe_passing(&self, name: &str, attempt: u32, kind: ProbeKind) -> Option<bool> {
+        self.probes
+            .get(&(name.to_owned(), attempt, kind))
+            .and_then(|s| s.passing)
+    }
+
+    fn state_json(&self, c: &ObservedContainer) -> Value {
+        match &c.state {
+            ObservedState::Creating => json!({"waiting": {"reason": "ContainerCreating"}}),
+            ObservedState::Running(started) => {
+                json!({"running": {"startedAt": rfc3339(started.started_unix_ms)}})
+            }
+            ObservedState::Exited {
+                started,
+                exited,
+                oom_killed,
+            } => {
+                let reason = if *oom_killed {
+                    "OOMKilled"
+                } else if exited.start_error.is_some() {
+                    "StartError"
+                } else if exited.exit_code == 0 {
+                    "Completed"
+                } else {
+                    "Error"
+                };
+                let mut terminated = json!({
+                    "exitCode": exited.exit_code,
+                    "reason": reason,
+                    "finishedAt": rfc3339(exited.finished_unix_ms),
+                    "startedAt": started.as_ref().map(|s| rfc3339(s.started_unix_ms)),
+                    "containerID": format!("shoal://{}", c.meta.runtime_id),
+                });
+                if let Some(signal) = exited.signal {
+                    terminated["signal"] = json!(signal);
+                }
+                if let Some(message) = &exited.start_error {
+                    terminated["message"] = json!(message);
+                }
+                if let Some(stopping) = self.stopping.get(&(c.meta.name.clone(), c.meta.attempt))
+                    && let StopReason::Unhealthy(kind) = stopping.reason
+                {
+                    terminated["message"] = json!(format!("{kind:?} probe failed"));
+                }
+                json!({"terminated": terminated})
+            }
+        }
+    }
+
+    fn status(
+        &self,
+        plan: &PodPlan,
+        views: &[ContainerView],
+        init_complete: bool,
+        init_failed: bool,
+        first_seen_ms: u64,
+    ) -> Value {
+        let mut init_statuses = Vec::new();
+        let mut statuses = Vec::new();
+        for view in views {
+            let state = match (&view.waiting, view.latest) {
+                (Some((reason, message)), _) => {
+                    let mut waiting = json!({"reason": reason});
+                    if !message.is_empty() {
+                        waiting["message"] = json!(message);
+                    }
+                    json!({"waiting": waiting})
+                }
+                (None, Some(c)) => self.state_json(c),
+                (None, None) => json!({"waiting": {"reason": "PodInitializing"}}),
+            };
+            // The previous attempt, or the latest one while a new attempt is pending.
+            let last = match (&view.waiting, view.latest) {
+                (Some(_), Some(c)) if matches!(c.state, ObservedState::Exited { .. }) => Some(c),
+                _ => view.previous,
+            };
+            let mut status = json!({
+                "name": view.plan.name,
+                "image": view.plan.image,
+                "imageID": view.latest.map(|c| c.meta.image_digest.clone()).unwrap_or_default(),
+                "ready": view.ready,
+                "restartCount": view.latest.map_or(0, |c| c.meta.attempt),
+                "started": matches!(view.latest.map(|c| &c.state), Some(ObservedState::Running(_))),
+                "state": state,
+                "lastState": last.map_or(json!({}), |c| self.state_json(c)),
+            });
+            if let Some(c) = view.latest {
+                status["containerID"] = json!(format!("shoal://{}", c.meta.runtime_id));
+            }
+            if view.init {
+                init_statuses.push(status);
+            } else {
+                statuses.push(status);
+            }
+        }
+        let main: Vec<&ContainerView> = views.iter().filter(|v| !v.init).collect();
+        let exit_code = |v: &ContainerView| match v.latest.map(|c| &c.state) {
+            Some(ObservedState::Exited { exited, .. }) => Some(exited.exit_code),
+            _ => None,
+        };
+        let phase = if init_failed {
+            "Failed"
+        } else if !init_complete {
+            "Pending"
+        } else if main.iter().all(|v| v.done) {
+            if main.iter().all(|v| exit_code(v) == Some(0)) {
+                "Succeeded"
+            } else {
+                "Failed"
+            }
+        } else if main.iter().all(|v| v.latest.is_some())
+            && main.iter().any(|v| {
+                matches!(
+                    v.latest.map(|c| &c.state),
+                    Some(ObservedState::Running(_) | ObservedState::Exited { .. })
+                )
+            })
+        {
+            "Running"
+        } else {
+            "Pending"
+        };
+        let all_ready = main.iter().all(|v| v.ready);
+        let since = rfc3339(first_seen_ms);
+        let condition = |kind: &str, ok: bool, reason: &str| {
+            let mut c = json!({"type": kind, "status": if ok { "True" } else { "False" }, "lastProbeTime": null, "lastTransitionTime": since});
+            if !ok && !reason.is_empty() {
+                c["reason"] = json!(reason);
+            }
+            c
+        };
+        let not_ready: Vec<&str> = main
+            .iter()
+            .filter(|v| !v.ready)
+            .map(|v| v.plan.name.as_str())
+            .collect();
+        let not_ready_reason = if phase == "Succeeded" || phase == "Failed" {
+            "PodCompleted"
+        } else {
+            "ContainersNotReady"
+        };
+        let mut ready_condition = condition("Ready", all_ready, not_ready_reason);
+        let mut containers_ready = condition("ContainersReady", all_ready, not_ready_reason);
+        if !all_ready {
+            let message = format!("containers with unready status: [{}]", not_ready.join(" "));
+            ready_condition["message"] = json!(message);
+            containers_ready["message"] = json!(message);
+        }
+        let mut status = json!({
+            "phase": phase,
+            "conditions": [
+                condition("Initialized", init_complete, "ContainersNotInitialized"),
+                ready_condition,
+                containers_ready,
+            ],
+            "startTime": since,
+            "qosClass": plan.qos_class(),
+            "containerStatuses": statuses,
+        });
+        if !init_statuses.is_empty() {
+            status["initContainerStatuses"] = json!(init_statuses);
+        }
+        status
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::runtime::{ContainerMeta, Exited, Started};
+
+    const BASE: u64 = 1_000;
+
+    fn worker() -> PodWorker {
+        PodWorker::new(WorkerConfig {
+            backoff_base_ms: BASE,
+            backoff_max_ms: 8 * BASE,
+            default_grace_ms: 30_000,
+        })
+    }
+
+    fn plan(spec: Value) -> PodPlan {
+        let mut pod =
+            json!({"metadata": {"name": "p", "namespace": "default", "uid": "u"}, "spec": spec});
+        pod["spec"]["terminationGracePeriodSeconds"] = json!(2);
+        PodPlan::parse(&pod).unwrap()
+    }
+
+    fn meta(name: &str, attempt: u32) -> ContainerMeta {
+        ContainerMeta {
+            name: name.into(),
+            attempt,
+            init: false,
+            image: "busybox".into(),
+            image_digest: "sha256:x".into(),
+            runtime_id: format!("u-{name}-{attempt}"),
+            cgroup_path: String::new(),
+        }
+    }
+
+    fn running(name: &str, attempt: u32, at: u64) -> ObservedContainer {
+        ObservedContainer {
+            meta: meta(name, attempt),
+            state: ObservedState::Running(Started {
+                pid: 1,
+                started_unix_ms: at,
+            }),
+            log_path: "/dev/null".into(),
+        }
+    }
+
+    fn exited(name: &str, attempt: u32, code: i32, at: u64) -> ObservedContainer {
+        ObservedContainer {
+            meta: meta(name, attempt),
+            state: ObservedState::Exited {
+                started: Some(Started {
+                    pid: 1,
+                    started_unix_ms: at.saturating_sub(10),
+                }),
+                exited: Exited {
+                    exit_code: code,
+                    signal: None,
+                    finished_unix_ms: at,
+                    start_error: None,
+                },
+                oom_killed: false,
+            },
+            log_path: "/dev/null".into(),
+        }
+    }
+
+    fn starts(d: &Decision) -> Vec<(String, u32)> {
+        d.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Start { name, attempt, .. } => Some((name.clone(), *attempt)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn phase(d: &Decision) -> String {
+        d.status.as_ref().unwrap()["phase"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    #[test]
+    fn init_containers_run_in_order_then_the_containers() {
+        let p = plan(json!({
+            "initContainers": [{"name": "i1", "image": "b"}, {"name": "i2", "image": "b"}],
+            "containers": [{"name": "app", "image": "b"}, {"name": "side", "image": "b"}],
+        }));
+        let mut w = worker();
+        let d = w.decide(0, Some(&p), false, &[]);
+        assert_eq!(d.actions[0], Action::EnsureSandbox);
+        assert_eq!(starts(&d), [("i1".to_owned(), 0)]);
+        assert_eq!(phase(&d), "Pending");
+        let d = w.decide(10, Some(&p), true, &[running("i1", 0, 5)]);
+        assert!(starts(&d).is_empty());
+        let d = w.decide(20, Some(&p), true, &[exited("i1", 0, 0, 15)]);
+        assert_eq!(starts(&d), [("i2".to_owned(), 0)]);
+        let d = w.decide(
+            30,
+            Some(&p),
+            true,
+            &[exited("i1", 0, 0, 15), exited("i2", 0, 0, 25)],
+        );
+        assert_eq!(starts(&d), [("app".to_owned(), 0), ("side".to_owned(), 0)]);
+        let all = [
+            exited("i1", 0, 0, 15),
+            exited("i2", 0, 0, 25),
+            running("app", 0, 35),
+            running("side", 0, 35),
+        ];
+        let d = w.decide(40, Some(&p), true, &all);
+        assert!(d.actions.is_empty(), "{:?}", d.actions);
+        assert_eq!(phase(&d), "Running");
+        let status = d.status.unwrap();
+        assert_eq!(status["conditions"][1]["status"], "True", "{status}");
+        assert_eq!(
+            status["initContainerStatuses"][1]["state"]["terminated"]["reason"],
+            "Completed"
+        );
+    }
+
+    #[test]
+    fn a_failing_init_container_retries_or_fails_the_pod() {
+        let spec = json!({"initContainers": [{"name": "i", "image": "b"}], "containers": [{"name": "a", "image": "b"}]});
+        let mut w = worker();
+        let d = w.decide(
+            100,
+            Some(&plan(spec.clone())),
+            true,
+            &[exited("i", 0, 1, 50)],
+        );
+        assert!(starts(&d).is_empty(), "backing off");
+        let d = w.decide(
+            50 + BASE,
+            Some(&plan(spec.clone())),
+            true,
+            &[exited("i", 0, 1, 50)],
+        );
+        assert_eq!(starts(&d), [("i".to_owned(), 1)]);
+
+        let mut never = spec;
+        never["restartPolicy"] = json!("Never");
+        let d = worker().decide(100, Some(&plan(never)), true, &[exited("i", 0, 1, 50)]);
+        assert!(starts(&d).is_empty());
+        assert_eq!(phase(&d), "Failed");
+    }
+
+    #[test]
+    fn restarts_back_off_exponentially_and_show_crash_loop() {
+        let p = plan(json!({"containers": [{"name": "a", "image": "b"}]}));
+        let mut w = worker();
+        // Attempt 0 failed at t=1000: restart at 1000 + BASE.
+        let d = w.decide(1_500, Some(&p), true, &[exited("a", 0, 1, 1_000)]);
+        assert!(starts(&d).is_empty());
+        let status = d.status.unwrap();
+        assert_eq!(
+            status["containerStatuses"][0]["state"]["waiting"]["reason"],
+            "CrashLoopBackOff"
+        );
+        assert_eq!(
+            status["containerStatuses"][0]["lastState"]["terminated"]["exitCode"],
+            1
+        );
+        assert_eq!(status["phase"], "Running");
+        let d = w.decide(2_000, Some(&p), true, &[exited("a", 0, 1, 1_000)]);
+        assert_eq!(starts(&d), [("a".to_owned(), 1)]);
+        // Attempt 2 failed at t=5000: the delay doubles each time, up to the cap.
+        let seen = [exited("a", 1, 1, 3_000), exited("a", 2, 1, 5_000)];
+        assert!(starts(&w.decide(5_000 + 4 * BASE - 1, Some(&p), true, &seen)).is_empty());
+        assert_eq!(
+            starts(&w.decide(5_000 + 4 * BASE, Some(&p), true, &seen)),
+            [("a".to_owned(), 3)]
+        );
+        let late = [exited("a", 9, 1, 0)];
+        assert_eq!(
+            starts(&w.decide(8 * BASE, Some(&p), true, &late)),
+            [("a".to_owned(), 10)]
+        );
+    }
+
+    #[test]
+    fn old_attempts_are_removed_keeping_the_previous_one() {
+        let p = plan(json!({"containers": [{"name": "a", "image": "b"}]}));
+        let seen = [
+            exited("a", 0, 1, 10),
+            exited("a", 1, 1, 20),
+            running("a", 2, 30),
+        ];
+        let d = worker().decide(40, Some(&p), true, &seen);
+        assert_eq!(
+            d.actions,
+            [Action::Remove {
+                name: "a".into(),
+                attempt: 0
+            }]
+        );
+        let status = d.status.unwrap();
+        assert_eq!(status["containerStatuses"][0]["restartCount"], 2);
+        assert_eq!(
+            status["containerStatuses"][0]["lastState"]["terminated"]["finishedAt"],
+            rfc3339(20)
+        );
+    }
+
+    #[test]
+    fn restart_policies_decide_the_final_phase() {
+        let cases = [
+            ("Never", 0, "Succeeded", false),
+            ("Never", 3, "Failed", false),
+            ("OnFailure", 0, "Succeeded", false),
+            ("OnFailure", 3, "Running", true),
+            ("Always", 0, "Running", true),
+        ];
+        for (policy, code, want, restarts) in cases {
+            let p =
+                plan(json!({"restartPolicy": policy, "containers": [{"name": "a", "image": "b"}]}));
+            let d = worker().decide(100_000, Some(&p), true, &[exited("a", 0, code, 10)]);
+            assert_eq!(phase(&d), want, "{policy} exit {code}");
+            assert_eq!(!starts(&d).is_empty(), restarts, "{policy} exit {code}");
+        }
+    }
+
+    #[test]
+    fn liveness_failures_stop_the_container_with_grace_then_restart_it() {
+        let p = plan(json!({"containers": [{"name": "a", "image": "b",
+            "livenessProbe": {"exec": {"command": ["true"]}, "initialDelaySeconds": 1, "periodSeconds": 1, "failureThreshold": 2}}]}));
+        let probe = p.containers[0].liveness.clone().unwrap();
+        let mut w = worker();
+        let run = [running("a", 0, 0)];
+        assert!(
+            w.decide(500, Some(&p), true, &run).actions.is_empty(),
+            "initial delay"
+        );
+        let d = w.decide(1_000, Some(&p), true, &run);
+        assert!(matches!(
+            d.actions[..],
+            [Action::Probe {
+                kind: ProbeKind::Liveness,
+                ..
+            }]
+        ));
+        assert!(
+            w.decide(1_500, Some(&p), true, &run).actions.is_empty(),
+            "in flight"
+        );
+        w.probe_done("a", 0, ProbeKind::Liveness, &probe, false, "exit 1");
+        assert!(
+            w.decide(1_600, Some(&p), true, &run).actions.is_empty(),
+            "period"
+        );
+        let d = w.decide(2_000, Some(&p), true, &run);
+        assert!(matches!(d.actions[..], [Action::Probe { .. }]));
+        w.probe_done("a", 0, ProbeKind::Liveness, &probe, false, "exit 1");
+        let d = w.decide(2_100, Some(&p), true, &run);
+        assert_eq!(
+            d.actions,
+            [Action::Signal {
+                name: "a".into(),
+                attempt: 0,
+                signal: StopSignal::Term
+            }]
+        );
+        assert!(
+            w.decide(3_000, Some(&p), true, &run).actions.is_empty(),
+            "grace (2 s)"
+        );
+        let d = w.decide(4_100, Some(&p), true, &run);
+        assert_eq!(
+            d.actions,
+            [Action::Signal {
+                name: "a".into(),
+                attempt: 0,
+                signal: StopSignal::Kill
+            }]
+        );
+        // It died of the kill; the restart waits for the back-off, then comes.
+        let dead = [exited("a", 0, 137, 4_200)];
+        let d = w.decide(4_200 + BASE, Some(&p), true, &dead);
+        assert_eq!(starts(&d), [("a".to_owned(), 1)]);
+        assert_eq!(
+            d.status.unwrap()["containerStatuses"][0]["lastState"]["terminated"]["message"],
+            "Liveness probe failed"
+        );
+    }
+
+    #[test]
+    fn readiness_gates_the_ready_condition_and_startup_gates_liveness() {
+        let p = plan(json!({"containers": [{"name": "a", "image": "b",
+            "startupProbe": {"tcpSocket": {"port": 80}, "periodSeconds": 1},
+            "livenessProbe": {"tcpSocket": {"port": 80}, "periodSeconds": 1},
+            "readinessProbe": {"httpGet": {"port": 80}, "periodSeconds": 1}}]}));
+        let c = &p.containers[0];
+        let mut w = worker();
+        let run = [running("a", 0, 0)];
+        let d = w.decide(0, Some(&p), true, &run);
+        assert!(
+            matches!(
+                &d.actions[..],
+                [Action::Probe {
+                    kind: ProbeKind::Startup,
+                    ..
+                }]
+            ),
+            "{:?}",
+            d.actions
+        );
+        assert_eq!(d.status.unwrap()["conditions"][1]["status"], "False");
+        w.probe_done(
+            "a",
+            0,
+            ProbeKind::Startup,
+            c.startup.as_ref().unwrap(),
+            true,
+            "",
+        );
+        let d = w.decide(1_000, Some(&p), true, &run);
+        let kinds: Vec<ProbeKind> = d
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Probe { kind, .. } => Some(*kind),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(kinds, [ProbeKind::Liveness, ProbeKind::Readiness]);
+        w.probe_done(
+            "a",
+            0,
+            ProbeKind::Readiness,
+            c.readiness.as_ref().unwrap(),
+            true,
+            "",
+        );
+        w.probe_done(
+            "a",
+            0,
+            ProbeKind::Liveness,
+            c.liveness.as_ref().unwrap(),
+            true,
+            "",
+        );
+        let status = w.decide(1_100, Some(&p), true, &run).status.unwrap();
+        assert_eq!(status["conditions"][1]["status"], "True", "{status}");
+        assert_eq!(status["containerStatuses"][0]["ready"], true);
+        // Readiness failing (3 times) turns Ready off without a restart.
+        for t in [2_000, 3_000, 4_000] {
+            w.decide(t, Some(&p), true, &run);
+            w.probe_done(
+                "a",
+                0,
+                ProbeKind::Readiness,
+                c.readiness.as_ref().unwrap(),
+                false,
+                "503",
+            );
+        }
+        let d = w.decide(4_100, Some(&p), true, &run);
+        assert!(!d.actions.iter().any(|a| matches!(a, Action::Signal { .. })));
+        assert_eq!(d.status.unwrap()["conditions"][1]["status"], "False");
+    }
+
+    #[test]
+    fn a_pod_gone_from_the_node_is_stopped_with_grace_then_removed() {
+        let p = plan(json!({"containers": [{"name": "a", "image": "b"}]}));
+        let mut w = worker();
+        w.decide(0, Some(&p), true, &[running("a", 0, 0)]);
+        let d = w.decide(100, None, true, &[running("a", 0, 0)]);
+        assert_eq!(
+            d.actions,
+            [Action::Signal {
+                name: "a".into(),
+                attempt: 0,
+                signal: StopSignal::Term
+            }]
+        );
+        assert!(
+            w.decide(1_000, None, true, &[running("a", 0, 0)])
+                .actions
+                .is_empty()
+        );
+        let d = w.decide(2_100, None, true, &[running("a", 0, 0)]);
+        assert_eq!(
+            d.actions,
+            [Action::Signal {
+                name: "a".into(),
+                attempt: 0,
+                signal: StopSignal::Kill
+            }]
+        );
+        let d = w.decide(2_200, None, true, &[exited("a", 0, 137, 2_150)]);
+        assert_eq!(
+            d.actions,
+            [
+                Action::Remove {
+                    name: "a".into(),
+                    attempt: 0
+                },
+                Action::RemoveSandbox
+            ]
+        );
+        assert!(d.finished);
+    }
+
+    #[test]
+    fn a_start_failure_waits_with_its_reason_and_retries_after_back_off() {
+        let p = plan(json!({"containers": [{"name": "a", "image": "b"}]}));
+        let mut w = worker();
+        assert_eq!(
+            starts(&w.decide(0, Some(&p), true, &[])),
+            [("a".to_owned(), 0)]
+        );
+        w.start_failed("a", "ErrImageNeverPull", "image b is not present", 0);
+        let d = w.decide(500, Some(&p), true, &[]);
+        assert!(starts(&d).is_empty());
+        let status = d.status.unwrap();
+        assert_eq!(
+            status["containerStatuses"][0]["state"]["waiting"]["reason"],
+            "ErrImageNeverPull"
+        );
+        assert_eq!(status["phase"], "Pending");
+        assert_eq!(
+            starts(&w.decide(BASE, Some(&p), true, &[])),
+            [("a".to_owned(), 0)]
+        );
+    }
+}

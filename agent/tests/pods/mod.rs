@@ -1,0 +1,490 @@
+//! Pods running in real containers on real agents, driven and read with kubectl: init
+//! containers, two containers sharing localhost, environment and downward API, logs (also
+//! followed, also from another agent), restarts with back-off, OOM kills, probes, graceful
+//! stop, and an agent killed with -9 re-adopting its containers. Needs root, runc and
+//! busybox-static (CI installs them).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use shoal_agent::testkit::wait_until;
+
+use crate::api::ApiLab;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// A 3-agent cluster with the test images on every node and a 1 s restart back-off.
+async fn lab() -> ApiLab {
+    let api = ApiLab::start_with(3, |_| vec!["--restart-backoff".into(), "1s".into()]).await;
+    for agent in &api.agents {
+        for image in ["busybox-1.oci.tar", "httpd-1.oci.tar"] {
+            let out = Command::new(crate::shoal_binary())
+                .args(["image", "import", "--data-dir"])
+                .arg(agent.data_dir())
+                .arg(crate::runtime::test_images().join(image))
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    api
+}
+
+fn pod_json(api: &ApiLab, agent: usize, name: &str) -> Value {
+    let (ok, out, _) = api.kubectl(agent, &["get", "pod", name, "-o", "json"]);
+    if !ok {
+        return Value::Null;
+    }
+    serde_json::from_str(&out).unwrap_or(Value::Null)
+}
+
+async fn wait_pod(
+    api: &ApiLab,
+    agent: usize,
+    name: &str,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
+    let mut last = Value::Null;
+    let result = wait_until(what, LIMIT, || {
+        last = pod_json(api, agent, name);
+        let ok = check(&last);
+        async move { ok }
+    })
+    .await;
+    if let Err(e) = result {
+        panic!(
+            "{e}: pod {name} is {}",
+            serde_json::to_string_pretty(&last["status"]).unwrap()
+        );
+    }
+    last
+}
+
+fn container_status<'a>(pod: &'a Value, name: &str) -> &'a Value {
+    ["containerStatuses", "initContainerStatuses"]
+        .iter()
+        .flat_map(|f| pod["status"][f].as_array().into_iter().flatten())
+        .find(|c| c["name"] == name)
+        .unwrap_or(&Value::Null)
+}
+
+/// Pod directories left on an agent's node.
+fn sandboxes(api: &ApiLab, agent: usize) -> usize {
+    std::fs::read_dir(api.agents[agent].data_dir().join("pods"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+const DEMO: &str = r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: demo
+  labels: {app: demo}
+spec:
+  nodeSelector: {kubernetes.io/hostname: n1}
+  initContainers:
+  - name: first
+    image: shoal.local/busybox:1
+    command: [sh, -c, "echo one > /work/order"]
+    volumeMounts: [{name: work, mountPath: /work}]
+  - name: second
+    image: shoal.local/busybox:1
+    command: [sh, -c, "echo two >> /work/order"]
+    volumeMounts: [{name: work, mountPath: /work}]
+  containers:
+  - name: web
+    image: shoal.local/httpd:1
+    readinessProbe:
+      httpGet: {port: 8080, path: /index.html}
+      periodSeconds: 1
+  - name: client
+    image: shoal.local/busybox:1
+    command: [sh, -c]
+    args:
+    - |
+      echo "order: $(cat /work/order | tr '\n' ' ')"
+      echo "env: POD=$POD NS=$NS NODE=$NODE MEM=$MEM GREETING=$GREETING"
+      until wget -q -O - http://127.0.0.1:8080/index.html; do sleep 0.2; done
+      i=0; while true; do i=$((i+1)); echo "tick $i"; sleep 0.3; done
+    env:
+    - name: POD
+      valueFrom: {fieldRef: {fieldPath: metadata.name}}
+    - {name: GREETING, value: "hello $(POD)"}
+    - name: NS
+      valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+    - name: NODE
+      valueFrom: {fieldRef: {fieldPath: spec.nodeName}}
+    - name: MEM
+      valueFrom: {resourceFieldRef: {resource: limits.memory, divisor: 1Mi}}
+    resources: {limits: {memory: 64Mi, cpu: 500m}}
+    volumeMounts: [{name: work, mountPath: /work}]
+  volumes:
+  - {name: work, emptyDir: {}}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_runs_reports_ready_and_serves_logs_from_any_agent() {
+    let api = lab().await;
+    let file = api.manifest("demo.yaml", DEMO);
+    api.ok(0, &["apply", "-f", &file]);
+    // kubectl wait watches the pod until its node reports it Ready (through another agent).
+    api.ok(
+        2,
+        &["wait", "--for=condition=Ready", "pod/demo", "--timeout=60s"],
+    );
+    // Agent 0 learns the status by gossip, a moment later than agent 2 may have.
+    let pod = wait_pod(&api, 0, "demo", "agent 0 sees demo Running", |p| {
+        p["status"]["phase"] == "Running"
+    })
+    .await;
+    assert_eq!(pod["spec"]["nodeName"], "n1");
+    assert_eq!(pod["status"]["phase"], "Running");
+    assert_eq!(pod["status"]["qosClass"], "Burstable");
+    assert_eq!(
+        container_status(&pod, "second")["state"]["terminated"]["reason"],
+        "Completed"
+    );
+    assert!(container_status(&pod, "web")["state"]["running"]["startedAt"].is_string());
+    assert_eq!(container_status(&pod, "client")["restartCount"], 0);
+
+    // Logs read through agent 0 come from n1 over QUIC.
+    let logs = wait_until("client logs", LIMIT, || async {
+        api.kubectl(0, &["logs", "demo", "-c", "client"])
+            .1
+            .contains("tick 2")
+    })
+    .await;
+    assert!(logs.is_ok());
+    let text = api.ok(0, &["logs", "demo", "-c", "client"]);
+    assert!(text.contains("order: one two "), "{text}");
+    assert!(
+        text.contains("env: POD=demo NS=default NODE=n1 MEM=64 GREETING=hello demo"),
+        "{text}"
+    );
+    assert!(
+        text.contains("hello from shoal"),
+        "the client reached the web container on localhost: {text}"
+    );
+    let tail = api.ok(
+        2,
+        &["logs", "demo", "-c", "client", "--tail=1", "--timestamps"],
+    );
+    assert_eq!(tail.lines().count(), 1, "{tail}");
+    assert!(tail.starts_with("20") && tail.contains(" tick "), "{tail}");
+    let (ok, _, err) = api.kubectl(0, &["logs", "demo", "-c", "nosuch"]);
+    assert!(
+        !ok && err.contains("container nosuch is not valid for pod demo"),
+        "{err}"
+    );
+
+    // Follow streams new lines as the container writes them.
+    let mut follow = Command::new(crate::api::which("kubectl"))
+        .arg("--kubeconfig")
+        .arg(&api.kubeconfigs[0])
+        .args(["logs", "-f", "demo", "-c", "client", "--tail=1"])
+        .env("HOME", api.home.path())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let reader = BufReader::new(follow.stdout.take().unwrap());
+    let lines: Vec<String> =
+        tokio::task::spawn_blocking(move || reader.lines().take(4).map(|l| l.unwrap()).collect())
+            .await
+            .unwrap();
+    let _ = follow.kill();
+    let _ = follow.wait();
+    let ticks: Vec<u32> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("tick ")?.parse().ok())
+        .collect();
+    assert_eq!(ticks.len(), 4, "{lines:?}");
+    assert!(ticks.windows(2).all(|w| w[1] == w[0] + 1), "{ticks:?}");
+
+    // Deleting the pod stops its containers and removes everything of it from n1.
+    api.ok(1, &["delete", "pod", "demo", "--wait=false"]);
+    wait_until("demo's sandbox removed from n1", LIMIT, || async {
+        sandboxes(&api, 1) == 0
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashes_back_off_oom_kills_and_probe_failures_are_reported() {
+    let api = lab().await;
+    let file = api.manifest(
+        "crashy.yaml",
+        r#"apiVersion: v1
+kind: Pod
+metadata: {name: crashy}
+spec:
+  containers:
+  - {name: c, image: shoal.local/busybox:1, command: [sh, -c, "echo crashing; exit 3"]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: hog}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: c
+    image: shoal.local/busybox:1
+    command: [sh, -c, "x=xxxxxxxxxxxxxxxx; while true; do x=$x$x; done"]
+    resources: {limits: {memory: 16Mi}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: sick}
+spec:
+  containers:
+  - name: c
+    image: shoal.local/busybox:1
+    command: [sh, -c, "touch /tmp/alive; sleep 2; rm /tmp/alive; sleep 1000"]
+    livenessProbe:
+      exec: {command: [test, -f, /tmp/alive]}
+      periodSeconds: 1
+      failureThreshold: 2
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: done}
+spec:
+  restartPolicy: OnFailure
+  containers:
+  - {name: c, image: shoal.local/busybox:1, command: [sh, -c, "echo finished"]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: noimage}
+spec:
+  containers:
+  - {name: c, image: example.org/absent:1}
+"#,
+    );
+    api.ok(0, &["apply", "-f", &file]);
+    let pod = wait_pod(&api, 1, "crashy", "crashy restarted twice", |p| {
+        container_status(p, "c")["restartCount"].as_u64() >= Some(2)
+    })
+    .await;
+    let c = container_status(&pod, "c");
+    assert_eq!(c["lastState"]["terminated"]["exitCode"], 3, "{c}");
+    assert_eq!(c["lastState"]["terminated"]["reason"], "Error", "{c}");
+    wait_pod(&api, 1, "crashy", "crashy in CrashLoopBackOff", |p| {
+        container_status(p, "c")["state"]["waiting"]["reason"] == "CrashLoopBackOff"
+    })
+    .await;
+    let previous = api.ok(2, &["logs", "crashy", "--previous"]);
+    assert_eq!(previous, "crashing\n");
+
+    let pod = wait_pod(&api, 2, "hog", "hog OOM-killed", |p| {
+        p["status"]["phase"] == "Failed"
+    })
+    .await;
+    let c = container_status(&pod, "c");
+    assert_eq!(c["state"]["terminated"]["reason"], "OOMKilled", "{c}");
+    assert_eq!(c["state"]["terminated"]["exitCode"], 137, "{c}");
+
+    let pod = wait_pod(
+        &api,
+        0,
+        "sick",
+        "sick restarted by its liveness probe",
+        |p| container_status(p, "c")["restartCount"].as_u64() >= Some(1),
+    )
+    .await;
+    let c = container_status(&pod, "c");
+    assert_eq!(
+        c["lastState"]["terminated"]["message"], "Liveness probe failed",
+        "{c}"
+    );
+
+    let pod = wait_pod(&api, 0, "done", "done succeeded", |p| {
+        p["status"]["phase"] == "Succeeded"
+    })
+    .await;
+    assert_eq!(container_status(&pod, "c")["restartCount"], 0);
+
+    let pod = wait_pod(
+        &api,
+        0,
+        "noimage",
+        "noimage reports the missing image",
+        |p| container_status(p, "c")["state"]["waiting"]["reason"] == "ErrImageNeverPull",
+    )
+    .await;
+    let message = container_status(&pod, "c")["state"]["waiting"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(message.contains("example.org/absent:1"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_toggles_ready_and_stop_honours_the_grace_period() {
+    let api = lab().await;
+    let file = api.manifest(
+        "toggle.yaml",
+        r#"apiVersion: v1
+kind: Pod
+metadata: {name: toggle}
+spec:
+  nodeSelector: {kubernetes.io/hostname: n2}
+  terminationGracePeriodSeconds: 3
+  containers:
+  - name: c
+    image: shoal.local/busybox:1
+    command: [sh, -c]
+    args:
+    - |
+      trap '' TERM
+      mkdir -p /www && httpd -p 8080 -h /www
+      touch /www/ready; sleep 8; rm /www/ready
+      while true; do sleep 1; done
+    readinessProbe:
+      httpGet: {port: 8080, path: /ready}
+      periodSeconds: 1
+      failureThreshold: 1
+"#,
+    );
+    api.ok(0, &["apply", "-f", &file]);
+    api.ok(
+        1,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "pod/toggle",
+            "--timeout=60s",
+        ],
+    );
+    // Readiness failing (the container removes /www/ready after 8 s) makes the pod unready
+    // without restarting it.
+    api.ok(
+        0,
+        &[
+            "wait",
+            "--for=condition=Ready=false",
+            "pod/toggle",
+            "--timeout=60s",
+        ],
+    );
+    let pod = pod_json(&api, 0, "toggle");
+    assert_eq!(container_status(&pod, "c")["restartCount"], 0);
+    assert_eq!(pod["status"]["phase"], "Running");
+
+    // The container ignores SIGTERM: it is killed only once the 3 s grace period is over.
+    let deleted = Instant::now();
+    api.ok(0, &["delete", "pod", "toggle", "--wait=false"]);
+    wait_until("toggle removed from n2", LIMIT, || async {
+        sandboxes(&api, 2) == 0
+    })
+    .await
+    .unwrap();
+    assert!(
+        deleted.elapsed() >= Duration::from_secs(3),
+        "killed before its grace period: {:?}",
+        deleted.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_killed_with_sigkill_readopts_its_containers_and_nothing_leaks() {
+    let mut api = lab().await;
+    let file = api.manifest(
+        "steady.yaml",
+        r#"apiVersion: v1
+kind: Pod
+metadata: {name: steady}
+spec:
+  nodeSelector: {kubernetes.io/hostname: n1}
+  terminationGracePeriodSeconds: 1
+  containers:
+  - {name: c, image: shoal.local/busybox:1, command: [sh, -c, "while true; do echo alive; sleep 0.5; done"]}
+"#,
+    );
+    api.ok(0, &["apply", "-f", &file]);
+    api.ok(
+        0,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "pod/steady",
+            "--timeout=60s",
+        ],
+    );
+    let before = pod_json(&api, 0, "steady");
+    let uid = before["metadata"]["uid"].as_str().unwrap().to_owned();
+    let id = container_status(&before, "c")["containerID"].clone();
+
+    api.agents[1].kill().unwrap();
+    api.agents[1].restart().await.unwrap();
+    // The restarted agent finds its container running and carries on with it.
+    let after = wait_pod(
+        &api,
+        2,
+        "steady",
+        "steady reported by the restarted agent",
+        |p| {
+            p["status"]["conditions"][1]["status"] == "True"
+                && container_status(p, "c")["containerID"] == id
+        },
+    )
+    .await;
+    let c = container_status(&after, "c");
+    assert_eq!(c["restartCount"], 0, "{c}");
+    assert_eq!(
+        c["state"]["running"]["startedAt"],
+        container_status(&before, "c")["state"]["running"]["startedAt"]
+    );
+    // It keeps writing its log through the same shim.
+    let lines = |api: &ApiLab| {
+        api.kubectl(0, &["logs", "steady"])
+            .1
+            .matches("alive")
+            .count()
+    };
+    let seen = lines(&api);
+    wait_until("the adopted container keeps logging", LIMIT, || async {
+        lines(&api) >= seen + 3
+    })
+    .await
+    .unwrap();
+
+    api.ok(0, &["delete", "pod", "steady", "--wait=false"]);
+    wait_until("steady removed from n1", LIMIT, || async {
+        sandboxes(&api, 1) == 0
+    })
+    .await
+    .unwrap();
+    // Leak check: no mount, network namespace, cgroup, runc container or process of the pod.
+    let data_dir = api.agents[1].data_dir().to_string_lossy().into_owned();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&data_dir), "mounts left: {mounts}");
+    assert!(!std::path::Path::new(&format!("/run/netns/shoal-{uid}")).exists());
+    for hierarchy in ["memory", "pids", "cpu", "unified"] {
+        let dir = format!("/sys/fs/cgroup/{hierarchy}/shoal/pod{uid}");
+        assert!(!std::path::Path::new(&dir).exists(), "{dir} left");
+    }
+    let runc = Command::new("runc")
+        .arg("--root")
+        .arg(api.agents[1].data_dir().join("runc"))
+        .args(["list", "-q"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&runc.stdout).trim().is_empty());
+    wait_until("the pod's shim exits", LIMIT, || async {
+        !Command::new("pgrep")
+            .args(["-f", &format!("shim .*--id {uid}")])
+            .status()
+            .unwrap()
+            .success()
+    })
+    .await
+    .unwrap();
+}
