@@ -225,6 +225,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             replication.clone(),
             membership.clone(),
             scheduling.clone(),
+            pod_statuses.clone(),
             crate::kubelet::KubeletConfig {
                 worker: crate::kubelet::worker::WorkerConfig {
                     backoff_base_ms: config.restart_backoff.as_millis() as u64,
@@ -304,6 +305,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             replication.clone(),
             self_info,
             kubeconfig,
+            pod_statuses.clone(),
         ),
         async move {
             let _ = stop_rx.await;

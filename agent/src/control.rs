@@ -36,6 +36,7 @@ struct ControlState {
     replication: Arc<Replication>,
     self_info: Arc<SelfInfo>,
     kubeconfig: Option<Arc<KubeconfigInfo>>,
+    pod_statuses: Arc<crate::kubelet::status::PodStatusCache>,
 }
 
 /// What a kubeconfig for this agent's API needs (served on the root-only control socket).
@@ -54,6 +55,7 @@ pub fn router(
     replication: Arc<Replication>,
     self_info: SelfInfo,
     kubeconfig: Option<KubeconfigInfo>,
+    pod_statuses: Arc<crate::kubelet::status::PodStatusCache>,
 ) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -77,7 +79,21 @@ pub fn router(
             replication,
             self_info: Arc::new(self_info),
             kubeconfig: kubeconfig.map(Arc::new),
+            pod_statuses,
         })
+}
+
+/// A pod with the status its node gossips (Pending until one does); other kinds unchanged.
+fn with_observed(state: &ControlState, kind: &str, mut object: Value) -> Value {
+    if kind == "Pod" {
+        let uid = object["metadata"]["uid"].as_str().unwrap_or_default();
+        let status = object["spec"]["nodeName"]
+            .as_str()
+            .and_then(|node| state.pod_statuses.get(uid, node))
+            .unwrap_or_else(|| json!({"phase": "Pending"}));
+        object["status"] = status;
+    }
+    object
 }
 
 /// Every change committed on this node from now on, one JSON line each:
@@ -282,6 +298,10 @@ async fn list_handler(
             s.resource_version(),
         )
     });
+    let items: Vec<Value> = items
+        .into_iter()
+        .map(|o| with_observed(&state, info.kind, o))
+        .collect();
     Ok(Json(json!({
         "apiVersion": info.api_version(),
         "kind": format!("{}List", info.kind),
@@ -304,7 +324,7 @@ async fn get_handler(
     state
         .replication
         .read(|s| s.get(&key))
-        .map(Json)
+        .map(|o| Json(with_observed(&state, info.kind, o)))
         .ok_or_else(|| StoreError::NotFound { key }.into())
 }
 

@@ -385,20 +385,47 @@ async fn get(
                 eprintln!("No resources found.");
                 return Ok(());
             }
-            let mut rows = vec![vec![
-                "NAMESPACE".to_owned(),
-                "NAME".to_owned(),
-                "AGE".to_owned(),
-            ]];
+            let pods = items.iter().all(|i| i["kind"] == "Pod");
+            let mut header = vec!["NAMESPACE".to_owned(), "NAME".to_owned()];
+            if pods {
+                header.extend(["STATUS", "RESTARTS", "NODE"].map(str::to_owned));
+            }
+            header.push("AGE".to_owned());
+            let mut rows = vec![header];
             for item in &items {
-                rows.push(vec![
+                let mut row = vec![
                     item["metadata"]["namespace"]
                         .as_str()
                         .unwrap_or("")
                         .to_owned(),
                     item["metadata"]["name"].as_str().unwrap_or("").to_owned(),
-                    age(item["metadata"]["creationTimestamp"].as_str().unwrap_or("")),
-                ]);
+                ];
+                if pods {
+                    let statuses = item["status"]["containerStatuses"].as_array();
+                    let restarts: u64 = statuses
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|c| c["restartCount"].as_u64())
+                        .sum();
+                    // A waiting reason says more than the phase (CrashLoopBackOff, …).
+                    let waiting = statuses
+                        .into_iter()
+                        .flatten()
+                        .find_map(|c| c["state"]["waiting"]["reason"].as_str());
+                    let phase = item["status"]["phase"].as_str().unwrap_or("Pending");
+                    row.push(waiting.unwrap_or(phase).to_owned());
+                    row.push(restarts.to_string());
+                    row.push(
+                        item["spec"]["nodeName"]
+                            .as_str()
+                            .unwrap_or("<none>")
+                            .to_owned(),
+                    );
+                }
+                row.push(age(item["metadata"]["creationTimestamp"]
+                    .as_str()
+                    .unwrap_or("")));
+                rows.push(row);
             }
             if namespace.is_some() {
                 for row in &mut rows {

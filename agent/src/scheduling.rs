@@ -63,6 +63,8 @@ pub struct Scheduling {
     config: SchedulingConfig,
     started: Instant,
     state: Mutex<State>,
+    /// Wakes the loop before its tick when a pod needs an auction.
+    wake: tokio::sync::Notify,
 }
 
 /// A pod as scheduling needs it, parsed once per change.
@@ -150,6 +152,7 @@ impl Scheduling {
             endpoint,
             config,
             started: Instant::now(),
+            wake: tokio::sync::Notify::new(),
             state: Mutex::new(State {
                 scheduler: Some(scheduler),
                 ..State::default()
@@ -205,7 +208,11 @@ impl Scheduling {
                     }
                     match PodEntry::parse(change.key.clone(), &change.object) {
                         Ok(entry) => {
+                            let unbound = entry.node_name.is_none();
                             state.pods.insert(uid, entry);
+                            if unbound {
+                                self.wake.notify_one();
+                            }
                         }
                         Err(error) => {
                             debug!(pod = %change.key, %error, "pod cannot be scheduled");
@@ -245,7 +252,10 @@ impl Scheduling {
         let mut ticker = tokio::time::interval(self.config.tick);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            ticker.tick().await;
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = self.wake.notified() => {}
+            }
             let outputs = self.tick().await;
             self.handle(outputs).await;
             self.claim_daemon_pods().await;

@@ -60,6 +60,7 @@ pub struct Kubelet {
     replication: Arc<Replication>,
     membership: Arc<Membership>,
     scheduling: Arc<Scheduling>,
+    statuses: Arc<status::PodStatusCache>,
     config: KubeletConfig,
     /// Pods bound to this node, by uid.
     bound: Mutex<HashMap<String, Value>>,
@@ -96,6 +97,7 @@ impl Kubelet {
         replication: Arc<Replication>,
         membership: Arc<Membership>,
         scheduling: Arc<Scheduling>,
+        statuses: Arc<status::PodStatusCache>,
         config: KubeletConfig,
     ) -> Arc<Self> {
         Arc::new(Self {
@@ -106,6 +108,7 @@ impl Kubelet {
             replication,
             membership,
             scheduling,
+            statuses,
             config,
             bound: Mutex::new(HashMap::new()),
             wake: Mutex::new(None),
@@ -195,8 +198,15 @@ impl Kubelet {
             }
         }
         info!(node = %self.node_name, runtime = %self.runtime.runtime_version(), "kubelet started");
+        let mut busy = false;
         loop {
-            match wake.recv_timeout(self.config.sync_period) {
+            // While a container is being created, look again soon: its start shows in files.
+            let wait = if busy {
+                Duration::from_millis(10)
+            } else {
+                self.config.sync_period
+            };
+            match wake.recv_timeout(wait) {
                 Ok(()) | Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => return,
             }
@@ -213,7 +223,7 @@ impl Kubelet {
                     );
                 }
             }
-            self.sync(&handle, &mut workers, &mut published, &probe_tx);
+            busy = self.sync(&handle, &mut workers, &mut published, &probe_tx);
         }
     }
 
@@ -223,7 +233,7 @@ impl Kubelet {
         workers: &mut HashMap<String, PodWorker>,
         published: &mut HashMap<String, String>,
         probe_tx: &mpsc::Sender<ProbeResult>,
-    ) {
+    ) -> bool {
         let bound = self.bound.lock().unwrap().clone();
         let fenced_stop = self.scheduling.must_stop_fenced();
         let observed: HashMap<String, ObservedPod> = self
@@ -239,6 +249,11 @@ impl Kubelet {
             .cloned()
             .collect();
         let mut statuses: HashMap<String, Option<String>> = HashMap::new();
+        let mut busy = observed.values().any(|p| {
+            p.containers
+                .iter()
+                .any(|c| matches!(c.state, crate::runtime::ObservedState::Creating))
+        });
         for uid in uids {
             let now = now_ms();
             let pod = bound.get(&uid);
@@ -268,6 +283,10 @@ impl Kubelet {
                 .entry(uid.clone())
                 .or_insert_with(|| PodWorker::new(self.config.worker));
             let decision = worker.decide(now, plan.as_ref(), seen.is_some(), containers);
+            busy |= decision
+                .actions
+                .iter()
+                .any(|a| matches!(a, Action::Start { .. }));
             for action in decision.actions {
                 if let Err(error) =
                     self.act(&uid, plan.as_ref(), containers, worker, action, probe_tx)
@@ -304,11 +323,16 @@ impl Kubelet {
                 continue;
             }
             handle.block_on(self.membership.set_dynamic(&key, status.clone()));
+            let report = status
+                .as_deref()
+                .and_then(|s| serde_json::from_str::<status::PodReport>(s).ok());
+            self.statuses.set_local(&uid, &self.node_name, report);
             match status {
                 Some(status) => published.insert(key, status),
                 None => published.remove(&key),
             };
         }
+        busy
     }
 
     fn sandbox_spec(plan: &pod::PodPlan) -> SandboxSpec {

@@ -65,6 +65,34 @@ impl PodStatusCache {
             .map(|s| s.report.status.clone())
     }
 
+    /// Records what this node just published (before gossip brings it back), so local
+    /// readers and watchers see it at once.
+    pub fn set_local(&self, uid: &str, node: &str, report: Option<PodReport>) {
+        let mut statuses = self.statuses.lock().unwrap();
+        let list = statuses.entry(uid.to_owned()).or_default();
+        let before = list.clone();
+        list.retain(|s| s.node != node);
+        if let Some(report) = report {
+            list.push(PublishedStatus {
+                node: node.to_owned(),
+                report,
+            });
+        }
+        let change = list.first().or(before.first()).map(|s| StatusChange {
+            uid: uid.to_owned(),
+            namespace: s.report.namespace.clone(),
+            name: s.report.name.clone(),
+        });
+        let changed = *list != before;
+        if list.is_empty() {
+            statuses.remove(uid);
+        }
+        drop(statuses);
+        if changed && let Some(change) = change {
+            let _ = self.changed.send(change);
+        }
+    }
+
     /// Uids of pods whose published status changed.
     pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<StatusChange> {
         self.changed.subscribe()

@@ -1,0 +1,431 @@
+//! Container runtime benchmark (run as root, release build).
+//!
+//! 1. Cycle: create + start + exit + delete of `sh -c 'echo hello'` in the busybox test image,
+//!    median of `--cycles`: through Shoal's runtime (shim + runc, overlay rootfs, pod netns) and
+//!    with runc (and crun, where it runs here) alone on the same bundle (`runc run` + `delete`).
+//! 2. Apply → Running: `--pods` pods applied one after another at one agent of a 3-agent
+//!    cluster on loopback; time from the apply until that agent reports the pod Running
+//!    (auction, binding, replication, container start, status gossip).
+//! 3. Memory: one agent's RSS with no pod and with `--pods` running pods, and the shims' RSS.
+//!
+//! Usage: cargo run --release -p shoal-chaos --bin runtime-bench -- --cycles 20 --pods 100
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use serde_json::{Value, json};
+use shoal_agent::images::ImageStore;
+use shoal_agent::runtime::{
+    ContainerMeta, ContainerRequest, Limits, ObservedState, Runtime, SandboxSpec,
+};
+use shoal_agent::testkit::{
+    AgentProcess, AgentSpec, alive_count, init_secret, rss_bytes_of, wait_until,
+};
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long, default_value_t = 20)]
+    cycles: usize,
+    #[arg(long, default_value_t = 100)]
+    pods: usize,
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    percentile(values, 0.5)
+}
+
+fn percentile(values: &mut [f64], p: f64) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values[(((values.len() - 1) as f64) * p).round() as usize]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn images_dir() -> anyhow::Result<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = root.join("target/images");
+    let status = Command::new("bash")
+        .arg(root.join("examples/images/build.sh"))
+        .arg(&out)
+        .stdout(Stdio::null())
+        .status()?;
+    if !status.success() {
+        bail!("examples/images/build.sh failed");
+    }
+    Ok(out)
+}
+
+fn request(
+    runtime: &Runtime,
+    uid: &str,
+    id: &str,
+    layers: Vec<PathBuf>,
+    log: PathBuf,
+) -> ContainerRequest {
+    ContainerRequest {
+        id: id.into(),
+        hostname: "bench".into(),
+        args: vec!["sh".into(), "-c".into(), "echo hello".into()],
+        env: vec!["PATH=/bin".into()],
+        working_dir: "/".into(),
+        uid: 0,
+        gid: 0,
+        readonly_rootfs: false,
+        no_new_privileges: true,
+        capabilities: shoal_agent::runtime::spec::DEFAULT_CAPABILITIES
+            .iter()
+            .map(|c| c.to_string())
+            .collect(),
+        limits: Limits {
+            cpu_shares: 2,
+            cpu_period_us: 100_000,
+            ..Limits::default()
+        },
+        mounts: vec![],
+        netns: runtime.netns_path(uid),
+        cgroup_path: format!("/shoal/pod{uid}/{id}"),
+        layers,
+        log_path: log,
+    }
+}
+
+/// Shoal's runtime: start through the shim, wait for the exit, remove.
+fn shoal_cycles(dir: &Path, images: &Path, cycles: usize) -> anyhow::Result<Vec<f64>> {
+    let store = ImageStore::open(dir.join("images"))?;
+    store.import(&images.join("busybox-1.oci.tar"), None)?;
+    let image = store.resolve("shoal.local/busybox:1")?;
+    let runtime = Runtime::new(dir)?.with_shoal_binary(shoal_chaos::shoal_binary()?);
+    let uid = "bench-cycle";
+    runtime.ensure_sandbox(&SandboxSpec {
+        uid: uid.into(),
+        namespace: "default".into(),
+        name: "bench".into(),
+        hostname: "bench".into(),
+        memory_limit_bytes: None,
+    })?;
+    let mut times = Vec::new();
+    for attempt in 0..cycles as u32 {
+        let id = format!("{uid}-c-{attempt}");
+        let meta = ContainerMeta {
+            name: "c".into(),
+            attempt,
+            init: false,
+            image: image.reference.clone(),
+            image_digest: image.digest.clone(),
+            runtime_id: id.clone(),
+            cgroup_path: format!("/shoal/pod{uid}/{id}"),
+        };
+        let req = request(
+            &runtime,
+            uid,
+            &id,
+            image.layers.clone(),
+            runtime.log_path(uid, "c", attempt),
+        );
+        let start = Instant::now();
+        runtime.start_container(uid, &meta, &req)?;
+        loop {
+            let exited = runtime.list().iter().flat_map(|p| &p.containers).any(|c| {
+                c.meta.attempt == attempt && matches!(c.state, ObservedState::Exited { .. })
+            });
+            if exited {
+                break;
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                bail!("container {id} did not exit");
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        runtime.remove_container(uid, "c", attempt)?;
+        times.push(ms(start.elapsed()));
+    }
+    runtime.remove_sandbox(uid)?;
+    Ok(times)
+}
+
+/// An OCI runtime binary alone on a plain bundle: `run` (create + start + wait) and `delete`.
+fn binary_cycles(
+    binary: &str,
+    dir: &Path,
+    images: &Path,
+    cycles: usize,
+) -> anyhow::Result<Vec<f64>> {
+    let found = Command::new(binary).arg("--version").output();
+    if !found.is_ok_and(|o| o.status.success()) {
+        bail!("{binary} is not installed");
+    }
+    let store = ImageStore::open(dir.join("images"))?;
+    store.import(&images.join("busybox-1.oci.tar"), None)?;
+    let image = store.resolve("shoal.local/busybox:1")?;
+    let bundle = dir.join("bundle");
+    std::fs::create_dir_all(&bundle)?;
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(&image.layers[0])
+        .arg(bundle.join("rootfs"))
+        .status()?;
+    if !status.success() {
+        bail!("copying the rootfs failed");
+    }
+    let netns = format!("shoal-bench-{binary}");
+    let _ = Command::new("ip").args(["netns", "add", &netns]).status();
+    let runtime_stub = Runtime::new(dir)?;
+    let mut req = request(&runtime_stub, "x", "x", vec![], dir.join("log"));
+    req.netns = PathBuf::from(format!("/run/netns/{netns}"));
+    req.cgroup_path = format!("/shoal/bench-{binary}");
+    let spec = shoal_agent::runtime::spec::runtime_spec(&req);
+    std::fs::write(
+        bundle.join("config.json"),
+        serde_json::to_vec_pretty(&spec)?,
+    )?;
+    let root = dir.join(format!("{binary}-root"));
+    let mut times = Vec::new();
+    let mut result = Ok(());
+    for i in 0..cycles {
+        let id = format!("bench-{i}");
+        let start = Instant::now();
+        let out = Command::new(binary)
+            .arg("--root")
+            .arg(&root)
+            .args(["run", "--bundle"])
+            .arg(&bundle)
+            .arg(&id)
+            .stdin(Stdio::null())
+            .output()?;
+        if !out.status.success() {
+            result = Err(anyhow::anyhow!(
+                "{binary} run: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+            break;
+        }
+        let out = Command::new(binary)
+            .arg("--root")
+            .arg(&root)
+            .args(["delete", "--force", &id])
+            .output()?;
+        if !out.status.success() {
+            result = Err(anyhow::anyhow!(
+                "{binary} delete: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+            break;
+        }
+        times.push(ms(start.elapsed()));
+    }
+    let _ = Command::new("ip")
+        .args(["netns", "delete", &netns])
+        .status();
+    let _ = shoal_agent::runtime::cgroup::remove(
+        shoal_agent::runtime::cgroup::Layout::detect(),
+        &req.cgroup_path,
+    );
+    result.map(|()| times)
+}
+
+fn pod(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": "default", "labels": {"bench": "runtime"}},
+           "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+               "name": "c", "image": "shoal.local/busybox:1",
+               "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"]}]}})
+}
+
+async fn phase(agent: &AgentProcess, name: &str) -> Option<String> {
+    let (_, value) = agent
+        .call(
+            hyper::Method::GET,
+            &format!("/v1/objects/pods/{name}?namespace=default"),
+            None,
+        )
+        .await
+        .ok()?;
+    value["status"]["phase"].as_str().map(str::to_owned)
+}
+
+async fn cluster(root: &Path, n: usize, images: &Path) -> anyhow::Result<Vec<AgentProcess>> {
+    let binary = shoal_chaos::shoal_binary()?;
+    let secret = root.join("secret");
+    init_secret(&binary, &secret)?;
+    let mut agents: Vec<AgentProcess> = Vec::new();
+    for i in 0..n {
+        let name = format!("n{i}");
+        for image in ["busybox-1.oci.tar", "httpd-1.oci.tar"] {
+            let out = Command::new(&binary)
+                .args(["image", "import", "--data-dir"])
+                .arg(root.join(&name))
+                .arg(images.join(image))
+                .output()?;
+            if !out.status.success() {
+                bail!("image import: {}", String::from_utf8_lossy(&out.stderr));
+            }
+        }
+        let mut spec = AgentSpec::new(&binary, root, &name, &secret);
+        if let Some(seed) = agents.first() {
+            spec = spec.join(seed.gossip_addr());
+        }
+        agents.push(AgentProcess::start(spec).await?);
+    }
+    for a in &agents {
+        wait_until("all alive", Duration::from_secs(60), || async {
+            alive_count(a).await == n
+        })
+        .await?;
+    }
+    Ok(agents)
+}
+
+fn shim_pss_bytes() -> (usize, u64) {
+    let out = Command::new("pgrep").args(["-f", "shoal shim"]).output();
+    let pids: Vec<u32> = out
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    // Proportional set size: the shims share the binary's pages, which RSS counts per process.
+    let pss = pids
+        .iter()
+        .filter_map(|p| {
+            let text = std::fs::read_to_string(format!("/proc/{p}/smaps_rollup")).ok()?;
+            let kb: u64 = text
+                .lines()
+                .find(|l| l.starts_with("Pss:"))?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some(kb * 1024)
+        })
+        .sum();
+    (pids.len(), pss)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let images = images_dir().context("building the test images")?;
+    println!("# runtime-bench: cycles={} pods={}", args.cycles, args.pods);
+
+    println!(
+        "\n## 1. create + start + exit + delete (`sh -c 'echo hello'`), median of {}",
+        args.cycles
+    );
+    let dir = tempfile::tempdir()?;
+    let (cycles, images2) = (args.cycles, images.clone());
+    let path = dir.path().to_owned();
+    let mut shoal =
+        tokio::task::spawn_blocking(move || shoal_cycles(&path, &images2, cycles)).await??;
+    let shoal_median = median(&mut shoal);
+    println!(
+        "shoal (shim + runc, overlay, pod netns): median {shoal_median:.1} ms, p90 {:.1} ms",
+        percentile(&mut shoal, 0.9)
+    );
+    for binary in ["runc", "crun"] {
+        let dir = tempfile::tempdir()?;
+        let (path, images2) = (dir.path().to_owned(), images.clone());
+        let b = binary.to_owned();
+        match tokio::task::spawn_blocking(move || binary_cycles(&b, &path, &images2, cycles))
+            .await?
+        {
+            Ok(mut times) => {
+                let m = median(&mut times);
+                println!(
+                    "{binary} alone (run + delete): median {m:.1} ms → shoal/{binary} = {:.2}",
+                    shoal_median / m
+                );
+            }
+            Err(e) => println!("{binary}: does not run here: {e:#}"),
+        }
+    }
+
+    println!(
+        "\n## 2. apply → Running, {} pods one after another, 3 agents on loopback",
+        args.pods
+    );
+    let root = tempfile::tempdir()?;
+    let agents = cluster(root.path(), 3, &images).await?;
+    let mut latencies = Vec::new();
+    for i in 0..args.pods {
+        let name = format!("lat-{i}");
+        let start = Instant::now();
+        let (status, body) = agents[0].apply(&pod(&name)).await?;
+        if !(200..300).contains(&status) {
+            bail!("apply {name}: {status} {body}");
+        }
+        loop {
+            if phase(&agents[0], &name).await.as_deref() == Some("Running") {
+                break;
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                bail!("pod {name} not Running after 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        latencies.push(ms(start.elapsed()));
+    }
+    println!(
+        "apply → Running: p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        percentile(&mut latencies, 0.5),
+        percentile(&mut latencies, 0.9),
+        percentile(&mut latencies, 0.99),
+        percentile(&mut latencies, 1.0)
+    );
+    drop(agents);
+
+    println!(
+        "\n## 3. memory: one agent, 0 then {} running pods",
+        args.pods
+    );
+    let root = tempfile::tempdir()?;
+    let agents = cluster(root.path(), 1, &images).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle = rss_bytes_of(agents[0].pid().unwrap()).unwrap_or(0);
+    for i in 0..args.pods {
+        agents[0].apply(&pod(&format!("mem-{i}"))).await?;
+    }
+    let started = Instant::now();
+    wait_until("all pods Running", Duration::from_secs(300), || async {
+        let (_, list) = agents[0]
+            .call(
+                hyper::Method::GET,
+                "/v1/objects/pods?namespace=default",
+                None,
+            )
+            .await
+            .unwrap_or_default();
+        list["items"].as_array().is_some_and(|items| {
+            items.len() == args.pods && items.iter().all(|p| p["status"]["phase"] == "Running")
+        })
+    })
+    .await?;
+    let all_running = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let busy = rss_bytes_of(agents[0].pid().unwrap()).unwrap_or(0);
+    let (shims, shim_rss) = shim_pss_bytes();
+    println!(
+        "agent RSS: {:.1} MB with 0 pods, {:.1} MB with {} running ({} applied at once, all Running after {:.1} s)",
+        idle as f64 / 1e6,
+        busy as f64 / 1e6,
+        args.pods,
+        args.pods,
+        all_running.as_secs_f64()
+    );
+    println!(
+        "shims: {shims} processes, {:.1} MB PSS in all ({:.2} MB each)",
+        shim_rss as f64 / 1e6,
+        shim_rss as f64 / 1e6 / shims.max(1) as f64
+    );
+    drop(agents);
+    Ok(())
+}
