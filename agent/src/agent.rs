@@ -211,12 +211,21 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             .clone()
             .follow(membership.clone(), std::time::Duration::from_millis(100)),
     );
-    let kubelet = if config.no_runtime {
-        info!("--no-runtime: this node runs no pods");
+    let images = if config.no_runtime {
         None
     } else {
+        Some(crate::images::ImageStore::open(paths::images(
+            &config.data_dir,
+        ))?)
+    };
+    let kubelet = if let Some(images) = images.clone() {
         let runtime = crate::runtime::Runtime::new(&config.data_dir)?;
-        let images = crate::images::ImageStore::open(paths::images(&config.data_dir))?;
+        let puller = crate::kubelet::image_puller::ImagePuller::new(
+            images.clone(),
+            membership.clone(),
+            endpoint.clone(),
+        );
+        puller.start();
         let kubelet = crate::kubelet::Kubelet::new(
             config.name.clone(),
             advertise.ip().to_string(),
@@ -226,6 +235,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             membership.clone(),
             scheduling.clone(),
             pod_statuses.clone(),
+            puller,
             crate::kubelet::KubeletConfig {
                 worker: crate::kubelet::worker::WorkerConfig {
                     backoff_base_ms: config.restart_backoff.as_millis() as u64,
@@ -236,9 +246,13 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         );
         kubelet.start();
         Some(kubelet)
+    } else {
+        info!("--no-runtime: this node runs no pods");
+        None
     };
-    let logs = crate::kubelet::log_service::LogService::new(
+    let logs = crate::kubelet::node_service::NodeService::new(
         kubelet.clone(),
+        images,
         membership.clone(),
         endpoint.clone(),
         config.name.clone(),

@@ -77,6 +77,8 @@ pub mod keys {
     pub const TAINTS: Key<Vec<NodeTaint>> = Key::new("node.taints");
     /// Pods this node, as their auctioneer, found no node for: pod uid → reason.
     pub const UNSCHEDULABLE: Key<BTreeMap<String, String>> = Key::new("sched.unschedulable");
+    /// Images this node holds: normalised reference → manifest digest (peers pull from it).
+    pub const IMAGES: Key<BTreeMap<String, String>> = Key::new("node.images");
     /// Hex root digest of the node's desired-state store (anti-entropy trigger).
     pub const STORE_DIGEST: Key<String> = Key::new("store.digest");
 }

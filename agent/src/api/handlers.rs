@@ -979,8 +979,8 @@ async fn pod_log(
     name: &str,
     query: &HashMap<String, String>,
 ) -> Result<Response, ApiError> {
-    use crate::kubelet::log_service::LogRequest;
     use crate::kubelet::logs::LogQuery;
+    use crate::kubelet::node_service::LogRequest;
     let pod = get_object(state, resource, namespace, name).await?;
     let containers: Vec<&str> = ["initContainers", "containers"]
         .iter()

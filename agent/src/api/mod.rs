@@ -42,7 +42,7 @@ pub struct ApiState {
     /// Pod statuses gossiped by the nodes running them.
     pub pod_statuses: Arc<crate::kubelet::status::PodStatusCache>,
     /// Container logs, from this node or the one running the pod.
-    pub logs: Arc<crate::kubelet::log_service::LogService>,
+    pub logs: Arc<crate::kubelet::node_service::NodeService>,
     pub token: Arc<str>,
     /// `host:port` clients use to reach this API.
     pub server_address: String,

@@ -593,6 +593,108 @@ impl ImageStore {
     }
 }
 
+/// Serving and receiving images between nodes.
+impl ImageStore {
+    /// Every tag and its manifest digest (what this node gossips).
+    pub fn tags_map(&self) -> Result<BTreeMap<String, String>, ImageError> {
+        self.tags()
+    }
+
+    /// The manifest of `reference`: its digest and bytes.
+    pub fn manifest_bytes(&self, reference: &str) -> Result<(String, Vec<u8>), ImageError> {
+        let (normal, digest) = self.lookup(reference)?;
+        let bytes = self
+            .read_blob(&digest, archive::MAX_METADATA_BYTES)
+            .map_err(|e| ImageError::Damaged {
+                reference: normal,
+                what: "manifest",
+                digest: digest.clone(),
+                reason: e.to_string(),
+            })?;
+        Ok((digest, bytes))
+    }
+
+    /// Up to `max` bytes of blob `digest` from `offset`, and the blob's size.
+    pub fn blob_chunk(&self, digest: &str, offset: u64, max: usize) -> io::Result<(Vec<u8>, u64)> {
+        use std::io::Seek;
+        let hex = reference::parse_digest(digest).map_err(io::Error::other)?;
+        let mut file = File::open(self.blob_path(hex))?;
+        let total = file.metadata()?.len();
+        file.seek(io::SeekFrom::Start(offset.min(total)))?;
+        let mut bytes = Vec::new();
+        file.take(max as u64).read_to_end(&mut bytes)?;
+        Ok((bytes, total))
+    }
+
+    pub fn has_blob(&self, digest: &str) -> bool {
+        reference::parse_digest(digest).is_ok_and(|hex| self.blob_path(hex).exists())
+    }
+
+    /// A temporary file in the store, for a blob being received.
+    pub fn incoming_blob(&self) -> io::Result<tempfile::NamedTempFile> {
+        tempfile::NamedTempFile::new_in(self.root.join("tmp"))
+    }
+
+    /// Moves a received blob into place if its content hashes to `digest`; refuses it (naming
+    /// both digests) otherwise.
+    pub fn commit_blob(
+        &self,
+        digest: &str,
+        file: tempfile::NamedTempFile,
+    ) -> Result<(), ImageError> {
+        let hex = reference::parse_digest(digest).map_err(|reason| ImageError::Reference {
+            reference: digest.to_owned(),
+            reason,
+        })?;
+        let mut reader = File::open(file.path()).map_err(self.store_err(file.path()))?;
+        let mut hash = <sha2::Sha256 as sha2::Digest>::new();
+        io::copy(&mut reader, &mut HashWriter(&mut hash)).map_err(self.store_err(file.path()))?;
+        let actual = hex::encode(sha2::Digest::finalize(hash));
+        if actual != hex {
+            return Err(ImageError::Reference {
+                reference: digest.to_owned(),
+                reason: format!("received blob hashes to sha256:{actual}"),
+            });
+        }
+        file.as_file()
+            .sync_all()
+            .map_err(self.store_err(file.path()))?;
+        let dest = self.blob_path(hex);
+        file.persist(&dest).map_err(|e| ImageError::Store {
+            path: dest,
+            source: e.error,
+        })?;
+        Ok(())
+    }
+
+    /// Tags `reference` with a manifest already in the store (after a pull), checking that
+    /// every blob it names is present.
+    pub fn tag(&self, reference: &str, digest: &str) -> Result<(), ImageError> {
+        let normal = reference::normalize(reference).map_err(|reason| ImageError::Reference {
+            reference: reference.to_owned(),
+            reason,
+        })?;
+        let _lock = self.lock()?;
+        let manifest = self.manifest(digest, &self.root)?;
+        self.check_complete(&manifest, &self.root)?;
+        let mut tags = self.tags()?;
+        tags.insert(normal, digest.to_owned());
+        self.write_tags(&tags)
+    }
+}
+
+struct HashWriter<'a>(&'a mut sha2::Sha256);
+
+impl io::Write for HashWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        sha2::Digest::update(self.0, buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 fn size_of(manifest: &ImageManifest) -> u64 {
     manifest.config().size() + manifest.layers().iter().map(|l| l.size()).sum::<u64>()
 }

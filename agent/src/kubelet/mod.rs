@@ -1,7 +1,8 @@
 //! The kubelet: runs the pods bound to this node (DESIGN.md §8).
 pub mod container;
-pub mod log_service;
+pub mod image_puller;
 pub mod logs;
+pub mod node_service;
 pub mod pod;
 pub mod probe;
 pub mod status;
@@ -61,11 +62,16 @@ pub struct Kubelet {
     membership: Arc<Membership>,
     scheduling: Arc<Scheduling>,
     statuses: Arc<status::PodStatusCache>,
+    puller: Arc<image_puller::ImagePuller>,
     config: KubeletConfig,
     /// Pods bound to this node, by uid.
     bound: Mutex<HashMap<String, Value>>,
     wake: Mutex<Option<mpsc::Sender<()>>>,
+    handle: std::sync::OnceLock<tokio::runtime::Handle>,
 }
+
+/// The image is on its way from a peer: the start waits without back-off.
+const PULLING: &str = "Pulling";
 
 /// The gossiped form of a pod's status.
 fn report(pod: &Value, status: Value) -> String {
@@ -98,6 +104,7 @@ impl Kubelet {
         membership: Arc<Membership>,
         scheduling: Arc<Scheduling>,
         statuses: Arc<status::PodStatusCache>,
+        puller: Arc<image_puller::ImagePuller>,
         config: KubeletConfig,
     ) -> Arc<Self> {
         Arc::new(Self {
@@ -109,9 +116,11 @@ impl Kubelet {
             membership,
             scheduling,
             statuses,
+            puller,
             config,
             bound: Mutex::new(HashMap::new()),
             wake: Mutex::new(None),
+            handle: std::sync::OnceLock::new(),
         })
     }
 
@@ -127,6 +136,7 @@ impl Kubelet {
         *self.wake.lock().unwrap() = Some(tx);
         tokio::spawn(self.clone().follow(changes));
         let handle = tokio::runtime::Handle::current();
+        let _ = self.handle.set(handle.clone());
         let kubelet = self.clone();
         std::thread::Builder::new()
             .name("kubelet".into())
@@ -378,6 +388,9 @@ impl Kubelet {
                         worker.start_succeeded(&name);
                         debug!(pod = %plan.name, container = %name, attempt, "container started");
                     }
+                    Err(error) if error.reason == PULLING => {
+                        worker.start_pending(&name, "ContainerCreating", &error.message);
+                    }
                     Err(error) => {
                         warn!(pod = %plan.name, container = %name, reason = error.reason, message = %error.message, "container not started");
                         worker.start_failed(&name, error.reason, &error.message, now_ms());
@@ -468,10 +481,26 @@ impl Kubelet {
             .find(|c| c.name == name)
             .expect("the worker starts containers of the plan");
         let image = self.images.resolve(&c.image).map_err(|error| match error {
-            ImageError::NotFound { .. } => container::ConfigError {
-                reason: "ErrImageNeverPull",
-                message: format!("{error} on node {}", self.node_name),
-            },
+            ImageError::NotFound { .. } => {
+                let handle = self.handle.get().expect("set when the kubelet starts");
+                match self.puller.pull(&c.image, handle) {
+                    Some(image_puller::PullState::Pulling { from }) => container::ConfigError {
+                        reason: PULLING,
+                        message: format!("pulling image {:?} from node {from}", c.image),
+                    },
+                    Some(image_puller::PullState::Failed { message }) => container::ConfigError {
+                        reason: "ErrImagePull",
+                        message: format!("pulling image {:?}: {message}", c.image),
+                    },
+                    None => container::ConfigError {
+                        reason: "ErrImageNeverPull",
+                        message: format!(
+                            "{error} on node {}, nor on any live peer",
+                            self.node_name
+                        ),
+                    },
+                }
+            }
             ImageError::Reference { .. } => container::ConfigError {
                 reason: "InvalidImageName",
                 message: error.to_string(),

@@ -180,6 +180,20 @@ impl PodWorker {
         );
     }
 
+    /// The container cannot start yet but needs no back-off (its image is being pulled):
+    /// shown with `reason`, tried again at the next decision.
+    pub fn start_pending(&mut self, name: &str, reason: &str, message: &str) {
+        self.start_errors.insert(
+            name.to_owned(),
+            StartError {
+                reason: reason.to_owned(),
+                message: message.to_owned(),
+                at_ms: 0,
+                failures: 0,
+            },
+        );
+    }
+
     pub fn start_succeeded(&mut self, name: &str) {
         self.start_errors.remove(name);
     }
@@ -431,12 +445,19 @@ impl PodWorker {
         match view.latest.map(|c| (c, &c.state)) {
             None => {
                 if let Some(error) = self.start_errors.get(&name)
-                    && now_ms < error.at_ms + self.backoff_ms(error.failures.saturating_sub(1))
+                    && error.failures > 0
+                    && now_ms < error.at_ms + self.backoff_ms(error.failures - 1)
                 {
                     view.waiting = Some((error.reason.clone(), error.message.clone()));
                     return;
                 }
-                view.waiting = Some(("ContainerCreating".into(), String::new()));
+                // A pending start (pulling) keeps its reason while it is tried again.
+                let waiting = self
+                    .start_errors
+                    .get(&name)
+                    .filter(|e| e.failures == 0)
+                    .map(|e| (e.reason.clone(), e.message.clone()));
+                view.waiting = Some(waiting.unwrap_or(("ContainerCreating".into(), String::new())));
                 actions.push(Action::Start {
                     name,
                     attempt: 0,

@@ -488,3 +488,80 @@ spec:
     .await
     .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_the_image_pulls_it_from_a_peer() {
+    let api = ApiLab::start_with(3, |_| vec!["--restart-backoff".into(), "1s".into()]).await;
+    // Only n0 holds the image.
+    let out = Command::new(crate::shoal_binary())
+        .args(["image", "import", "--data-dir"])
+        .arg(api.agents[0].data_dir())
+        .arg(crate::runtime::test_images().join("httpd-1.oci.tar"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file = api.manifest(
+        "pulled.yaml",
+        r#"apiVersion: v1
+kind: Pod
+metadata: {name: pulled}
+spec:
+  nodeSelector: {kubernetes.io/hostname: n2}
+  containers:
+  - {name: web, image: shoal.local/httpd:1}
+"#,
+    );
+    api.ok(1, &["apply", "-f", &file]);
+    api.ok(
+        1,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "pod/pulled",
+            "--timeout=60s",
+        ],
+    );
+    let listed = Command::new(crate::shoal_binary())
+        .args(["image", "ls", "-o", "json", "--data-dir"])
+        .arg(api.agents[2].data_dir())
+        .output()
+        .unwrap();
+    let images: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let digest = |images: &Value| {
+        images
+            .as_array()
+            .and_then(|a| a.iter().find(|i| i["reference"] == "shoal.local/httpd:1"))
+            .map(|i| i["digest"].clone())
+    };
+    let pulled = digest(&images).expect("n2 holds the image after the pull");
+    let original = Command::new(crate::shoal_binary())
+        .args(["image", "ls", "-o", "json", "--data-dir"])
+        .arg(api.agents[0].data_dir())
+        .output()
+        .unwrap();
+    assert_eq!(
+        Some(pulled),
+        digest(&serde_json::from_slice(&original.stdout).unwrap())
+    );
+
+    // An image no node has: ErrImageNeverPull, naming it.
+    let file = api.manifest(
+        "nowhere.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: nowhere}\nspec:\n  containers: [{name: c, image: shoal.local/none:1}]\n",
+    );
+    api.ok(0, &["apply", "-f", &file]);
+    let pod = wait_pod(
+        &api,
+        0,
+        "nowhere",
+        "nowhere reports ErrImageNeverPull",
+        |p| container_status(p, "c")["state"]["waiting"]["reason"] == "ErrImageNeverPull",
+    )
+    .await;
+    let message = container_status(&pod, "c")["state"]["waiting"]["message"].to_string();
+    assert!(message.contains("shoal.local/none:1"), "{message}");
+}

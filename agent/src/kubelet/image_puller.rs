@@ -1,0 +1,209 @@
+//! Images between nodes: each node gossips which images it holds (`node.images`); a node
+//! asked to run a pod whose image it lacks pulls the manifest and the missing blobs from a
+//! peer that has it, over the QUIC endpoint, verifying every blob's sha256 before it enters
+//! the store.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use oci_spec::image::ImageManifest;
+use shoal_gossip::{Membership, PeerEndpoint, keys};
+use tracing::{info, warn};
+
+use super::node_service::{NodeRequest, NodeResponse, ask};
+use crate::images::{ImageStore, reference};
+
+/// Where a pull stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PullState {
+    Pulling { from: String },
+    Failed { message: String },
+}
+
+/// Pulls images from peers and advertises this node's.
+pub struct ImagePuller {
+    images: ImageStore,
+    membership: Arc<Membership>,
+    endpoint: PeerEndpoint,
+    pulls: Mutex<HashMap<String, PullState>>,
+}
+
+impl ImagePuller {
+    pub fn new(
+        images: ImageStore,
+        membership: Arc<Membership>,
+        endpoint: PeerEndpoint,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            images,
+            membership,
+            endpoint,
+            pulls: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Keeps `node.images` current (the store also changes under `shoal image import`).
+    pub fn start(self: &Arc<Self>) {
+        let puller = self.clone();
+        tokio::spawn(async move {
+            let mut published: Option<BTreeMap<String, String>> = None;
+            let mut ticker = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                ticker.tick().await;
+                let images = puller.images.clone();
+                let Ok(Ok(tags)) = tokio::task::spawn_blocking(move || images.tags_map()).await
+                else {
+                    continue;
+                };
+                if published.as_ref() != Some(&tags) {
+                    puller.membership.publish(keys::IMAGES, &tags).await;
+                    published = Some(tags);
+                }
+            }
+        });
+    }
+
+    /// The state of a pull of `image`, starting one if a peer has the image and none runs.
+    /// `None`: no live peer has it.
+    pub fn pull(
+        self: &Arc<Self>,
+        image: &str,
+        handle: &tokio::runtime::Handle,
+    ) -> Option<PullState> {
+        let normal = reference::normalize(image).ok()?;
+        if let Some(state) = self.pulls.lock().unwrap().get(&normal)
+            && matches!(state, PullState::Pulling { .. })
+        {
+            return Some(state.clone());
+        }
+        let peers = handle.block_on(self.membership.peer_values(keys::IMAGES));
+        let source = peers.into_iter().find_map(|p| {
+            let images = p.value?.ok()?;
+            images
+                .get(&normal)
+                .map(|digest| (p.node_id, p.addr, digest.clone()))
+        });
+        let Some((node_id, addr, digest)) = source else {
+            // A failure stays visible until a peer has the image again.
+            return self.pulls.lock().unwrap().get(&normal).cloned();
+        };
+        let state = PullState::Pulling {
+            from: node_id.clone(),
+        };
+        self.pulls
+            .lock()
+            .unwrap()
+            .insert(normal.clone(), state.clone());
+        let puller = self.clone();
+        handle.spawn(async move {
+            let result = puller.fetch(addr, &normal, &digest).await;
+            let mut pulls = puller.pulls.lock().unwrap();
+            match result {
+                Ok(bytes) => {
+                    info!(image = %normal, from = %node_id, bytes, "image pulled from a peer");
+                    pulls.remove(&normal);
+                }
+                Err(message) => {
+                    warn!(image = %normal, from = %node_id, %message, "image pull failed");
+                    pulls.insert(normal.clone(), PullState::Failed { message });
+                }
+            }
+        });
+        Some(state)
+    }
+
+    /// Pulls manifest and blobs from `peer`; returns the bytes received.
+    async fn fetch(
+        &self,
+        peer: std::net::SocketAddr,
+        image: &str,
+        expected: &str,
+    ) -> Result<u64, String> {
+        let response = ask(
+            &self.endpoint,
+            peer,
+            &NodeRequest::Manifest {
+                reference: image.to_owned(),
+            },
+        )
+        .await?;
+        let (digest, bytes) = match response {
+            NodeResponse::Manifest { digest, bytes } => (digest, bytes),
+            NodeResponse::Error(e) => return Err(e),
+            other => return Err(format!("unexpected answer {other:?}")),
+        };
+        if digest != expected {
+            return Err(format!(
+                "peer now has {digest} for {image}, gossip said {expected}"
+            ));
+        }
+        let manifest: ImageManifest =
+            serde_json::from_slice(&bytes).map_err(|e| format!("manifest {digest}: {e}"))?;
+        let mut received = bytes.len() as u64;
+        for descriptor in std::iter::once(manifest.config()).chain(manifest.layers()) {
+            let blob = descriptor.digest().to_string();
+            if self.images.has_blob(&blob) {
+                continue;
+            }
+            received += self.fetch_blob(peer, &blob, descriptor.size()).await?;
+        }
+        // The manifest last: it is verified like any blob, then tagged.
+        let mut file = self.images.incoming_blob().map_err(|e| e.to_string())?;
+        file.write_all(&bytes).map_err(|e| e.to_string())?;
+        self.images
+            .commit_blob(&digest, file)
+            .map_err(|e| e.to_string())?;
+        let images = self.images.clone();
+        let (image, digest) = (image.to_owned(), digest.clone());
+        tokio::task::spawn_blocking(move || images.tag(&image, &digest))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        Ok(received)
+    }
+
+    async fn fetch_blob(
+        &self,
+        peer: std::net::SocketAddr,
+        digest: &str,
+        size: u64,
+    ) -> Result<u64, String> {
+        let mut file = self.images.incoming_blob().map_err(|e| e.to_string())?;
+        let mut offset = 0u64;
+        loop {
+            let response = ask(
+                &self.endpoint,
+                peer,
+                &NodeRequest::Blob {
+                    digest: digest.to_owned(),
+                    offset,
+                },
+            )
+            .await?;
+            let (bytes, total) = match response {
+                NodeResponse::Blob { bytes, total } => (bytes, total),
+                NodeResponse::Error(e) => return Err(e),
+                other => return Err(format!("unexpected answer {other:?}")),
+            };
+            if total != size {
+                return Err(format!(
+                    "blob {digest} has {total} bytes at the peer, the manifest says {size}"
+                ));
+            }
+            file.write_all(&bytes).map_err(|e| e.to_string())?;
+            offset += bytes.len() as u64;
+            if offset >= total || bytes.is_empty() {
+                break;
+            }
+        }
+        let images = self.images.clone();
+        let digest = digest.to_owned();
+        tokio::task::spawn_blocking(move || images.commit_blob(&digest, file))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        Ok(offset)
+    }
+}

@@ -1,0 +1,188 @@
+//! What one node serves other nodes on the endpoint's `Node` channel: the logs of the
+//! containers it runs (any node's API fetches them from there, or reads them locally when the
+//! pod runs on itself), and the manifests and blobs of its images (for peers pulling them).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use shoal_gossip::{Channel, Membership, PeerEndpoint};
+use tracing::debug;
+
+use super::Kubelet;
+use super::logs::{LogChunk, LogQuery};
+use crate::images::ImageStore;
+
+/// A request for one container's log.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LogRequest {
+    pub uid: String,
+    pub container: String,
+    pub previous: bool,
+    pub query: LogQuery,
+}
+
+/// A request on the `Node` channel.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) enum NodeRequest {
+    Logs(LogRequest),
+    /// The manifest of an image reference.
+    Manifest {
+        reference: String,
+    },
+    /// Up to `BLOB_CHUNK` bytes of a blob from `offset`.
+    Blob {
+        digest: String,
+        offset: u64,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) enum NodeResponse {
+    Logs { chunk: LogChunk, running: bool },
+    Manifest { digest: String, bytes: Vec<u8> },
+    Blob { bytes: Vec<u8>, total: u64 },
+    Error(String),
+}
+
+/// Blob bytes per request (the channel carries up to 9 MiB).
+pub(super) const BLOB_CHUNK: usize = 8 << 20;
+
+/// Serves this node's logs and images to peers, and fetches logs from them.
+pub struct NodeService {
+    kubelet: Option<Arc<Kubelet>>,
+    images: Option<ImageStore>,
+    membership: Arc<Membership>,
+    endpoint: PeerEndpoint,
+    node_name: String,
+}
+
+impl NodeService {
+    pub fn new(
+        kubelet: Option<Arc<Kubelet>>,
+        images: Option<ImageStore>,
+        membership: Arc<Membership>,
+        endpoint: PeerEndpoint,
+        node_name: String,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            kubelet,
+            images,
+            membership,
+            endpoint,
+            node_name,
+        })
+    }
+
+    /// Answers peers' requests.
+    pub fn start(self: &Arc<Self>) -> Result<(), shoal_gossip::EndpointError> {
+        let mut requests = self.endpoint.subscribe_requests(Channel::Node)?;
+        let service = self.clone();
+        tokio::spawn(async move {
+            while let Some(request) = requests.recv().await {
+                let service = service.clone();
+                tokio::spawn(async move {
+                    let response = match rmp_serde::from_slice::<NodeRequest>(&request.payload) {
+                        Ok(req) => tokio::task::spawn_blocking(move || service.answer(req))
+                            .await
+                            .unwrap_or_else(|e| NodeResponse::Error(e.to_string())),
+                        Err(e) => {
+                            debug!(peer = %request.peer, error = %e, "bad node request");
+                            NodeResponse::Error(format!("bad request: {e}"))
+                        }
+                    };
+                    request.respond(rmp_serde::to_vec(&response).expect("responses encode"));
+                });
+            }
+        });
+        Ok(())
+    }
+
+    fn answer(&self, request: NodeRequest) -> NodeResponse {
+        let no_runtime = || {
+            NodeResponse::Error(format!(
+                "node {} runs no pods (--no-runtime)",
+                self.node_name
+            ))
+        };
+        match request {
+            NodeRequest::Logs(req) => match &self.kubelet {
+                Some(kubelet) => local(kubelet, &req),
+                None => no_runtime(),
+            },
+            NodeRequest::Manifest { reference } => match &self.images {
+                Some(images) => match images.manifest_bytes(&reference) {
+                    Ok((digest, bytes)) => NodeResponse::Manifest { digest, bytes },
+                    Err(e) => NodeResponse::Error(e.to_string()),
+                },
+                None => no_runtime(),
+            },
+            NodeRequest::Blob { digest, offset } => match &self.images {
+                Some(images) => match images.blob_chunk(&digest, offset, BLOB_CHUNK) {
+                    Ok((bytes, total)) => NodeResponse::Blob { bytes, total },
+                    Err(e) => NodeResponse::Error(format!("blob {digest}: {e}")),
+                },
+                None => no_runtime(),
+            },
+        }
+    }
+
+    /// Reads a container's log from `node`; returns the chunk and whether the container still
+    /// runs.
+    pub async fn read(&self, node: &str, request: LogRequest) -> Result<(LogChunk, bool), String> {
+        if node == self.node_name {
+            let kubelet = self
+                .kubelet
+                .clone()
+                .ok_or_else(|| format!("node {node} runs no pods (--no-runtime)"))?;
+            let response = tokio::task::spawn_blocking(move || local(&kubelet, &request))
+                .await
+                .map_err(|e| e.to_string())?;
+            return unpack(response);
+        }
+        let member = self
+            .membership
+            .members()
+            .await
+            .into_iter()
+            .find(|m| m.name() == node)
+            .ok_or_else(|| format!("node {node} is not a member of the cluster"))?;
+        let response = ask(
+            &self.endpoint,
+            member.gossip_addr,
+            &NodeRequest::Logs(request),
+        )
+        .await
+        .map_err(|e| format!("node {node}: {e}"))?;
+        unpack(response)
+    }
+}
+
+/// Sends one request to a peer's node service.
+pub(super) async fn ask(
+    endpoint: &PeerEndpoint,
+    peer: std::net::SocketAddr,
+    request: &NodeRequest,
+) -> Result<NodeResponse, String> {
+    let payload = rmp_serde::to_vec(request).expect("requests encode");
+    let bytes = endpoint
+        .request(peer, Channel::Node, &payload, Duration::from_secs(30))
+        .await
+        .map_err(|e| e.to_string())?;
+    rmp_serde::from_slice(&bytes).map_err(|e| format!("bad answer: {e}"))
+}
+
+fn local(kubelet: &Kubelet, req: &LogRequest) -> NodeResponse {
+    match kubelet.read_log(&req.uid, &req.container, req.previous, &req.query) {
+        Ok((chunk, running)) => NodeResponse::Logs { chunk, running },
+        Err(e) => NodeResponse::Error(e),
+    }
+}
+
+fn unpack(response: NodeResponse) -> Result<(LogChunk, bool), String> {
+    match response {
+        NodeResponse::Logs { chunk, running } => Ok((chunk, running)),
+        NodeResponse::Error(e) => Err(e),
+        other => Err(format!("unexpected answer {other:?}")),
+    }
+}
