@@ -116,6 +116,9 @@ struct State {
     all_unschedulable: BTreeMap<String, String>,
     /// Since when this node has not seen a majority of the known membership.
     without_majority_since: Option<Instant>,
+    /// This node stopped its fenced pods, and keeps them stopped until its desired state has
+    /// caught up with the majority's (their bindings may have moved meanwhile).
+    fenced: bool,
 }
 
 fn to_taint(t: &shoal_gossip::NodeTaint) -> Option<Taint> {
@@ -229,9 +232,18 @@ impl Scheduling {
 
     /// Whether this node's fenced pods must stop: it has lacked a majority for the fence
     /// timeout (the container runtime acts on this).
+    ///
+    /// After the partition heals they stay stopped until this node's store has caught up with
+    /// the majority's (its digest equals those of a majority of the membership): until then it
+    /// cannot know whether the majority has bound them elsewhere, and starting them again
+    /// could run a fenced pod twice.
     pub fn must_stop_fenced(&self) -> bool {
-        let since = self.state.lock().unwrap().without_majority_since;
-        partition::must_stop(since.map(|s| s.elapsed()), &self.config.fence)
+        let state = self.state.lock().unwrap();
+        state.fenced
+            || partition::must_stop(
+                state.without_majority_since.map(|s| s.elapsed()),
+                &self.config.fence,
+            )
     }
 
     /// Why no node took a pod, if an auctioneer said so.
@@ -380,6 +392,14 @@ impl Scheduling {
     async fn tick(&self) -> Vec<Output> {
         let members = self.membership.members().await;
         let peer_verdicts = self.membership.peer_values(keys::UNSCHEDULABLE).await;
+        let digests = self.membership.peer_values(keys::STORE_DIGEST).await;
+        let ours = self.replication.read(|s| s.root_digest());
+        // This node's store agrees with the majority when its digest equals that of enough
+        // peers that, with itself, they are a majority of the known membership.
+        let same = digests
+            .iter()
+            .filter(|p| matches!(&p.value, Some(Ok(d)) if *d == ours))
+            .count();
         let mut state = self.state.lock().unwrap();
         let now = Instant::now();
         let mut cluster = ClusterView::default();
@@ -416,6 +436,16 @@ impl Scheduling {
         }
         let live_ids: Vec<NodeId> = addresses.keys().copied().collect();
         let majority = partition::has_majority(live_ids.len(), members.len());
+        if partition::must_stop(
+            state.without_majority_since.map(|s| now - s),
+            &self.config.fence,
+        ) {
+            state.fenced = true;
+        }
+        if state.fenced && majority && partition::has_majority(same + 1, members.len()) {
+            info!("desired state caught up with the majority: fenced pods may run here again");
+            state.fenced = false;
+        }
         match (majority, state.without_majority_since) {
             (true, Some(_)) => {
                 info!("a majority of the membership is visible again");

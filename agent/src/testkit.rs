@@ -24,7 +24,7 @@ pub struct AgentSpec {
     pub bind: SocketAddr,
     pub join: Vec<SocketAddr>,
     pub extra_args: Vec<String>,
-    /// Run inside this network namespace (`ip netns exec`), for the chaos lab.
+    /// Run inside this network namespace (joined before exec), for the chaos lab.
     pub netns: Option<String>,
 }
 
@@ -111,15 +111,25 @@ impl AgentProcess {
             .append(true)
             .open(&log_path)?;
         let bind = self.gossip_addr.unwrap_or(self.spec.bind);
-        let mut cmd = match &self.spec.netns {
-            // `ip netns exec` execs the binary: the child's pid is the agent's.
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns]).arg(&self.spec.binary);
-                c
+        let mut cmd = Command::new(&self.spec.binary);
+        if let Some(ns) = &self.spec.netns {
+            // Join only the network namespace (`ip netns exec` would also give the agent a
+            // fresh /sys without the cgroup mounts its containers need).
+            use std::os::fd::AsRawFd;
+            use std::os::unix::process::CommandExt;
+            let netns = std::fs::File::open(format!("/run/netns/{ns}"))
+                .with_context(|| format!("network namespace {ns}"))?;
+            // SAFETY: setns is async-signal-safe; the descriptor stays open (moved into the
+            // closure) until the exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
             }
-            None => Command::new(&self.spec.binary),
-        };
+        }
         cmd.arg("agent")
             .args(["--name", &self.spec.name])
             .arg("--data-dir")

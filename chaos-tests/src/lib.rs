@@ -24,6 +24,34 @@ pub fn shoal_binary() -> anyhow::Result<std::path::PathBuf> {
     )
 }
 
+/// The project's test images (`examples/images/build.sh`), built into `target/test-images`.
+pub fn test_images() -> anyhow::Result<std::path::PathBuf> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = root.join("target/test-images");
+    let status = std::process::Command::new("bash")
+        .arg(root.join("examples/images/build.sh"))
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .status()?;
+    anyhow::ensure!(status.success(), "examples/images/build.sh failed");
+    Ok(out)
+}
+
+/// Imports the busybox test image into an agent's node (the agent may be running).
+pub fn import_busybox(agent: &shoal_agent::testkit::AgentProcess) -> anyhow::Result<()> {
+    let out = std::process::Command::new(shoal_binary()?)
+        .args(["image", "import", "--data-dir"])
+        .arg(agent.data_dir())
+        .arg(test_images()?.join("busybox-1.oci.tar"))
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "shoal image import: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
 /// Starts `n` agents in `lab`'s hosts (host 0 is the seed), each with `flags`, and waits until
 /// all see all alive. The returned directory holds the secret and the data dirs.
 pub async fn start_cluster(

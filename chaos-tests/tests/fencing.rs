@@ -1,6 +1,8 @@
-//! Partition policies on a real 3|2 partition: `available` pods are replaced on both sides after
-//! the eviction delay; a `fenced` pod is replaced only on the majority side, and only after the
-//! longer fenced delay; the minority never replaces it.
+//! Partition policies on a real 3|2 partition, with the pods running in real containers:
+//! `available` pods are replaced on both sides after the eviction delay; a `fenced` pod is
+//! replaced only on the majority side, only after the longer fenced delay, and only once the
+//! minority node has stopped its container (never two at once); the minority never replaces it.
+//! After the heal, each pod runs on exactly one node.
 
 use std::time::{Duration, Instant};
 
@@ -15,7 +17,31 @@ fn pod(name: &str, node: &str, fenced: bool) -> Value {
     let policy = if fenced { "fenced" } else { "available" };
     json!({"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": name, "namespace": "default", "annotations": {"shoal.io/partition-policy": policy}},
-           "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}})
+           // Fenced pods get a long grace period the fence must not wait for; the duplicates
+           // of available pods are stopped with a short one after the heal.
+           "spec": {"nodeName": node, "terminationGracePeriodSeconds": if fenced { 30 } else { 1 }, "containers": [{
+               "name": "c", "image": "shoal.local/busybox:1",
+               // PID 1 ignores SIGTERM: only a kill stops it (the fence must not wait 30 s).
+               "command": ["sh", "-c", "while true; do sleep 0.2; done"]}]}})
+}
+
+/// Whether `agent`'s node has a running container of pod `uid`.
+fn runs(agent: &AgentProcess, uid: &str) -> bool {
+    std::fs::read_dir(agent.data_dir().join("pods").join(uid).join("containers"))
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .any(|c| c.path().join("started.json").exists() && !c.path().join("exit.json").exists())
+}
+
+async fn phase(agent: &AgentProcess, name: &str) -> String {
+    agent
+        .object("pods", "default", name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|p| p["status"]["phase"].as_str().map(str::to_owned))
+        .unwrap_or_default()
 }
 
 async fn node_of(agent: &AgentProcess, name: &str) -> String {
@@ -45,6 +71,9 @@ async fn fenced_pods_move_only_on_the_majority_side_and_only_later() {
     )
     .await
     .unwrap();
+    for agent in &agents {
+        shoal_chaos::import_busybox(agent).unwrap();
+    }
     for (name, node, fenced) in [
         ("avail-n4", "n4", false),
         ("fenced-n4", "n4", true),
@@ -63,6 +92,25 @@ async fn fenced_pods_move_only_on_the_majority_side_and_only_later() {
         .await
         .unwrap();
     }
+    for name in ["avail-n4", "fenced-n4", "avail-n0", "fenced-n0"] {
+        wait_until("the pods Running", LIMIT, || async {
+            phase(&agents[0], name).await == "Running"
+        })
+        .await
+        .unwrap();
+    }
+    let uid = |name: &'static str| {
+        let a = &agents[0];
+        async move {
+            a.object("pods", "default", name).await.unwrap().unwrap()["metadata"]["uid"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        }
+    };
+    let fenced_n4 = uid("fenced-n4").await;
+    let avail_n4 = uid("avail-n4").await;
+    assert!(runs(&agents[4], &fenced_n4) && runs(&agents[4], &avail_n4));
 
     lab.partition(&[&[0, 1, 2], &[3, 4]]).unwrap();
     let (major, minor) = (&agents[1], &agents[3]);
@@ -87,16 +135,37 @@ async fn fenced_pods_move_only_on_the_majority_side_and_only_later() {
         "n4",
         "the fenced pod waits longer than the available one"
     );
-    wait_until(
-        "the fenced pod to move on the majority side",
-        LIMIT,
-        || async {
-            let n = node_of(major, "fenced-n4").await;
-            !n.is_empty() && n != "n4"
-        },
-    )
-    .await
-    .unwrap();
+    // Never two at once: from here until the majority runs its replacement, watch that the
+    // minority's container is gone first.
+    let mut stopped_on_n4: Option<Instant> = None;
+    let mut replaced: Option<Instant> = None;
+    let deadline = Instant::now() + LIMIT;
+    while replaced.is_none() && Instant::now() < deadline {
+        if stopped_on_n4.is_none() && !runs(&agents[4], &fenced_n4) {
+            stopped_on_n4 = Some(Instant::now());
+        }
+        let n = node_of(major, "fenced-n4").await;
+        if !n.is_empty() && n != "n4" {
+            let i: usize = n[1..].parse().unwrap();
+            if runs(&agents[i], &fenced_n4) {
+                assert!(
+                    stopped_on_n4.is_some() && !runs(&agents[4], &fenced_n4),
+                    "the fenced pod runs on {n} while n4 still runs it"
+                );
+                replaced = Some(Instant::now());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        replaced.is_some(),
+        "the fenced pod was not replaced on the majority side"
+    );
+    // The available pod keeps running on the minority (its policy allows the duplicate).
+    assert!(
+        runs(&agents[4], &avail_n4),
+        "the minority keeps its available pod"
+    );
     // Fenced delay: detection bound (200 ms x 8 x 2) + fence timeout (1 s) + 1 s = 5.2 s.
     assert!(
         dead_seen.elapsed() >= Duration::from_secs(4),
@@ -140,5 +209,17 @@ async fn fenced_pods_move_only_on_the_majority_side_and_only_later() {
                 "one binding for {name} everywhere"
             );
         }
+        // The duplicates are gone: the pod's container runs on its bound node only.
+        let uid = uid(name).await;
+        wait_until("one running instance", LIMIT, || async {
+            let running: Vec<&str> = agents
+                .iter()
+                .filter(|a| runs(a, &uid))
+                .map(|a| a.name())
+                .collect();
+            running == [node.as_str()]
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
     }
 }

@@ -34,6 +34,8 @@ pub struct Context<'a> {
     pub host_ip: &'a str,
     pub pod_ip: &'a str,
     pub netns: PathBuf,
+    /// The pod's cgroup; the container's is its child.
+    pub pod_cgroup: String,
     pub etc_dir: PathBuf,
     pub log_path: PathBuf,
     /// Directory of the pod's volume `name`.
@@ -455,11 +457,7 @@ pub fn build(
         limits,
         mounts,
         netns: ctx.netns.clone(),
-        cgroup_path: format!(
-            "{}/{}",
-            crate::runtime::cgroup::pod_path(&plan.uid),
-            ctx.runtime_id
-        ),
+        cgroup_path: format!("{}/{}", ctx.pod_cgroup, ctx.runtime_id),
         layers: image.layers.clone(),
         log_path: ctx.log_path.clone(),
     })
@@ -497,6 +495,7 @@ mod tests {
             host_ip: "10.0.0.1",
             pod_ip: "",
             netns: "/run/netns/x".into(),
+            pod_cgroup: "/shoal/s/podu1".into(),
             etc_dir: "/etc-dir".into(),
             log_path: "/log".into(),
             volume_dir: &volume_dir,
@@ -550,7 +549,7 @@ mod tests {
         assert_eq!(r.limits.memory_bytes, Some(64 << 20));
         assert_eq!(r.limits.cpu_quota_us, Some(25_000));
         assert_eq!(r.limits.cpu_shares, 256);
-        assert_eq!(r.cgroup_path, "/shoal/podu1/u1-app-0");
+        assert_eq!(r.cgroup_path, "/shoal/s/podu1/u1-app-0");
     }
 
     #[test]

@@ -267,6 +267,7 @@ impl Kubelet {
         for uid in uids {
             let now = now_ms();
             let pod = bound.get(&uid);
+            let mut fenced = false;
             let plan = match pod.map(pod::PodPlan::parse) {
                 Some(Ok(plan)) => {
                     let policy = Policy::parse(
@@ -274,7 +275,8 @@ impl Kubelet {
                             .get(partition::ANNOTATION)
                             .map(String::as_str),
                     );
-                    (!(fenced_stop && policy == Policy::Fenced)).then_some(plan)
+                    fenced = fenced_stop && policy == Policy::Fenced;
+                    (!fenced).then_some(plan)
                 }
                 Some(Err(error)) => {
                     // Not runnable as written (the API validates, but a newer peer may not):
@@ -292,6 +294,9 @@ impl Kubelet {
             let worker = workers
                 .entry(uid.clone())
                 .or_insert_with(|| PodWorker::new(self.config.worker));
+            if fenced {
+                worker.stop_now();
+            }
             let decision = worker.decide(now, plan.as_ref(), seen.is_some(), containers);
             busy |= decision
                 .actions
@@ -403,6 +408,7 @@ impl Kubelet {
                 signal,
             } => {
                 if let Some(meta) = find(&name, attempt) {
+                    info!(pod = %uid, container = %name, attempt, ?signal, bound_here = plan.is_some(), "stopping container");
                     let signal = match signal {
                         StopSignal::Term => "TERM",
                         StopSignal::Kill => "KILL",
@@ -546,6 +552,7 @@ impl Kubelet {
             host_ip: &self.host_ip,
             pod_ip: "",
             netns: self.runtime.netns_path(&plan.uid),
+            pod_cgroup: self.runtime.pod_cgroup(&plan.uid),
             etc_dir: self.runtime.etc_dir(&plan.uid),
             log_path: self.runtime.log_path(&plan.uid, name, attempt),
             volume_dir: &volume_dir,

@@ -166,6 +166,12 @@ impl PodWorker {
             .min(self.config.backoff_max_ms)
     }
 
+    /// The pod must stop at once, whatever its grace period (a fenced pod on a node that lost
+    /// the majority: the fence timing leaves no room for a grace period).
+    pub fn stop_now(&mut self) {
+        self.grace_ms = Some(0);
+    }
+
     /// The shell could not start a container (image missing, bad config, …).
     pub fn start_failed(&mut self, name: &str, reason: &str, message: &str, now_ms: u64) {
         let failures = self.start_errors.get(name).map_or(0, |e| e.failures) + 1;
@@ -671,10 +677,14 @@ impl PodWorker {
             }
         } else if main.iter().all(|v| v.latest.is_some())
             && main.iter().any(|v| {
-                matches!(
-                    v.latest.map(|c| &c.state),
-                    Some(ObservedState::Running(_) | ObservedState::Exited { .. })
-                )
+                // Running, or restarting after having run (not a container that never started).
+                match v.latest.map(|c| &c.state) {
+                    Some(ObservedState::Running(_)) => true,
+                    Some(ObservedState::Exited { started, .. }) => {
+                        started.is_some() || v.previous.is_some()
+                    }
+                    _ => false,
+                }
             })
         {
             "Running"

@@ -26,9 +26,9 @@ impl Layout {
     }
 }
 
-/// The cgroup path (below every hierarchy's root) of a pod.
-pub fn pod_path(pod_uid: &str) -> String {
-    format!("/shoal/pod{pod_uid}")
+/// The cgroup path (below every hierarchy's root) of a pod of the runtime instance `scope`.
+pub fn pod_path(scope: &str, pod_uid: &str) -> String {
+    format!("/shoal/{scope}/pod{pod_uid}")
 }
 
 fn dir(layout: Layout, controller: &str, path: &str) -> PathBuf {
@@ -40,8 +40,8 @@ fn dir(layout: Layout, controller: &str, path: &str) -> PathBuf {
 }
 
 /// Creates the pod's cgroup and caps its memory (the sum of its containers' limits).
-pub fn set_pod_memory_limit(layout: Layout, pod_uid: &str, bytes: i64) -> io::Result<()> {
-    let dir = dir(layout, "memory", &pod_path(pod_uid));
+pub fn set_pod_memory_limit(layout: Layout, pod_path: &str, bytes: i64) -> io::Result<()> {
+    let dir = dir(layout, "memory", pod_path);
     std::fs::create_dir_all(&dir)?;
     match layout {
         Layout::V1 => std::fs::write(dir.join("memory.limit_in_bytes"), bytes.to_string()),

@@ -12,7 +12,8 @@
 //! - `logs/<name>/<attempt>.log`: container output in the CRI log format.
 //!
 //! Every container and pod sandbox lives under those directories, runc's root
-//! `<data-dir>/runc`, the `shoal-<uid>` network namespace and the `/shoal/pod<uid>` cgroup, so
+//! `<data-dir>/runc`, the `shoal-<scope>-<uid>` network namespace and the
+//! `/shoal/<scope>/pod<uid>` cgroup (scope: a hash of the data dir), so
 //! [`Runtime::remove_sandbox`] and [`Runtime::reset`] can leave nothing behind.
 
 pub mod cgroup;
@@ -110,6 +111,10 @@ pub struct Runtime {
     shoal_binary: PathBuf,
     layout: cgroup::Layout,
     log_max_bytes: u64,
+    /// Names this runtime instance in host-wide namespaces (cgroups, network namespaces):
+    /// derived from the data dir, so several agents on one host (tests, labs) never share a
+    /// pod's cgroup or netns even for the same pod uid, and `shoal reset` finds the same names.
+    scope: String,
 }
 
 fn run(command: &mut Command) -> Result<(), RuntimeError> {
@@ -164,11 +169,6 @@ fn process_alive(pid: i32) -> bool {
     pid > 0 && unsafe { libc::kill(pid, 0) } == 0
 }
 
-/// The network namespace name of a pod.
-pub fn netns_name(pod_uid: &str) -> String {
-    format!("shoal-{pod_uid}")
-}
-
 impl Runtime {
     /// A runtime storing its state under `data_dir`, using `runc` from PATH (or `SHOAL_RUNC`).
     pub fn new(data_dir: &Path) -> Result<Self, RuntimeError> {
@@ -191,7 +191,12 @@ impl Runtime {
         // would break every one of them and the cleanup that matches mounts by path).
         std::fs::create_dir_all(data_dir).map_err(io_at(data_dir))?;
         let data_dir = &std::fs::canonicalize(data_dir).map_err(io_at(data_dir))?;
+        let scope = {
+            use sha2::Digest;
+            hex::encode(&sha2::Sha256::digest(data_dir.as_os_str().as_bytes())[..4])
+        };
         let runtime = Self {
+            scope,
             runc,
             runc_root: data_dir.join("runc"),
             pods_dir: crate::paths::pods(data_dir),
@@ -258,9 +263,19 @@ impl Runtime {
         self.pod_dir(uid).join("etc")
     }
 
+    /// The network namespace name of a pod.
+    pub fn netns_name(&self, uid: &str) -> String {
+        format!("shoal-{}-{uid}", self.scope)
+    }
+
     /// Path of the pod's network namespace.
     pub fn netns_path(&self, uid: &str) -> PathBuf {
-        Path::new("/run/netns").join(netns_name(uid))
+        Path::new("/run/netns").join(self.netns_name(uid))
+    }
+
+    /// The pod's cgroup (below each hierarchy's root); its containers' cgroups are children.
+    pub fn pod_cgroup(&self, uid: &str) -> String {
+        cgroup::pod_path(&self.scope, uid)
     }
 
     /// Creates the pod sandbox if missing: directories, network namespace (loopback up),
@@ -276,7 +291,7 @@ impl Runtime {
         }
         // Written first, so a crash from here on still leaves a record that cleanup finds.
         shim::write_state(&dir, "sandbox.json", sandbox).map_err(io_at(&record))?;
-        let netns = netns_name(&sandbox.uid);
+        let netns = self.netns_name(&sandbox.uid);
         if !self.netns_path(&sandbox.uid).exists() {
             run(Command::new("ip").args(["netns", "add", &netns]))?;
         }
@@ -298,7 +313,7 @@ impl Runtime {
             std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
         )?;
         if let Some(bytes) = sandbox.memory_limit_bytes {
-            cgroup::set_pod_memory_limit(self.layout, &sandbox.uid, bytes)
+            cgroup::set_pod_memory_limit(self.layout, &self.pod_cgroup(&sandbox.uid), bytes)
                 .map_err(io_at(Path::new("/sys/fs/cgroup")))?;
         }
         Ok(())
@@ -521,7 +536,7 @@ impl Runtime {
         // directory.
         cgroup::kill_all(
             self.layout,
-            &cgroup::pod_path(pod_uid),
+            &self.pod_cgroup(pod_uid),
             Duration::from_secs(2),
         );
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
@@ -541,10 +556,10 @@ impl Runtime {
             tracing::warn!(pod = %pod_uid, error = %err, "removing the pod's containers; cleaning up by cgroup and mounts");
         }
         if self.netns_path(pod_uid).exists() {
-            run(Command::new("ip").args(["netns", "delete", &netns_name(pod_uid)]))?;
+            run(Command::new("ip").args(["netns", "delete", &self.netns_name(pod_uid)]))?;
         }
-        cgroup::remove(self.layout, &cgroup::pod_path(pod_uid))
-            .map_err(io_at(Path::new(&cgroup::pod_path(pod_uid))))?;
+        cgroup::remove(self.layout, &self.pod_cgroup(pod_uid))
+            .map_err(io_at(Path::new(&self.pod_cgroup(pod_uid))))?;
         match std::fs::remove_dir_all(&dir) {
             Err(err) if err.kind() != io::ErrorKind::NotFound => Err(io_at(&dir)(err)),
             _ => Ok(()),
@@ -681,6 +696,7 @@ impl Runtime {
             }
         }
         // The node-wide parent, once empty (other agents on this host may still use it).
+        let _ = cgroup::remove_if_empty(self.layout, &format!("/shoal/{}", self.scope));
         let _ = cgroup::remove_if_empty(self.layout, "/shoal");
         match first_error {
             Some(err) => Err(err),

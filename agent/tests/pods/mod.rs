@@ -466,10 +466,22 @@ spec:
     let data_dir = api.agents[1].data_dir().to_string_lossy().into_owned();
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(&data_dir), "mounts left: {mounts}");
-    assert!(!std::path::Path::new(&format!("/run/netns/shoal-{uid}")).exists());
+    let netns: Vec<String> = std::fs::read_dir("/run/netns")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(&uid))
+        .collect();
+    assert!(netns.is_empty(), "network namespaces left: {netns:?}");
     for hierarchy in ["memory", "pids", "cpu", "unified"] {
-        let dir = format!("/sys/fs/cgroup/{hierarchy}/shoal/pod{uid}");
-        assert!(!std::path::Path::new(&dir).exists(), "{dir} left");
+        let left = Command::new("find")
+            .arg(format!("/sys/fs/cgroup/{hierarchy}/shoal"))
+            .args(["-name", &format!("pod{uid}")])
+            .output()
+            .unwrap();
+        let left = String::from_utf8_lossy(&left.stdout);
+        assert!(left.trim().is_empty(), "cgroups left: {left}");
     }
     let runc = Command::new("runc")
         .arg("--root")

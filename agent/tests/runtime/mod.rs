@@ -77,7 +77,7 @@ impl Node {
             image: image.reference.clone(),
             image_digest: image.digest.clone(),
             runtime_id: id.clone(),
-            cgroup_path: format!("/shoal/pod{uid}/{id}"),
+            cgroup_path: format!("{}/{id}", self.runtime.pod_cgroup(uid)),
         };
         let request = ContainerRequest {
             id: id.clone(),
@@ -146,8 +146,12 @@ fn assert_no_leaks(uid: &str, runtime: &Runtime) {
     assert!(!mounts.contains(uid), "mount left: {mounts}");
     assert!(!runtime.netns_path(uid).exists(), "netns left");
     assert!(
-        !Path::new(&format!("/sys/fs/cgroup/memory/shoal/pod{uid}")).exists()
-            && !Path::new(&format!("/sys/fs/cgroup/shoal/pod{uid}")).exists(),
+        !Path::new(&format!("/sys/fs/cgroup/memory{}", runtime.pod_cgroup(uid))).exists()
+            && !Path::new(&format!(
+                "/sys/fs/cgroup/unified{}",
+                runtime.pod_cgroup(uid)
+            ))
+            .exists(),
         "cgroup left"
     );
     assert!(runtime.runc_containers().is_empty(), "runc containers left");

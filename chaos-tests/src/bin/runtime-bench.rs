@@ -91,7 +91,7 @@ fn request(
         },
         mounts: vec![],
         netns: runtime.netns_path(uid),
-        cgroup_path: format!("/shoal/pod{uid}/{id}"),
+        cgroup_path: format!("{}/{id}", runtime.pod_cgroup(uid)),
         layers,
         log_path: log,
     }
@@ -121,7 +121,7 @@ fn shoal_cycles(dir: &Path, images: &Path, cycles: usize) -> anyhow::Result<Vec<
             image: image.reference.clone(),
             image_digest: image.digest.clone(),
             runtime_id: id.clone(),
-            cgroup_path: format!("/shoal/pod{uid}/{id}"),
+            cgroup_path: format!("{}/{id}", runtime.pod_cgroup(uid)),
         };
         let req = request(
             &runtime,
