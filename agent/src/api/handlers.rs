@@ -147,6 +147,15 @@ pub async fn list_objects(
             )
         }
         Source::Events => (Vec::new(), state.replication.read(|s| s.resource_version())),
+        Source::PodMetrics | Source::NodeMetrics => {
+            let usage = state.logs.cluster_usage().await;
+            let items = if resource.source == Source::PodMetrics {
+                observed::pod_metrics(&usage, namespace)
+            } else {
+                observed::node_metrics(&usage)
+            };
+            (items, state.replication.read(|s| s.resource_version()))
+        }
         Source::Endpoints => state.replication.read(|s| {
             let items = s
                 .list("", "Service", namespace)

@@ -140,6 +140,9 @@ async fn route(
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
+    if path == "/metrics" && *method == Method::GET {
+        return Ok(metrics_text(state).await);
+    }
     if path == "/openapi/v3" {
         return Ok(json(&discovery::openapi_root()));
     }
@@ -220,6 +223,63 @@ async fn route(
             "{method} is not allowed on a collection"
         ))),
     }
+}
+
+/// This node's Prometheus metrics: its containers' usage (cAdvisor names), membership, store
+/// and pods.
+async fn metrics_text(state: &ApiState) -> Response {
+    let usage = state.logs.local_usage().unwrap_or_default();
+    let members = state.membership.members().await;
+    let mut by_state: std::collections::BTreeMap<String, f64> = std::collections::BTreeMap::new();
+    for m in &members {
+        *by_state
+            .entry(format!("{:?}", m.state).to_lowercase())
+            .or_default() += 1.0;
+    }
+    let (objects, rv) = state.replication.read(|s| (s.len(), s.resource_version()));
+    let running: f64 = usage.pods.len() as f64;
+    let extra = [
+        (
+            "shoal_members",
+            "Cluster members as this node sees them, by state.",
+            by_state
+                .into_iter()
+                .map(|(s, n)| (format!("state=\"{s}\""), n))
+                .collect(),
+        ),
+        (
+            "shoal_store_objects",
+            "Objects in the desired-state store.",
+            vec![(String::new(), objects as f64)],
+        ),
+        (
+            "shoal_store_resource_version",
+            "The store's resourceVersion on this node.",
+            vec![(String::new(), rv as f64)],
+        ),
+        (
+            "shoal_pods_running",
+            "Pods with a running container on this node.",
+            vec![(String::new(), running)],
+        ),
+        (
+            "shoal_node_cpu_nanocores",
+            "CPU in use on this node.",
+            vec![(String::new(), usage.cpu_nanocores as f64)],
+        ),
+        (
+            "shoal_node_memory_working_set_bytes",
+            "Memory in use on this node.",
+            vec![(String::new(), usage.memory_working_set_bytes as f64)],
+        ),
+    ];
+    let text = crate::kubelet::metrics::prometheus(&usage, &extra);
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        text,
+    )
+        .into_response()
 }
 
 /// Serves `router` over TLS on `listener` until `shutdown` resolves.

@@ -161,3 +161,69 @@ pub fn node(member: &Member, now_rfc3339: &str) -> Value {
         },
     })
 }
+
+fn ms_rfc3339(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+        .to_string()
+}
+
+fn usage_json(cpu_nanocores: u64, memory_bytes: u64) -> Value {
+    json!({"cpu": format!("{cpu_nanocores}n"), "memory": format!("{}Ki", memory_bytes / 1024)})
+}
+
+/// metrics.k8s.io PodMetrics from the nodes' usage samples.
+pub fn pod_metrics(
+    usage: &[crate::kubelet::metrics::NodeUsage],
+    namespace: Option<&str>,
+) -> Vec<Value> {
+    let mut items: Vec<Value> = usage
+        .iter()
+        .flat_map(|node| node.pods.iter().map(move |pod| (node, pod)))
+        .filter(|(_, pod)| namespace.is_none_or(|ns| pod.namespace == ns))
+        .map(|(node, pod)| {
+            json!({
+                "kind": "PodMetrics",
+                "apiVersion": "metrics.k8s.io/v1beta1",
+                "metadata": {
+                    "name": pod.name,
+                    "namespace": pod.namespace,
+                    "creationTimestamp": ms_rfc3339(node.timestamp_ms),
+                    "labels": {},
+                },
+                "timestamp": ms_rfc3339(node.timestamp_ms),
+                "window": format!("{}s", (node.window_ms / 1000).max(1)),
+                "containers": pod.containers.iter().map(|c| json!({
+                    "name": c.name,
+                    "usage": usage_json(c.cpu_nanocores, c.memory_working_set_bytes),
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    items.sort_by(|a, b| {
+        let key = |v: &Value| {
+            (
+                v["metadata"]["namespace"].as_str().unwrap_or("").to_owned(),
+                v["metadata"]["name"].as_str().unwrap_or("").to_owned(),
+            )
+        };
+        key(a).cmp(&key(b))
+    });
+    items
+}
+
+/// metrics.k8s.io NodeMetrics from the nodes' usage samples.
+pub fn node_metrics(usage: &[crate::kubelet::metrics::NodeUsage]) -> Vec<Value> {
+    usage
+        .iter()
+        .map(|node| {
+            json!({
+                "kind": "NodeMetrics",
+                "apiVersion": "metrics.k8s.io/v1beta1",
+                "metadata": {"name": node.node, "creationTimestamp": ms_rfc3339(node.timestamp_ms), "labels": {}},
+                "timestamp": ms_rfc3339(node.timestamp_ms),
+                "window": format!("{}s", (node.window_ms / 1000).max(1)),
+                "usage": usage_json(node.cpu_nanocores, node.memory_working_set_bytes),
+            })
+        })
+        .collect()
+}

@@ -13,6 +13,10 @@ pub enum Source {
     Events,
     /// Endpoints, derived from Services and the pods observed ready.
     Endpoints,
+    /// metrics.k8s.io PodMetrics: usage sampled by the nodes running the pods.
+    PodMetrics,
+    /// metrics.k8s.io NodeMetrics: each node's usage.
+    NodeMetrics,
 }
 
 /// A subresource: its name, the (group, version, kind) it answers with, and its verbs.
@@ -47,6 +51,16 @@ const WRITE_VERBS: &[&str] = &[
 const NODE: KindInfo = kind::kind("", "v1", "Node", "nodes", false, &["no"]);
 const EVENT: KindInfo = kind::kind("", "v1", "Event", "events", true, &["ev"]);
 const ENDPOINTS: KindInfo = kind::kind("", "v1", "Endpoints", "endpoints", true, &["ep"]);
+const POD_METRICS: KindInfo =
+    kind::kind("metrics.k8s.io", "v1beta1", "PodMetrics", "pods", true, &[]);
+const NODE_METRICS: KindInfo = kind::kind(
+    "metrics.k8s.io",
+    "v1beta1",
+    "NodeMetrics",
+    "nodes",
+    false,
+    &[],
+);
 
 impl ApiResource {
     pub fn singular(&self) -> String {
@@ -114,6 +128,14 @@ pub fn all() -> Vec<ApiResource> {
             ApiResource {
                 info: &EVENT,
                 source: Source::Events,
+            },
+            ApiResource {
+                info: &POD_METRICS,
+                source: Source::PodMetrics,
+            },
+            ApiResource {
+                info: &NODE_METRICS,
+                source: Source::NodeMetrics,
             },
             ApiResource {
                 info: &ENDPOINTS,

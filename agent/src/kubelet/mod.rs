@@ -2,6 +2,7 @@
 pub mod container;
 pub mod image_puller;
 pub mod logs;
+pub mod metrics;
 pub mod node_service;
 pub mod pod;
 pub mod probe;
@@ -68,6 +69,8 @@ pub struct Kubelet {
     bound: Mutex<HashMap<String, Value>>,
     wake: Mutex<Option<mpsc::Sender<()>>>,
     handle: std::sync::OnceLock<tokio::runtime::Handle>,
+    /// The latest usage sample of this node and its containers.
+    usage: Mutex<metrics::NodeUsage>,
 }
 
 /// The image is on its way from a peer: the start waits without back-off.
@@ -121,6 +124,7 @@ impl Kubelet {
             bound: Mutex::new(HashMap::new()),
             wake: Mutex::new(None),
             handle: std::sync::OnceLock::new(),
+            usage: Mutex::new(metrics::NodeUsage::default()),
         })
     }
 
@@ -209,6 +213,8 @@ impl Kubelet {
         }
         info!(node = %self.node_name, runtime = %self.runtime.runtime_version(), "kubelet started");
         let mut busy = false;
+        let mut sampler = metrics::Sampler::default();
+        let mut last_sample = 0u64;
         loop {
             // While a container is being created, look again soon: its start shows in files.
             let wait = if busy {
@@ -234,6 +240,11 @@ impl Kubelet {
                 }
             }
             busy = self.sync(&handle, &mut workers, &mut published, &probe_tx);
+            let now = now_ms();
+            if now >= last_sample + 1_000 {
+                last_sample = now;
+                self.sample_usage(&mut sampler, now);
+            }
         }
     }
 
@@ -575,6 +586,72 @@ impl Kubelet {
                 reason: "RunContainerError",
                 message: e.to_string(),
             })
+    }
+
+    /// Samples the usage of the node and of every running container (cgroups, /proc).
+    fn sample_usage(&self, sampler: &mut metrics::Sampler, now: u64) {
+        let bound = self.bound.lock().unwrap().clone();
+        let mut pods = Vec::new();
+        let mut live = Vec::new();
+        for pod in self.runtime.list() {
+            let mut containers = Vec::new();
+            for c in &pod.containers {
+                if !matches!(c.state, crate::runtime::ObservedState::Running(_)) {
+                    continue;
+                }
+                let Some((memory, cpu_ns)) = self.runtime.usage(&c.meta) else {
+                    continue;
+                };
+                live.push(c.meta.runtime_id.clone());
+                containers.push(metrics::ContainerUsage {
+                    name: c.meta.name.clone(),
+                    cpu_nanocores: sampler.container(&c.meta.runtime_id, now, cpu_ns),
+                    cpu_seconds_total: cpu_ns as f64 / 1e9,
+                    memory_working_set_bytes: memory,
+                });
+            }
+            if containers.is_empty() {
+                continue;
+            }
+            let (namespace, name) = bound.get(&pod.sandbox.uid).map_or_else(
+                || (pod.sandbox.namespace.clone(), pod.sandbox.name.clone()),
+                |p| {
+                    (
+                        p["metadata"]["namespace"]
+                            .as_str()
+                            .unwrap_or("default")
+                            .to_owned(),
+                        p["metadata"]["name"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_owned(),
+                    )
+                },
+            );
+            pods.push(metrics::PodUsage {
+                namespace,
+                name,
+                uid: pod.sandbox.uid.clone(),
+                containers,
+            });
+        }
+        let window_ms = sampler.finish_round(now, &live);
+        let (cpu_nanocores, memory) = metrics::host_usage()
+            .map(|(cpu_ns, memory)| (sampler.host(now, cpu_ns), memory))
+            .unwrap_or_default();
+        *self.usage.lock().unwrap() = metrics::NodeUsage {
+            node: self.node_name.clone(),
+            timestamp_ms: now,
+            window_ms,
+            cpu_nanocores,
+            memory_working_set_bytes: memory,
+            pods,
+        };
+    }
+
+    /// The latest usage sample.
+    pub fn usage(&self) -> metrics::NodeUsage {
+        self.usage.lock().unwrap().clone()
     }
 
     /// Reads a container's log on this node. `previous` reads the attempt before the latest.

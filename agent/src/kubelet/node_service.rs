@@ -35,6 +35,8 @@ pub(super) enum NodeRequest {
         digest: String,
         offset: u64,
     },
+    /// The node's latest usage sample.
+    Usage,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -42,6 +44,7 @@ pub(super) enum NodeResponse {
     Logs { chunk: LogChunk, running: bool },
     Manifest { digest: String, bytes: Vec<u8> },
     Blob { bytes: Vec<u8>, total: u64 },
+    Usage(super::metrics::NodeUsage),
     Error(String),
 }
 
@@ -117,6 +120,10 @@ impl NodeService {
                 },
                 None => no_runtime(),
             },
+            NodeRequest::Usage => match &self.kubelet {
+                Some(kubelet) => NodeResponse::Usage(kubelet.usage()),
+                None => no_runtime(),
+            },
             NodeRequest::Blob { digest, offset } => match &self.images {
                 Some(images) => match images.blob_chunk(&digest, offset, BLOB_CHUNK) {
                     Ok((bytes, total)) => NodeResponse::Blob { bytes, total },
@@ -155,6 +162,39 @@ impl NodeService {
         .await
         .map_err(|e| format!("node {node}: {e}"))?;
         unpack(response)
+    }
+}
+
+impl NodeService {
+    /// This node's latest usage sample (nothing with --no-runtime).
+    pub fn local_usage(&self) -> Option<super::metrics::NodeUsage> {
+        self.kubelet.as_ref().map(|k| k.usage())
+    }
+
+    /// Every live node's latest usage sample (nodes that do not answer are left out).
+    pub async fn cluster_usage(&self) -> Vec<super::metrics::NodeUsage> {
+        let members = self.membership.members().await;
+        let asks = members
+            .iter()
+            .filter(|m| m.state == shoal_gossip::MemberState::Alive)
+            .map(|m| {
+                let local = m.name() == self.node_name;
+                let addr = m.gossip_addr;
+                async move {
+                    if local {
+                        return self.local_usage();
+                    }
+                    match ask(&self.endpoint, addr, &NodeRequest::Usage).await {
+                        Ok(NodeResponse::Usage(usage)) => Some(usage),
+                        _ => None,
+                    }
+                }
+            });
+        futures_util::future::join_all(asks)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
     }
 }
 

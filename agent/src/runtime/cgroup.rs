@@ -64,22 +64,33 @@ pub fn oom_kills(layout: Layout, path: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Memory in use (bytes) and CPU time used (ns) by a cgroup, if it exists.
+/// Memory working set (bytes in use minus inactive file cache, as cAdvisor counts it) and
+/// CPU time used (ns) by a cgroup, if it exists.
 pub fn usage(layout: Layout, path: &str) -> Option<(u64, u64)> {
     let read = |controller: &str, file: &str| {
         std::fs::read_to_string(dir(layout, controller, path).join(file)).ok()
     };
+    let stat = |key: &str| -> u64 {
+        read("memory", "memory.stat")
+            .and_then(|text| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+            })
+            .unwrap_or(0)
+    };
     match layout {
         Layout::V1 => {
-            let memory = read("memory", "memory.usage_in_bytes")?
+            let usage: u64 = read("memory", "memory.usage_in_bytes")?
                 .trim()
                 .parse()
                 .ok()?;
+            let memory = usage.saturating_sub(stat("total_inactive_file "));
             let cpu = read("cpuacct", "cpuacct.usage")?.trim().parse().ok()?;
             Some((memory, cpu))
         }
         Layout::V2 => {
-            let memory = read("memory", "memory.current")?.trim().parse().ok()?;
+            let current: u64 = read("memory", "memory.current")?.trim().parse().ok()?;
+            let memory = current.saturating_sub(stat("inactive_file "));
             let cpu_us: u64 = read("cpu", "cpu.stat")?
                 .lines()
                 .find_map(|l| l.strip_prefix("usage_usec ")?.trim().parse().ok())?;

@@ -207,6 +207,29 @@ async fn a_pod_runs_reports_ready_and_serves_logs_from_any_agent() {
     assert_eq!(ticks.len(), 4, "{lines:?}");
     assert!(ticks.windows(2).all(|w| w[1] == w[0] + 1), "{ticks:?}");
 
+    // Usage: `kubectl top` through metrics.k8s.io (sampled on n1, read through agent 2), and
+    // n1's Prometheus metrics.
+    wait_until("kubectl top pod", LIMIT, || async {
+        let (ok, out, _) = api.kubectl(2, &["top", "pod", "demo", "--containers"]);
+        ok && out.contains("client") && out.contains("web")
+    })
+    .await
+    .unwrap();
+    let nodes = api.ok(0, &["top", "node"]);
+    assert!(
+        ["n0", "n1", "n2"].iter().all(|n| nodes.contains(n)),
+        "{nodes}"
+    );
+    let metrics = api.ok(1, &["get", "--raw", "/metrics"]);
+    assert!(
+        metrics.contains("container_memory_working_set_bytes{namespace=\"default\",pod=\"demo\",container=\"web\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("shoal_members{state=\"alive\"} 3"),
+        "{metrics}"
+    );
+
     // Deleting the pod stops its containers and removes everything of it from n1.
     api.ok(1, &["delete", "pod", "demo", "--wait=false"]);
     wait_until("demo's sandbox removed from n1", LIMIT, || async {
