@@ -43,6 +43,9 @@ impl Default for KubeletConfig {
     }
 }
 
+/// A preStop hook that ended: (pod uid, container, attempt).
+type HookDone = (String, String, u32);
+
 struct ProbeResult {
     uid: String,
     name: String,
@@ -203,6 +206,7 @@ impl Kubelet {
         let mut workers: HashMap<String, PodWorker> = HashMap::new();
         let mut published: HashMap<String, String> = HashMap::new();
         let (probe_tx, probe_rx) = mpsc::channel::<ProbeResult>();
+        let (hook_tx, hook_rx) = mpsc::channel::<HookDone>();
         // Statuses published by an earlier run of this agent (its pods may be gone).
         for (node_id, key, value) in
             handle.block_on(self.membership.dynamic_values(status::KEY_PREFIX))
@@ -239,7 +243,12 @@ impl Kubelet {
                     );
                 }
             }
-            busy = self.sync(&handle, &mut workers, &mut published, &probe_tx);
+            for (uid, name, attempt) in hook_rx.try_iter() {
+                if let Some(worker) = workers.get_mut(&uid) {
+                    worker.pre_stop_done(&name, attempt);
+                }
+            }
+            busy = self.sync(&handle, &mut workers, &mut published, &probe_tx, &hook_tx);
             let now = now_ms();
             if now >= last_sample + 1_000 {
                 last_sample = now;
@@ -254,6 +263,7 @@ impl Kubelet {
         workers: &mut HashMap<String, PodWorker>,
         published: &mut HashMap<String, String>,
         probe_tx: &mpsc::Sender<ProbeResult>,
+        hook_tx: &mpsc::Sender<HookDone>,
     ) -> bool {
         let bound = self.bound.lock().unwrap().clone();
         let fenced_stop = self.scheduling.must_stop_fenced();
@@ -314,9 +324,15 @@ impl Kubelet {
                 .iter()
                 .any(|a| matches!(a, Action::Start { .. }));
             for action in decision.actions {
-                if let Err(error) =
-                    self.act(&uid, plan.as_ref(), containers, worker, action, probe_tx)
-                {
+                if let Err(error) = self.act(
+                    &uid,
+                    plan.as_ref(),
+                    containers,
+                    worker,
+                    action,
+                    probe_tx,
+                    hook_tx,
+                ) {
                     warn!(pod = %uid, %error, "kubelet action failed");
                     break;
                 }
@@ -371,6 +387,7 @@ impl Kubelet {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn act(
         &self,
         uid: &str,
@@ -379,6 +396,7 @@ impl Kubelet {
         worker: &mut PodWorker,
         action: Action,
         probe_tx: &mpsc::Sender<ProbeResult>,
+        hook_tx: &mpsc::Sender<HookDone>,
     ) -> Result<(), String> {
         let find = |name: &str, attempt: u32| {
             containers
@@ -460,6 +478,30 @@ impl Kubelet {
                             success,
                             message,
                         });
+                    })
+                    .map_err(|e| e.to_string())?;
+            }
+            Action::PreStop {
+                name,
+                attempt,
+                command,
+            } => {
+                let Some(meta) = find(&name, attempt) else {
+                    return Ok(());
+                };
+                let grace = Duration::from_millis(
+                    plan.map_or(30_000, |p| p.termination_grace_ms).max(1_000),
+                );
+                let runtime = self.runtime.clone();
+                let tx = hook_tx.clone();
+                let uid = uid.to_owned();
+                std::thread::Builder::new()
+                    .name("pre-stop".into())
+                    .spawn(move || {
+                        if let Err(error) = runtime.exec(&meta, &command, grace) {
+                            debug!(pod = %uid, container = %name, %error, "preStop hook failed");
+                        }
+                        let _ = tx.send((uid, name, attempt));
                     })
                     .map_err(|e| e.to_string())?;
             }

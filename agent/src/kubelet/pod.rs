@@ -129,6 +129,8 @@ pub struct ContainerPlan {
     pub liveness: Option<Probe>,
     pub readiness: Option<Probe>,
     pub startup: Option<Probe>,
+    /// `lifecycle.preStop.exec.command`: run in the container before SIGTERM.
+    pub pre_stop: Option<Vec<String>>,
 }
 
 /// Everything the kubelet acts on for one pod.
@@ -321,6 +323,7 @@ fn container(value: &Value, field: &str) -> Result<ContainerPlan, String> {
         liveness: probe(&value["livenessProbe"], &format!("{field}.livenessProbe"))?,
         readiness: probe(&value["readinessProbe"], &format!("{field}.readinessProbe"))?,
         startup: probe(&value["startupProbe"], &format!("{field}.startupProbe"))?,
+        pre_stop: strings(&value["lifecycle"]["preStop"]["exec"]["command"]),
     })
 }
 

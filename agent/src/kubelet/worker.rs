@@ -72,6 +72,12 @@ pub enum Action {
         kind: ProbeKind,
         probe: Probe,
     },
+    /// Run the container's preStop hook (SIGTERM follows when it ends).
+    PreStop {
+        name: String,
+        attempt: u32,
+        command: Vec<String>,
+    },
     Remove {
         name: String,
         attempt: u32,
@@ -91,7 +97,11 @@ pub struct Decision {
 
 #[derive(Debug, Clone, Copy)]
 struct Stopping {
+    /// When the stop began (the preStop hook, or SIGTERM when there is none).
     term_at_ms: u64,
+    /// SIGTERM was sent (it waits for the preStop hook to finish, within the grace period).
+    term_sent: bool,
+    hook_running: bool,
     kill_at_ms: Option<u64>,
     reason: StopReason,
 }
@@ -131,6 +141,8 @@ pub struct PodWorker {
     stopping: HashMap<(String, u32), Stopping>,
     start_errors: HashMap<String, StartError>,
     probes: HashMap<(String, u32, ProbeKind), ProbeState>,
+    /// preStop commands by container name, from the latest spec.
+    pre_stop: HashMap<String, Vec<String>>,
 }
 
 fn rfc3339(ms: u64) -> String {
@@ -235,6 +247,13 @@ impl PodWorker {
         }
     }
 
+    /// The preStop hook of a container attempt finished (or failed: SIGTERM follows anyway).
+    pub fn pre_stop_done(&mut self, name: &str, attempt: u32) {
+        if let Some(stopping) = self.stopping.get_mut(&(name.to_owned(), attempt)) {
+            stopping.hook_running = false;
+        }
+    }
+
     fn stop(
         &mut self,
         actions: &mut Vec<Action>,
@@ -247,21 +266,39 @@ impl PodWorker {
         let (name, attempt) = key.clone();
         match self.stopping.get_mut(&key) {
             None => {
+                let hook = self.pre_stop.get(&name).filter(|_| grace > 0).cloned();
                 self.stopping.insert(
                     key,
                     Stopping {
                         term_at_ms: now_ms,
+                        term_sent: hook.is_none(),
+                        hook_running: hook.is_some(),
                         kill_at_ms: None,
                         reason,
                     },
                 );
-                actions.push(Action::Signal {
-                    name,
-                    attempt,
-                    signal: StopSignal::Term,
+                actions.push(match hook {
+                    Some(command) => Action::PreStop {
+                        name,
+                        attempt,
+                        command,
+                    },
+                    None => Action::Signal {
+                        name,
+                        attempt,
+                        signal: StopSignal::Term,
+                    },
                 });
             }
             Some(stopping) => {
+                if !stopping.term_sent && !stopping.hook_running {
+                    stopping.term_sent = true;
+                    actions.push(Action::Signal {
+                        name: name.clone(),
+                        attempt,
+                        signal: StopSignal::Term,
+                    });
+                }
                 let due = match stopping.kill_at_ms {
                     None => now_ms >= stopping.term_at_ms + grace,
                     // Repeat the kill now and then in case it raced with the start.
@@ -320,6 +357,12 @@ impl PodWorker {
             };
         };
         self.grace_ms = Some(plan.termination_grace_ms);
+        self.pre_stop = plan
+            .containers
+            .iter()
+            .chain(&plan.init_containers)
+            .filter_map(|c| Some((c.name.clone(), c.pre_stop.clone()?)))
+            .collect();
         let first_seen = *self.first_seen_ms.get_or_insert(now_ms);
         if !sandbox_exists {
             actions.push(Action::EnsureSandbox);
@@ -1138,6 +1181,64 @@ mod tests {
             ]
         );
         assert!(d.finished);
+    }
+
+    #[test]
+    fn the_pre_stop_hook_runs_before_sigterm_within_the_grace_period() {
+        let p = plan(json!({"containers": [{"name": "a", "image": "b",
+            "lifecycle": {"preStop": {"exec": {"command": ["sh", "-c", "drain"]}}}}]}));
+        let mut w = worker();
+        w.decide(0, Some(&p), true, &[running("a", 0, 0)]);
+        let d = w.decide(100, None, true, &[running("a", 0, 0)]);
+        assert_eq!(
+            d.actions,
+            [Action::PreStop {
+                name: "a".into(),
+                attempt: 0,
+                command: vec!["sh".into(), "-c".into(), "drain".into()]
+            }]
+        );
+        assert!(
+            w.decide(500, None, true, &[running("a", 0, 0)])
+                .actions
+                .is_empty(),
+            "the hook runs"
+        );
+        w.pre_stop_done("a", 0);
+        let d = w.decide(600, None, true, &[running("a", 0, 0)]);
+        assert_eq!(
+            d.actions,
+            [Action::Signal {
+                name: "a".into(),
+                attempt: 0,
+                signal: StopSignal::Term
+            }]
+        );
+        // The grace period (2 s) counts from the start of the hook.
+        let d = w.decide(2_100, None, true, &[running("a", 0, 0)]);
+        assert_eq!(
+            d.actions,
+            [Action::Signal {
+                name: "a".into(),
+                attempt: 0,
+                signal: StopSignal::Kill
+            }]
+        );
+
+        // A hook that hangs: SIGTERM and SIGKILL still come when the grace period ends.
+        let mut w = worker();
+        w.decide(0, Some(&p), true, &[running("a", 0, 0)]);
+        w.decide(100, None, true, &[running("a", 0, 0)]);
+        let d = w.decide(2_100, None, true, &[running("a", 0, 0)]);
+        assert!(
+            d.actions.contains(&Action::Signal {
+                name: "a".into(),
+                attempt: 0,
+                signal: StopSignal::Kill
+            }),
+            "{:?}",
+            d.actions
+        );
     }
 
     #[test]

@@ -374,6 +374,12 @@ spec:
       httpGet: {port: 8080, path: /ready}
       periodSeconds: 1
       failureThreshold: 1
+    lifecycle:
+      preStop:
+        exec: {command: [sh, -c, "echo draining > /work/pre-stop"]}
+    volumeMounts: [{name: work, mountPath: /work}]
+  volumes:
+  - {name: work, emptyDir: {}}
 "#,
     );
     api.ok(0, &["apply", "-f", &file]);
@@ -401,9 +407,22 @@ spec:
     assert_eq!(container_status(&pod, "c")["restartCount"], 0);
     assert_eq!(pod["status"]["phase"], "Running");
 
-    // The container ignores SIGTERM: it is killed only once the 3 s grace period is over.
+    // Deleting it runs the preStop hook first (it writes into the pod's emptyDir, visible on
+    // n2 until the sandbox goes); the container ignores SIGTERM, so it is killed only once the
+    // 3 s grace period is over.
+    let uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
+    let marker = api.agents[2]
+        .data_dir()
+        .join("pods")
+        .join(&uid)
+        .join("volumes/work/pre-stop");
     let deleted = Instant::now();
     api.ok(0, &["delete", "pod", "toggle", "--wait=false"]);
+    wait_until("the preStop hook ran", LIMIT, || async {
+        std::fs::read_to_string(&marker).is_ok_and(|t| t == "draining\n")
+    })
+    .await
+    .unwrap();
     wait_until("toggle removed from n2", LIMIT, || async {
         sandboxes(&api, 2) == 0
     })
