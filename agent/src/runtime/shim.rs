@@ -3,9 +3,9 @@
 //! its containers:
 //!
 //! 1. it becomes a child subreaper, so the container's first process (started by
-//!    `runc create`, whose own process exits) is re-parented to it and it can collect its exit
+//!    `runc run --detach`, whose own process exits) is re-parented to it and it can collect its exit
 //!    status;
-//! 2. it runs `runc create` and `runc start` with the container's stdout and stderr on pipes it
+//! 2. it runs `runc run --detach` with the container's stdout and stderr on pipes it
 //!    reads, writing them to the log file in the CRI format (`<RFC 3339 time> stdout F line`),
 //!    rotating it at a size bound;
 //! 3. it writes `started.json` once the process runs and `exit.json` when it ends (or when
@@ -228,8 +228,12 @@ pub fn run(args: &ShimArgs) -> io::Result<()> {
     let (in_r, in_w) = pipe()?;
     drop(in_w);
     let pid_file = args.bundle.join("init.pid");
+    // `run --detach` creates and starts in one runc execution (two cost ~10 ms more). The
+    // container's first process outlives runc and is re-parented to this subreaper (as a
+    // zombie too, if it is already done), so its exit status is never lost.
     let status = runc(args)
-        .arg("create")
+        .arg("run")
+        .arg("--detach")
         .arg("--bundle")
         .arg(&args.bundle)
         .arg("--pid-file")
@@ -241,7 +245,7 @@ pub fn run(args: &ShimArgs) -> io::Result<()> {
         .status()?;
     if !status.success() {
         return fail(format!(
-            "runc create: {}",
+            "runc run: {}",
             runc_error(&args.bundle.join("runc.log"))
         ));
     }
@@ -249,20 +253,6 @@ pub fn run(args: &ShimArgs) -> io::Result<()> {
         .trim()
         .parse()
         .map_err(io::Error::other)?;
-    let status = runc(args)
-        .arg("start")
-        .arg(&args.id)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()?;
-    if !status.success() {
-        let message = runc_error(&args.bundle.join("runc.log"));
-        // SAFETY: signalling a process we created.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-        let _ = reap(pid, true);
-        return fail(format!("runc start: {message}"));
-    }
     write_state(
         &args.bundle,
         STARTED_FILE,
