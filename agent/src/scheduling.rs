@@ -24,6 +24,9 @@ use crate::scheduler::partition::{self, FenceConfig, Policy};
 
 /// Annotation carrying a binding's epoch.
 pub const EPOCH_ANNOTATION: &str = "shoal.io/binding-epoch";
+/// On a pod preempted (unbound) to make room: the uid of the pod that took its place. It is
+/// auctioned again only once that pod's binding is visible here.
+pub const PREEMPTED_BY_ANNOTATION: &str = "shoal.io/preempted-by";
 
 /// Tunables.
 #[derive(Debug, Clone)]
@@ -76,6 +79,7 @@ struct PodEntry {
     key: ObjectKey,
     node_name: Option<String>,
     epoch: u64,
+    preempted_by: Option<String>,
 }
 
 impl PodEntry {
@@ -93,6 +97,9 @@ impl PodEntry {
             node_name: pod["spec"]["nodeName"]
                 .as_str()
                 .filter(|n| !n.is_empty())
+                .map(str::to_owned),
+            preempted_by: pod["metadata"]["annotations"][PREEMPTED_BY_ANNOTATION]
+                .as_str()
                 .map(str::to_owned),
             epoch: pod["metadata"]["annotations"][EPOCH_ANNOTATION]
                 .as_str()
@@ -463,7 +470,17 @@ impl Scheduling {
         }
         let mut pending = Vec::new();
         let mut dead_since = std::mem::take(&mut state.dead_since);
+        let bound = |uid: &str, pods: &HashMap<String, PodEntry>| {
+            pods.get(uid).is_some_and(|p| p.node_name.is_some())
+        };
         for entry in state.pods.values() {
+            if entry.node_name.is_none()
+                && let Some(preemptor) = &entry.preempted_by
+                && state.pods.contains_key(preemptor)
+                && !bound(preemptor, &state.pods)
+            {
+                continue;
+            }
             let next_epoch = match &entry.node_name {
                 Some(node) => match live_names.get(node) {
                     Some(id) => {
@@ -577,6 +594,17 @@ impl Scheduling {
                     }
                 }
                 Output::Bind(binding) => self.bind(binding).await,
+                Output::Preempt { binding, victims } => {
+                    // The preemptor's binding first, then the victims' unbinding (replication
+                    // keeps that order per peer): a node that sees a victim unbound has seen
+                    // who took its room, so it does not offer that room to the victim again.
+                    info!(pod = %binding.pod, victims = victims.len(), "preempting lower-priority pods");
+                    let preemptor = binding.pod.clone();
+                    self.bind(binding).await;
+                    for victim in &victims {
+                        self.unbind(victim, &preemptor).await;
+                    }
+                }
                 Output::Unschedulable { pod, message } => {
                     let map = {
                         let mut state = self.state.lock().unwrap();
@@ -610,18 +638,44 @@ impl Scheduling {
             .get(&binding.node)
             .map(|(n, _)| n.clone());
         let Some(node_name) = node_name else { return };
+        self.write_binding(&binding.pod, Some(node_name), binding.epoch, None)
+            .await;
+    }
+
+    /// Preemption's victim: its binding is withdrawn with the next epoch, so it is auctioned
+    /// again (it has no controller to recreate it elsewhere) and its node stops it.
+    async fn unbind(&self, pod_uid: &str, preemptor: &str) {
+        let epoch = self
+            .state
+            .lock()
+            .unwrap()
+            .pods
+            .get(pod_uid)
+            .map(|p| p.epoch);
+        let Some(epoch) = epoch else { return };
+        self.write_binding(pod_uid, None, epoch + 1, Some(preemptor))
+            .await;
+    }
+
+    async fn write_binding(
+        &self,
+        pod_uid: &str,
+        node_name: Option<String>,
+        epoch: u64,
+        preempted_by: Option<&str>,
+    ) {
         let key = self
             .state
             .lock()
             .unwrap()
             .pods
-            .get(&binding.pod)
+            .get(pod_uid)
             .map(|p| p.key.clone());
         let Some(key) = key else { return };
         let pod = self
             .replication
             .read(|s| s.get(&key))
-            .filter(|p| p["metadata"]["uid"] == binding.pod.as_str());
+            .filter(|p| p["metadata"]["uid"] == pod_uid);
         let Some(mut pod) = pod else { return };
         let annotations_ok =
             pod["metadata"]["annotations"].is_object() || pod["metadata"]["annotations"].is_null();
@@ -629,8 +683,18 @@ impl Scheduling {
             warn!(pod = %key, "pod has a malformed spec or annotations; not bound");
             return;
         }
-        pod["spec"]["nodeName"] = json!(node_name);
-        pod["metadata"]["annotations"][EPOCH_ANNOTATION] = json!(binding.epoch.to_string());
+        match &node_name {
+            Some(node) => pod["spec"]["nodeName"] = json!(node),
+            None => {
+                if let Some(spec) = pod["spec"].as_object_mut() {
+                    spec.remove("nodeName");
+                }
+            }
+        }
+        pod["metadata"]["annotations"][EPOCH_ANNOTATION] = json!(epoch.to_string());
+        if let Some(preemptor) = preempted_by {
+            pod["metadata"]["annotations"][PREEMPTED_BY_ANNOTATION] = json!(preemptor);
+        }
         if let Some(meta) = pod["metadata"].as_object_mut() {
             meta.remove("resourceVersion");
         }
@@ -642,7 +706,10 @@ impl Scheduling {
             }
         };
         match self.replication.write(valid, WriteMode::Update).await {
-            Ok(_) => info!(pod = %key, node = %node_name, epoch = binding.epoch, "pod bound"),
+            Ok(_) => match &node_name {
+                Some(node) => info!(pod = %key, node = %node, epoch, "pod bound"),
+                None => info!(pod = %key, epoch, "pod preempted: auctioned again"),
+            },
             Err(e) => debug!(pod = %key, error = %e, "binding not written"),
         }
     }

@@ -52,6 +52,9 @@ pub enum Message {
     Call {
         auction: (NodeId, u64),
         pods: Vec<Arc<PodRequest>>,
+        /// Every live node is asked: bidders also say whom they would preempt.
+        #[serde(default)]
+        exhaustive: bool,
     },
     Bids {
         auction: (NodeId, u64),
@@ -59,15 +62,30 @@ pub enum Message {
         free: Resources,
         allocatable: Resources,
         bids: Vec<(String, Result<i64, Decline>)>,
+        /// For pods declined for lack of resources: the lower-priority pods whose eviction
+        /// would make room, with the highest priority among them.
+        #[serde(default)]
+        preemptions: Vec<(String, Vec<String>, i32)>,
     },
 }
 
 /// What a node asks its shell to do.
 #[derive(Debug, Clone)]
 pub enum Output {
-    Send { to: NodeId, message: Message },
+    Send {
+        to: NodeId,
+        message: Message,
+    },
     Bind(Binding),
-    Unschedulable { pod: String, message: String },
+    Unschedulable {
+        pod: String,
+        message: String,
+    },
+    /// Preemption: write `binding`, and unbind `victims` (they are auctioned again).
+    Preempt {
+        binding: Binding,
+        victims: Vec<String>,
+    },
 }
 
 /// Tunables.
@@ -115,6 +133,9 @@ pub struct World<'a> {
     pub pending: &'a [(Arc<PodRequest>, u64)],
 }
 
+/// (highest victim priority, number of victims, tie-break, node, victim uids).
+type PreemptionOffer = (i32, usize, u64, NodeId, Vec<String>);
+
 struct Auction {
     pods: Vec<Arc<PodRequest>>,
     epochs: HashMap<String, u64>,
@@ -126,6 +147,8 @@ struct Auction {
     /// Per node: (free, allocatable) as reported with its bids.
     capacity: HashMap<NodeId, (Resources, Resources)>,
     declines: HashMap<String, Vec<Decline>>,
+    /// Per pod: every bidder's preemption offer.
+    preemptions: HashMap<String, Vec<PreemptionOffer>>,
     deadline: Duration,
 }
 
@@ -142,6 +165,44 @@ pub struct Scheduler {
     seq: u64,
     /// Messages and evaluations, for benchmarks.
     pub evaluations: u64,
+}
+
+/// A bidder's preemption offers: for each pod it declined only for lack of resources (all its
+/// other predicates hold), the lower-priority pods it would evict to make room.
+fn preemption_offers(
+    id: NodeId,
+    pods: &[Arc<PodRequest>],
+    bids: &[(String, Result<i64, Decline>)],
+    world: &World,
+) -> Vec<(String, Vec<String>, i32)> {
+    let Some(node) = world.cluster.node(id) else {
+        return Vec::new();
+    };
+    pods.iter()
+        .zip(bids)
+        .filter(|(_, (_, bid))| {
+            matches!(
+                bid,
+                Err(Decline::InsufficientCpu | Decline::InsufficientMemory | Decline::TooManyPods)
+            )
+        })
+        .filter_map(|(pod, _)| {
+            let victims = world.cluster.victims_for(id, pod)?;
+            // The other predicates must hold once the victims are gone.
+            let freed = victims
+                .iter()
+                .fold(world.cluster.allocated(id), |used, uid| {
+                    used.minus(world.cluster.requests_of(id, uid).unwrap_or_default())
+                });
+            predicates::check(pod, node, freed, world.cluster).ok()?;
+            let highest = victims
+                .iter()
+                .filter_map(|v| world.cluster.priority_of(id, v))
+                .max()
+                .unwrap_or(i32::MIN);
+            Some((pod.uid.clone(), victims, highest))
+        })
+        .collect()
 }
 
 /// Rendezvous hash of (key, node).
@@ -248,12 +309,14 @@ impl Scheduler {
         for pod in &pods {
             self.in_flight.insert(pod.uid.clone());
         }
+        let exhaustive = exhaustive || nodes.len() == world.cluster.node_ids().len();
         for node in &nodes {
             out.push(Output::Send {
                 to: *node,
                 message: Message::Call {
                     auction: (self.id, self.seq),
                     pods: pods.clone(),
+                    exhaustive,
                 },
             });
         }
@@ -267,8 +330,9 @@ impl Scheduler {
                 pods,
                 waiting: nodes.iter().copied().collect(),
                 asked: nodes.len(),
-                exhaustive: exhaustive || nodes.len() == world.cluster.node_ids().len(),
+                exhaustive,
                 offers: HashMap::new(),
+                preemptions: HashMap::new(),
                 capacity: HashMap::new(),
                 declines: HashMap::new(),
                 deadline: now + self.config.bid_timeout,
@@ -285,13 +349,22 @@ impl Scheduler {
     ) -> Vec<Output> {
         let mut out = Vec::new();
         match message {
-            Message::Call { auction, pods } => {
+            Message::Call {
+                auction,
+                pods,
+                exhaustive,
+            } => {
                 let Some(node) = world.cluster.node(self.id) else {
                     return out;
                 };
                 let allocatable = node.allocatable;
                 let free = allocatable.minus(world.cluster.allocated(self.id));
                 let bids = self.bid(now, &pods, world);
+                let preemptions = if exhaustive {
+                    preemption_offers(self.id, &pods, &bids, world)
+                } else {
+                    Vec::new()
+                };
                 out.push(Output::Send {
                     to: auction.0,
                     message: Message::Bids {
@@ -299,6 +372,7 @@ impl Scheduler {
                         free,
                         allocatable,
                         bids,
+                        preemptions,
                     },
                 });
             }
@@ -307,6 +381,7 @@ impl Scheduler {
                 free,
                 allocatable,
                 bids,
+                preemptions,
             } => {
                 let Some(a) = self
                     .auctions
@@ -326,6 +401,16 @@ impl Scheduler {
                         )),
                         Err(decline) => a.declines.entry(uid).or_default().push(decline),
                     }
+                }
+                for (uid, victims, highest) in preemptions {
+                    let tie = predicates::tie_break(&uid, from);
+                    a.preemptions.entry(uid).or_default().push((
+                        highest,
+                        victims.len(),
+                        tie,
+                        from,
+                        victims,
+                    ));
                 }
                 if a.waiting.is_empty() {
                     self.decide(auction.1, now, world, &mut out);
@@ -420,6 +505,24 @@ impl Scheduler {
                 }
                 None if !a.exhaustive => {
                     self.exhaustive_next.insert(pod.uid.clone());
+                }
+                None if a.preemptions.contains_key(&pod.uid) => {
+                    // Nowhere to fit: the node whose victims matter least (lowest highest
+                    // priority, then fewest) makes room.
+                    let mut options = a.preemptions.remove(&pod.uid).unwrap_or_default();
+                    options.sort_by_key(|(highest, count, tie, node, _)| {
+                        (*highest, *count, std::cmp::Reverse(*tie), *node)
+                    });
+                    let (_, _, _, node, victims) = options.swap_remove(0);
+                    out.push(Output::Preempt {
+                        binding: Binding {
+                            pod: pod.uid.clone(),
+                            node,
+                            epoch,
+                            stamp: (now.as_millis() as u64, self.id),
+                        },
+                        victims,
+                    });
                 }
                 None => {
                     let mut declines = a.declines.get(&pod.uid).cloned().unwrap_or_default();

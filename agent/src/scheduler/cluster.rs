@@ -6,8 +6,15 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::model::{NodeView, Operator, PodRequest, Resources, Term};
 
-/// (uid, namespace, labels) of a placed pod.
-type PlacedPod = (String, String, BTreeMap<String, String>);
+/// What the view keeps of a placed pod.
+#[derive(Debug, Clone)]
+struct PlacedPod {
+    uid: String,
+    namespace: String,
+    labels: BTreeMap<String, String>,
+    priority: i32,
+    requests: Resources,
+}
 
 /// Placed pods and live nodes.
 #[derive(Debug, Default, Clone)]
@@ -52,9 +59,8 @@ impl ClusterView {
                     }
                 }
             }
-            for (uid, ns, labels) in self.pods_on.remove(&id).unwrap_or_default() {
-                let _ = uid;
-                self.count(&node, &ns, &labels, false);
+            for placed in self.pods_on.remove(&id).unwrap_or_default() {
+                self.count(&node, &placed.namespace, &placed.labels, false);
             }
             self.allocated.remove(&id);
         }
@@ -112,11 +118,13 @@ impl ClusterView {
             return;
         };
         *self.allocated.entry(id).or_default() = self.allocated(id).plus(pod.requests);
-        self.pods_on.entry(id).or_default().push((
-            pod.uid.clone(),
-            pod.namespace.clone(),
-            pod.labels.clone(),
-        ));
+        self.pods_on.entry(id).or_default().push(PlacedPod {
+            uid: pod.uid.clone(),
+            namespace: pod.namespace.clone(),
+            labels: pod.labels.clone(),
+            priority: pod.priority,
+            requests: pod.requests,
+        });
         self.count(&node, &pod.namespace, &pod.labels, true);
     }
 
@@ -128,12 +136,87 @@ impl ClusterView {
         let Some(list) = self.pods_on.get_mut(&id) else {
             return;
         };
-        let Some(pos) = list.iter().position(|(uid, _, _)| *uid == pod.uid) else {
+        let Some(pos) = list.iter().position(|p| p.uid == pod.uid) else {
             return;
         };
         list.remove(pos);
         *self.allocated.entry(id).or_default() = self.allocated(id).minus(pod.requests);
         self.count(&node, &pod.namespace, &pod.labels, false);
+    }
+
+    /// Preemption: the fewest, lowest-priority pods of node `id` whose removal lets `pod` fit,
+    /// all of lower priority than `pod` (Kubernetes' rule); `None` if no such set exists.
+    /// Victims go lowest priority first (the biggest first among equals); then each is spared
+    /// again, highest priority first, if the pod still fits without removing it.
+    pub fn victims_for(&self, id: u64, pod: &PodRequest) -> Option<Vec<String>> {
+        let node = self.nodes.get(&id)?;
+        let fits = |used: Resources| {
+            let after = used.plus(pod.requests);
+            after.cpu_millis <= node.allocatable.cpu_millis
+                && after.memory_bytes <= node.allocatable.memory_bytes
+                && after.pods <= node.allocatable.pods
+        };
+        let mut candidates: Vec<&PlacedPod> = self
+            .pods_on
+            .get(&id)
+            .into_iter()
+            .flatten()
+            .filter(|p| p.priority < pod.priority)
+            .collect();
+        candidates.sort_by_key(|p| {
+            (
+                p.priority,
+                std::cmp::Reverse(p.requests.cpu_millis),
+                std::cmp::Reverse(p.requests.memory_bytes),
+                p.uid.clone(),
+            )
+        });
+        let mut used = self.allocated(id);
+        let mut victims: Vec<&PlacedPod> = Vec::new();
+        for candidate in candidates {
+            if fits(used) {
+                break;
+            }
+            used = used.minus(candidate.requests);
+            victims.push(candidate);
+        }
+        if victims.is_empty() || !fits(used) {
+            return None;
+        }
+        // Reprieve: give back what is not needed, most important first.
+        let mut spared = Vec::new();
+        for (i, victim) in victims.iter().enumerate().rev() {
+            if fits(used.plus(victim.requests)) {
+                used = used.plus(victim.requests);
+                spared.push(i);
+            }
+        }
+        Some(
+            victims
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !spared.contains(i))
+                .map(|(_, v)| v.uid.clone())
+                .collect(),
+        )
+    }
+
+    /// The requests of a placed pod.
+    pub fn requests_of(&self, id: u64, uid: &str) -> Option<Resources> {
+        self.pods_on
+            .get(&id)?
+            .iter()
+            .find(|p| p.uid == uid)
+            .map(|p| p.requests)
+    }
+
+    /// The priority of a placed pod.
+    pub fn priority_of(&self, id: u64, uid: &str) -> Option<i32> {
+        self.pods_on
+            .get(&id)?
+            .iter()
+            .find(|p| p.uid == uid)
+            .map(|p| p.priority)
     }
 
     /// Pods in `namespace` matching `selector` in the domain `domain` of `topology_key`.
@@ -159,9 +242,7 @@ impl ClusterView {
             .values()
             .filter(|n| n.labels.get(topology_key).is_some_and(|d| d == domain))
             .flat_map(|n| self.pods_on.get(&n.id).into_iter().flatten())
-            .filter(|(_, ns, labels)| {
-                ns == namespace && super::model::term_matches(selector, labels)
-            })
+            .filter(|p| p.namespace == namespace && super::model::term_matches(selector, &p.labels))
             .count() as u64
     }
 

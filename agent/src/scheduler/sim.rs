@@ -47,6 +47,8 @@ pub struct SimStats {
     pub refused: u64,
     /// Predicate + score evaluations by bidders.
     pub evaluations: u64,
+    /// Pods evicted by preemption (and auctioned again).
+    pub preempted: u64,
 }
 
 pub struct Sim {
@@ -212,6 +214,18 @@ impl Sim {
                     self.unschedulable.insert(pod, message);
                 }
                 Output::Bind(binding) => self.bind(binding),
+                Output::Preempt { binding, victims } => {
+                    for victim in victims {
+                        let Some(old) = self.bindings.remove(&victim) else {
+                            continue;
+                        };
+                        let pod = self.pods[&victim].clone();
+                        self.cluster.unplace(old.node, &pod);
+                        self.stats.preempted += 1;
+                        self.make_pending(&victim, old.epoch + 1);
+                    }
+                    self.bind(binding);
+                }
             }
         }
     }

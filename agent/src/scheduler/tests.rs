@@ -197,3 +197,66 @@ proptest! {
         prop_assert_eq!(merge(&bindings), merge(&shuffled));
     }
 }
+
+#[test]
+fn a_high_priority_pod_preempts_the_least_important_pods() {
+    use serde_json::json;
+    let node = |id: u64| super::model::NodeView {
+        id,
+        name: format!("n{id}"),
+        labels: [("kubernetes.io/hostname".to_owned(), format!("n{id}"))].into(),
+        taints: vec![],
+        allocatable: Resources::new(2000, 4 << 30, 110),
+    };
+    let pinned = |name: &str, cpu: &str, priority: i64, node: Option<&str>| {
+        let selector = node.map_or(json!({}), |n| json!({"kubernetes.io/hostname": n}));
+        PodRequest::from_pod(&json!({
+            "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
+            "spec": {"priority": priority, "nodeSelector": selector, "containers": [{"name": "c", "image": "x",
+                "resources": {"requests": {"cpu": cpu}}}]},
+        }))
+        .unwrap()
+    };
+    let pod = |name: &str, cpu: &str, priority: i64| pinned(name, cpu, priority, None);
+    let mut sim = Sim::new(SimConfig::default(), vec![node(1), node(2)]);
+    // Both nodes full: n1 with priority-10 pods, n2 with priority-0 pods (one of them small).
+    sim.add_pods([
+        pinned("mid-a", "1000m", 10, Some("n1")),
+        pinned("mid-b", "1000m", 10, Some("n1")),
+        pinned("low-a", "1500m", 0, Some("n2")),
+        pinned("low-b", "500m", 0, Some("n2")),
+    ]);
+    settle(&mut sim, 4);
+    assert_eq!(sim.bound_count(), 4, "{:?}", sim.unschedulable);
+    let node_of = |sim: &Sim, p: &str| sim.bindings.get(&format!("uid-{p}")).map(|b| b.node);
+    let low_node = node_of(&sim, "low-a").unwrap();
+    assert_eq!(low_node, 2);
+
+    // 1.5 cores at priority 100 fit nowhere: the node of the priority-0 pods makes room, and
+    // only as much as needed (low-a; low-b is spared).
+    sim.add_pods([pod("urgent", "1500m", 100)]);
+    sim.run(Duration::from_secs(30), |s| {
+        s.bindings.contains_key("uid-urgent")
+    });
+    sim.check_invariants().unwrap();
+    assert_eq!(node_of(&sim, "urgent"), Some(low_node));
+    assert_eq!(sim.stats.preempted, 1);
+    assert_eq!(node_of(&sim, "low-a"), None, "the victim is unbound");
+    assert_eq!(node_of(&sim, "low-b"), Some(low_node), "spared: not needed");
+    assert!(node_of(&sim, "mid-a").is_some() && node_of(&sim, "mid-b").is_some());
+
+    // The victim is auctioned again: nothing fits it and nothing it may preempt (equal or
+    // higher priority everywhere) — it says so instead of evicting anyone.
+    sim.run(Duration::from_secs(30), |s| {
+        s.unschedulable.contains_key("uid-low-a")
+    });
+    assert!(sim.unschedulable["uid-low-a"].starts_with("0/2 nodes are available"));
+    assert_eq!(sim.stats.preempted, 1);
+
+    // A pod of no higher priority than anything placed preempts nothing.
+    sim.add_pods([pod("peer", "1500m", 0)]);
+    sim.run(Duration::from_secs(30), |s| {
+        s.unschedulable.contains_key("uid-peer")
+    });
+    assert_eq!(sim.stats.preempted, 1);
+}

@@ -262,3 +262,70 @@ async fn daemonset_pods_are_claimed_by_each_matching_node() {
     .await
     .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_higher_priority_pod_preempts_a_lower_priority_one() {
+    let api = ApiLab::start_with(3, |_| Vec::new()).await;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Each pod asks for 60% of a node: one per node.
+    let cpu = format!("{}m", cores * 600);
+    let manifest = |name: &str, priority: i64| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  priority: {priority}\n  containers: [{{name: c, image: busybox, resources: {{requests: {{cpu: \"{cpu}\"}}}}}}]\n---\n"
+        )
+    };
+    let low: String = (0..3).map(|i| manifest(&format!("low-{i}"), 0)).collect();
+    api.ok(0, &["apply", "-f", &api.manifest("low.yaml", &low)]);
+    for i in 0..3 {
+        wait_until("the low pods bound", LIMIT, || async {
+            !node_of(&api, 1, &format!("low-{i}")).is_empty()
+        })
+        .await
+        .unwrap();
+    }
+    api.ok(
+        0,
+        &[
+            "apply",
+            "-f",
+            &api.manifest("urgent.yaml", &manifest("urgent", 1000)),
+        ],
+    );
+    wait_until("the urgent pod bound", LIMIT, || async {
+        !node_of(&api, 2, "urgent").is_empty()
+    })
+    .await
+    .unwrap();
+    // Exactly one low pod made room (agent 0 learns of it by replication), and it waits for a
+    // node now, saying why.
+    let unbound = || {
+        (0..3)
+            .map(|i| format!("low-{i}"))
+            .filter(|p| node_of(&api, 0, p).is_empty())
+            .collect::<Vec<String>>()
+    };
+    wait_until("one victim", LIMIT, || {
+        let n = unbound().len();
+        async move { n == 1 }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {:?}", unbound()));
+    let victims = unbound();
+    let victim = &victims[0];
+    wait_until("the victim's unschedulable condition", LIMIT, || async {
+        api.kubectl(
+            1,
+            &[
+                "get",
+                "pod",
+                victim,
+                "-o",
+                "jsonpath={.status.conditions[0].message}",
+            ],
+        )
+        .1
+        .starts_with("0/3 nodes are available")
+    })
+    .await
+    .unwrap();
+}
