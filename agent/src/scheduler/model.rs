@@ -165,6 +165,9 @@ pub struct PodRequest {
     #[serde(default)]
     pub affinity: Vec<AntiAffinity>,
     pub spread: Vec<Spread>,
+    /// Preferred pod affinity (positive weight) and anti-affinity (negative weight).
+    #[serde(default)]
+    pub preferred_pod_terms: Vec<(i64, AntiAffinity)>,
     /// `spec.nodeName`: bound directly, no auction.
     pub node_name: Option<String>,
 }
@@ -287,6 +290,31 @@ impl PodRequest {
         };
         let anti_affinity = pod_terms("podAntiAffinity")?;
         let pod_affinity = pod_terms("podAffinity")?;
+        let mut preferred_pod_terms = Vec::new();
+        for (field, sign) in [("podAffinity", 1), ("podAntiAffinity", -1)] {
+            for (i, t) in affinity[field]["preferredDuringSchedulingIgnoredDuringExecution"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                let weight = t["weight"].as_i64().unwrap_or(1).clamp(1, 100);
+                let term = &t["podAffinityTerm"];
+                let selector = parse_term(&term["labelSelector"]).map_err(|e| {
+                    format!("spec.affinity.{field}.preferredDuringSchedulingIgnoredDuringExecution[{i}]: {e}")
+                })?;
+                preferred_pod_terms.push((
+                    sign * weight,
+                    AntiAffinity {
+                        topology_key: term["topologyKey"]
+                            .as_str()
+                            .unwrap_or("kubernetes.io/hostname")
+                            .to_owned(),
+                        selector,
+                    },
+                ));
+            }
+        }
         let spread = spec["topologySpreadConstraints"]
             .as_array()
             .into_iter()
@@ -340,6 +368,7 @@ impl PodRequest {
             anti_affinity,
             affinity: pod_affinity,
             spread,
+            preferred_pod_terms,
             node_name: spec["nodeName"]
                 .as_str()
                 .filter(|n| !n.is_empty())

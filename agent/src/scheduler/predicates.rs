@@ -148,10 +148,13 @@ pub const WEIGHT_SPREAD: i64 = 2;
 pub const PENALTY_PREFER_NO_SCHEDULE: i64 = 100;
 
 /// How much a node wants a pod:
-/// `4·least_allocated + 2·balanced + 2·preferred_affinity + 2·spread − 100·[PreferNoSchedule]`,
-/// where least_allocated is the mean free fraction of cpu and memory after placing the pod,
-/// balanced is 1 − |cpu fraction − memory fraction|, preferred_affinity the matched share of
-/// preferred-term weights, and spread favours domains with fewer pods of the same constraint.
+/// `4·least_allocated + 2·balanced + 2·(preferred_affinity + preferred_pod_affinity) +
+/// 2·spread − 100·[PreferNoSchedule]`, where least_allocated is the mean free fraction of cpu
+/// and memory after placing the pod, balanced is 1 − |cpu fraction − memory fraction|,
+/// preferred_affinity the matched share of preferred node-affinity weights (0..=100),
+/// preferred_pod_affinity the signed share of preferred pod affinity (+) and anti-affinity (−)
+/// weights whose pods are in the node's domain (−100..=100), and spread favours domains with
+/// fewer pods of the same constraint.
 pub fn score(pod: &PodRequest, node: &NodeView, used: Resources, cluster: &ClusterView) -> i64 {
     let after = used.plus(pod.requests);
     let frac = |u: u64, cap: u64| {
@@ -188,6 +191,24 @@ pub fn score(pod: &PodRequest, node: &NodeView, used: Resources, cluster: &Clust
         })
         .sum::<i64>()
         / pod.spread.len().max(1) as i64;
+    // Preferred pod (anti-)affinity: the weights of the terms with a matching pod in this
+    // node's domain, over all weights, in [-100, 100].
+    let pod_weights: i64 = pod.preferred_pod_terms.iter().map(|(w, _)| w.abs()).sum();
+    let pod_preferred = if pod_weights == 0 {
+        0
+    } else {
+        pod.preferred_pod_terms
+            .iter()
+            .filter(|(_, t)| {
+                node.labels.get(&t.topology_key).is_some_and(|d| {
+                    cluster.matching_in_domain(&t.topology_key, d, &pod.namespace, &t.selector) > 0
+                })
+            })
+            .map(|(w, _)| *w)
+            .sum::<i64>()
+            * 100
+            / pod_weights
+    };
     let penalty = if node.taints.iter().any(|t| {
         t.effect == TaintEffect::PreferNoSchedule
             && !pod.tolerations.iter().any(|tol| tol.tolerates(t))
@@ -198,7 +219,7 @@ pub fn score(pod: &PodRequest, node: &NodeView, used: Resources, cluster: &Clust
     };
     WEIGHT_LEAST_ALLOCATED * least
         + WEIGHT_BALANCED * balanced
-        + WEIGHT_PREFERRED_AFFINITY * preferred
+        + WEIGHT_PREFERRED_AFFINITY * (preferred + pod_preferred)
         + WEIGHT_SPREAD * spread
         - penalty
 }
@@ -427,6 +448,31 @@ mod tests {
                 Resources::default(),
                 &cluster
             )
+        );
+    }
+
+    #[test]
+    fn preferred_pod_affinity_and_anti_affinity_move_the_score() {
+        let mut cluster = ClusterView::default();
+        let (a, b) = (node(1, &[], 4000, 8), node(2, &[], 4000, 8));
+        cluster.add_node(a.clone());
+        cluster.add_node(b.clone());
+        let db = PodRequest::from_pod(&json!({"metadata": {"name": "db", "uid": "db", "namespace": "default", "labels": {"app": "db"}}, "spec": {"containers": [{"name": "c"}]}})).unwrap();
+        cluster.place(1, &db);
+        let term = |field: &str| {
+            json!({"affinity": {field: {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 50,
+                "podAffinityTerm": {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "kubernetes.io/hostname"}}]}},
+                "containers": [{"name": "c"}]})
+        };
+        let near = pod(term("podAffinity"));
+        let used = |id| cluster.allocated(id);
+        assert!(score(&near, &a, used(1), &cluster) > score(&near, &b, used(2), &cluster));
+        let away = pod(term("podAntiAffinity"));
+        assert!(score(&away, &a, used(1), &cluster) < score(&away, &b, used(2), &cluster));
+        let plain = pod(json!({"containers": [{"name": "c"}]}));
+        assert_eq!(
+            score(&plain, &a, used(1), &cluster),
+            score(&plain, &b, used(2), &cluster)
         );
     }
 

@@ -118,6 +118,7 @@ pub fn pods(seed: u64, n: usize) -> Vec<PodRequest> {
                 anti_affinity: vec![],
                 affinity: vec![],
                 spread,
+                preferred_pod_terms: vec![],
                 node_name: None,
             }
         })
