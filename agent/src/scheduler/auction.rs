@@ -136,6 +136,7 @@ pub struct World<'a> {
 /// (highest victim priority, number of victims, tie-break, node, victim uids).
 type PreemptionOffer = (i32, usize, u64, NodeId, Vec<String>);
 
+#[derive(Clone)]
 struct Auction {
     pods: Vec<Arc<PodRequest>>,
     epochs: HashMap<String, u64>,
@@ -153,6 +154,7 @@ struct Auction {
 }
 
 /// One node's scheduler: bidder and auctioneer.
+#[derive(Clone)]
 pub struct Scheduler {
     pub id: NodeId,
     config: AuctionConfig,

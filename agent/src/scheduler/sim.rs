@@ -13,6 +13,7 @@ use super::auction::{
 };
 use super::cluster::ClusterView;
 use super::model::{NodeView, PodRequest};
+use super::partition::{self, FenceConfig, Policy};
 use super::predicates;
 
 /// Tunables of a simulation.
@@ -23,6 +24,11 @@ pub struct SimConfig {
     /// How long a dead node's pods wait before they are auctioned again.
     pub eviction_delay: Duration,
     pub auction: AuctionConfig,
+    /// Timing of the `fenced` policy.
+    pub fence: FenceConfig,
+    /// How long nodes on the two sides of a partition take to declare each other dead
+    /// (at most the fence config's detection bound).
+    pub detection: Duration,
 }
 
 impl Default for SimConfig {
@@ -32,6 +38,8 @@ impl Default for SimConfig {
             tick: Duration::from_millis(10),
             eviction_delay: Duration::from_secs(3),
             auction: AuctionConfig::default(),
+            fence: FenceConfig::new(Duration::from_secs(2), Duration::from_secs(2)),
+            detection: Duration::from_secs(2),
         }
     }
 }
@@ -51,6 +59,7 @@ pub struct SimStats {
     pub preempted: u64,
 }
 
+#[derive(Clone)]
 pub struct Sim {
     pub now: Duration,
     config: SimConfig,
@@ -71,6 +80,14 @@ pub struct Sim {
     auctioneer_of: HashMap<String, NodeId>,
     /// Evictions due: (time, dead node).
     evictions: Vec<(Duration, NodeId)>,
+    /// Partition policy per pod (absent: available).
+    policies: HashMap<String, Policy>,
+    /// Nodes of the whole cluster (majorities are counted against it).
+    members: usize,
+    /// Since when this world's side of a partition lacks a majority.
+    without_majority_since: Option<Duration>,
+    /// Nodes on the other side of a partition, declared dead at the given time.
+    cut_off: HashMap<NodeId, Duration>,
 }
 
 impl Sim {
@@ -98,7 +115,30 @@ impl Sim {
             pending: HashMap::new(),
             auctioneer_of: HashMap::new(),
             evictions: Vec::new(),
+            policies: HashMap::new(),
+            members: 0,
+            without_majority_since: None,
+            cut_off: HashMap::new(),
         }
+        .with_members()
+    }
+
+    fn with_members(mut self) -> Self {
+        self.members = self.schedulers.len();
+        self
+    }
+
+    /// Sets a pod's partition policy.
+    pub fn set_policy(&mut self, uid: &str, policy: Policy) {
+        self.policies.insert(uid.to_owned(), policy);
+    }
+
+    fn policy(&self, uid: &str) -> Policy {
+        self.policies.get(uid).copied().unwrap_or(Policy::Available)
+    }
+
+    fn has_majority(&self) -> bool {
+        partition::has_majority(self.schedulers.len(), self.members)
     }
 
     pub fn add_pods(&mut self, pods: impl IntoIterator<Item = PodRequest>) {
@@ -168,27 +208,146 @@ impl Sim {
             .count()
     }
 
-    /// Pods of nodes whose eviction delay has passed become pending with epoch + 1.
+    /// Pods of dead nodes become pending with epoch + 1 once their policy allows: available
+    /// after the eviction delay; fenced only with a majority and after the fenced delay.
     fn evict_due(&mut self) {
         let now = self.now;
-        let due: Vec<NodeId> = self
-            .evictions
-            .iter()
-            .filter(|(at, _)| *at <= now)
-            .map(|(_, n)| *n)
-            .collect();
         self.evictions.retain(|(at, _)| *at > now);
+        let majority = self.has_majority();
+        let orphans: Vec<(String, u64)> = self
+            .bindings
+            .iter()
+            .filter_map(|(uid, b)| {
+                let since = *self.dead.get(&b.node)?;
+                partition::may_replace(
+                    self.policy(uid),
+                    now.saturating_sub(since),
+                    majority,
+                    self.config.eviction_delay,
+                    &self.config.fence,
+                )
+                .then(|| (uid.clone(), b.epoch + 1))
+            })
+            .collect();
+        for (uid, epoch) in orphans {
+            self.make_pending(&uid, epoch);
+        }
+    }
+
+    /// The nodes this world can no longer reach (the other side of a partition): they stop
+    /// answering at once and are declared dead after the detection delay.
+    pub fn cut(&mut self, unreachable: &[NodeId]) {
+        for node in unreachable {
+            self.schedulers.remove(node);
+            self.cut_off.insert(*node, self.now + self.config.detection);
+        }
+        // Messages in flight to or from them are lost.
+        let gone: HashSet<NodeId> = unreachable.iter().copied().collect();
+        self.in_transit
+            .retain(|_, (from, to, _)| !gone.contains(from) && !gone.contains(to));
+    }
+
+    fn declare_cut_off_dead(&mut self) {
+        let now = self.now;
+        let due: Vec<NodeId> = self
+            .cut_off
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(n, _)| *n)
+            .collect();
         for node in due {
-            let orphans: Vec<(String, u64)> = self
-                .bindings
-                .iter()
-                .filter(|(_, b)| b.node == node)
-                .map(|(uid, b)| (uid.clone(), b.epoch + 1))
-                .collect();
-            for (uid, epoch) in orphans {
-                self.make_pending(&uid, epoch);
+            self.cut_off.remove(&node);
+            self.kill(node);
+        }
+        // Nodes not yet declared dead still count: nobody knows they are gone.
+        let majority =
+            partition::has_majority(self.schedulers.len() + self.cut_off.len(), self.members);
+        match (majority, self.without_majority_since) {
+            (false, None) => self.without_majority_since = Some(now),
+            (true, Some(_)) => self.without_majority_since = None,
+            _ => {}
+        }
+    }
+
+    /// Whether this world's side stopped its fenced pods (no majority for the fence timeout).
+    pub fn fenced_stopped(&self) -> bool {
+        partition::must_stop(
+            self.without_majority_since
+                .map(|s| self.now.saturating_sub(s)),
+            &self.config.fence,
+        )
+    }
+
+    /// Where each pod runs in this world right now: its binding's node, if that node is alive
+    /// here, unless the pod is fenced and this side stopped its fenced pods.
+    pub fn running(&self) -> Vec<(String, NodeId)> {
+        self.bindings
+            .iter()
+            .filter(|(_, b)| self.schedulers.contains_key(&b.node))
+            .filter(|(uid, _)| !(self.policy(uid) == Policy::Fenced && self.fenced_stopped()))
+            .map(|(uid, b)| (uid.clone(), b.node))
+            .collect()
+    }
+
+    /// Heals a partition: one world from every side's, bindings merged by the binding rule
+    /// (the higher one wins), every node alive again.
+    pub fn heal(sides: Vec<Sim>) -> Sim {
+        let mut sides = sides.into_iter();
+        let mut merged = sides.next().expect("at least one side");
+        let mut all_nodes: BTreeMap<NodeId, super::model::NodeView> = BTreeMap::new();
+        let mut schedulers = std::mem::take(&mut merged.schedulers);
+        let mut bindings = std::mem::take(&mut merged.bindings);
+        let mut now = merged.now;
+        let mut others = Vec::new();
+        for side in sides {
+            now = now.max(side.now);
+            schedulers.extend(side.schedulers.clone());
+            for (uid, b) in &side.bindings {
+                if bindings.get(uid).is_none_or(|old| b.wins_over(old)) {
+                    bindings.insert(uid.clone(), b.clone());
+                }
+            }
+            others.push(side);
+        }
+        for side in std::iter::once(&merged).chain(&others) {
+            for n in side.cluster.nodes() {
+                all_nodes.insert(n.id, n.clone());
             }
         }
+        let mut cluster = ClusterView::default();
+        for n in all_nodes.values() {
+            if schedulers.contains_key(&n.id) {
+                cluster.add_node(n.clone());
+            }
+        }
+        for (uid, b) in &bindings {
+            if let Some(pod) = merged.pods.get(uid) {
+                cluster.place(b.node, pod);
+            }
+        }
+        merged.now = now;
+        merged.schedulers = schedulers;
+        merged.bindings = bindings;
+        merged.cluster = cluster;
+        merged.dead.clear();
+        merged.cut_off.clear();
+        merged.evictions.clear();
+        merged.without_majority_since = None;
+        merged.in_transit.clear();
+        merged.queue.clear();
+        // Auctioneers over the whole membership again; unbound pods pending there.
+        let live: Vec<NodeId> = merged.schedulers.keys().copied().collect();
+        merged.pending.clear();
+        let uids: Vec<String> = merged.pods.keys().cloned().collect();
+        for uid in uids {
+            if let Some(a) = auctioneer(&uid, live.iter().copied()) {
+                merged.auctioneer_of.insert(uid.clone(), a);
+            }
+            if !merged.bindings.contains_key(&uid) {
+                merged.make_pending(&uid, 1);
+            }
+        }
+        merged
     }
 
     fn send(&mut self, from: NodeId, to: NodeId, message: Message) {
@@ -294,6 +453,7 @@ impl Sim {
                 self.apply(to, outputs);
             }
             if self.now >= next_tick {
+                self.declare_cut_off_dead();
                 self.evict_due();
                 let ids: Vec<NodeId> = self.schedulers.keys().copied().collect();
                 for id in ids {

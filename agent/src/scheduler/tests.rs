@@ -260,3 +260,94 @@ fn a_high_priority_pod_preempts_the_least_important_pods() {
     });
     assert_eq!(sim.stats.preempted, 1);
 }
+
+#[test]
+fn a_partition_heals_to_one_binding_per_pod_and_fenced_pods_never_run_twice() {
+    use super::partition::Policy;
+    let nodes = workload::nodes(7, 50);
+    let ids: Vec<u64> = nodes.iter().map(|n| n.id).collect();
+    let pods = workload::pods(8, 600);
+    let mut sim = Sim::new(SimConfig::default(), nodes);
+    let fenced: HashSet<String> = pods
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 3 == 0)
+        .map(|(_, p)| p.uid.clone())
+        .collect();
+    for uid in &fenced {
+        sim.set_policy(uid, Policy::Fenced);
+    }
+    sim.add_pods(pods.clone());
+    settle(&mut sim, pods.len());
+    let placed_before = sim.bound_count();
+
+    // Split 30 | 20: each side is its own world from now on, on one shared clock.
+    let (major, minor): (Vec<u64>, Vec<u64>) = (ids[..30].to_vec(), ids[30..].to_vec());
+    let mut a = sim.clone();
+    a.cut(&minor);
+    let mut b = sim;
+    b.cut(&major);
+    let mut sides = vec![a, b];
+    // Fenced pods never run on two nodes at any instant; available ones may (that is the
+    // policy), and are deduplicated on heal.
+    let check = |sides: &[Sim]| {
+        let mut runs: std::collections::HashMap<String, Vec<u64>> = Default::default();
+        for side in sides {
+            for (uid, node) in side.running() {
+                runs.entry(uid).or_default().push(node);
+            }
+        }
+        for uid in &fenced {
+            let n = runs.get(uid).map_or(0, Vec::len);
+            assert!(n <= 1, "fenced pod {uid} runs on {:?}", runs[uid]);
+        }
+    };
+    let mut moved_fenced = false;
+    for _ in 0..1500 {
+        for side in sides.iter_mut() {
+            let end = side.now + Duration::from_millis(10);
+            side.run(Duration::from_millis(10), |s| s.now >= end);
+        }
+        check(&sides);
+        // The majority eventually replaces the minority's fenced pods; the minority never
+        // replaces the majority's.
+        moved_fenced |= sides[0]
+            .bindings
+            .iter()
+            .any(|(uid, b)| fenced.contains(uid) && b.epoch > 1 && major.contains(&b.node));
+        assert!(
+            !sides[1]
+                .bindings
+                .iter()
+                .any(|(uid, b)| fenced.contains(uid) && b.epoch > 1)
+        );
+    }
+    assert!(moved_fenced, "the majority replaced no fenced pod");
+    assert!(
+        sides[1].fenced_stopped(),
+        "the minority stopped its fenced pods"
+    );
+
+    // Heal: one binding per pod, each pod placed exactly once, nothing overcommitted.
+    let mut healed = Sim::heal(sides);
+    healed.run(Duration::from_secs(30), |s| {
+        s.bound_count() + s.unschedulable.len() >= pods.len()
+    });
+    healed.check_invariants().unwrap();
+    let placed: u64 = healed
+        .cluster
+        .nodes()
+        .map(|n| healed.cluster.allocated(n.id).pods)
+        .sum();
+    assert_eq!(
+        placed as usize,
+        healed.bindings.len(),
+        "a pod is placed twice"
+    );
+    assert!(
+        healed.bound_count() >= placed_before,
+        "{} < {placed_before}",
+        healed.bound_count()
+    );
+    check(&[healed]);
+}
