@@ -133,6 +133,11 @@ pub struct World<'a> {
     pub pending: &'a [(Arc<PodRequest>, u64)],
 }
 
+/// How many times the sample size of least-loaded nodes half of a sample is drawn from.
+const LOAD_POOL: usize = 4;
+/// Percent of a sample drawn from the least-loaded pool.
+const LOAD_SHARE: usize = 50;
+
 /// (highest victim priority, number of victims, tie-break, node, victim uids).
 type PreemptionOffer = (i32, usize, u64, NodeId, Vec<String>);
 
@@ -305,8 +310,42 @@ impl Scheduler {
         let key = format!("{}/{}", self.id, self.seq);
         let mut nodes = world.cluster.node_ids();
         if !exhaustive && nodes.len() > self.config.sample {
+            // Half the sample from the least-loaded nodes (a random pick among the
+            // `LOAD_POOL` × sample emptiest, so concurrent auctioneers do not herd onto the
+            // same ones), half from everyone (pods with selectors or spread need variety).
+            let load = |n: NodeId| {
+                let node = world
+                    .cluster
+                    .node(n)
+                    .map(|v| v.allocatable)
+                    .unwrap_or_default();
+                let used = world.cluster.allocated(n);
+                (used.cpu_millis * 1000)
+                    .checked_div(node.cpu_millis)
+                    .unwrap_or(u64::MAX)
+            };
+            let mut by_load: Vec<(u64, NodeId)> = nodes.iter().map(|n| (load(*n), *n)).collect();
+            let pool = (self.config.sample * LOAD_POOL).min(by_load.len());
+            if pool < by_load.len() {
+                by_load.select_nth_unstable(pool);
+                by_load.truncate(pool);
+            }
+            let mut by_load: Vec<NodeId> = by_load.into_iter().map(|(_, n)| n).collect();
+            by_load.sort_by_key(|n| std::cmp::Reverse(rendezvous(&key, *n)));
+            let mut chosen: Vec<NodeId> = by_load
+                .into_iter()
+                .take(self.config.sample * LOAD_SHARE / 100)
+                .collect();
             nodes.sort_by_key(|n| std::cmp::Reverse(rendezvous(&key, *n)));
-            nodes.truncate(self.config.sample);
+            for n in nodes {
+                if chosen.len() >= self.config.sample {
+                    break;
+                }
+                if !chosen.contains(&n) {
+                    chosen.push(n);
+                }
+            }
+            nodes = chosen;
         }
         for pod in &pods {
             self.in_flight.insert(pod.uid.clone());
