@@ -144,6 +144,11 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         }
         (None, None) => None,
     };
+    let runtime = if config.no_runtime {
+        None
+    } else {
+        Some(crate::runtime::Runtime::new(&config.data_dir)?)
+    };
     let mut labels = config.labels.clone();
     labels.extend(host::well_known_labels(&config.name));
     let meta = NodeMeta {
@@ -155,7 +160,13 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         },
         capacity: host::detect_capacity(host::DEFAULT_MAX_PODS).map_err(AgentError::Host)?,
         agent_version: crate::AGENT_VERSION.to_owned(),
-        info: Some(host::node_info(&node.node_id)),
+        info: Some(shoal_gossip::NodeInfo {
+            container_runtime: runtime
+                .as_ref()
+                .map(|r| r.runtime_version())
+                .unwrap_or_default(),
+            ..host::node_info(&node.node_id)
+        }),
         taints: config.taints.clone(),
     };
     let mut membership_config = MembershipConfig::new(
@@ -218,8 +229,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             &config.data_dir,
         ))?)
     };
-    let kubelet = if let Some(images) = images.clone() {
-        let runtime = crate::runtime::Runtime::new(&config.data_dir)?;
+    let kubelet = if let (Some(images), Some(runtime)) = (images.clone(), runtime) {
         let puller = crate::kubelet::image_puller::ImagePuller::new(
             images.clone(),
             membership.clone(),

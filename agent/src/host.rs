@@ -61,6 +61,7 @@ pub fn node_info(fallback_machine_id: &str) -> shoal_gossip::NodeInfo {
         started_unix_ms: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64),
+        container_runtime: String::new(),
     }
 }
 

@@ -120,6 +120,9 @@ pub struct NodeInfo {
     pub boot_id: String,
     /// When the agent started, in milliseconds since the Unix epoch.
     pub started_unix_ms: u64,
+    /// The container runtime that runs this node's pods (`runc://1.1.5`), empty if none.
+    #[serde(default)]
+    pub container_runtime: String,
 }
 
 /// Everything a node says about itself in gossip.

@@ -152,7 +152,7 @@ pub fn node(member: &Member, now_rfc3339: &str) -> Value {
                 "bootID": info.boot_id,
                 "kernelVersion": info.kernel_version,
                 "osImage": info.os_image,
-                "containerRuntimeVersion": "shoal://none",
+                "containerRuntimeVersion": if info.container_runtime.is_empty() { "none".to_owned() } else { info.container_runtime.clone() },
                 "kubeletVersion": format!("v1.{}.0-shoal-{}", super::discovery::KUBE_MINOR, meta.map_or("", |m| m.agent_version.as_str())),
                 "kubeProxyVersion": "",
                 "operatingSystem": std::env::consts::OS,

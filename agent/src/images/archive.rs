@@ -57,26 +57,14 @@ fn clean(path: &str) -> String {
     parts.join("/")
 }
 
-/// Opens an archive, undoing gzip (`docker save | gzip`) if present.
-fn open(path: &Path) -> io::Result<Box<dyn Read>> {
-    let mut file = std::fs::File::open(path)?;
-    let mut magic = [0u8; 2];
-    let n = file.read(&mut magic)?;
-    let head = io::Cursor::new(magic[..n].to_vec()).chain(file);
-    Ok(if magic == [0x1f, 0x8b] {
-        Box::new(flate2::read::GzDecoder::new(io::BufReader::new(head)))
-    } else {
-        Box::new(io::BufReader::new(head))
-    })
-}
-
 /// Streams every file of `archive` into the store's blobs.
 pub(super) fn read(store: &ImageStore, archive: &Path) -> Result<Unpacked, ImageError> {
     let io_err = |source| ImageError::Archive {
         archive: archive.to_owned(),
         source,
     };
-    let mut tar = tar::Archive::new(open(archive).map_err(io_err)?);
+    // `docker save | gzip` archives are read as they are.
+    let mut tar = tar::Archive::new(super::layer::open_decompressed(archive).map_err(io_err)?);
     let mut out = Unpacked::default();
     for entry in tar.entries().map_err(io_err)? {
         let mut entry = entry.map_err(io_err)?;

@@ -38,9 +38,9 @@ impl<R: Read> Read for Hashing<R> {
     }
 }
 
-/// Opens a layer blob, undoing gzip if its first bytes say so.
-fn open_layer(blob: &Path) -> io::Result<Box<dyn Read>> {
-    let mut file = std::fs::File::open(blob)?;
+/// Opens a file (layer blob or archive), undoing gzip if its first bytes say so.
+pub(super) fn open_decompressed(path: &Path) -> io::Result<Box<dyn Read>> {
+    let mut file = io::BufReader::new(std::fs::File::open(path)?);
     let mut magic = [0u8; 2];
     let n = file.read(&mut magic)?;
     let head = io::Cursor::new(magic[..n].to_vec()).chain(file);
@@ -104,7 +104,7 @@ pub fn unpack(blob: &Path, dest: &Path, diff_id: Option<&str>) -> Result<(), Lay
         source,
     };
     let reader = Hashing {
-        inner: open_layer(blob).map_err(io_err)?,
+        inner: open_decompressed(blob).map_err(io_err)?,
         hash: Sha256::new(),
     };
     let mut archive = tar::Archive::new(reader);

@@ -162,6 +162,27 @@ struct ContainerView<'a> {
     done: bool,
 }
 
+impl<'a> ContainerView<'a> {
+    /// A container of the spec with its latest and previous attempts (`by_name`: attempts in
+    /// order).
+    fn new(
+        plan: &'a ContainerPlan,
+        init: bool,
+        by_name: &BTreeMap<&str, Vec<&'a ObservedContainer>>,
+    ) -> Self {
+        let list = by_name.get(plan.name.as_str());
+        Self {
+            plan,
+            init,
+            latest: list.and_then(|l| l.last().copied()),
+            previous: list.and_then(|l| l.len().checked_sub(2).map(|i| l[i])),
+            waiting: None,
+            ready: false,
+            done: false,
+        }
+    }
+}
+
 impl PodWorker {
     pub fn new(config: WorkerConfig) -> Self {
         Self {
@@ -415,16 +436,7 @@ impl PodWorker {
         let mut init_complete = true;
         let mut init_failed = false;
         for c in &plan.init_containers {
-            let list = by_name.get(c.name.as_str());
-            let mut view = ContainerView {
-                plan: c,
-                init: true,
-                latest: list.and_then(|l| l.last().copied()),
-                previous: list.and_then(|l| l.len().checked_sub(2).map(|i| l[i])),
-                waiting: None,
-                ready: false,
-                done: false,
-            };
+            let mut view = ContainerView::new(c, true, &by_name);
             if main_started {
                 view.done = true;
                 views.push(view);
@@ -456,16 +468,7 @@ impl PodWorker {
         }
         let init_complete = init_complete && !init_failed;
         for c in &plan.containers {
-            let list = by_name.get(c.name.as_str());
-            let mut view = ContainerView {
-                plan: c,
-                init: false,
-                latest: list.and_then(|l| l.last().copied()),
-                previous: list.and_then(|l| l.len().checked_sub(2).map(|i| l[i])),
-                waiting: None,
-                ready: false,
-                done: false,
-            };
+            let mut view = ContainerView::new(c, false, &by_name);
             if !init_complete {
                 view.waiting = Some(("PodInitializing".into(), String::new()));
             } else {

@@ -80,6 +80,20 @@ pub fn write_state<T: Serialize>(dir: &Path, name: &str, value: &T) -> io::Resul
     std::fs::rename(tmp, dir.join(name))
 }
 
+/// `exit.json` for a container that never started.
+fn write_start_error(bundle: &Path, message: String) -> io::Result<()> {
+    write_state(
+        bundle,
+        EXIT_FILE,
+        &Exited {
+            exit_code: 128,
+            signal: None,
+            finished_unix_ms: unix_ms(SystemTime::now()),
+            start_error: Some(message),
+        },
+    )
+}
+
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as RawFd; 2];
     // SAFETY: pipe2 fills two descriptors we then own.
@@ -208,18 +222,7 @@ pub fn run(args: &ShimArgs) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     write_state(&args.bundle, SHIM_PID_FILE, &std::process::id())?;
-    let fail = |message: String| {
-        write_state(
-            &args.bundle,
-            EXIT_FILE,
-            &Exited {
-                exit_code: 128,
-                signal: None,
-                finished_unix_ms: unix_ms(SystemTime::now()),
-                start_error: Some(message),
-            },
-        )
-    };
+    let fail = |message: String| write_start_error(&args.bundle, message);
     let mut log = LogWriter::open(&args.log, args.log_max_bytes)?;
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
@@ -373,16 +376,7 @@ pub fn main(args: &ShimArgs) -> io::Result<()> {
     if let Err(err) = run(args) {
         eprintln!("shoal shim {}: {err}", args.id);
         if !args.bundle.join(EXIT_FILE).exists() {
-            let _ = write_state(
-                &args.bundle,
-                EXIT_FILE,
-                &Exited {
-                    exit_code: 128,
-                    signal: None,
-                    finished_unix_ms: unix_ms(SystemTime::now()),
-                    start_error: Some(format!("shim: {err}")),
-                },
-            );
+            let _ = write_start_error(&args.bundle, format!("shim: {err}"));
         }
         return Err(err);
     }
