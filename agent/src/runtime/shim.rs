@@ -289,11 +289,16 @@ pub fn run(args: &ShimArgs) -> io::Result<()> {
                 revents: 0,
             })
             .collect();
-        if polls.is_empty() && exit.is_some() {
+        if polls.is_empty() {
+            if exit.is_none() {
+                // Both streams are closed: nothing to read, only the exit to wait for.
+                exit = reap(pid, true)?;
+            }
             break;
         }
-        // SAFETY: polling descriptors we own; the array outlives the call.
-        let n = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, 100) };
+        // SAFETY: polling descriptors we own; the array outlives the call. The timeout bounds
+        // how late an exit is noticed while a stream is still open.
+        let n = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, 10) };
         if n > 0 {
             for stream in streams.iter_mut() {
                 let ready = stream.fd.as_ref().is_some_and(|fd| {

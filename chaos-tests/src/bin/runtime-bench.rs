@@ -132,6 +132,7 @@ fn shoal_cycles(dir: &Path, images: &Path, cycles: usize) -> anyhow::Result<Vec<
         );
         let start = Instant::now();
         runtime.start_container(uid, &meta, &req)?;
+        let started = start.elapsed();
         loop {
             let exited = runtime.list().iter().flat_map(|p| &p.containers).any(|c| {
                 c.meta.attempt == attempt && matches!(c.state, ObservedState::Exited { .. })
@@ -144,7 +145,16 @@ fn shoal_cycles(dir: &Path, images: &Path, cycles: usize) -> anyhow::Result<Vec<
             }
             std::thread::sleep(Duration::from_micros(500));
         }
+        let exited = start.elapsed();
         runtime.remove_container(uid, "c", attempt)?;
+        if std::env::var_os("BENCH_PHASES").is_some() {
+            eprintln!(
+                "cycle {attempt}: start {:.1} ms, exit seen {:.1} ms, removed {:.1} ms",
+                ms(started),
+                ms(exited),
+                ms(start.elapsed())
+            );
+        }
         times.push(ms(start.elapsed()));
     }
     runtime.remove_sandbox(uid)?;
