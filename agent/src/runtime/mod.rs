@@ -560,6 +560,9 @@ impl Runtime {
         }
         cgroup::remove(self.layout, &self.pod_cgroup(pod_uid))
             .map_err(io_at(Path::new(&self.pod_cgroup(pod_uid))))?;
+        // This runtime's and the node-wide parents, once they hold no other pod.
+        let _ = cgroup::remove_if_empty(self.layout, &format!("/shoal/{}", self.scope));
+        let _ = cgroup::remove_if_empty(self.layout, "/shoal");
         match std::fs::remove_dir_all(&dir) {
             Err(err) if err.kind() != io::ErrorKind::NotFound => Err(io_at(&dir)(err)),
             _ => Ok(()),

@@ -155,6 +155,13 @@ fn assert_no_leaks(uid: &str, runtime: &Runtime) {
         "cgroup left"
     );
     assert!(runtime.runc_containers().is_empty(), "runc containers left");
+    // Nor the runtime's own parent cgroup (other tests' runtimes have their own scope).
+    let scope_parent = runtime.pod_cgroup(uid);
+    let scope_parent = scope_parent.rsplit_once('/').unwrap().0;
+    assert!(
+        !Path::new(&format!("/sys/fs/cgroup/memory{scope_parent}")).exists(),
+        "{scope_parent} left"
+    );
 }
 
 #[test]
