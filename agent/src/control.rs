@@ -86,10 +86,9 @@ pub fn router(
 /// A pod with the status its node gossips (Pending until one does); other kinds unchanged.
 fn with_observed(state: &ControlState, kind: &str, mut object: Value) -> Value {
     if kind == "Pod" {
-        let uid = object["metadata"]["uid"].as_str().unwrap_or_default();
-        let status = object["spec"]["nodeName"]
-            .as_str()
-            .and_then(|node| state.pod_statuses.get(uid, node))
+        let status = state
+            .pod_statuses
+            .status_of(&object)
             .unwrap_or_else(|| json!({"phase": "Pending"}));
         object["status"] = status;
     }

@@ -1036,8 +1036,7 @@ async fn pod_log(
     };
     let flag = |key: &str| query.get(key).is_some_and(|v| v == "true");
     // A container that never ran has no log: say why it waits, as the apiserver does.
-    let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
-    let status = state.pod_statuses.get(uid, &node);
+    let status = state.pod_statuses.status_of(&pod);
     let container_state = status.as_ref().and_then(|s| {
         ["containerStatuses", "initContainerStatuses"]
             .iter()

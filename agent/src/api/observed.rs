@@ -31,12 +31,7 @@ fn pod_scheduled(scheduling: &Scheduling, object: &Value) -> Value {
 /// A pod's status: what its node publishes, with PodScheduled in front; Pending until then.
 fn pod_status(state: &ApiState, pod: &Value) -> Value {
     let scheduled = pod_scheduled(&state.scheduling, pod);
-    let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
-    let published = pod["spec"]["nodeName"]
-        .as_str()
-        .filter(|n| !n.is_empty())
-        .and_then(|node| state.pod_statuses.get(uid, node));
-    match published {
+    match state.pod_statuses.status_of(pod) {
         Some(mut status) => {
             if let Some(conditions) = status["conditions"].as_array_mut() {
                 conditions.insert(0, scheduled);

@@ -68,12 +68,28 @@ pub struct Kubelet {
     statuses: Arc<status::PodStatusCache>,
     puller: Arc<image_puller::ImagePuller>,
     config: KubeletConfig,
-    /// Pods bound to this node, by uid.
-    bound: Mutex<HashMap<String, Value>>,
+    /// Pods bound to this node, by uid, parsed once per change.
+    bound: Mutex<HashMap<String, Arc<BoundPod>>>,
     wake: Mutex<Option<mpsc::Sender<()>>>,
     handle: std::sync::OnceLock<tokio::runtime::Handle>,
     /// The latest usage sample of this node and its containers.
     usage: Mutex<metrics::NodeUsage>,
+}
+
+/// A pod bound to this node: the stored object and its plan, parsed when it changes (not on
+/// every sync).
+struct BoundPod {
+    object: Value,
+    plan: Result<pod::PodPlan, String>,
+}
+
+impl BoundPod {
+    fn new(object: Value) -> Arc<Self> {
+        Arc::new(Self {
+            plan: pod::PodPlan::parse(&object),
+            object,
+        })
+    }
 }
 
 /// The image is on its way from a peer: the start waits without back-off.
@@ -160,7 +176,7 @@ impl Kubelet {
         let mine = pods
             .into_iter()
             .filter(|p| self.is_mine(p))
-            .filter_map(|p| Some((p["metadata"]["uid"].as_str()?.to_owned(), p)))
+            .filter_map(|p| Some((p["metadata"]["uid"].as_str()?.to_owned(), BoundPod::new(p))))
             .collect();
         *self.bound.lock().unwrap() = mine;
     }
@@ -184,7 +200,7 @@ impl Kubelet {
                     let mut bound = self.bound.lock().unwrap();
                     let deleted = change.event == shoal_state::EventType::Deleted;
                     if !deleted && self.is_mine(&change.object) {
-                        bound.insert(uid.to_owned(), change.object.clone());
+                        bound.insert(uid.to_owned(), BoundPod::new(change.object.clone()));
                     } else if bound.remove(uid).is_none() {
                         continue;
                     }
@@ -289,7 +305,7 @@ impl Kubelet {
             let now = now_ms();
             let pod = bound.get(&uid);
             let mut fenced = false;
-            let plan = match pod.map(pod::PodPlan::parse) {
+            let plan: Option<&pod::PodPlan> = match pod.map(|p| &p.plan) {
                 Some(Ok(plan)) => {
                     let policy = Policy::parse(
                         plan.annotations
@@ -304,7 +320,8 @@ impl Kubelet {
                     // say why and leave whatever runs alone.
                     let status =
                         json!({"phase": "Pending", "reason": "InvalidPodSpec", "message": error});
-                    statuses.insert(uid.clone(), Some(report(pod.expect("parsed"), status)));
+                    let object = &pod.expect("parsed").object;
+                    statuses.insert(uid.clone(), Some(report(object, status)));
                     continue;
                 }
                 None => None,
@@ -318,21 +335,15 @@ impl Kubelet {
             if fenced {
                 worker.stop_now();
             }
-            let decision = worker.decide(now, plan.as_ref(), seen.is_some(), containers);
+            let decision = worker.decide(now, plan, seen.is_some(), containers);
             busy |= decision
                 .actions
                 .iter()
                 .any(|a| matches!(a, Action::Start { .. }));
             for action in decision.actions {
-                if let Err(error) = self.act(
-                    &uid,
-                    plan.as_ref(),
-                    containers,
-                    worker,
-                    action,
-                    probe_tx,
-                    hook_tx,
-                ) {
+                if let Err(error) =
+                    self.act(&uid, plan, containers, worker, action, probe_tx, hook_tx)
+                {
                     warn!(pod = %uid, %error, "kubelet action failed");
                     break;
                 }
@@ -341,8 +352,8 @@ impl Kubelet {
                 Some(mut status) => {
                     status["hostIP"] = json!(self.host_ip);
                     status["hostIPs"] = json!([{"ip": self.host_ip}]);
-                    let pod = pod.expect("a status comes with a spec");
-                    statuses.insert(uid.clone(), Some(report(pod, status)));
+                    let object = &pod.expect("a status comes with a spec").object;
+                    statuses.insert(uid.clone(), Some(report(object, status)));
                 }
                 None => {
                     statuses.insert(uid.clone(), None);
@@ -632,7 +643,6 @@ impl Kubelet {
 
     /// Samples the usage of the node and of every running container (cgroups, /proc).
     fn sample_usage(&self, sampler: &mut metrics::Sampler, now: u64) {
-        let bound = self.bound.lock().unwrap().clone();
         let mut pods = Vec::new();
         let mut live = Vec::new();
         for pod in self.runtime.list() {
@@ -655,24 +665,9 @@ impl Kubelet {
             if containers.is_empty() {
                 continue;
             }
-            let (namespace, name) = bound.get(&pod.sandbox.uid).map_or_else(
-                || (pod.sandbox.namespace.clone(), pod.sandbox.name.clone()),
-                |p| {
-                    (
-                        p["metadata"]["namespace"]
-                            .as_str()
-                            .unwrap_or("default")
-                            .to_owned(),
-                        p["metadata"]["name"]
-                            .as_str()
-                            .unwrap_or_default()
-                            .to_owned(),
-                    )
-                },
-            );
             pods.push(metrics::PodUsage {
-                namespace,
-                name,
+                namespace: pod.sandbox.namespace.clone(),
+                name: pod.sandbox.name.clone(),
                 uid: pod.sandbox.uid.clone(),
                 containers,
             });
@@ -706,9 +701,7 @@ impl Kubelet {
     ) -> Result<(logs::LogChunk, bool), String> {
         let pod = self
             .runtime
-            .list()
-            .into_iter()
-            .find(|p| p.sandbox.uid == uid)
+            .observe_pod(uid)
             .ok_or_else(|| format!("pod {uid} does not run on node {}", self.node_name))?;
         let mut attempts: Vec<&crate::runtime::ObservedContainer> = pod
             .containers

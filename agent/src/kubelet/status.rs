@@ -65,6 +65,13 @@ impl PodStatusCache {
             .map(|s| s.report.status.clone())
     }
 
+    /// The status the node a pod is bound to published for it.
+    pub fn status_of(&self, pod: &Value) -> Option<Value> {
+        let uid = pod["metadata"]["uid"].as_str()?;
+        let node = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty())?;
+        self.get(uid, node)
+    }
+
     /// Records what this node just published (before gossip brings it back), so local
     /// readers and watchers see it at once.
     pub fn set_local(&self, uid: &str, node: &str, report: Option<PodReport>) {
@@ -130,6 +137,8 @@ impl PodStatusCache {
     pub async fn follow(self: Arc<Self>, membership: Arc<Membership>, period: Duration) {
         let mut ticker = tokio::time::interval(period);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // (node id, key) → the raw value last seen and its parse.
+        let mut parsed: HashMap<(String, String), (String, PodReport)> = HashMap::new();
         loop {
             ticker.tick().await;
             let names: HashMap<String, String> = membership
@@ -139,14 +148,21 @@ impl PodStatusCache {
                 .map(|m| (m.node_id.clone(), m.name().to_owned()))
                 .collect();
             let mut fresh: HashMap<String, Vec<PublishedStatus>> = HashMap::new();
+            let mut seen = HashMap::new();
             for (node_id, key, value) in membership.dynamic_values(KEY_PREFIX).await {
                 let Some(uid) = key.strip_prefix(KEY_PREFIX) else {
                     continue;
                 };
-                let (Some(node), Ok(report)) = (
-                    names.get(&node_id),
-                    serde_json::from_str::<PodReport>(&value),
-                ) else {
+                // Only what changed since the last round is parsed again.
+                let slot = (node_id, key.clone());
+                let report = match parsed.remove(&slot) {
+                    Some((raw, report)) if raw == value => report,
+                    _ => match serde_json::from_str::<PodReport>(&value) {
+                        Ok(report) => report,
+                        Err(_) => continue,
+                    },
+                };
+                let Some(node) = names.get(&slot.0) else {
                     continue;
                 };
                 fresh
@@ -154,9 +170,11 @@ impl PodStatusCache {
                     .or_default()
                     .push(PublishedStatus {
                         node: node.clone(),
-                        report,
+                        report: report.clone(),
                     });
+                seen.insert(slot, (value, report));
             }
+            parsed = seen;
             self.replace(fresh);
         }
     }

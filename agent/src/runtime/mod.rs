@@ -640,31 +640,36 @@ impl Runtime {
 
     /// Every pod sandbox on this node with its containers, from the files on disk.
     pub fn list(&self) -> Vec<ObservedPod> {
-        let mut pods = Vec::new();
         let Ok(entries) = std::fs::read_dir(&self.pods_dir) else {
-            return pods;
+            return Vec::new();
         };
-        for entry in entries.filter_map(Result::ok) {
-            let dir = entry.path();
-            let Some(sandbox) = read_json::<SandboxSpec>(&dir.join("sandbox.json")) else {
-                continue;
-            };
-            let mut containers: Vec<ObservedContainer> = std::fs::read_dir(dir.join("containers"))
-                .into_iter()
-                .flatten()
-                .filter_map(Result::ok)
-                .filter_map(|e| self.observe_container(&e.path()))
-                .collect();
-            containers.sort_by(|a, b| {
-                (&a.meta.name, a.meta.attempt).cmp(&(&b.meta.name, b.meta.attempt))
-            });
-            pods.push(ObservedPod {
-                sandbox,
-                containers,
-            });
-        }
+        let mut pods: Vec<ObservedPod> = entries
+            .filter_map(Result::ok)
+            .filter_map(|e| self.observe_dir(&e.path()))
+            .collect();
         pods.sort_by(|a, b| a.sandbox.uid.cmp(&b.sandbox.uid));
         pods
+    }
+
+    /// One pod sandbox with its containers.
+    pub fn observe_pod(&self, uid: &str) -> Option<ObservedPod> {
+        self.observe_dir(&self.pod_dir(uid))
+    }
+
+    fn observe_dir(&self, dir: &Path) -> Option<ObservedPod> {
+        let sandbox = read_json::<SandboxSpec>(&dir.join("sandbox.json"))?;
+        let mut containers: Vec<ObservedContainer> = std::fs::read_dir(dir.join("containers"))
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter_map(|e| self.observe_container(&e.path()))
+            .collect();
+        containers
+            .sort_by(|a, b| (&a.meta.name, a.meta.attempt).cmp(&(&b.meta.name, b.meta.attempt)));
+        Some(ObservedPod {
+            sandbox,
+            containers,
+        })
     }
 
     /// Memory (bytes) and CPU time (ns) of a running container.

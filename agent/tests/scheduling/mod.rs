@@ -276,12 +276,17 @@ async fn a_higher_priority_pod_preempts_a_lower_priority_one() {
     };
     let low: String = (0..3).map(|i| manifest(&format!("low-{i}"), 0)).collect();
     api.ok(0, &["apply", "-f", &api.manifest("low.yaml", &low)]);
-    for i in 0..3 {
-        wait_until("the low pods bound", LIMIT, || async {
-            !node_of(&api, 1, &format!("low-{i}")).is_empty()
-        })
-        .await
-        .unwrap();
+    // Every agent must see every low pod bound before the urgent one comes: a bidder that has
+    // not yet seen a binding to itself would offer that room (live bids carry no admission
+    // check yet; the simulator's winner refuses what no longer fits).
+    for agent in 0..3 {
+        for i in 0..3 {
+            wait_until("the low pods bound", LIMIT, || async {
+                !node_of(&api, agent, &format!("low-{i}")).is_empty()
+            })
+            .await
+            .unwrap();
+        }
     }
     api.ok(
         0,
