@@ -7,6 +7,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod beneath;
 pub mod client;
 pub mod config;
 pub mod control;

@@ -1,17 +1,29 @@
 //! Unpacking one image layer (a tar stream, gzip-compressed or not) into a directory that
 //! overlayfs can use as a lower layer: OCI whiteouts become overlay whiteouts.
 
-use std::ffi::CString;
+use std::ffi::OsStr;
 use std::io::{self, Read};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
+use nix::fcntl::{AtFlags, OFlag, openat};
+use nix::sys::stat::{Mode, SFlag, fchmod, futimens, mkdirat, mknodat};
+use nix::unistd::{Gid, Uid, fchownat, linkat, symlinkat};
 use sha2::{Digest as _, Sha256};
+
+use crate::beneath::{Resolve, Root, is_single_component, normal_components};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LayerError {
     #[error("layer {blob}: {source}")]
     Io { blob: PathBuf, source: io::Error },
+    #[error("layer {blob}: entry {entry:?}: {source}")]
+    Entry {
+        blob: PathBuf,
+        entry: PathBuf,
+        source: io::Error,
+    },
     #[error("layer {blob}: entry {entry:?} escapes the layer root")]
     Escapes { blob: PathBuf, entry: PathBuf },
     #[error(
@@ -22,20 +34,73 @@ pub enum LayerError {
         expected: String,
         actual: String,
     },
+    #[error(
+        "layer {blob}: the blob's content hashes to sha256:{actual}, not to its name {expected}"
+    )]
+    Corrupt {
+        blob: PathBuf,
+        expected: String,
+        actual: String,
+    },
+    #[error("layer {blob}: more than {limit} bytes uncompressed (the node's --max-layer-bytes)")]
+    TooLarge { blob: PathBuf, limit: u64 },
+    #[error("layer {blob}: more than {limit} entries (the node's --max-layer-entries)")]
+    TooManyEntries { blob: PathBuf, limit: u64 },
 }
 
-/// A reader that hashes what passes through it.
+/// Bounds on what one layer may unpack to (a compressed layer is a decompression bomb away
+/// from filling the node's disk).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerLimits {
+    /// Uncompressed bytes of the layer's tar stream.
+    pub max_bytes: u64,
+    /// Entries (files, directories, links, whiteouts) in the layer.
+    pub max_entries: u64,
+}
+
+impl Default for LayerLimits {
+    fn default() -> Self {
+        Self {
+            max_bytes: 32 << 30,
+            max_entries: 1_000_000,
+        }
+    }
+}
+
+/// A reader that hashes what passes through it and refuses to pass more than `limit` bytes.
 struct Hashing<R> {
     inner: R,
     hash: Sha256,
+    total: u64,
+    limit: u64,
 }
+
+/// The marker error of a stream over its limit.
+#[derive(Debug)]
+struct OverLimit;
+
+impl std::fmt::Display for OverLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("layer over its size limit")
+    }
+}
+
+impl std::error::Error for OverLimit {}
 
 impl<R: Read> Read for Hashing<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
+        self.total = self.total.saturating_add(n as u64);
+        if self.total > self.limit {
+            return Err(io::Error::other(OverLimit));
+        }
         self.hash.update(&buf[..n]);
         Ok(n)
     }
+}
+
+fn is_over_limit(err: &io::Error) -> bool {
+    err.get_ref().is_some_and(|e| e.is::<OverLimit>())
 }
 
 /// Opens a file (layer blob or archive), undoing gzip if its first bytes say so.
@@ -51,92 +116,250 @@ pub(super) fn open_decompressed(path: &Path) -> io::Result<Box<dyn Read>> {
     })
 }
 
-/// `path` as a relative path of normal components only (`./a/b` → `a/b`).
-fn relative(path: &Path) -> Option<PathBuf> {
-    let mut out = PathBuf::new();
-    for component in path.components() {
-        match component {
-            Component::Normal(part) => out.push(part),
-            Component::CurDir => {}
-            Component::RootDir | Component::ParentDir | Component::Prefix(_) => return None,
+/// The sha256 of a file's bytes, as hex.
+fn file_sha256(path: &Path) -> io::Result<String> {
+    let mut file = std::fs::File::open(path)?;
+    let mut hash = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            return Ok(hex::encode(hash.finalize()));
         }
+        hash.update(&buf[..n]);
     }
-    Some(out)
-}
-
-fn c_path(path: &Path) -> io::Result<CString> {
-    CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)
 }
 
 /// An overlayfs whiteout: a 0/0 character device hides the lower file of that name.
-fn whiteout(path: &Path) -> io::Result<()> {
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(path)?,
-        Ok(_) => std::fs::remove_file(path)?,
-        Err(_) => {}
-    }
-    let c = c_path(path)?;
-    // SAFETY: a NUL-terminated path we own; mknod touches no memory of ours.
-    if unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR, libc::makedev(0, 0)) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+fn whiteout(dir: &Root, name: &OsStr) -> io::Result<()> {
+    dir.remove_all(name)?;
+    mknodat(dir.fd(), name, SFlag::S_IFCHR, Mode::empty(), 0).map_err(errno)
 }
 
 /// Marks a directory opaque: overlayfs shows none of the lower layers' entries in it.
-fn opaque(dir: &Path) -> io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let c = c_path(dir)?;
-    let (name, value) = (c"trusted.overlay.opaque", b"y");
-    // SAFETY: NUL-terminated path and name, a 1-byte value; all outlive the call.
-    let rc = unsafe { libc::setxattr(c.as_ptr(), name.as_ptr(), value.as_ptr().cast(), 1, 0) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+fn opaque(dir: &Root) -> io::Result<()> {
+    rustix::fs::fsetxattr(
+        dir.fd(),
+        "trusted.overlay.opaque",
+        b"y",
+        rustix::fs::XattrFlags::empty(),
+    )
+    .map_err(io::Error::from)
 }
 
-/// Unpacks `blob` into `dest` (which must exist and be empty), checking the uncompressed
-/// content against `diff_id` (`sha256:<hex>`) when given.
-pub fn unpack(blob: &Path, dest: &Path, diff_id: Option<&str>) -> Result<(), LayerError> {
+fn errno(e: nix::errno::Errno) -> io::Error {
+    io::Error::from_raw_os_error(e as i32)
+}
+
+fn id(value: u64) -> io::Result<u32> {
+    u32::try_from(value).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("owner id {value} is out of range"),
+        )
+    })
+}
+
+/// Sets owner and then mode (chown clears set-id bits) of what `fd` names.
+fn own(fd: &OwnedFd, header: &tar::Header) -> io::Result<()> {
+    let (uid, gid) = (id(header.uid()?)?, id(header.gid()?)?);
+    nix::unistd::fchown(fd, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid))).map_err(errno)?;
+    fchmod(fd, Mode::from_bits_truncate(header.mode()? & 0o7777)).map_err(errno)
+}
+
+/// Applies one tar entry at `name` of directory `dir`; `root` is the layer's root (for hard
+/// link sources). Nothing here follows a link out of `root`.
+fn apply_entry<R: Read>(
+    root: &Root,
+    dir: &Root,
+    name: &OsStr,
+    entry: &mut tar::Entry<'_, R>,
+) -> io::Result<()> {
+    let header = entry.header().clone();
+    let kind = header.entry_type();
+    let existing = dir.kind_of(name)?;
+    if kind.is_dir() {
+        if existing.is_some_and(|k| k != SFlag::S_IFDIR) {
+            dir.remove_all(name)?;
+        }
+        match mkdirat(dir.fd(), name, Mode::from_bits_truncate(0o700)) {
+            Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+            Err(e) => return Err(errno(e)),
+        }
+        let fd = openat(
+            dir.fd(),
+            name,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(errno)?;
+        return own(&fd, &header);
+    }
+    if existing.is_some() {
+        dir.remove_all(name)?;
+    }
+    let nofollow = AtFlags::AT_SYMLINK_NOFOLLOW;
+    let (uid, gid) = (id(header.uid()?)?, id(header.gid()?)?);
+    let owner = (Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)));
+    if kind.is_file() || kind == tar::EntryType::Continuous || kind.is_gnu_sparse() {
+        let fd = openat(
+            dir.fd(),
+            name,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        )
+        .map_err(errno)?;
+        let mut file = std::fs::File::from(fd);
+        io::copy(entry, &mut file)?;
+        let fd = OwnedFd::from(file);
+        own(&fd, &header)?;
+        let mtime = i64::try_from(header.mtime()?).unwrap_or(i64::MAX);
+        let time = nix::sys::time::TimeSpec::new(mtime, 0);
+        futimens(&fd, &time, &time).map_err(errno)
+    } else if kind.is_symlink() {
+        let target = header.link_name()?.ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidData, "symlink without a target")
+        })?;
+        symlinkat(target.as_ref(), dir.fd(), name).map_err(errno)?;
+        fchownat(dir.fd(), name, owner.0, owner.1, nofollow).map_err(errno)
+    } else if kind.is_hard_link() {
+        let target = header.link_name()?.ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidData, "hard link without a target")
+        })?;
+        let target = normal_components(&target)
+            .filter(|t| t.file_name().is_some())
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("hard link target {} leaves the layer", target.display()),
+                )
+            })?;
+        let source_dir =
+            root.open_dir(target.parent().unwrap_or(Path::new("")), Resolve::InRoot)?;
+        let source = target.file_name().expect("checked above");
+        // Without AT_SYMLINK_FOLLOW a link to a symlink links the symlink itself.
+        linkat(source_dir.fd(), source, dir.fd(), name, AtFlags::empty()).map_err(errno)
+    } else if kind.is_character_special() || kind.is_block_special() || kind.is_fifo() {
+        let sflag = if kind.is_character_special() {
+            SFlag::S_IFCHR
+        } else if kind.is_block_special() {
+            SFlag::S_IFBLK
+        } else {
+            SFlag::S_IFIFO
+        };
+        let dev = nix::sys::stat::makedev(
+            u64::from(header.device_major()?.unwrap_or(0)),
+            u64::from(header.device_minor()?.unwrap_or(0)),
+        );
+        let mode = Mode::from_bits_truncate(header.mode()? & 0o777);
+        mknodat(dir.fd(), name, sflag, mode, dev).map_err(errno)?;
+        fchownat(dir.fd(), name, owner.0, owner.1, nofollow).map_err(errno)
+    } else {
+        // PAX and GNU long-name headers are consumed by the reader; anything else carries no
+        // file.
+        Ok(())
+    }
+}
+
+/// Unpacks `blob` into `dest` (which must exist and be empty): first checks that the blob's
+/// bytes hash to its file name when `blob_hex` is given, then applies every entry beneath
+/// `dest` (symlinks in the layer resolved with `dest` as `/`, OCI whiteouts turned into
+/// overlay whiteouts), bounded by `limits`, and checks the uncompressed content against
+/// `diff_id` (`sha256:<hex>`) when given.
+pub fn unpack(
+    blob: &Path,
+    dest: &Path,
+    blob_hex: Option<&str>,
+    diff_id: Option<&str>,
+    limits: LayerLimits,
+) -> Result<(), LayerError> {
     let io_err = |source| LayerError::Io {
         blob: blob.to_owned(),
         source,
     };
-    let reader = Hashing {
-        inner: open_decompressed(blob).map_err(io_err)?,
-        hash: Sha256::new(),
-    };
-    let mut archive = tar::Archive::new(reader);
-    archive.set_preserve_permissions(true);
-    archive.set_preserve_ownerships(true);
-    archive.set_overwrite(true);
-    for entry in archive.entries().map_err(io_err)? {
-        let mut entry = entry.map_err(io_err)?;
-        let raw = entry.path().map_err(io_err)?.into_owned();
-        let Some(path) = relative(&raw) else {
-            return Err(LayerError::Escapes {
+    if let Some(expected) = blob_hex {
+        let actual = file_sha256(blob).map_err(io_err)?;
+        if actual != expected {
+            return Err(LayerError::Corrupt {
                 blob: blob.to_owned(),
-                entry: raw,
-            });
-        };
-        let name = path.file_name().map(|n| n.as_bytes()).unwrap_or_default();
-        let parent = path.parent().unwrap_or(Path::new(""));
-        if name == b".wh..wh..opq" {
-            opaque(&dest.join(parent)).map_err(io_err)?;
-        } else if let Some(hidden) = name.strip_prefix(b".wh.") {
-            let dir = dest.join(parent);
-            std::fs::create_dir_all(&dir).map_err(io_err)?;
-            whiteout(&dir.join(std::ffi::OsStr::from_bytes(hidden))).map_err(io_err)?;
-        } else if !entry.unpack_in(dest).map_err(io_err)? {
-            return Err(LayerError::Escapes {
-                blob: blob.to_owned(),
-                entry: raw,
+                expected: format!("sha256:{expected}"),
+                actual,
             });
         }
     }
+    let root = Root::open(dest).map_err(io_err)?;
+    let reader = Hashing {
+        inner: open_decompressed(blob).map_err(io_err)?,
+        hash: Sha256::new(),
+        total: 0,
+        limit: limits.max_bytes,
+    };
+    let too_large = || LayerError::TooLarge {
+        blob: blob.to_owned(),
+        limit: limits.max_bytes,
+    };
+    let stream_err = |source: io::Error| {
+        if is_over_limit(&source) {
+            too_large()
+        } else {
+            io_err(source)
+        }
+    };
+    let mut archive = tar::Archive::new(reader);
+    let mut count = 0u64;
+    for entry in archive.entries().map_err(stream_err)? {
+        count += 1;
+        if count > limits.max_entries {
+            return Err(LayerError::TooManyEntries {
+                blob: blob.to_owned(),
+                limit: limits.max_entries,
+            });
+        }
+        let mut entry = entry.map_err(stream_err)?;
+        let raw = entry.path().map_err(io_err)?.into_owned();
+        let escapes = || LayerError::Escapes {
+            blob: blob.to_owned(),
+            entry: raw.clone(),
+        };
+        let path = normal_components(&raw).ok_or_else(escapes)?;
+        let Some(name) = path.file_name() else {
+            // The layer root itself (`./`).
+            continue;
+        };
+        let parent = path.parent().unwrap_or(Path::new(""));
+        let result = root
+            .create_dir_all(parent, 0o755, Resolve::InRoot)
+            .and_then(|dir| {
+                let bytes = name.as_bytes();
+                if bytes == b".wh..wh..opq" {
+                    opaque(&dir)
+                } else if let Some(hidden) = bytes.strip_prefix(b".wh.") {
+                    let hidden = OsStr::from_bytes(hidden);
+                    if !is_single_component(hidden) {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            "a whiteout must name one entry",
+                        ));
+                    }
+                    whiteout(&dir, hidden)
+                } else {
+                    apply_entry(&root, &dir, name, &mut entry)
+                }
+            });
+        result.map_err(|source| {
+            if is_over_limit(&source) {
+                too_large()
+            } else {
+                LayerError::Entry {
+                    blob: blob.to_owned(),
+                    entry: raw.clone(),
+                    source,
+                }
+            }
+        })?;
+    }
     let mut rest = archive.into_inner();
-    io::copy(&mut rest, &mut io::sink()).map_err(io_err)?;
+    io::copy(&mut rest, &mut io::sink()).map_err(stream_err)?;
     let actual = hex::encode(rest.hash.finalize());
     if let Some(expected) = diff_id
         && expected.strip_prefix("sha256:") != Some(actual.as_str())
@@ -160,8 +383,8 @@ mod tests {
             let mut header = tar::Header::new_gnu();
             header.set_size(data.len() as u64);
             header.set_mode(0o644);
-            header.set_uid(0);
-            header.set_gid(0);
+            header.set_uid(me().0);
+            header.set_gid(me().1);
             header.set_mtime(0);
             header.set_cksum();
             builder.append_data(&mut header, path, *data).unwrap();
@@ -178,12 +401,12 @@ mod tests {
         let good = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
         let dest = dir.path().join("root");
         std::fs::create_dir(&dest).unwrap();
-        unpack(&blob, &dest, Some(&good)).unwrap();
+        unpack(&blob, &dest, None, Some(&good), LayerLimits::default()).unwrap();
         assert_eq!(std::fs::read(dest.join("etc/hostname")).unwrap(), b"x\n");
         assert!(dest.join("bin/tool").exists());
 
         let bad = format!("sha256:{}", "0".repeat(64));
-        let err = unpack(&blob, &dest, Some(&bad)).unwrap_err();
+        let err = unpack(&blob, &dest, None, Some(&bad), LayerLimits::default()).unwrap_err();
         assert!(err.to_string().contains("the image config says"), "{err}");
     }
 
@@ -195,7 +418,7 @@ mod tests {
         std::fs::write(&blob, layer(&[("etc/.wh.passwd", b"")])).unwrap();
         let dest = dir.path().join("root");
         std::fs::create_dir(&dest).unwrap();
-        if let Err(err) = unpack(&blob, &dest, None) {
+        if let Err(err) = unpack(&blob, &dest, None, None, LayerLimits::default()) {
             // mknod of a device needs CAP_MKNOD (CI is root).
             assert!(err.to_string().contains("Operation not permitted"), "{err}");
             return;
@@ -224,8 +447,257 @@ mod tests {
         std::fs::write(&blob, bytes).unwrap();
         let dest = dir.path().join("root");
         std::fs::create_dir(&dest).unwrap();
-        let err = unpack(&blob, &dest, None).unwrap_err();
+        let err = unpack(&blob, &dest, None, None, LayerLimits::default()).unwrap_err();
         assert!(err.to_string().contains("escapes the layer root"), "{err}");
         assert!(!dir.path().join("escape").exists());
+    }
+
+    fn me() -> (u64, u64) {
+        (
+            u64::from(nix::unistd::geteuid().as_raw()),
+            u64::from(nix::unistd::getegid().as_raw()),
+        )
+    }
+
+    /// One generated tar entry.
+    #[derive(Debug, Clone)]
+    enum Item {
+        File(String, Vec<u8>),
+        Dir(String),
+        Symlink(String, String),
+        HardLink(String, String),
+        Fifo(String),
+    }
+
+    fn header(kind: tar::EntryType, size: u64) -> tar::Header {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_size(size);
+        h.set_mode(0o755);
+        h.set_uid(me().0);
+        h.set_gid(me().1);
+        h.set_mtime(0);
+        h
+    }
+
+    /// Writes a name into a header by hand (tar::Builder refuses some names attacks use).
+    fn raw_name(h: &mut tar::Header, name: &str) {
+        let field = &mut h.as_old_mut().name;
+        field.fill(0);
+        field[..name.len()].copy_from_slice(name.as_bytes());
+    }
+
+    fn raw_link(h: &mut tar::Header, target: &str) {
+        let field = &mut h.as_old_mut().linkname;
+        field.fill(0);
+        field[..target.len()].copy_from_slice(target.as_bytes());
+    }
+
+    fn tar_of(items: &[Item]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for item in items {
+            let (mut h, data): (tar::Header, &[u8]) = match item {
+                Item::File(_, data) => (header(tar::EntryType::Regular, data.len() as u64), data),
+                Item::Dir(_) => (header(tar::EntryType::Directory, 0), b""),
+                Item::Symlink(..) => (header(tar::EntryType::Symlink, 0), b""),
+                Item::HardLink(..) => (header(tar::EntryType::Link, 0), b""),
+                Item::Fifo(_) => (header(tar::EntryType::Fifo, 0), b""),
+            };
+            let (Item::File(name, _)
+            | Item::Dir(name)
+            | Item::Symlink(name, _)
+            | Item::HardLink(name, _)
+            | Item::Fifo(name)) = item;
+            raw_name(&mut h, name);
+            if let Item::Symlink(_, target) | Item::HardLink(_, target) = item {
+                raw_link(&mut h, target);
+            }
+            h.set_cksum();
+            out.extend_from_slice(h.as_bytes());
+            out.extend_from_slice(data);
+            out.resize(out.len().next_multiple_of(512), 0);
+        }
+        out.resize(out.len() + 1024, 0);
+        out
+    }
+
+    /// Every path below `dir` with its type and content (symlinks not followed).
+    fn snapshot(dir: &Path) -> Vec<(PathBuf, String)> {
+        let mut out = Vec::new();
+        let mut stack = vec![dir.to_owned()];
+        while let Some(d) = stack.pop() {
+            let mut entries: Vec<_> = std::fs::read_dir(&d)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect();
+            entries.sort();
+            for p in entries {
+                let meta = std::fs::symlink_metadata(&p).unwrap();
+                let what = if meta.is_dir() {
+                    stack.push(p.clone());
+                    "dir".to_owned()
+                } else if meta.file_type().is_symlink() {
+                    format!("link {}", std::fs::read_link(&p).unwrap().display())
+                } else {
+                    format!("file {:?}", std::fs::read(&p).unwrap_or_default())
+                };
+                out.push((p.strip_prefix(dir).unwrap().to_owned(), what));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// A host tree beside the layer root, which no layer may touch.
+    fn host_tree(base: &Path) -> PathBuf {
+        let outside = base.join("outside");
+        std::fs::create_dir_all(outside.join("etc/sub")).unwrap();
+        std::fs::write(outside.join("etc/passwd"), b"root:x:0:0").unwrap();
+        std::fs::write(outside.join("victim"), b"keep me").unwrap();
+        std::fs::write(outside.join("etc/sub/deep"), b"deep").unwrap();
+        outside
+    }
+
+    fn unpack_items(base: &Path, items: &[Item]) -> Result<(), LayerError> {
+        let blob = base.join("blob");
+        std::fs::write(&blob, tar_of(items)).unwrap();
+        let dest = base.join("root");
+        std::fs::create_dir_all(&dest).unwrap();
+        unpack(&blob, &dest, None, None, LayerLimits::default())
+    }
+
+    /// Issue #13, hole 2: `evil -> /` then `evil/.wh.etc` removed the host's /etc. Here the
+    /// symlinks point at a host tree beside the layer (absolute and relative), and nothing
+    /// of it may change: whiteouts, files, directories, hard links all land inside the layer.
+    #[test]
+    fn whiteouts_and_entries_through_symlinks_stay_in_the_layer() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = host_tree(dir.path());
+        let before = snapshot(dir.path());
+        let abs = outside.display().to_string();
+        let items = vec![
+            Item::Symlink("evil".into(), abs.clone()),
+            Item::Symlink("up".into(), "../outside".into()),
+            Item::Symlink("etc".into(), format!("{abs}/etc")),
+            Item::File("evil/.wh.victim".into(), vec![]),
+            Item::File("up/.wh.etc".into(), vec![]),
+            Item::File("evil/.wh..wh..opq".into(), vec![]),
+            Item::File("evil/planted".into(), b"x".to_vec()),
+            Item::Dir("up/newdir".into()),
+            Item::HardLink("stolen".into(), "evil/victim".into()),
+        ];
+        let result = unpack_items(dir.path(), &items);
+        let mut after = snapshot(dir.path());
+        after.retain(|(p, _)| !p.starts_with("root") && !p.starts_with("blob"));
+        let mut want = before.clone();
+        want.retain(|(p, _)| !p.starts_with("root"));
+        assert_eq!(after, want, "the host tree changed ({result:?})");
+        // Inside the layer, the symlinks resolved to the layer root: the planted file and
+        // the directory are there.
+        let root = dir.path().join("root");
+        if result.is_ok() {
+            assert_eq!(std::fs::read(root.join("planted")).unwrap(), b"x");
+            assert!(root.join("newdir").is_dir());
+        }
+    }
+
+    #[test]
+    fn a_corrupt_blob_is_refused_before_anything_is_unpacked() {
+        let dir = tempfile::tempdir().unwrap();
+        let blob = dir.path().join("blob");
+        std::fs::write(&blob, layer(&[("planted", b"x")])).unwrap();
+        let dest = dir.path().join("root");
+        std::fs::create_dir(&dest).unwrap();
+        let err = unpack(
+            &blob,
+            &dest,
+            Some(&"0".repeat(64)),
+            None,
+            LayerLimits::default(),
+        )
+        .unwrap_err();
+        assert!(matches!(err, LayerError::Corrupt { .. }), "{err}");
+        assert!(!dest.join("planted").exists());
+    }
+
+    #[test]
+    fn layers_are_bounded_in_size_and_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let blob = dir.path().join("blob");
+        let big = vec![7u8; 64 << 10];
+        std::fs::write(&blob, layer(&[("a", &big), ("b", b"1"), ("c", b"2")])).unwrap();
+        let dest = dir.path().join("root");
+        std::fs::create_dir(&dest).unwrap();
+        let small = LayerLimits {
+            max_bytes: 16 << 10,
+            max_entries: 100,
+        };
+        let err = unpack(&blob, &dest, None, None, small).unwrap_err();
+        assert!(matches!(err, LayerError::TooLarge { .. }), "{err}");
+        let few = LayerLimits {
+            max_bytes: 1 << 30,
+            max_entries: 2,
+        };
+        let err = unpack(&blob, &dest, None, None, few).unwrap_err();
+        assert!(matches!(err, LayerError::TooManyEntries { .. }), "{err}");
+    }
+
+    fn name_strategy() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let part = prop_oneof![
+            Just("a".to_owned()),
+            Just("b".to_owned()),
+            Just("evil".to_owned()),
+            Just("up".to_owned()),
+            Just("etc".to_owned()),
+            Just(".wh.victim".to_owned()),
+            Just(".wh.etc".to_owned()),
+            Just(".wh.a".to_owned()),
+            Just(".wh..wh..opq".to_owned()),
+            Just(".".to_owned()),
+        ];
+        proptest::collection::vec(part, 1..4).prop_map(|parts| parts.join("/"))
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Whatever a layer holds (symlinks to the host tree, relative escapes, hard links,
+        /// whiteouts and opaque markers through them), nothing outside the layer root is
+        /// created, changed or removed.
+        #[test]
+        fn no_layer_touches_anything_outside_its_root(
+            items in proptest::collection::vec(
+                (0u8..5, name_strategy(), 0usize..6),
+                1..12,
+            )
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let outside = host_tree(dir.path());
+            let abs = outside.display().to_string();
+            let targets = [
+                abs.clone(),
+                format!("{abs}/etc"),
+                "../outside".to_owned(),
+                "../../..".to_owned(),
+                "a".to_owned(),
+                "evil/victim".to_owned(),
+            ];
+            let items: Vec<Item> = items
+                .into_iter()
+                .map(|(kind, name, t)| match kind {
+                    0 => Item::File(name, b"data".to_vec()),
+                    1 => Item::Dir(name),
+                    2 => Item::Symlink(name, targets[t].clone()),
+                    3 => Item::HardLink(name, targets[t].clone()),
+                    _ => Item::Fifo(name),
+                })
+                .collect();
+            let mut want = snapshot(dir.path());
+            want.retain(|(p, _)| !p.starts_with("root"));
+            let result = unpack_items(dir.path(), &items);
+            let mut after = snapshot(dir.path());
+            after.retain(|(p, _)| !p.starts_with("root") && !p.starts_with("blob"));
+            proptest::prop_assert_eq!(after, want, "{:?} -> {:?}", items, result);
+        }
     }
 }

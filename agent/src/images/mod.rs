@@ -82,6 +82,7 @@ pub struct ResolvedImage {
 #[derive(Debug, Clone)]
 pub struct ImageStore {
     root: PathBuf,
+    layer_limits: layer::LayerLimits,
 }
 
 /// Held while the store changes.
@@ -102,7 +103,16 @@ impl ImageStore {
             path: root.clone(),
             source,
         })?;
-        Ok(Self { root })
+        Ok(Self {
+            root,
+            layer_limits: layer::LayerLimits::default(),
+        })
+    }
+
+    /// Bounds what one layer may unpack to.
+    pub fn with_layer_limits(mut self, limits: layer::LayerLimits) -> Self {
+        self.layer_limits = limits;
+        self
     }
 
     pub fn root(&self) -> &Path {
@@ -409,9 +419,28 @@ impl ImageStore {
         Ok(out)
     }
 
-    /// Removes blobs and unpacked layers no tagged image reaches.
+    /// The layer digests (hex) that mounted overlays of this store use as lower layers.
+    fn layers_in_use(&self) -> BTreeSet<String> {
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let prefix = format!("{}/", self.root.join("layers").display());
+        let mut used = BTreeSet::new();
+        for line in mounts.lines() {
+            let mut rest = line;
+            while let Some(at) = rest.find(&prefix) {
+                rest = &rest[at + prefix.len()..];
+                let hex: String = rest.chars().take_while(char::is_ascii_hexdigit).collect();
+                if !hex.is_empty() {
+                    used.insert(hex);
+                }
+            }
+        }
+        used
+    }
+
+    /// Removes blobs and unpacked layers no tagged image reaches and no mounted container
+    /// uses (a retagged image's old layers stay while its containers run).
     fn collect_garbage(&self, tags: &BTreeMap<String, String>) -> Result<(), ImageError> {
-        let mut live: BTreeSet<String> = BTreeSet::new();
+        let mut live: BTreeSet<String> = self.layers_in_use();
         for digest in tags.values() {
             let Ok(hex) = reference::parse_digest(digest) else {
                 continue;
@@ -568,7 +597,14 @@ impl ImageStore {
                     .prefix("layer-")
                     .tempdir_in(self.root.join("tmp"))
                     .map_err(self.store_err(&self.root.join("tmp")))?;
-                layer::unpack(&self.blob_path(hex), tmp.path(), Some(diff_id))?;
+                // The blob is hashed again before it is unpacked: disk contents are input too.
+                layer::unpack(
+                    &self.blob_path(hex),
+                    tmp.path(),
+                    Some(hex),
+                    Some(diff_id),
+                    self.layer_limits,
+                )?;
                 let tmp = tmp.keep();
                 if let Err(source) = std::fs::rename(&tmp, &dir) {
                     let _ = std::fs::remove_dir_all(&tmp);

@@ -186,11 +186,31 @@ fn resource_value(
 /// `uid[:gid]` or a user name looked up in the image's /etc/passwd.
 fn image_user(user: &str, image: &ResolvedImage) -> Result<(u32, u32), ConfigError> {
     let (name, group) = user.split_once(':').unwrap_or((user, ""));
+    // Read inside each layer as the container would see it: a symlinked /etc/passwd never
+    // reaches a host file.
+    let read_in_layer = |layer: &std::path::Path| -> Option<String> {
+        use crate::beneath::{Resolve, Root};
+        let fd = Root::open(layer)
+            .ok()?
+            .open_at(
+                std::path::Path::new("etc/passwd"),
+                nix::fcntl::OFlag::O_RDONLY,
+                Resolve::InRoot,
+            )
+            .ok()?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(
+            &mut std::io::Read::take(std::fs::File::from(fd), 1 << 20),
+            &mut text,
+        )
+        .ok()?;
+        Some(text)
+    };
     let passwd = image
         .layers
         .iter()
         .rev()
-        .find_map(|l| std::fs::read_to_string(l.join("etc/passwd")).ok())
+        .find_map(|l| read_in_layer(l))
         .unwrap_or_default();
     let uid_gid = match name.parse::<u32>() {
         Ok(uid) => (uid, uid),
