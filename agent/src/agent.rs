@@ -1,8 +1,7 @@
 //! Running an agent: identity, endpoint, membership and the control socket, until a signal.
 
 use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -66,20 +65,25 @@ pub enum AgentError {
 
 /// Holds an exclusive `flock` on the data dir's lock file for the agent's lifetime.
 struct DataDirLock {
-    _file: File,
+    _lock: nix::fcntl::Flock<File>,
 }
 
 impl DataDirLock {
     fn acquire(config: &AgentConfig) -> Result<Self, AgentError> {
         let dir = &config.data_dir;
+        let data_dir_err = |source| AgentError::DataDir {
+            path: dir.clone(),
+            source,
+        };
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)
-            .map_err(|source| AgentError::DataDir {
-                path: dir.clone(),
-                source,
-            })?;
+            .map_err(data_dir_err)?;
+        // 0700 whoever created it (`shoal image import` may have, with the umask's mode): the
+        // data dir holds pod volumes, secrets and the node's keys.
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(data_dir_err)?;
         let lock = paths::lock(dir);
         let file = OpenOptions::new()
             .create(true)
@@ -90,15 +94,12 @@ impl DataDirLock {
                 path: lock.clone(),
                 source,
             })?;
-        // SAFETY: flock on a file descriptor we own; no memory is involved.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc != 0 {
-            return Err(AgentError::AlreadyRunning {
+        let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|_| AgentError::AlreadyRunning {
                 path: dir.clone(),
                 lock,
-            });
-        }
-        Ok(Self { _file: file })
+            })?;
+        Ok(Self { _lock: lock })
     }
 }
 
@@ -225,9 +226,10 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     let images = if config.no_runtime {
         None
     } else {
-        Some(crate::images::ImageStore::open(paths::images(
-            &config.data_dir,
-        ))?)
+        Some(
+            crate::images::ImageStore::open(paths::images(&config.data_dir))?
+                .with_layer_limits(config.layer_limits),
+        )
     };
     let kubelet = if let (Some(images), Some(runtime)) = (images.clone(), runtime) {
         let puller = crate::kubelet::image_puller::ImagePuller::new(
@@ -251,6 +253,8 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
                     backoff_base_ms: config.restart_backoff.as_millis() as u64,
                     ..Default::default()
                 },
+                allow_privileged: config.allow_privileged,
+                pod_pids_limit: Some(config.pod_pids_limit),
                 ..Default::default()
             },
         );

@@ -67,6 +67,22 @@ pub fn normal_components(rel: &Path) -> Option<PathBuf> {
     Some(out)
 }
 
+/// `path` with `.` dropped and `..` applied lexically, never above the root (as
+/// `RESOLVE_IN_ROOT` treats `..` at the root).
+fn clamp_to_root(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::Normal(part) => out.push(part),
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
+        }
+    }
+    out
+}
+
 /// Whether `name` is one path component (no `/`, not `.`/`..`, not empty, no NUL).
 pub fn is_single_component(name: &OsStr) -> bool {
     let b = name.as_bytes();
@@ -134,8 +150,20 @@ impl Root {
         })
     }
 
-    /// The directory `rel` below the root, creating missing directories with `mode`.
+    /// The directory `rel` below the root, creating missing directories with `mode`. With
+    /// [`Resolve::InRoot`], a dangling symlink on the way is followed as the container would
+    /// follow it (its target created beneath the root), like containerd's layer apply.
     pub fn create_dir_all(&self, rel: &Path, mode: u32, resolve: Resolve) -> io::Result<Root> {
+        self.create_dir_all_within(rel, mode, resolve, 0)
+    }
+
+    fn create_dir_all_within(
+        &self,
+        rel: &Path,
+        mode: u32,
+        resolve: Resolve,
+        links: u32,
+    ) -> io::Result<Root> {
         match self.open_dir(rel, resolve) {
             Err(err) if err.raw_os_error() == Some(libc::ENOENT) => {}
             other => return other,
@@ -146,17 +174,34 @@ impl Root {
                 format!("{} leaves its root", rel.display()),
             )
         })?;
-        let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
+        let (Some(parent_rel), Some(name)) = (rel.parent(), rel.file_name()) else {
             return self.open_dir(&rel, resolve);
         };
-        let parent = self.create_dir_all(parent, mode, resolve)?;
+        let parent = self.create_dir_all_within(parent_rel, mode, resolve, links)?;
         match mkdirat(parent.fd(), name, Mode::from_bits_truncate(mode)) {
             Ok(()) | Err(Errno::EEXIST) => {}
             Err(e) => return Err(errno(e)),
         }
-        // Opened again from this root: a name that exists as something else (a dangling
-        // symlink, a file) fails here rather than being followed.
-        self.open_dir(&rel, resolve)
+        // Opened again from this root: a name that exists as something else (a file, or a
+        // dangling symlink under Beneath) fails here rather than being followed.
+        match self.open_dir(&rel, resolve) {
+            Err(err) if err.raw_os_error() == Some(libc::ENOENT) && resolve == Resolve::InRoot => {
+                // A dangling symlink: make its target (as resolved inside the root) and retry.
+                if links >= 40 {
+                    return Err(errno(Errno::ELOOP));
+                }
+                let target = nix::fcntl::readlinkat(parent.fd(), name).map_err(errno)?;
+                let target = Path::new(&target);
+                let joined = if target.is_absolute() {
+                    target.to_owned()
+                } else {
+                    parent_rel.join(target)
+                };
+                self.create_dir_all_within(&clamp_to_root(&joined), mode, resolve, links + 1)?;
+                self.open_dir(&rel, resolve)
+            }
+            other => other,
+        }
     }
 
     /// What `name` (one component) in this directory is, without following a symlink.
@@ -323,6 +368,30 @@ mod tests {
         drop(made);
         assert!(dir.path().join("root/etc").is_dir());
         assert!(!Path::new("/etc/canary-of-shoal").exists());
+    }
+
+    #[test]
+    fn in_root_creates_the_targets_of_dangling_symlinks_inside_the_root() {
+        let (dir, root) = setup();
+        let host = dir.path().join("host-dir");
+        std::os::unix::fs::symlink(&host, dir.path().join("root/abs")).unwrap();
+        std::os::unix::fs::symlink("../../x/y", dir.path().join("root/rel")).unwrap();
+        std::os::unix::fs::symlink("loop", dir.path().join("root/loop")).unwrap();
+        root.create_dir_all(Path::new("abs/sub"), 0o755, Resolve::InRoot)
+            .unwrap();
+        assert!(!host.exists(), "the host path was created");
+        let inside = dir
+            .path()
+            .join("root")
+            .join(host.strip_prefix("/").unwrap());
+        assert!(inside.join("sub").is_dir());
+        root.create_dir_all(Path::new("rel/z"), 0o755, Resolve::InRoot)
+            .unwrap();
+        assert!(dir.path().join("root/x/y/z").is_dir());
+        assert!(
+            root.create_dir_all(Path::new("loop/z"), 0o755, Resolve::InRoot)
+                .is_err()
+        );
     }
 
     #[test]

@@ -73,6 +73,19 @@ pub struct AgentFlags {
     /// schedules and serves the API.
     #[arg(long)]
     pub no_runtime: bool,
+    /// Let pods on this node add capabilities beyond the default set and share the node's
+    /// PID or IPC namespace (`hostPID`, `hostIPC`); refused otherwise.
+    #[arg(long)]
+    pub allow_privileged: bool,
+    /// Most processes all containers of one pod may run together (default 4096).
+    #[arg(long, value_name = "N")]
+    pub pod_pids_limit: Option<u64>,
+    /// Most bytes one image layer may unpack to, uncompressed (default 32 GiB).
+    #[arg(long, value_name = "BYTES")]
+    pub max_layer_bytes: Option<u64>,
+    /// Most entries (files, directories, links) one image layer may hold (default 1,000,000).
+    #[arg(long, value_name = "N")]
+    pub max_layer_entries: Option<u64>,
 }
 
 /// The `[state]` table of the config file.
@@ -132,6 +145,14 @@ pub struct KubeletFile {
     pub restart_backoff: Option<Duration>,
     #[serde(default)]
     pub no_runtime: Option<bool>,
+    #[serde(default)]
+    pub allow_privileged: Option<bool>,
+    #[serde(default)]
+    pub pod_pids_limit: Option<u64>,
+    #[serde(default)]
+    pub max_layer_bytes: Option<u64>,
+    #[serde(default)]
+    pub max_layer_entries: Option<u64>,
 }
 
 /// The `[scheduling]` table of the config file.
@@ -180,6 +201,12 @@ pub struct AgentConfig {
     pub restart_backoff: Duration,
     /// Default false: pods run in containers.
     pub no_runtime: bool,
+    /// Default false: extra capabilities, hostPID and hostIPC are refused.
+    pub allow_privileged: bool,
+    /// Default 4096.
+    pub pod_pids_limit: u64,
+    /// Default: [`crate::images::layer::LayerLimits::default`].
+    pub layer_limits: crate::images::layer::LayerLimits,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -306,6 +333,25 @@ impl AgentConfig {
                 .or(file.kubelet.restart_backoff)
                 .unwrap_or(Duration::from_secs(10)),
             no_runtime: flags.no_runtime || file.kubelet.no_runtime.unwrap_or(false),
+            allow_privileged: flags.allow_privileged
+                || file.kubelet.allow_privileged.unwrap_or(false),
+            pod_pids_limit: flags
+                .pod_pids_limit
+                .or(file.kubelet.pod_pids_limit)
+                .unwrap_or(4096),
+            layer_limits: {
+                let default = crate::images::layer::LayerLimits::default();
+                crate::images::layer::LayerLimits {
+                    max_bytes: flags
+                        .max_layer_bytes
+                        .or(file.kubelet.max_layer_bytes)
+                        .unwrap_or(default.max_bytes),
+                    max_entries: flags
+                        .max_layer_entries
+                        .or(file.kubelet.max_layer_entries)
+                        .unwrap_or(default.max_entries),
+                }
+            },
         };
         config.validate()?;
         Ok(config)
@@ -349,6 +395,15 @@ impl AgentConfig {
         }
         if self.tombstone_horizon < Duration::from_secs(60) {
             return Err(invalid("state.tombstone-horizon", "must be at least 1m"));
+        }
+        if self.pod_pids_limit < 16 {
+            return Err(invalid("kubelet.pod-pids-limit", "must be at least 16"));
+        }
+        if self.layer_limits.max_bytes == 0 || self.layer_limits.max_entries == 0 {
+            return Err(invalid(
+                "kubelet.max-layer-bytes",
+                "layer limits must be greater than 0",
+            ));
         }
         for seed in &self.join {
             if !seed.contains(':') {

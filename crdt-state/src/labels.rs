@@ -61,6 +61,62 @@ pub fn check_dns_subdomain(s: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A DNS-1123 label (container, volume and port names; namespaces): lowercase alphanumerics
+/// and `-`, starting and ending with an alphanumeric, at most 63 characters. Such a name
+/// contains no `/` and is never `.` or `..`, so it is safe as one path component.
+pub fn check_dns_label(s: &str) -> Result<(), String> {
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err("must be at most 63 lowercase alphanumerics or '-', starting and ending with an alphanumeric (RFC 1123 label)".into())
+    }
+}
+
+/// A relative path that stays beneath the directory it is joined to, as the apiserver checks
+/// `subPath` and `items[].path` (`validateLocalDescendingPath`): not absolute, no `..`
+/// element. With `no_dot_dot_prefix` (item paths) it may not start with `..` either.
+pub fn check_descending_path(s: &str, no_dot_dot_prefix: bool) -> Result<(), String> {
+    if s.starts_with('/') {
+        return Err("must be a relative path".into());
+    }
+    if s.split('/').any(|part| part == "..") {
+        return Err("must not contain '..'".into());
+    }
+    if no_dot_dot_prefix && s.starts_with("..") {
+        return Err("must not start with '..'".into());
+    }
+    if s.contains('\0') {
+        return Err("must not contain NUL".into());
+    }
+    Ok(())
+}
+
+/// A ConfigMap or Secret key (`IsConfigMapKey`): alphanumerics, `-`, `_` and `.`, at most 253
+/// characters, not `.` or `..` and not starting with `..`.
+pub fn check_config_key(s: &str) -> Result<(), String> {
+    if s.is_empty() || s.len() > 253 {
+        return Err("must be 1 to 253 characters".into());
+    }
+    if !s
+        .bytes()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+    {
+        return Err(
+            "a valid config key must consist of alphanumeric characters, '-', '_' or '.'".into(),
+        );
+    }
+    if s == "." || s.starts_with("..") {
+        return Err("must not be '.' or '..' or start with '..'".into());
+    }
+    Ok(())
+}
+
 pub fn validate_key(key: &str) -> Result<(), LabelError> {
     let bad = |reason: String| LabelError::BadKey {
         key: key.to_owned(),
@@ -151,5 +207,40 @@ mod tests {
         assert!(check_dns_subdomain("Node").is_err());
         assert!(check_dns_subdomain("a..b").is_err());
         assert!(check_dns_subdomain("").is_err());
+    }
+
+    #[test]
+    fn names_and_paths_that_reach_the_filesystem() {
+        for ok in ["a", "web-1", "x9"] {
+            assert!(check_dns_label(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "/",
+            "..",
+            ".",
+            "a.b",
+            "A",
+            "-a",
+            "a-",
+            "a/b",
+            &"a".repeat(64),
+        ] {
+            assert!(check_dns_label(bad).is_err(), "{bad:?}");
+        }
+        for ok in ["a", "a/b", "a..b", "./a", "a/"] {
+            assert!(check_descending_path(ok, false).is_ok(), "{ok}");
+        }
+        for bad in ["/etc", "..", "../x", "a/../../b", "a/.."] {
+            assert!(check_descending_path(bad, false).is_err(), "{bad:?}");
+        }
+        assert!(check_descending_path("..data", true).is_err());
+        assert!(check_descending_path("..data", false).is_ok());
+        for ok in ["config.yaml", "a_b-c", ".hidden"] {
+            assert!(check_config_key(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", ".", "..", "..x", "a/b", "a b", &"k".repeat(254)] {
+            assert!(check_config_key(bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -100,6 +100,9 @@ fn type_check(value: &Value, field: &str, want: &str) -> Result<(), FieldError> 
 
 fn validate_pod_spec(spec: &Value, path: &str) -> Result<(), FieldError> {
     type_check(spec, path, "object")?;
+    // What reaches the node's filesystem and arithmetic (names, paths, quantities,
+    // durations): the same check the kubelet makes again.
+    crate::kubelet::node_inputs::check(spec, path).map_err(|p| err(p.field, p.detail))?;
     let containers = &spec["containers"];
     type_check(containers, &format!("{path}.containers"), "array")?;
     let list = containers.as_array().map(Vec::as_slice).unwrap_or_default();

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::pod::{ContainerPlan, EnvSource, PodPlan, VolumeSource};
 use crate::images::ResolvedImage;
-use crate::runtime::spec::{BindMount, ContainerRequest, DEFAULT_CAPABILITIES, Limits};
+use crate::runtime::spec::{BindMount, ContainerRequest, DEFAULT_CAPABILITIES, Limits, Seccomp};
 
 /// Why a container cannot be created, as Kubernetes reports it in `waiting.reason`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,8 +40,34 @@ pub struct Context<'a> {
     pub log_path: PathBuf,
     /// Directory of the pod's volume `name`.
     pub volume_dir: &'a dyn Fn(&str) -> PathBuf,
+    /// A host path that shows `subPath` of volume `name` (resolved beneath the volume without
+    /// following symlinks, bind-mounted for this container): (volume, subPath, mount index).
+    pub sub_path: &'a dyn Fn(&str, &str, usize) -> Result<PathBuf, String>,
     /// A ConfigMap or Secret (`kind`, name) of the pod's namespace.
     pub lookup: &'a dyn Fn(&str, &str) -> Option<Value>,
+    /// Node policy (`--allow-privileged`): capabilities beyond the default set, hostPID and
+    /// hostIPC.
+    pub allow_privileged: bool,
+    /// A node-local seccomp profile by its `localhostProfile` path.
+    pub seccomp_profile: &'a dyn Fn(&str) -> Result<Value, String>,
+}
+
+/// Kubernetes' safe sysctls: namespaced, and isolated from other pods and the node.
+pub const SAFE_SYSCTLS: [&str; 10] = [
+    "kernel.shm_rmid_forced",
+    "net.ipv4.ip_local_port_range",
+    "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.ping_group_range",
+    "net.ipv4.tcp_fin_timeout",
+    "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes",
+    "net.ipv4.tcp_keepalive_time",
+    "net.ipv4.tcp_syncookies",
+];
+
+fn refused(message: String) -> ConfigError {
+    config_error(format!("{message}: refused by this node's policy"))
 }
 
 /// The string data of a ConfigMap (`data`) or Secret (`data`, base64; `stringData`).
@@ -235,20 +261,67 @@ fn image_user(user: &str, image: &ResolvedImage) -> Result<(u32, u32), ConfigErr
     Ok((uid_gid.0, gid))
 }
 
-/// Writes a ConfigMap's or Secret's keys as files into `dir` (replacing what was there).
-pub fn project(dir: &std::path::Path, data: &BTreeMap<String, Vec<u8>>) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        if !data.contains_key(entry.file_name().to_string_lossy().as_ref()) {
-            std::fs::remove_file(entry.path())?;
+/// The files a configMap or secret volume holds: every key under its own name, or with
+/// `items` only the keys listed, at their paths (an absent key is an error unless optional).
+pub fn projection(
+    data: &BTreeMap<String, Vec<u8>>,
+    items: Option<&[super::pod::KeyToPath]>,
+    optional: bool,
+) -> Result<BTreeMap<PathBuf, Vec<u8>>, String> {
+    let mut files = BTreeMap::new();
+    match items {
+        None => {
+            for (key, bytes) in data {
+                // Keys were validated by the API; one that is not a plain name is skipped.
+                if shoal_state::labels::check_config_key(key).is_ok() {
+                    files.insert(PathBuf::from(key), bytes.clone());
+                }
+            }
+        }
+        Some(items) => {
+            for item in items {
+                shoal_state::labels::check_descending_path(&item.path, true)
+                    .map_err(|reason| format!("items path {:?} {reason}", item.path))?;
+                let path = crate::beneath::normal_components(std::path::Path::new(&item.path))
+                    .filter(|p| p.file_name().is_some())
+                    .ok_or_else(|| format!("items path {:?} names no file", item.path))?;
+                match data.get(&item.key) {
+                    Some(bytes) => {
+                        files.insert(path, bytes.clone());
+                    }
+                    None if optional => {}
+                    None => return Err(format!("references non-existent key {:?}", item.key)),
+                }
+            }
         }
     }
-    for (key, bytes) in data {
-        if key.contains('/') || key == ".." || key == "." {
-            continue;
+    Ok(files)
+}
+
+/// Writes `files` into the volume directory `dir` (replacing what was there), every path
+/// resolved beneath it without following a symlink.
+pub fn project(
+    dir: &crate::beneath::Root,
+    files: &BTreeMap<PathBuf, Vec<u8>>,
+) -> std::io::Result<()> {
+    use crate::beneath::Resolve;
+    let tops: std::collections::BTreeSet<&std::ffi::OsStr> = files
+        .keys()
+        .filter_map(|p| p.components().next())
+        .map(|c| c.as_os_str())
+        .collect();
+    for name in dir.names()? {
+        if !tops.contains(name.as_os_str()) {
+            dir.remove_all(&name)?;
         }
-        std::fs::write(dir.join(key), bytes)?;
+    }
+    for (path, bytes) in files {
+        let parent = path.parent().unwrap_or(std::path::Path::new(""));
+        let name = path
+            .file_name()
+            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "no file name"))?;
+        dir.create_dir_all(parent, 0o755, Resolve::Beneath)?
+            .write_file(name, bytes, 0o644)?;
     }
     Ok(())
 }
@@ -261,9 +334,31 @@ pub fn build(
     ctx: &Context,
 ) -> Result<ContainerRequest, ConfigError> {
     if c.privileged {
-        return Err(config_error(
-            "privileged containers are not supported".into(),
+        return Err(refused(format!(
+            "container {:?} is privileged (securityContext.privileged), which Shoal does not run",
+            c.name
+        )));
+    }
+    if !ctx.allow_privileged && (plan.host_pid || plan.host_ipc) {
+        return Err(refused(
+            "hostPID/hostIPC share the node's namespaces (start the node with --allow-privileged)"
+                .into(),
         ));
+    }
+    if c.proc_mount.as_deref().is_some_and(|m| m != "Default") {
+        return Err(refused(format!(
+            "container {:?}: procMount {:?} needs user namespaces (hostUsers: false), which this node does not offer",
+            c.name,
+            c.proc_mount.as_deref().unwrap_or_default()
+        )));
+    }
+    for name in plan.sysctls.keys() {
+        if !SAFE_SYSCTLS.contains(&name.as_str()) {
+            return Err(refused(format!(
+                "sysctl {name:?} is not in the safe set ({})",
+                SAFE_SYSCTLS.join(", ")
+            )));
+        }
     }
     // Environment: the image's, then envFrom, then env (later wins), with $(VAR) expansion
     // against what is defined before.
@@ -399,18 +494,52 @@ pub fn build(
     };
     for add in &c.capabilities_add {
         let cap = normalize(add);
+        if !DEFAULT_CAPABILITIES.contains(&cap.as_str()) && !ctx.allow_privileged {
+            return Err(refused(format!(
+                "container {:?} adds {cap}, beyond the default capability set (start the node with --allow-privileged)",
+                c.name
+            )));
+        }
         if !capabilities.contains(&cap) {
             capabilities.push(cap);
         }
     }
+    if c.run_as_non_root && uid == 0 {
+        return Err(config_error(format!(
+            "container {:?} has runAsNonRoot and image will run as root (pod: \"{}_{}({})\", container: {})",
+            c.name, plan.name, plan.namespace, plan.uid, c.name
+        )));
+    }
+    let seccomp = match &c.seccomp {
+        super::pod::SeccompChoice::RuntimeDefault => Seccomp::RuntimeDefault,
+        super::pod::SeccompChoice::Unconfined => Seccomp::Unconfined,
+        super::pod::SeccompChoice::Localhost(path) => {
+            Seccomp::Localhost((ctx.seccomp_profile)(path).map_err(|reason| {
+                config_error(format!(
+                    "container {:?}: seccomp profile {path:?}: {reason}",
+                    c.name
+                ))
+            })?)
+        }
+    };
+    let mut additional_gids = plan.supplemental_groups.clone();
+    if let Some(g) = plan.fs_group
+        && !additional_gids.contains(&g)
+    {
+        additional_gids.push(g);
+    }
     const PERIOD_US: u64 = 100_000;
     let limits = Limits {
-        memory_bytes: c.memory_limit_bytes.map(|b| b as i64),
-        // Kubernetes' shares: 1024 per cpu of request, at least 2.
-        cpu_shares: c.cpu_request_millis.map_or(2, |m| (m * 1024 / 1000).max(2)),
-        cpu_quota_us: c
-            .cpu_limit_millis
-            .map(|m| (m * PERIOD_US / 1000).max(1000) as i64),
+        memory_bytes: c
+            .memory_limit_bytes
+            .map(|b| i64::try_from(b).unwrap_or(i64::MAX)),
+        // Kubernetes' shares: 1024 per cpu of request, between 2 and the kernel's 262144.
+        cpu_shares: c
+            .cpu_request_millis
+            .map_or(2, |m| (m.saturating_mul(1024) / 1000).clamp(2, 262_144)),
+        cpu_quota_us: c.cpu_limit_millis.map(|m| {
+            i64::try_from((m.saturating_mul(PERIOD_US) / 1000).max(1000)).unwrap_or(i64::MAX)
+        }),
         cpu_period_us: PERIOD_US,
         pids: None,
     };
@@ -442,16 +571,29 @@ pub fn build(
                     c.name, m.name
                 ))
             })?;
-        let mut source = (ctx.volume_dir)(&volume.name);
-        if let Some(sub) = &m.sub_path {
-            if sub.split('/').any(|p| p == "..") {
-                return Err(config_error(format!(
-                    "{}.volumeMounts[{i}].subPath: must not contain '..'",
-                    c.name
-                )));
-            }
-            source = source.join(sub);
+        if !m.mount_path.starts_with('/') {
+            return Err(config_error(format!(
+                "{}.volumeMounts[{i}].mountPath: {:?} must be an absolute path",
+                c.name, m.mount_path
+            )));
         }
+        let source = match &m.sub_path {
+            Some(sub) => {
+                shoal_state::labels::check_descending_path(sub, false).map_err(|reason| {
+                    config_error(format!(
+                        "{}.volumeMounts[{i}].subPath: {sub:?} {reason}",
+                        c.name
+                    ))
+                })?;
+                (ctx.sub_path)(&volume.name, sub, i).map_err(|reason| {
+                    config_error(format!(
+                        "{}.volumeMounts[{i}].subPath {sub:?}: {reason}",
+                        c.name
+                    ))
+                })?
+            }
+            None => (ctx.volume_dir)(&volume.name),
+        };
         let readonly = m.read_only || matches!(volume.source, VolumeSource::Projected { .. });
         mounts.push(BindMount {
             source,
@@ -480,6 +622,11 @@ pub fn build(
         cgroup_path: format!("{}/{}", ctx.pod_cgroup, ctx.runtime_id),
         layers: image.layers.clone(),
         log_path: ctx.log_path.clone(),
+        seccomp,
+        additional_gids,
+        sysctls: plan.sysctls.clone(),
+        host_pid: plan.host_pid,
+        host_ipc: plan.host_ipc,
     })
 }
 
@@ -509,6 +656,8 @@ mod tests {
         let pod = json!({"metadata": {"name": "web-1", "namespace": "prod", "uid": "u1", "labels": {"app": "web"}}, "spec": spec});
         let plan = PodPlan::parse(&pod).unwrap();
         let volume_dir = |name: &str| PathBuf::from(format!("/v/{name}"));
+        let sub_path =
+            |name: &str, sub: &str, i: usize| Ok(PathBuf::from(format!("/sub/{name}/{sub}/{i}")));
         let ctx = Context {
             runtime_id: "u1-app-0".into(),
             node_name: "n1",
@@ -519,7 +668,10 @@ mod tests {
             etc_dir: "/etc-dir".into(),
             log_path: "/log".into(),
             volume_dir: &volume_dir,
+            sub_path: &sub_path,
             lookup,
+            allow_privileged: false,
+            seccomp_profile: &|_| Err("no profiles in tests".into()),
         };
         build(&plan, &plan.containers[0], &image(), &ctx)
     }
@@ -583,12 +735,13 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.reason, "CreateContainerConfigError");
         assert!(err.message.contains("absent"), "{}", err.message);
-        let err = request(
-            json!({"containers": [{"name": "app", "image": "b", "volumeMounts": [{"name": "v", "mountPath": "/v"}]}]}),
-            &none,
-        )
-        .unwrap_err();
-        assert!(err.message.contains("no volume \"v\""), "{}", err.message);
+        // A mount of a volume the pod lacks is refused when the plan is parsed, naming it.
+        let pod = json!({"metadata": {"name": "p", "uid": "u1"}, "spec": {"containers": [{"name": "app", "image": "b", "volumeMounts": [{"name": "v", "mountPath": "/v"}]}]}});
+        let err = PodPlan::parse(&pod).unwrap_err();
+        assert!(
+            err.contains("spec.containers[0].volumeMounts[0].name: Not found: \"v\""),
+            "{err}"
+        );
     }
 
     #[test]

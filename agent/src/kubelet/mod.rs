@@ -3,6 +3,7 @@ pub mod container;
 pub mod image_puller;
 pub mod logs;
 pub mod metrics;
+pub mod node_inputs;
 pub mod node_service;
 pub mod pod;
 pub mod probe;
@@ -32,6 +33,10 @@ pub struct KubeletConfig {
     /// Longest pause between two reconciliations (changes wake the loop at once).
     pub sync_period: Duration,
     pub worker: WorkerConfig,
+    /// Node policy: extra capabilities, hostPID and hostIPC allowed (`--allow-privileged`).
+    pub allow_privileged: bool,
+    /// Processes per pod (`--pod-pids-limit`).
+    pub pod_pids_limit: Option<u64>,
 }
 
 impl Default for KubeletConfig {
@@ -39,6 +44,8 @@ impl Default for KubeletConfig {
         Self {
             sync_period: Duration::from_millis(100),
             worker: WorkerConfig::default(),
+            allow_privileged: false,
+            pod_pids_limit: Some(4096),
         }
     }
 }
@@ -197,12 +204,17 @@ impl Kubelet {
                     let Some(uid) = change.object["metadata"]["uid"].as_str() else {
                         continue;
                     };
-                    let mut bound = self.bound.lock().unwrap();
                     let deleted = change.event == shoal_state::EventType::Deleted;
-                    if !deleted && self.is_mine(&change.object) {
-                        bound.insert(uid.to_owned(), BoundPod::new(change.object.clone()));
-                    } else if bound.remove(uid).is_none() {
-                        continue;
+                    // Parsed before the lock is taken: nothing derived from input runs under it.
+                    let parsed = (!deleted && self.is_mine(&change.object))
+                        .then(|| BoundPod::new(change.object.clone()));
+                    let mut bound = self.bound.lock().unwrap();
+                    match parsed {
+                        Some(pod) => {
+                            bound.insert(uid.to_owned(), pod);
+                        }
+                        None if bound.remove(uid).is_none() => continue,
+                        None => {}
                     }
                     drop(bound);
                     self.wake();
@@ -388,13 +400,14 @@ impl Kubelet {
         busy
     }
 
-    fn sandbox_spec(plan: &pod::PodPlan) -> SandboxSpec {
+    fn sandbox_spec(&self, plan: &pod::PodPlan) -> SandboxSpec {
         SandboxSpec {
             uid: plan.uid.clone(),
             namespace: plan.namespace.clone(),
             name: plan.name.clone(),
             hostname: plan.hostname.clone(),
             memory_limit_bytes: plan.memory_limit_bytes(),
+            pids_limit: self.config.pod_pids_limit,
         }
     }
 
@@ -419,7 +432,7 @@ impl Kubelet {
             Action::EnsureSandbox => {
                 let plan = plan.ok_or("no pod spec")?;
                 self.runtime
-                    .ensure_sandbox(&Self::sandbox_spec(plan))
+                    .ensure_sandbox(&self.sandbox_spec(plan))
                     .map_err(|e| e.to_string())?;
             }
             Action::Start {
@@ -581,34 +594,74 @@ impl Kubelet {
             },
         })?;
         // Volumes: emptyDirs live as long as the pod; projected ones are refreshed per start.
+        // Every directory and file is made beneath the pod's directory without following a
+        // symlink (crate::beneath).
         for volume in &plan.volumes {
-            let dir = self.runtime.volume_dir(&plan.uid, &volume.name);
-            let result = match &volume.source {
-                pod::VolumeSource::EmptyDir => std::fs::create_dir_all(&dir),
-                pod::VolumeSource::Projected {
-                    kind,
-                    name,
-                    optional,
-                } => match self.lookup(&plan.namespace, kind, name) {
-                    Some(object) => {
-                        container::project(&dir, &container::object_data(kind, &object))
-                    }
-                    None if *optional => std::fs::create_dir_all(&dir),
+            let volume_error = |message: String| container::ConfigError {
+                reason: "CreateContainerError",
+                message: format!("volume {}: {message}", volume.name),
+            };
+            let dir = self
+                .runtime
+                .ensure_volume(&plan.uid, &volume.name)
+                .map_err(|e| volume_error(e.to_string()))?;
+            if volume.source == pod::VolumeSource::EmptyDir {
+                // World-writable like Kubernetes' emptyDir; with fsGroup, owned by that group
+                // with the set-group-id bit so new files inherit it.
+                let mode = if plan.fs_group.is_some() {
+                    0o2777
+                } else {
+                    0o777
+                };
+                let gid = plan.fs_group.map(nix::unistd::Gid::from_raw);
+                nix::unistd::fchown(dir.fd(), None, gid)
+                    .and_then(|()| {
+                        nix::sys::stat::fchmod(
+                            dir.fd(),
+                            nix::sys::stat::Mode::from_bits_truncate(mode),
+                        )
+                    })
+                    .map_err(|e| volume_error(e.to_string()))?;
+            }
+            if let pod::VolumeSource::Projected {
+                kind,
+                name,
+                optional,
+                items,
+            } = &volume.source
+            {
+                let data = match self.lookup(&plan.namespace, kind, name) {
+                    Some(object) => container::object_data(kind, &object),
+                    None if *optional => Default::default(),
                     None => {
                         return Err(container::ConfigError {
                             reason: "CreateContainerConfigError",
                             message: format!("{} {:?} not found", kind.to_lowercase(), name),
                         });
                     }
-                },
-            };
-            result.map_err(|e| container::ConfigError {
-                reason: "CreateContainerError",
-                message: format!("volume {}: {e}", volume.name),
-            })?;
+                };
+                let files = container::projection(&data, items.as_deref(), *optional).map_err(
+                    |message| container::ConfigError {
+                        reason: "CreateContainerConfigError",
+                        message: format!(
+                            "volume {}: {} {name:?} {message}",
+                            volume.name,
+                            kind.to_lowercase()
+                        ),
+                    },
+                )?;
+                container::project(&dir, &files).map_err(|e| volume_error(e.to_string()))?;
+            }
         }
         let runtime_id = format!("{}-{name}-{attempt}", plan.uid);
-        let volume_dir = |v: &str| self.runtime.volume_dir(&plan.uid, v);
+        // Names were checked when the plan was parsed; a refusal here leaves an empty path
+        // that the container's start then fails on.
+        let volume_dir = |v: &str| self.runtime.volume_dir(&plan.uid, v).unwrap_or_default();
+        let sub_path = |volume: &str, sub: &str, index: usize| {
+            self.runtime
+                .bind_sub_path(&plan.uid, volume, sub, name, attempt, index)
+                .map_err(|e| e.to_string())
+        };
         let lookup = |kind: &str, object: &str| self.lookup(&plan.namespace, kind, object);
         let ctx = container::Context {
             runtime_id: runtime_id.clone(),
@@ -620,7 +673,10 @@ impl Kubelet {
             etc_dir: self.runtime.etc_dir(&plan.uid),
             log_path: self.runtime.log_path(&plan.uid, name, attempt),
             volume_dir: &volume_dir,
+            sub_path: &sub_path,
             lookup: &lookup,
+            allow_privileged: self.config.allow_privileged,
+            seccomp_profile: &|path| self.runtime.seccomp_profile(path),
         };
         let request = container::build(plan, c, &image, &ctx)?;
         let meta = ContainerMeta {
@@ -633,7 +689,7 @@ impl Kubelet {
             cgroup_path: request.cgroup_path.clone(),
         };
         self.runtime
-            .ensure_sandbox(&Self::sandbox_spec(plan))
+            .ensure_sandbox(&self.sandbox_spec(plan))
             .and_then(|()| self.runtime.start_container(&plan.uid, &meta, &request))
             .map_err(|e| container::ConfigError {
                 reason: "RunContainerError",

@@ -109,9 +109,10 @@ impl NodeService {
             ))
         };
         match request {
-            NodeRequest::Logs(req) => match &self.kubelet {
-                Some(kubelet) => local(kubelet, &req),
-                None => no_runtime(),
+            NodeRequest::Logs(req) => match (&self.kubelet, check_log_request(&req)) {
+                (_, Err(e)) => NodeResponse::Error(e),
+                (Some(kubelet), Ok(())) => local(kubelet, &req),
+                (None, Ok(())) => no_runtime(),
             },
             NodeRequest::Manifest { reference } => match &self.images {
                 Some(images) => match images.manifest_bytes(&reference) {
@@ -212,6 +213,20 @@ pub(super) async fn ask(
     rmp_serde::from_slice(&bytes).map_err(|e| format!("bad answer: {e}"))
 }
 
+/// A peer's log request names a pod uid and a container, which become path components on
+/// this node: both are checked before anything touches the filesystem.
+fn check_log_request(req: &LogRequest) -> Result<(), String> {
+    if !crate::runtime::is_safe_id(&req.uid) {
+        return Err(format!("bad request: uid {:?} is not a pod uid", req.uid));
+    }
+    shoal_state::labels::check_dns_label(&req.container).map_err(|reason| {
+        format!(
+            "bad request: container {:?} is not a container name: {reason}",
+            req.container
+        )
+    })
+}
+
 fn local(kubelet: &Kubelet, req: &LogRequest) -> NodeResponse {
     match kubelet.read_log(&req.uid, &req.container, req.previous, &req.query) {
         Ok((chunk, running)) => NodeResponse::Logs { chunk, running },
@@ -224,5 +239,31 @@ fn unpack(response: NodeResponse) -> Result<(LogChunk, bool), String> {
         NodeResponse::Logs { chunk, running } => Ok((chunk, running)),
         NodeResponse::Error(e) => Err(e),
         other => Err(format!("unexpected answer {other:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_from_peers_are_checked_before_they_become_paths() {
+        let req = |uid: &str, container: &str| LogRequest {
+            uid: uid.into(),
+            container: container.into(),
+            previous: false,
+            query: LogQuery::default(),
+        };
+        assert!(check_log_request(&req("0f5e-4c2a", "web")).is_ok());
+        for (uid, container, named) in [
+            ("../../../etc", "web", "uid"),
+            ("/etc", "web", "uid"),
+            ("", "web", "uid"),
+            ("u1", "../../x", "container"),
+            ("u1", "a/b", "container"),
+        ] {
+            let err = check_log_request(&req(uid, container)).unwrap_err();
+            assert!(err.contains(named), "{uid} {container}: {err}");
+        }
     }
 }

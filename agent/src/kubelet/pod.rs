@@ -66,12 +66,34 @@ pub struct VolumeMount {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VolumeSource {
     EmptyDir,
-    /// (kind ConfigMap|Secret, name, optional)
+    /// (kind ConfigMap|Secret, name, optional, items): every key as a file named after it,
+    /// or with `items`, only the keys listed, each at its relative path.
     Projected {
         kind: &'static str,
         name: String,
         optional: bool,
+        items: Option<Vec<KeyToPath>>,
     },
+}
+
+/// `items[]` of a configMap or secret volume: one key written at `path` (checked to
+/// descend, [`super::node_inputs`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyToPath {
+    pub key: String,
+    pub path: String,
+}
+
+fn key_to_paths(source: &Value) -> Option<Vec<KeyToPath>> {
+    source["items"].as_array().map(|items| {
+        items
+            .iter()
+            .map(|i| KeyToPath {
+                key: i["key"].as_str().unwrap_or_default().to_owned(),
+                path: i["path"].as_str().unwrap_or_default().to_owned(),
+            })
+            .collect()
+    })
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,6 +153,45 @@ pub struct ContainerPlan {
     pub startup: Option<Probe>,
     /// `lifecycle.preStop.exec.command`: run in the container before SIGTERM.
     pub pre_stop: Option<Vec<String>>,
+    /// `securityContext.runAsNonRoot` (container, else pod).
+    pub run_as_non_root: bool,
+    /// `securityContext.seccompProfile` (container, else pod; RuntimeDefault when unset).
+    pub seccomp: SeccompChoice,
+    /// `securityContext.procMount` (`Default` or `Unmasked`).
+    pub proc_mount: Option<String>,
+}
+
+/// `seccompProfile.type`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SeccompChoice {
+    RuntimeDefault,
+    Unconfined,
+    /// `localhostProfile`: a path below the node's `<data-dir>/seccomp/`.
+    Localhost(String),
+}
+
+fn seccomp_choice(value: &Value, field: &str) -> Result<Option<SeccompChoice>, String> {
+    if value.is_null() {
+        return Ok(None);
+    }
+    Ok(Some(match value["type"].as_str() {
+        Some("RuntimeDefault") => SeccompChoice::RuntimeDefault,
+        Some("Unconfined") => SeccompChoice::Unconfined,
+        Some("Localhost") => {
+            let path = value["localhostProfile"].as_str().unwrap_or_default();
+            if path.is_empty() {
+                return Err(format!("{field}.localhostProfile: Required value"));
+            }
+            shoal_state::labels::check_descending_path(path, false)
+                .map_err(|r| format!("{field}.localhostProfile: {r}"))?;
+            SeccompChoice::Localhost(path.to_owned())
+        }
+        other => {
+            return Err(format!(
+                "{field}.type: Unsupported value: {other:?}: supported values: \"Localhost\", \"RuntimeDefault\", \"Unconfined\""
+            ));
+        }
+    }))
 }
 
 /// Everything the kubelet acts on for one pod.
@@ -149,6 +210,13 @@ pub struct PodPlan {
     pub restart_policy: RestartPolicy,
     pub termination_grace_ms: u64,
     pub creation_timestamp: Option<String>,
+    /// `securityContext.supplementalGroups` and `fsGroup`.
+    pub supplemental_groups: Vec<u32>,
+    pub fs_group: Option<u32>,
+    /// `securityContext.sysctls`.
+    pub sysctls: BTreeMap<String, String>,
+    pub host_pid: bool,
+    pub host_ipc: bool,
 }
 
 fn strings(value: &Value) -> Option<Vec<String>> {
@@ -185,7 +253,8 @@ fn probe(value: &Value, field: &str) -> Result<Option<Probe>, String> {
     } else {
         return Err(format!("{field}: needs exec, httpGet or tcpSocket"));
     };
-    let seconds = |name: &str, default: u64| value[name].as_u64().unwrap_or(default) * 1000;
+    let seconds =
+        |name: &str, default: u64| value[name].as_u64().unwrap_or(default).saturating_mul(1000);
     let count = |name: &str, default: u32| {
         value[name]
             .as_u64()
@@ -274,16 +343,20 @@ fn container(value: &Value, field: &str) -> Result<ContainerPlan, String> {
         })
         .collect();
     let resources = &value["resources"];
+    // Quantities as strings or bare numbers (`cpu: 2`), parsed exactly and bounded.
+    let text = |v: &Value| match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    };
     let cpu = |v: &Value, f: &str| {
-        v.as_str()
-            .map(|q| quantity::cpu_millis(q).map_err(|e| format!("{field}.resources.{f}: {e}")))
-            .or_else(|| v.as_u64().map(|n| Ok(n * 1000)))
+        text(v)
+            .map(|q| quantity::cpu_millis(&q).map_err(|e| format!("{field}.resources.{f}: {e}")))
             .transpose()
     };
     let mem = |v: &Value, f: &str| {
-        v.as_str()
-            .map(|q| quantity::bytes(q).map_err(|e| format!("{field}.resources.{f}: {e}")))
-            .or_else(|| v.as_u64().map(Ok))
+        text(v)
+            .map(|q| quantity::bytes(&q).map_err(|e| format!("{field}.resources.{f}: {e}")))
             .transpose()
     };
     let limits = &resources["limits"];
@@ -324,6 +397,13 @@ fn container(value: &Value, field: &str) -> Result<ContainerPlan, String> {
         readiness: probe(&value["readinessProbe"], &format!("{field}.readinessProbe"))?,
         startup: probe(&value["startupProbe"], &format!("{field}.startupProbe"))?,
         pre_stop: strings(&value["lifecycle"]["preStop"]["exec"]["command"]),
+        run_as_non_root: security["runAsNonRoot"].as_bool().unwrap_or(false),
+        seccomp: seccomp_choice(
+            &security["seccompProfile"],
+            &format!("{field}.securityContext.seccompProfile"),
+        )?
+        .unwrap_or(SeccompChoice::RuntimeDefault),
+        proc_mount: security["procMount"].as_str().map(str::to_owned),
     })
 }
 
@@ -343,6 +423,13 @@ impl PodPlan {
     pub fn parse(pod: &Value) -> Result<Self, String> {
         let meta = &pod["metadata"];
         let spec = &pod["spec"];
+        // Again at the node: the API checked this, but a stored pod may come from a peer that
+        // did not (or an older version of this check).
+        super::node_inputs::check(spec, "spec").map_err(|p| p.to_string())?;
+        let uid = meta["uid"].as_str().unwrap_or_default();
+        if !uid.is_empty() && !crate::runtime::is_safe_id(uid) {
+            return Err(format!("metadata.uid: Invalid value: {uid:?}: not a uid"));
+        }
         let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
         let pod_security = &spec["securityContext"];
         let mut containers = Vec::new();
@@ -361,6 +448,18 @@ impl PodPlan {
                 let id = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
                 plan.run_as_user = plan.run_as_user.or(id(&pod_security["runAsUser"]));
                 plan.run_as_group = plan.run_as_group.or(id(&pod_security["runAsGroup"]));
+                let container_security = &c["securityContext"];
+                if container_security["runAsNonRoot"].is_null() {
+                    plan.run_as_non_root = pod_security["runAsNonRoot"].as_bool().unwrap_or(false);
+                }
+                if container_security["seccompProfile"].is_null()
+                    && let Some(choice) = seccomp_choice(
+                        &pod_security["seccompProfile"],
+                        "spec.securityContext.seccompProfile",
+                    )?
+                {
+                    plan.seccomp = choice;
+                }
                 out.push(plan);
             }
         }
@@ -381,12 +480,14 @@ impl PodPlan {
                         kind: "ConfigMap",
                         name: text(&c["name"]),
                         optional: c["optional"].as_bool().unwrap_or(false),
+                        items: key_to_paths(c),
                     }
                 } else if let Some(s) = v.get("secret") {
                     VolumeSource::Projected {
                         kind: "Secret",
                         name: text(&s["secretName"]),
                         optional: s["optional"].as_bool().unwrap_or(false),
+                        items: key_to_paths(s),
                     }
                 } else {
                     return Err(format!(
@@ -417,9 +518,46 @@ impl PodPlan {
             containers,
             volumes,
             restart_policy,
-            termination_grace_ms: spec["terminationGracePeriodSeconds"].as_u64().unwrap_or(30)
-                * 1000,
+            termination_grace_ms: spec["terminationGracePeriodSeconds"]
+                .as_u64()
+                .unwrap_or(30)
+                .saturating_mul(1000),
             creation_timestamp: meta["creationTimestamp"].as_str().map(str::to_owned),
+            supplemental_groups: pod_security["supplementalGroups"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|g| {
+                    g.as_u64()
+                        .and_then(|g| u32::try_from(g).ok())
+                        .ok_or_else(|| {
+                            format!("spec.securityContext.supplementalGroups: Invalid value: {g}")
+                        })
+                })
+                .collect::<Result<_, _>>()?,
+            fs_group: match &pod_security["fsGroup"] {
+                Value::Null => None,
+                g => Some(
+                    g.as_u64()
+                        .and_then(|g| u32::try_from(g).ok())
+                        .ok_or_else(|| {
+                            format!("spec.securityContext.fsGroup: Invalid value: {g}")
+                        })?,
+                ),
+            },
+            sysctls: pod_security["sysctls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|s| {
+                    (
+                        s["name"].as_str().unwrap_or_default().to_owned(),
+                        s["value"].as_str().unwrap_or_default().to_owned(),
+                    )
+                })
+                .collect(),
+            host_pid: spec["hostPID"].as_bool().unwrap_or(false),
+            host_ipc: spec["hostIPC"].as_bool().unwrap_or(false),
         })
     }
 
@@ -451,7 +589,13 @@ impl PodPlan {
     /// The pod cgroup's memory cap: the sum of the containers' limits if every one has one
     /// (init containers run alone, so the biggest of them counts against the same cap).
     pub fn memory_limit_bytes(&self) -> Option<i64> {
-        let sum: Option<u64> = self.containers.iter().map(|c| c.memory_limit_bytes).sum();
+        // Saturating: two containers with `memory: 9E` are "unlimited", never a wrapped
+        // negative number.
+        let sum: Option<u64> = self
+            .containers
+            .iter()
+            .map(|c| c.memory_limit_bytes)
+            .try_fold(0u64, |acc, m| Some(acc.saturating_add(m?)));
         let init = self
             .init_containers
             .iter()
@@ -460,7 +604,7 @@ impl PodPlan {
             .into_iter()
             .max()
             .unwrap_or(0);
-        sum.map(|s| s.max(init) as i64)
+        sum.map(|s| i64::try_from(s.max(init)).unwrap_or(i64::MAX))
     }
 }
 

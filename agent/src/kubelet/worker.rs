@@ -583,7 +583,10 @@ impl PodWorker {
                             .map(|s| s.reason),
                         Some(StopReason::Unhealthy(_))
                     );
-                    unhealthy || plan.restart_policy.restarts(exited.exit_code)
+                    // Killed for failing liveness: restarted unless the policy is Never (then
+                    // it stays terminated, as in Kubernetes).
+                    (unhealthy && plan.restart_policy != super::pod::RestartPolicy::Never)
+                        || plan.restart_policy.restarts(exited.exit_code)
                 };
                 if !restarts {
                     view.done = true;
@@ -1066,6 +1069,34 @@ mod tests {
             d.status.unwrap()["containerStatuses"][0]["lastState"]["terminated"]["message"],
             "Liveness probe failed"
         );
+    }
+
+    #[test]
+    fn a_liveness_failure_under_restart_policy_never_kills_without_restarting() {
+        let p = plan(
+            json!({"restartPolicy": "Never", "containers": [{"name": "a", "image": "b",
+            "livenessProbe": {"exec": {"command": ["true"]}, "periodSeconds": 1, "failureThreshold": 1}}]}),
+        );
+        let probe = p.containers[0].liveness.clone().unwrap();
+        let mut w = worker();
+        let run = [running("a", 0, 0)];
+        let d = w.decide(1_000, Some(&p), true, &run);
+        assert!(matches!(d.actions[..], [Action::Probe { .. }]));
+        w.probe_done("a", 0, ProbeKind::Liveness, &probe, false, "exit 1");
+        let d = w.decide(1_100, Some(&p), true, &run);
+        assert!(matches!(
+            d.actions[..],
+            [Action::Signal {
+                signal: StopSignal::Term,
+                ..
+            }]
+        ));
+        let dead = [exited("a", 0, 137, 1_200)];
+        for now in [1_300, 1_300 + 10 * BASE] {
+            let d = w.decide(now, Some(&p), true, &dead);
+            assert!(starts(&d).is_empty(), "restarted under Never at {now}");
+        }
+        assert_eq!(phase(&w.decide(2_000, Some(&p), true, &dead)), "Failed");
     }
 
     #[test]

@@ -49,6 +49,14 @@ pub fn set_pod_memory_limit(layout: Layout, pod_path: &str, bytes: i64) -> io::R
     }
 }
 
+/// Creates the pod's cgroup in the pids hierarchy and caps how many processes (tasks) all its
+/// containers together may have (the kubelet's `--pod-max-pids`): a fork bomb stops there.
+pub fn set_pod_pids_limit(layout: Layout, pod_path: &str, pids: u64) -> io::Result<()> {
+    let dir = dir(layout, "pids", pod_path);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("pids.max"), pids.to_string())
+}
+
 /// How many times the kernel's OOM killer killed a process of this cgroup.
 pub fn oom_kills(layout: Layout, path: &str) -> u64 {
     let (file, key) = match layout {

@@ -17,11 +17,11 @@
 //! [`Runtime::remove_sandbox`] and [`Runtime::reset`] can leave nothing behind.
 
 pub mod cgroup;
+pub mod seccomp;
 pub mod shim;
 pub mod spec;
 
 use std::collections::BTreeMap;
-use std::ffi::CString;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::beneath::{Resolve, Root};
 pub use shim::{Exited, Started};
 pub use spec::{BindMount, ContainerRequest, Limits};
 
@@ -42,6 +43,37 @@ pub enum RuntimeError {
     Command { command: String, message: String },
     #[error("no OCI runtime: {0} (install runc: apt-get install -y runc)")]
     NoRuntime(String),
+    #[error("{what} {value:?} is not a safe identifier (it would become a host path)")]
+    InvalidId { what: &'static str, value: String },
+    #[error("volume {volume}: subPath {sub_path:?}: {reason}")]
+    SubPath {
+        volume: String,
+        sub_path: String,
+        reason: String,
+    },
+}
+
+/// Whether `id` (a pod uid from the store, possibly from a peer) can name a directory: 1 to 64
+/// ASCII alphanumerics or `-`.
+pub fn is_safe_id(id: &str) -> bool {
+    (1..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
+/// Refuses a pod uid or a name (container, volume: DNS-1123 labels) that is not one safe path
+/// component, before it is joined into a host path.
+fn check_id(what: &'static str, value: &str) -> Result<(), RuntimeError> {
+    let ok = match what {
+        "pod uid" => is_safe_id(value),
+        _ => shoal_state::labels::check_dns_label(value).is_ok(),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(RuntimeError::InvalidId {
+            what,
+            value: value.to_owned(),
+        })
+    }
 }
 
 fn io_at(path: &Path) -> impl Fn(io::Error) -> RuntimeError + '_ {
@@ -60,6 +92,9 @@ pub struct SandboxSpec {
     pub hostname: String,
     /// The pod's memory cap (sum of its containers' limits, when all have one).
     pub memory_limit_bytes: Option<i64>,
+    /// The most processes the pod's containers may run together (`--pod-pids-limit`).
+    #[serde(default)]
+    pub pids_limit: Option<u64>,
 }
 
 /// What is written next to a container's bundle.
@@ -108,6 +143,8 @@ pub struct Runtime {
     runc: PathBuf,
     runc_root: PathBuf,
     pods_dir: PathBuf,
+    /// Node-local seccomp profiles (`seccompProfile.localhostProfile` is a path below it).
+    seccomp_dir: PathBuf,
     shoal_binary: PathBuf,
     layout: cgroup::Layout,
     log_max_bytes: u64,
@@ -138,10 +175,6 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
     serde_json::from_slice(&std::fs::read(path).ok()?).ok()
 }
 
-fn c_path(path: &Path) -> io::Result<CString> {
-    CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)
-}
-
 fn is_mounted(path: &Path) -> bool {
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let path = path.to_string_lossy();
@@ -153,20 +186,14 @@ fn unmount(path: &Path) -> Result<(), RuntimeError> {
     if !is_mounted(path) {
         return Ok(());
     }
-    let c = c_path(path).map_err(io_at(path))?;
-    // SAFETY: a NUL-terminated path; umount2 touches no memory of ours.
-    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
-        return Err(RuntimeError::Io {
-            path: path.to_owned(),
-            source: io::Error::last_os_error(),
-        });
-    }
-    Ok(())
+    nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH).map_err(|e| RuntimeError::Io {
+        path: path.to_owned(),
+        source: io::Error::from(e),
+    })
 }
 
 fn process_alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks for existence.
-    pid > 0 && unsafe { libc::kill(pid, 0) } == 0
+    pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
 }
 
 impl Runtime {
@@ -200,6 +227,7 @@ impl Runtime {
             runc,
             runc_root: data_dir.join("runc"),
             pods_dir: crate::paths::pods(data_dir),
+            seccomp_dir: data_dir.join("seccomp"),
             shoal_binary,
             layout: cgroup::Layout::detect(),
             log_max_bytes: 10 << 20,
@@ -253,9 +281,140 @@ impl Runtime {
             .join(format!("{attempt}.log"))
     }
 
-    /// Directory of a pod's volume `name`.
-    pub fn volume_dir(&self, uid: &str, name: &str) -> PathBuf {
-        self.pod_dir(uid).join("volumes").join(name)
+    /// Directory of a pod's volume `name` (both checked to be one path component).
+    pub fn volume_dir(&self, uid: &str, name: &str) -> Result<PathBuf, RuntimeError> {
+        check_id("pod uid", uid)?;
+        check_id("volume name", name)?;
+        Ok(self.pod_dir(uid).join("volumes").join(name))
+    }
+
+    /// Creates (if missing) the directory of a pod's volume `name` beneath the pods
+    /// directory, refusing any symlink on the way, and returns it as a [`Root`] for the
+    /// kubelet to fill.
+    pub fn ensure_volume(&self, uid: &str, name: &str) -> Result<Root, RuntimeError> {
+        check_id("pod uid", uid)?;
+        check_id("volume name", name)?;
+        let rel = Path::new(uid).join("volumes").join(name);
+        Root::open(&self.pods_dir)
+            .and_then(|pods| pods.create_dir_all(&rel, 0o755, Resolve::Beneath))
+            .map_err(io_at(&self.pods_dir.join(&rel)))
+    }
+
+    /// A node-local seccomp profile: `<data-dir>/seccomp/<rel>`, resolved beneath that
+    /// directory without following symlinks, at most 1 MiB, checked to be an OCI
+    /// `linux.seccomp` object.
+    pub fn seccomp_profile(&self, rel: &str) -> Result<serde_json::Value, String> {
+        let root = Root::open(&self.seccomp_dir)
+            .map_err(|e| format!("{}: {e}", self.seccomp_dir.display()))?;
+        let fd = root
+            .open_at(
+                Path::new(rel),
+                nix::fcntl::OFlag::O_RDONLY,
+                Resolve::Beneath,
+            )
+            .map_err(|e| format!("{}: {e}", self.seccomp_dir.join(rel).display()))?;
+        let mut bytes = Vec::new();
+        io::Read::read_to_end(
+            &mut io::Read::take(std::fs::File::from(fd), 1 << 20),
+            &mut bytes,
+        )
+        .map_err(|e| e.to_string())?;
+        let value: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| format!("not JSON: {e}"))?;
+        serde_json::from_value::<oci_spec::runtime::LinuxSeccomp>(value.clone())
+            .map_err(|e| format!("not an OCI seccomp profile: {e}"))?;
+        Ok(value)
+    }
+
+    fn sub_paths_dir(&self, uid: &str, container: &str, attempt: u32) -> PathBuf {
+        self.pod_dir(uid)
+            .join("subpaths")
+            .join(format!("{container}.{attempt}"))
+    }
+
+    /// Makes `sub_path` of volume `volume` available to one container attempt, as the kubelet
+    /// does since CVE-2017-1002101: the path is opened beneath the volume with every
+    /// component a real directory (a symlink the container planted is refused, never
+    /// followed), created as a directory if missing, and the opened file itself (through its
+    /// descriptor) is bind-mounted at `pods/<uid>/subpaths/<container>.<attempt>/<index>`,
+    /// which the container's mount then names. Returns that path.
+    pub fn bind_sub_path(
+        &self,
+        uid: &str,
+        volume: &str,
+        sub_path: &str,
+        container: &str,
+        attempt: u32,
+        index: usize,
+    ) -> Result<PathBuf, RuntimeError> {
+        use std::os::fd::AsRawFd;
+        check_id("pod uid", uid)?;
+        check_id("volume name", volume)?;
+        check_id("container name", container)?;
+        let refuse = |reason: String| RuntimeError::SubPath {
+            volume: volume.to_owned(),
+            sub_path: sub_path.to_owned(),
+            reason,
+        };
+        let rel = crate::beneath::normal_components(Path::new(sub_path))
+            .ok_or_else(|| refuse("must be a relative path without '..'".into()))?;
+        let root = self.ensure_volume(uid, volume)?;
+        let open = || root.open_at(&rel, nix::fcntl::OFlag::O_PATH, Resolve::Beneath);
+        let fd = match open() {
+            Err(err) if err.raw_os_error() == Some(libc::ENOENT) => root
+                .create_dir_all(&rel, 0o755, Resolve::Beneath)
+                .and_then(|_| open()),
+            other => other,
+        }
+        .map_err(|err| match err.raw_os_error() {
+            Some(libc::ELOOP) => {
+                refuse("a symlink is on its path; it is refused, never followed".into())
+            }
+            Some(libc::EXDEV) => refuse("it leaves its volume".into()),
+            _ => refuse(err.to_string()),
+        })?;
+        let is_dir = nix::sys::stat::fstat(&fd)
+            .map(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR)
+            .map_err(|e| refuse(e.to_string()))?;
+        let dir = self.sub_paths_dir(uid, container, attempt);
+        std::fs::create_dir_all(&dir).map_err(io_at(&dir))?;
+        let target = dir.join(index.to_string());
+        unmount(&target)?;
+        if is_dir {
+            std::fs::create_dir_all(&target).map_err(io_at(&target))?;
+        } else {
+            std::fs::File::create(&target).map_err(io_at(&target))?;
+        }
+        let source = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+        nix::mount::mount(
+            Some(&source),
+            &target,
+            None::<&str>,
+            nix::mount::MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| RuntimeError::Io {
+            path: target.clone(),
+            source: io::Error::from(e),
+        })?;
+        Ok(target)
+    }
+
+    /// Unmounts and removes the subPath mounts of one container attempt.
+    fn remove_sub_paths(
+        &self,
+        uid: &str,
+        container: &str,
+        attempt: u32,
+    ) -> Result<(), RuntimeError> {
+        let dir = self.sub_paths_dir(uid, container, attempt);
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return Ok(());
+        };
+        for entry in entries.filter_map(Result::ok) {
+            unmount(&entry.path())?;
+        }
+        std::fs::remove_dir_all(&dir).map_err(io_at(&dir))
     }
 
     /// The pod's generated `/etc` files.
@@ -281,6 +440,7 @@ impl Runtime {
     /// Creates the pod sandbox if missing: directories, network namespace (loopback up),
     /// /etc files, the pod cgroup with its memory cap. Idempotent.
     pub fn ensure_sandbox(&self, sandbox: &SandboxSpec) -> Result<(), RuntimeError> {
+        check_id("pod uid", &sandbox.uid)?;
         let dir = self.pod_dir(&sandbox.uid);
         let record = dir.join("sandbox.json");
         if record.exists() && self.netns_path(&sandbox.uid).exists() {
@@ -316,6 +476,10 @@ impl Runtime {
             cgroup::set_pod_memory_limit(self.layout, &self.pod_cgroup(&sandbox.uid), bytes)
                 .map_err(io_at(Path::new("/sys/fs/cgroup")))?;
         }
+        if let Some(pids) = sandbox.pids_limit {
+            cgroup::set_pod_pids_limit(self.layout, &self.pod_cgroup(&sandbox.uid), pids)
+                .map_err(io_at(Path::new("/sys/fs/cgroup")))?;
+        }
         Ok(())
     }
 
@@ -327,10 +491,13 @@ impl Runtime {
         meta: &ContainerMeta,
         request: &ContainerRequest,
     ) -> Result<(), RuntimeError> {
+        check_id("pod uid", pod_uid)?;
+        check_id("container name", &meta.name)?;
         let bundle = self.bundle(pod_uid, &meta.name, meta.attempt);
         if bundle.exists() {
-            // A leftover of an attempt that never got going: start clean.
-            self.remove_container(pod_uid, &meta.name, meta.attempt)?;
+            // A leftover of an attempt that never got going: start clean (its subPath mounts,
+            // just made for this start, stay).
+            self.remove_bundle(pod_uid, &meta.name, meta.attempt)?;
         }
         let (rootfs, upper, work) = (
             bundle.join("rootfs"),
@@ -353,28 +520,19 @@ impl Runtime {
             upper.display(),
             work.display()
         );
-        let (source, target, fstype, data) = (
-            CString::new("overlay").expect("static"),
-            c_path(&rootfs).map_err(io_at(&rootfs))?,
-            CString::new("overlay").expect("static"),
-            CString::new(options).map_err(|e| io_at(&rootfs)(io::Error::other(e)))?,
-        );
-        // SAFETY: NUL-terminated strings that outlive the call.
-        let rc = unsafe {
-            libc::mount(
-                source.as_ptr(),
-                target.as_ptr(),
-                fstype.as_ptr(),
-                0,
-                data.as_ptr().cast(),
-            )
-        };
-        if rc != 0 {
-            return Err(RuntimeError::Io {
-                path: rootfs,
-                source: io::Error::last_os_error(),
-            });
-        }
+        // nosuid, nodev: a set-id binary or a device node shipped in an image gains nothing
+        // on the host's behalf (the bind mount runc makes of the rootfs keeps these flags).
+        nix::mount::mount(
+            Some("overlay"),
+            &rootfs,
+            Some("overlay"),
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            Some(options.as_str()),
+        )
+        .map_err(|e| RuntimeError::Io {
+            path: rootfs.clone(),
+            source: io::Error::from(e),
+        })?;
         let config = spec::runtime_spec(request);
         let config_path = bundle.join("config.json");
         std::fs::write(
@@ -476,13 +634,20 @@ impl Runtime {
     }
 
     /// Removes a container that has exited (or kills it first): runc state, cgroup, overlay
-    /// mount and bundle. Its log stays until the pod is removed.
+    /// mount, subPath mounts and bundle. Its log stays until the pod is removed.
     pub fn remove_container(
         &self,
         pod_uid: &str,
         name: &str,
         attempt: u32,
     ) -> Result<(), RuntimeError> {
+        check_id("pod uid", pod_uid)?;
+        check_id("container name", name)?;
+        self.remove_bundle(pod_uid, name, attempt)?;
+        self.remove_sub_paths(pod_uid, name, attempt)
+    }
+
+    fn remove_bundle(&self, pod_uid: &str, name: &str, attempt: u32) -> Result<(), RuntimeError> {
         let bundle = self.bundle(pod_uid, name, attempt);
         if let Some(meta) = read_json::<ContainerMeta>(&bundle.join("meta.json")) {
             let state = self.runc_root.join(&meta.runtime_id);
@@ -518,6 +683,7 @@ impl Runtime {
     /// Removes a pod sandbox and everything in it (containers must have exited or are
     /// killed): network namespace, cgroups, volumes, logs.
     pub fn remove_sandbox(&self, pod_uid: &str) -> Result<(), RuntimeError> {
+        check_id("pod uid", pod_uid)?;
         let dir = self.pod_dir(pod_uid);
         let containers = dir.join("containers");
         let mut first_error = None;
@@ -653,6 +819,9 @@ impl Runtime {
 
     /// One pod sandbox with its containers.
     pub fn observe_pod(&self, uid: &str) -> Option<ObservedPod> {
+        if !is_safe_id(uid) {
+            return None;
+        }
         self.observe_dir(&self.pod_dir(uid))
     }
 

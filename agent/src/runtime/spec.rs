@@ -50,6 +50,15 @@ pub struct ContainerRequest {
     /// Image layer directories, lowest first (overlayfs lower dirs).
     pub layers: Vec<PathBuf>,
     pub log_path: PathBuf,
+    pub seccomp: Seccomp,
+    /// Groups the process also belongs to (`supplementalGroups`, `fsGroup`).
+    pub additional_gids: Vec<u32>,
+    /// Namespaced sysctls (`securityContext.sysctls`, the safe set).
+    pub sysctls: std::collections::BTreeMap<String, String>,
+    /// Share the node's PID / IPC namespace (`hostPID`, `hostIPC`; nodes started with
+    /// `--allow-privileged` only).
+    pub host_pid: bool,
+    pub host_ipc: bool,
 }
 
 /// Docker's and containerd's default capability set.
@@ -70,45 +79,17 @@ pub const DEFAULT_CAPABILITIES: [&str; 14] = [
     "CAP_AUDIT_WRITE",
 ];
 
-/// Syscalls the default seccomp profile refuses with EPERM: kernel modules, kexec, reboot,
-/// clock setting, swap, keyrings, BPF and perf, mount and namespace manipulation, tracing of
-/// other processes' memory. An allow-by-default list (Docker's RuntimeDefault is an allow-list;
-/// this keeps the same dangerous calls out with a short, reviewable list).
-pub const DENIED_SYSCALLS: [&str; 33] = [
-    "acct",
-    "add_key",
-    "bpf",
-    "clock_adjtime",
-    "clock_settime",
-    "create_module",
-    "delete_module",
-    "finit_module",
-    "fsconfig",
-    "fsmount",
-    "fsopen",
-    "init_module",
-    "iopl",
-    "ioperm",
-    "kexec_file_load",
-    "kexec_load",
-    "keyctl",
-    "mount",
-    "move_mount",
-    "open_by_handle_at",
-    "perf_event_open",
-    "pivot_root",
-    "process_vm_readv",
-    "process_vm_writev",
-    "quotactl",
-    "reboot",
-    "request_key",
-    "setns",
-    "settimeofday",
-    "swapoff",
-    "swapon",
-    "umount2",
-    "unshare",
-];
+/// Which seccomp filter a container runs under (`securityContext.seccompProfile`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Seccomp {
+    /// Shoal's RuntimeDefault ([`super::seccomp`]): containerd's default allow-list.
+    RuntimeDefault,
+    /// No filter (asked for explicitly).
+    Unconfined,
+    /// A node-local profile (`<data-dir>/seccomp/<localhostProfile>`), already parsed and
+    /// checked to be an OCI `linux.seccomp` object.
+    Localhost(Value),
+}
 
 /// The container's `config.json`.
 pub fn runtime_spec(request: &ContainerRequest) -> Value {
@@ -147,11 +128,28 @@ pub fn runtime_spec(request: &ContainerRequest) -> Value {
         resources["pids"] = json!({"limit": pids});
     }
     let caps = &request.capabilities;
-    json!({
+    let mut namespaces = vec![
+        json!({"type": "uts"}),
+        json!({"type": "mount"}),
+        // The container sees its own cgroup as the root of its cgroup tree.
+        json!({"type": "cgroup"}),
+        json!({"type": "network", "path": request.netns}),
+    ];
+    if !request.host_pid {
+        namespaces.push(json!({"type": "pid"}));
+    }
+    if !request.host_ipc {
+        namespaces.push(json!({"type": "ipc"}));
+    }
+    let mut user = json!({"uid": request.uid, "gid": request.gid});
+    if !request.additional_gids.is_empty() {
+        user["additionalGids"] = json!(request.additional_gids);
+    }
+    let mut spec = json!({
         "ociVersion": "1.0.2",
         "process": {
             "terminal": false,
-            "user": {"uid": request.uid, "gid": request.gid},
+            "user": user,
             "args": request.args,
             "env": request.env,
             "cwd": request.working_dir,
@@ -164,18 +162,8 @@ pub fn runtime_spec(request: &ContainerRequest) -> Value {
         "linux": {
             "cgroupsPath": request.cgroup_path,
             "resources": resources,
-            "namespaces": [
-                {"type": "pid"},
-                {"type": "ipc"},
-                {"type": "uts"},
-                {"type": "mount"},
-                {"type": "network", "path": request.netns},
-            ],
-            "seccomp": {
-                "defaultAction": "SCMP_ACT_ALLOW",
-                "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32", "SCMP_ARCH_AARCH64"],
-                "syscalls": [{"names": &DENIED_SYSCALLS[..], "action": "SCMP_ACT_ERRNO", "errnoRet": 1}],
-            },
+            "namespaces": namespaces,
+            "sysctl": request.sysctls,
             "maskedPaths": [
                 "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
                 "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware",
@@ -185,7 +173,15 @@ pub fn runtime_spec(request: &ContainerRequest) -> Value {
                 "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
             ],
         },
-    })
+    });
+    match &request.seccomp {
+        Seccomp::RuntimeDefault => {
+            spec["linux"]["seccomp"] = super::seccomp::runtime_default(caps);
+        }
+        Seccomp::Localhost(profile) => spec["linux"]["seccomp"] = profile.clone(),
+        Seccomp::Unconfined => {}
+    }
+    spec
 }
 
 #[cfg(test)]
@@ -220,6 +216,11 @@ mod tests {
             cgroup_path: "/shoal/podu/c1".into(),
             layers: vec![],
             log_path: "/data/pods/u/logs/c/0.log".into(),
+            seccomp: Seccomp::RuntimeDefault,
+            additional_gids: vec![2000],
+            sysctls: [("net.ipv4.tcp_syncookies".to_owned(), "1".to_owned())].into(),
+            host_pid: false,
+            host_ipc: false,
         }
     }
 
@@ -241,9 +242,28 @@ mod tests {
             .unwrap();
         assert_eq!(memory.limit(), Some(64 << 20));
         assert_eq!(
-            value["linux"]["namespaces"][4]["path"],
+            value["linux"]["namespaces"][3]["path"],
             "/run/netns/shoal-u"
         );
+        let kinds: Vec<&str> = linux
+            .namespaces()
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|n| match n.typ() {
+                oci_spec::runtime::LinuxNamespaceType::Cgroup => "cgroup",
+                oci_spec::runtime::LinuxNamespaceType::Pid => "pid",
+                oci_spec::runtime::LinuxNamespaceType::Ipc => "ipc",
+                _ => "other",
+            })
+            .collect();
+        assert!(kinds.contains(&"cgroup") && kinds.contains(&"pid") && kinds.contains(&"ipc"));
+        assert_eq!(
+            process.user().additional_gids().as_deref(),
+            Some(&[2000][..])
+        );
+        assert_eq!(value["linux"]["seccomp"]["defaultAction"], "SCMP_ACT_ERRNO");
+        assert_eq!(value["linux"]["sysctl"]["net.ipv4.tcp_syncookies"], "1");
         assert_eq!(value["mounts"][6]["destination"], "/cache");
         assert_eq!(value["linux"]["resources"]["pids"]["limit"], 128);
     }

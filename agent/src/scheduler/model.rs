@@ -26,10 +26,12 @@ impl Resources {
     }
 
     pub fn plus(self, o: Self) -> Self {
+        // Saturating: a pod spec's quantities are input, and a sum of them must never wrap
+        // (or panic under the scheduler's lock).
         Self::new(
-            self.cpu_millis + o.cpu_millis,
-            self.memory_bytes + o.memory_bytes,
-            self.pods + o.pods,
+            self.cpu_millis.saturating_add(o.cpu_millis),
+            self.memory_bytes.saturating_add(o.memory_bytes),
+            self.pods.saturating_add(o.pods),
         )
     }
 
@@ -244,8 +246,8 @@ impl PodRequest {
         };
         for c in spec["containers"].as_array().into_iter().flatten() {
             let (cpu, mem) = container_requests(c)?;
-            requests.cpu_millis += cpu;
-            requests.memory_bytes += mem;
+            requests.cpu_millis = requests.cpu_millis.saturating_add(cpu);
+            requests.memory_bytes = requests.memory_bytes.saturating_add(mem);
         }
         for c in spec["initContainers"].as_array().into_iter().flatten() {
             let (cpu, mem) = container_requests(c)?;
@@ -267,7 +269,8 @@ impl PodRequest {
             .flatten()
             .map(|p| {
                 Ok((
-                    p["weight"].as_i64().unwrap_or(1),
+                    // Kubernetes allows 1..=100; clamped so sums of weights cannot overflow.
+                    p["weight"].as_i64().unwrap_or(1).clamp(1, 100),
                     parse_term(&p["preference"])?,
                 ))
             })

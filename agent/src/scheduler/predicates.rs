@@ -133,7 +133,7 @@ pub fn check(
             &spread.selector,
         );
         let min = cluster.min_in_domains(&spread.topology_key, &pod.namespace, &spread.selector);
-        if here + 1 > min + spread.max_skew {
+        if here.saturating_add(1) > min.saturating_add(spread.max_skew) {
             return Err(Decline::Spread);
         }
     }

@@ -13,6 +13,8 @@ use shoal_agent::testkit::wait_until;
 
 use crate::api::ApiLab;
 
+mod hardening;
+
 const LIMIT: Duration = Duration::from_secs(60);
 
 /// A 3-agent cluster with the test images on every node and a 1 s restart back-off.

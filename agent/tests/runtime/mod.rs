@@ -62,6 +62,7 @@ impl Node {
             name: format!("pod-{uid}"),
             hostname: format!("pod-{uid}"),
             memory_limit_bytes: None,
+            pids_limit: None,
         };
         self.runtime.ensure_sandbox(&sandbox).unwrap();
         sandbox
@@ -99,6 +100,11 @@ impl Node {
             cgroup_path: meta.cgroup_path.clone(),
             layers: image.layers.clone(),
             log_path: self.runtime.log_path(uid, name, 0),
+            seccomp: shoal_agent::runtime::spec::Seccomp::RuntimeDefault,
+            additional_gids: vec![],
+            sysctls: Default::default(),
+            host_pid: false,
+            host_ipc: false,
         };
         self.runtime.start_container(uid, &meta, &request).unwrap();
     }

@@ -94,6 +94,11 @@ fn request(
         cgroup_path: format!("{}/{id}", runtime.pod_cgroup(uid)),
         layers,
         log_path: log,
+        seccomp: shoal_agent::runtime::spec::Seccomp::RuntimeDefault,
+        additional_gids: vec![],
+        sysctls: Default::default(),
+        host_pid: false,
+        host_ipc: false,
     }
 }
 
@@ -110,6 +115,7 @@ fn shoal_cycles(dir: &Path, images: &Path, cycles: usize) -> anyhow::Result<Vec<
         name: "bench".into(),
         hostname: "bench".into(),
         memory_limit_bytes: None,
+        pids_limit: None,
     })?;
     let mut times = Vec::new();
     for attempt in 0..cycles as u32 {

@@ -1,0 +1,326 @@
+//! The parts of a pod spec that reach a node's filesystem and arithmetic, checked the way the
+//! apiserver checks them (DESIGN.md §8: names are validated at the API *and* again at the
+//! node). The API calls [`check`] for pods and pod templates; the kubelet calls it again in
+//! [`super::pod::PodPlan::parse`], since a stored pod may come from a peer that did not.
+//!
+//! What is checked: container and volume names are DNS-1123 labels (one safe path
+//! component each), ConfigMap/Secret item keys and paths stay beneath their volume, volume
+//! mounts name a volume and an absolute mount path, subPaths descend, resource quantities fit
+//! an `i64` in their unit, and durations fit in milliseconds.
+//! Pure.
+
+use serde_json::Value;
+use shoal_state::labels;
+
+use crate::scheduler::quantity;
+
+/// A field and what is wrong with it (`spec.volumes[0].name`, `Invalid value: …`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub field: String,
+    pub detail: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.detail)
+    }
+}
+
+fn problem(field: impl Into<String>, detail: impl Into<String>) -> Problem {
+    Problem {
+        field: field.into(),
+        detail: detail.into(),
+    }
+}
+
+fn invalid(field: String, value: &str, reason: &str) -> Problem {
+    problem(field, format!("Invalid value: {value:?}: {reason}"))
+}
+
+/// Seconds the node multiplies into milliseconds and adds to clocks: non-negative and small
+/// enough that the product fits (about 292 million years).
+pub const MAX_SECONDS: i64 = i64::MAX / 1000;
+
+fn seconds(value: &Value, field: String, min: i64) -> Result<(), Problem> {
+    if value.is_null() {
+        return Ok(());
+    }
+    match value.as_i64() {
+        Some(n) if (min..=MAX_SECONDS).contains(&n) => Ok(()),
+        _ if value.is_i64() || value.is_u64() => Err(problem(
+            field,
+            format!("Invalid value: {value}: must be between {min} and {MAX_SECONDS}, inclusive"),
+        )),
+        _ => Err(problem(
+            field,
+            format!("Invalid value: {value}: must be an integer"),
+        )),
+    }
+}
+
+fn quantities(resources: &Value, at: &str) -> Result<(), Problem> {
+    for section in ["requests", "limits"] {
+        for (name, q) in resources[section].as_object().into_iter().flatten() {
+            let field = format!("{at}.resources.{section}.{name}");
+            let text = match q {
+                Value::String(s) => s.clone(),
+                Value::Number(n) => n.to_string(),
+                other => {
+                    return Err(problem(
+                        field,
+                        format!("Invalid value: {other}: must be a quantity"),
+                    ));
+                }
+            };
+            let parsed = match name.as_str() {
+                "cpu" => quantity::cpu_millis(&text),
+                // Other resources (memory, ephemeral-storage, hugepages, extended ones) count
+                // in units.
+                _ => quantity::bytes(&text),
+            };
+            parsed.map_err(|reason| invalid(field, &text, &reason))?;
+        }
+    }
+    Ok(())
+}
+
+fn probe(value: &Value, at: String) -> Result<(), Problem> {
+    if value.is_null() {
+        return Ok(());
+    }
+    for name in ["initialDelaySeconds", "periodSeconds", "timeoutSeconds"] {
+        seconds(&value[name], format!("{at}.{name}"), 0)?;
+    }
+    for name in ["successThreshold", "failureThreshold"] {
+        let v = &value[name];
+        if !v.is_null()
+            && !v
+                .as_i64()
+                .is_some_and(|n| (0..=i64::from(i32::MAX)).contains(&n))
+        {
+            return Err(problem(
+                format!("{at}.{name}"),
+                format!("Invalid value: {v}: must be between 0 and {}", i32::MAX),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn items(source: &Value, at: &str) -> Result<(), Problem> {
+    for (j, item) in source["items"].as_array().into_iter().flatten().enumerate() {
+        let key = item["key"].as_str().unwrap_or_default();
+        if key.is_empty() {
+            return Err(problem(format!("{at}.items[{j}].key"), "Required value"));
+        }
+        let path = item["path"].as_str().unwrap_or_default();
+        if path.is_empty() {
+            return Err(problem(format!("{at}.items[{j}].path"), "Required value"));
+        }
+        labels::check_descending_path(path, true)
+            .map_err(|r| invalid(format!("{at}.items[{j}].path"), path, &r))?;
+    }
+    Ok(())
+}
+
+/// Checks what of pod spec `spec` (at field path `path`, e.g. `spec.template.spec`) reaches
+/// the node.
+pub fn check(spec: &Value, path: &str) -> Result<(), Problem> {
+    let mut volumes = std::collections::BTreeSet::new();
+    for (i, v) in spec["volumes"].as_array().into_iter().flatten().enumerate() {
+        let at = format!("{path}.volumes[{i}]");
+        let name = v["name"].as_str().unwrap_or_default();
+        if name.is_empty() {
+            return Err(problem(format!("{at}.name"), "Required value"));
+        }
+        labels::check_dns_label(name).map_err(|r| invalid(format!("{at}.name"), name, &r))?;
+        if !volumes.insert(name) {
+            return Err(problem(
+                format!("{at}.name"),
+                format!("Duplicate value: {name:?}"),
+            ));
+        }
+        for source in ["configMap", "secret"] {
+            items(&v[source], &format!("{at}.{source}"))?;
+        }
+    }
+    seconds(
+        &spec["terminationGracePeriodSeconds"],
+        format!("{path}.terminationGracePeriodSeconds"),
+        0,
+    )?;
+    seconds(
+        &spec["activeDeadlineSeconds"],
+        format!("{path}.activeDeadlineSeconds"),
+        1,
+    )?;
+    for field in ["initContainers", "containers"] {
+        for (i, c) in spec[field].as_array().into_iter().flatten().enumerate() {
+            let at = format!("{path}.{field}[{i}]");
+            if let Some(name) = c["name"].as_str() {
+                labels::check_dns_label(name)
+                    .map_err(|r| invalid(format!("{at}.name"), name, &r))?;
+            }
+            quantities(&c["resources"], &at)?;
+            for p in ["livenessProbe", "readinessProbe", "startupProbe"] {
+                probe(&c[p], format!("{at}.{p}"))?;
+            }
+            let mut targets = std::collections::BTreeSet::new();
+            for (j, m) in c["volumeMounts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                let mat = format!("{at}.volumeMounts[{j}]");
+                let name = m["name"].as_str().unwrap_or_default();
+                if name.is_empty() {
+                    return Err(problem(format!("{mat}.name"), "Required value"));
+                }
+                if !volumes.contains(name) {
+                    return Err(problem(
+                        format!("{mat}.name"),
+                        format!("Not found: {name:?}"),
+                    ));
+                }
+                let target = m["mountPath"].as_str().unwrap_or_default();
+                if target.is_empty() {
+                    return Err(problem(format!("{mat}.mountPath"), "Required value"));
+                }
+                if !target.starts_with('/') || target.contains('\0') {
+                    return Err(invalid(
+                        format!("{mat}.mountPath"),
+                        target,
+                        "must be an absolute path",
+                    ));
+                }
+                if !targets.insert(target) {
+                    return Err(invalid(
+                        format!("{mat}.mountPath"),
+                        target,
+                        "must be unique",
+                    ));
+                }
+                if let Some(sub) = m["subPath"].as_str() {
+                    labels::check_descending_path(sub, false)
+                        .map_err(|r| invalid(format!("{mat}.subPath"), sub, &r))?;
+                }
+                if m.get("subPathExpr").is_some() {
+                    return Err(problem(
+                        format!("{mat}.subPathExpr"),
+                        "Forbidden: subPathExpr is not supported by this node",
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn field_of(spec: Value) -> String {
+        check(&spec, "spec").unwrap_err().field
+    }
+
+    #[test]
+    fn names_and_paths_that_would_leave_the_pod_directory_are_refused() {
+        let c = |extra: Value| {
+            let mut c = json!({"name": "app", "image": "b"});
+            c.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            c
+        };
+        let cases = [
+            (
+                json!({"volumes": [{"name": "../../../../etc/cron.d", "configMap": {"name": "x"}}], "containers": [c(json!({}))]}),
+                "spec.volumes[0].name",
+            ),
+            (
+                json!({"volumes": [{"name": "/", "emptyDir": {}}], "containers": [c(json!({}))]}),
+                "spec.volumes[0].name",
+            ),
+            (
+                json!({"volumes": [{"name": "v", "emptyDir": {}}, {"name": "v", "emptyDir": {}}], "containers": [c(json!({}))]}),
+                "spec.volumes[1].name",
+            ),
+            (
+                json!({"volumes": [{"name": "v", "configMap": {"name": "x", "items": [{"key": "k", "path": "../k"}]}}], "containers": [c(json!({}))]}),
+                "spec.volumes[0].configMap.items[0].path",
+            ),
+            (
+                json!({"volumes": [{"name": "v", "secret": {"secretName": "x", "items": [{"key": "k", "path": "/etc/k"}]}}], "containers": [c(json!({}))]}),
+                "spec.volumes[0].secret.items[0].path",
+            ),
+            (
+                json!({"volumes": [{"name": "v", "emptyDir": {}}], "containers": [c(json!({"volumeMounts": [{"name": "v", "mountPath": "/m", "subPath": "/etc"}]}))]}),
+                "spec.containers[0].volumeMounts[0].subPath",
+            ),
+            (
+                json!({"volumes": [{"name": "v", "emptyDir": {}}], "containers": [c(json!({"volumeMounts": [{"name": "v", "mountPath": "/m", "subPath": "a/../../b"}]}))]}),
+                "spec.containers[0].volumeMounts[0].subPath",
+            ),
+            (
+                json!({"volumes": [{"name": "v", "emptyDir": {}}], "containers": [c(json!({"volumeMounts": [{"name": "v", "mountPath": "rel"}]}))]}),
+                "spec.containers[0].volumeMounts[0].mountPath",
+            ),
+            (
+                json!({"containers": [c(json!({"volumeMounts": [{"name": "missing", "mountPath": "/m"}]}))]}),
+                "spec.containers[0].volumeMounts[0].name",
+            ),
+            (
+                json!({"containers": [{"name": "../x", "image": "b"}]}),
+                "spec.containers[0].name",
+            ),
+        ];
+        for (spec, field) in cases {
+            assert_eq!(field_of(spec.clone()), field, "{spec}");
+        }
+        let ok = json!({"volumes": [{"name": "cfg", "configMap": {"name": "x", "items": [{"key": "k", "path": "a/b.conf"}]}},
+            {"name": "cache", "emptyDir": {}}],
+            "containers": [c(json!({"volumeMounts": [{"name": "cache", "mountPath": "/c", "subPath": "logs/app"}, {"name": "cfg", "mountPath": "/etc/x"}]}))]});
+        check(&ok, "spec").unwrap();
+    }
+
+    #[test]
+    fn quantities_and_durations_that_overflow_are_refused() {
+        let with = |resources: Value| json!({"containers": [{"name": "a", "image": "b", "resources": resources}]});
+        assert_eq!(
+            field_of(with(json!({"requests": {"cpu": "1e16"}}))),
+            "spec.containers[0].resources.requests.cpu"
+        );
+        assert_eq!(
+            field_of(with(json!({"limits": {"memory": "8Ei"}}))),
+            "spec.containers[0].resources.limits.memory"
+        );
+        assert_eq!(
+            field_of(with(json!({"limits": {"memory": -1}}))),
+            "spec.containers[0].resources.limits.memory"
+        );
+        check(&with(json!({"limits": {"memory": "9E", "cpu": 4}})), "spec").unwrap();
+        assert_eq!(
+            field_of(
+                json!({"terminationGracePeriodSeconds": u64::MAX, "containers": [{"name": "a", "image": "b"}]})
+            ),
+            "spec.terminationGracePeriodSeconds"
+        );
+        assert_eq!(
+            field_of(
+                json!({"containers": [{"name": "a", "image": "b", "livenessProbe": {"exec": {"command": ["true"]}, "periodSeconds": i64::MAX}}]})
+            ),
+            "spec.containers[0].livenessProbe.periodSeconds"
+        );
+        assert_eq!(
+            field_of(
+                json!({"containers": [{"name": "a", "image": "b", "readinessProbe": {"exec": {"command": ["true"]}, "timeoutSeconds": -1}}]})
+            ),
+            "spec.containers[0].readinessProbe.timeoutSeconds"
+        );
+    }
+}
