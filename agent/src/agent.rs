@@ -181,7 +181,13 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     membership_config.gossip_interval = config.gossip_interval;
     membership_config.phi_threshold = config.phi_threshold;
     membership_config.dead_node_grace_period = config.dead_node_grace_period;
-    let transport = QuicTransport::new(endpoint.clone());
+    // Named nodes are remembered as long as chitchat keeps dead ones (and then some).
+    let transport = QuicTransport::new(
+        endpoint.clone(),
+        &node.node_id,
+        node.generation,
+        config.dead_node_grace_period * 2,
+    );
     let membership = Arc::new(Membership::start(membership_config, &meta, &transport).await?);
 
     let store_path = paths::store(&config.data_dir);

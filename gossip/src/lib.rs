@@ -13,6 +13,7 @@
 
 mod endpoint;
 mod frame;
+pub mod guard;
 mod identity;
 mod liveness;
 mod membership;
@@ -25,6 +26,7 @@ pub use endpoint::{
     PeerEndpointConfig,
 };
 pub use frame::{Channel, FRAME_HEADER_BYTES, Frame, FrameError, PROTOCOL_VERSION};
+pub use guard::{GossipGuard, Reject};
 pub use identity::{ClusterIdentity, IdentityError, NodeCertificate};
 pub use liveness::{LivenessTracker, MemberState, Verdict};
 pub use membership::{Member, Membership, MembershipConfig, MembershipError, PeerValue};

@@ -44,7 +44,13 @@ impl TestNet for QuicNet {
         )
         .unwrap();
         let addr = endpoint.local_addr();
-        (Arc::new(QuicTransport::new(endpoint)), addr)
+        let transport = QuicTransport::new(
+            endpoint,
+            &format!("id{i}"),
+            1,
+            std::time::Duration::from_secs(600),
+        );
+        (Arc::new(transport), addr)
     }
 }
 
