@@ -327,6 +327,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             listener,
             tls,
             crate::api::router(state),
+            crate::api::ConnectionLimits::default(),
             async move {
                 let _ = api_stop_rx.await;
             },

@@ -543,11 +543,38 @@ pub async fn delete(request: &Request<'_>, name: &str) -> Result<Response, ApiEr
             resource.plural
         )));
     };
+    // DeleteOptions: refused when malformed (ignoring them would ignore preconditions).
     let options: Value = if body.is_empty() {
         json!({})
     } else {
-        serde_json::from_slice(body).unwrap_or(json!({}))
+        serde_json::from_slice(body)
+            .ok()
+            .filter(Value::is_object)
+            .ok_or_else(|| {
+                ApiError::bad_request("the request body is not a valid DeleteOptions object")
+            })?
     };
+    for (field, want) in [
+        ("preconditions", "object"),
+        ("propagationPolicy", "string"),
+        ("gracePeriodSeconds", "integer"),
+    ] {
+        let v = &options[field];
+        let ok = v.is_null()
+            || match want {
+                "object" => v.is_object(),
+                "string" => v.is_string(),
+                _ => v.is_i64(),
+            };
+        if !ok {
+            return Err(ApiError::invalid(
+                "DeleteOptions",
+                "",
+                field,
+                &format!("Invalid value: {v}: must be of type {want}"),
+            ));
+        }
+    }
     let policy = query
         .get("propagationPolicy")
         .cloned()
@@ -565,6 +592,22 @@ pub async fn delete(request: &Request<'_>, name: &str) -> Result<Response, ApiEr
     }
     let uid = options["preconditions"]["uid"].as_str();
     let key = ObjectKey::new(info, namespace.unwrap_or(""), name);
+    if let Some(want) = options["preconditions"]["resourceVersion"].as_str() {
+        let current = get_object(state, resource, namespace, name).await?;
+        let have = current["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or("");
+        if have != want {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "Conflict",
+                format!(
+                    "Operation cannot be fulfilled on {} \"{name}\": the ResourceVersion in the precondition ({want}) does not match the ResourceVersion in record ({have}). The object might have been modified",
+                    resource.plural
+                ),
+            ));
+        }
+    }
     if dry_run(query) {
         return get_object(state, resource, namespace, name)
             .await
@@ -874,11 +917,13 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
             }
         }
     }
+    // A watch lasts at most a day (any timeoutSeconds: a huge one would overflow the clock).
     let timeout = query
         .get("timeoutSeconds")
         .and_then(|t| t.parse::<u64>().ok())
-        .map(Duration::from_secs)
-        .unwrap_or(Duration::from_secs(3600));
+        .map_or(Duration::from_secs(3600), |s| {
+            Duration::from_secs(s.min(24 * 3600))
+        });
     let deadline = tokio::time::Instant::now() + timeout;
     let kind = info.kind;
     let api = state.clone();

@@ -15,6 +15,7 @@ mod validation;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -282,14 +283,39 @@ async fn metrics_text(state: &ApiState) -> Response {
         .into_response()
 }
 
+/// What one API listener allows a client before it has proved anything.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// Connections served at once; more are closed on accept.
+    pub max_connections: usize,
+    /// Time a client has to finish the TLS handshake.
+    pub tls_handshake: Duration,
+    /// Time a client has to send a request's headers (also while a kept-alive connection
+    /// waits for its next request).
+    pub header_read: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 1024,
+            tls_handshake: Duration::from_secs(10),
+            header_read: Duration::from_secs(30),
+        }
+    }
+}
+
 /// Serves `router` over TLS on `listener` until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     tls: rustls::ServerConfig,
     router: Router,
+    limits: ConnectionLimits,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let mut last_refusal: Option<std::time::Instant> = None;
     tokio::pin!(shutdown);
     loop {
         let (stream, peer): (tokio::net::TcpStream, SocketAddr) = tokio::select! {
@@ -302,22 +328,94 @@ pub async fn serve(
                 }
             },
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            if last_refusal.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                last_refusal = Some(std::time::Instant::now());
+                warn!(%peer, max = limits.max_connections, "API connection refused: too many open connections");
+            }
+            drop(stream);
+            continue;
+        };
         let acceptor = acceptor.clone();
         let service = TowerToHyperService::new(router.clone());
         tokio::spawn(async move {
-            let tls = match acceptor.accept(stream).await {
-                Ok(tls) => tls,
-                Err(error) => {
-                    debug!(%peer, %error, "API TLS handshake failed");
-                    return;
-                }
-            };
+            let _slot = slot;
+            let tls =
+                match tokio::time::timeout(limits.tls_handshake, acceptor.accept(stream)).await {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(error)) => {
+                        debug!(%peer, %error, "API TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        debug!(%peer, "API TLS handshake timed out");
+                        return;
+                    }
+                };
             if let Err(error) = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits.header_read)
                 .serve_connection(TokioIo::new(tls), service)
                 .await
             {
                 debug!(%peer, %error, "API connection ended with an error");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::AsyncReadExt;
+
+    use super::*;
+
+    async fn listener(limits: ConnectionLimits) -> SocketAddr {
+        let secret = shoal_gossip::ClusterSecret::from_bytes([3; 32]);
+        let identity = shoal_gossip::ClusterIdentity::derive(&secret).unwrap();
+        let cert = identity
+            .issue_node_certificate("api", &["127.0.0.1".to_owned()])
+            .unwrap();
+        let tls = identity.api_server_config(&cert).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = Router::new().route("/healthz", get(|| async { "ok" }));
+        tokio::spawn(serve(listener, tls, router, limits, std::future::pending()));
+        addr
+    }
+
+    /// Bytes until the server closes the connection (or `patience` passes: `None`).
+    async fn closed_within(stream: &mut tokio::net::TcpStream, patience: Duration) -> bool {
+        let mut buf = [0u8; 64];
+        matches!(
+            tokio::time::timeout(patience, stream.read(&mut buf)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    }
+
+    /// Issue #13, hole 6: a client that connects and says nothing is dropped after the
+    /// handshake timeout, and connections beyond the limit are closed at once.
+    #[tokio::test]
+    async fn silent_clients_are_dropped_and_connections_are_bounded() {
+        let addr = listener(ConnectionLimits {
+            max_connections: 1,
+            tls_handshake: Duration::from_millis(300),
+            header_read: Duration::from_millis(300),
+        })
+        .await;
+        let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+        // While the silent client holds the only slot, another is closed at once.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut second = tokio::net::TcpStream::connect(addr).await.unwrap();
+        assert!(closed_within(&mut second, Duration::from_millis(200)).await);
+        assert!(
+            closed_within(&mut silent, Duration::from_secs(3)).await,
+            "a silent client kept its connection past the handshake timeout"
+        );
+        // The slot is free again: a third client gets a TLS handshake (the server speaks).
+        let mut third = tokio::net::TcpStream::connect(addr).await.unwrap();
+        assert!(!closed_within(&mut third, Duration::from_millis(100)).await);
     }
 }

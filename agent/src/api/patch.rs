@@ -186,12 +186,45 @@ fn merge_list(
     Ok(())
 }
 
+/// Bytes `v` takes as JSON (counted, not written).
+fn json_size(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, v);
+    count.0
+}
+
+/// The most a JSON patch may grow a document to while it applies: twice the largest object,
+/// so `copy` and `add` cannot double a document into memory exhaustion before the size check
+/// of the result would refuse it.
+pub const MAX_PATCHED_BYTES: usize = 2 * shoal_state::object::MAX_OBJECT_BYTES;
+
 /// RFC 6902 JSON patch.
 pub fn json_patch(target: &mut Value, ops: &Value) -> Result<(), PatchError> {
     let Value::Array(ops) = ops else {
         return Err(PatchError::Malformed(
             "a JSON patch is an array of operations".into(),
         ));
+    };
+    // An upper bound of the document's size as it grows (removals not subtracted).
+    let mut size = json_size(target);
+    let mut grow = |index: usize, by: &Value| {
+        size = size.saturating_add(json_size(by));
+        if size > MAX_PATCHED_BYTES {
+            return Err(PatchError::Malformed(format!(
+                "operation {index} would grow the object beyond {MAX_PATCHED_BYTES} bytes"
+            )));
+        }
+        Ok(())
     };
     for (index, op) in ops.iter().enumerate() {
         let name = op.get("op").and_then(Value::as_str).unwrap_or("");
@@ -209,13 +242,19 @@ pub fn json_patch(target: &mut Value, ops: &Value) -> Result<(), PatchError> {
                 .ok_or_else(|| fail("missing \"value\""))
         };
         match name {
-            "add" => add(target, &pointer, value()?).map_err(|r| fail(&r))?,
+            "add" => {
+                let v = value()?;
+                grow(index, &v)?;
+                add(target, &pointer, v).map_err(|r| fail(&r))?
+            }
             "remove" => {
                 remove(target, &pointer).map_err(|r| fail(&r))?;
             }
             "replace" => {
                 remove(target, &pointer).map_err(|r| fail(&r))?;
-                add(target, &pointer, value()?).map_err(|r| fail(&r))?;
+                let v = value()?;
+                grow(index, &v)?;
+                add(target, &pointer, v).map_err(|r| fail(&r))?;
             }
             "move" | "copy" => {
                 let from = op
@@ -226,9 +265,11 @@ pub fn json_patch(target: &mut Value, ops: &Value) -> Result<(), PatchError> {
                 let v = if name == "move" {
                     remove(target, &from).map_err(|r| fail(&r))?
                 } else {
-                    get(target, &from)
-                        .cloned()
-                        .ok_or_else(|| fail("\"from\" does not exist"))?
+                    let source =
+                        get(target, &from).ok_or_else(|| fail("\"from\" does not exist"))?;
+                    // Counted before it is cloned: a copy of a copy of … is refused early.
+                    grow(index, source)?;
+                    source.clone()
                 };
                 add(target, &pointer, v).map_err(|r| fail(&r))?;
             }
@@ -404,5 +445,20 @@ mod tests {
         let err = json_patch(&mut doc, &json!([{"op": "remove", "path": "/nope"}])).unwrap_err();
         assert!(err.to_string().contains("operation 0"), "{err}");
         assert!(json_patch(&mut doc, &json!({"op": "add"})).is_err());
+    }
+
+    #[test]
+    fn json_patch_copies_cannot_amplify_a_document() {
+        // Each copy doubles the document: 40 of them would need 2^40 times its size.
+        let mut doc = json!({"spec": {"a": "x".repeat(1024)}});
+        let mut ops = Vec::new();
+        for i in 0..40 {
+            ops.push(json!({"op": "copy", "from": "/spec", "path": format!("/spec/c{i}")}));
+        }
+        let err = json_patch(&mut doc, &Value::Array(ops))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("would grow the object"), "{err}");
+        assert!(json_size(&doc) <= 2 * MAX_PATCHED_BYTES);
     }
 }

@@ -124,6 +124,17 @@ cases = [
     ("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "UPPER"}}, "application/json", True, 422, "metadata.name"),
     ("GET", "/openapi/v2", None, "application/json", True, 404, ""),
     ("DELETE", C, None, "application/json", True, 405, "not supported"),
+    # Issue #13, hole 6: malformed DeleteOptions and stale preconditions are refused, not
+    # ignored; a watch timeout that would overflow the clock is capped; JSON patches cannot
+    # amplify an object; quantities, durations, volume names and subPaths are checked.
+    ("DELETE", C + "/exists", "{not json", "application/json", True, 400, "DeleteOptions"),
+    ("DELETE", C + "/exists", {"preconditions": "x"}, "application/json", True, 422, "preconditions"),
+    ("DELETE", C + "/exists", {"preconditions": {"resourceVersion": "1"}}, "application/json", True, 409, "precondition"),
+    ("PATCH", C + "/exists", [{"op": "add", "path": "/data/big", "value": "x" * 1000}] + [{"op": "copy", "from": "/data", "path": f"/data/c{i}"} for i in range(40)], "application/json-patch+json", True, 422, "would grow the object"),
+    ("POST", P, pod(containers=[{"name": "c", "image": "i", "resources": {"limits": {"cpu": "1e16"}}}]), "application/json", True, 422, "spec.containers[0].resources.limits.cpu"),
+    ("POST", P, pod(terminationGracePeriodSeconds=2**64 - 1), "application/json", True, 422, "spec.terminationGracePeriodSeconds"),
+    ("POST", P, pod(volumes=[{"name": "../../etc", "emptyDir": {}}]), "application/json", True, 422, "spec.volumes[0].name"),
+    ("POST", P, pod(containers=[{"name": "c", "image": "i", "volumeMounts": [{"name": "v", "mountPath": "/m", "subPath": "/etc"}]}], volumes=[{"name": "v", "emptyDir": {}}]), "application/json", True, 422, "subPath"),
 ]
 
 failures = []
@@ -140,6 +151,12 @@ for method, path, body, ctype, auth, want, text in cases:
         problem = "error is not a Status object"
     if problem:
         failures.append(f"{method} {path[:80]}: {problem}: {answer[:300]}")
+
+# A watch asked to last 2^64 seconds is served (capped), not a crash of the connection.
+watch = urllib.request.Request(server + C + "?watch=true&timeoutSeconds=18446744073709551615")
+watch.add_header("Authorization", f"Bearer {token}")
+with urllib.request.urlopen(watch, context=context, timeout=20) as r:
+    assert r.status == 200, r.status
 
 # The server still answers normally after all of that.
 assert request("GET", "/healthz", auth=False)[0] == 200
