@@ -61,6 +61,52 @@ pub enum AgentError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "name {name:?} is already held by live node {node_id} at {addr}: give this node another --name (or stop that one)"
+    )]
+    NameTaken {
+        name: String,
+        node_id: String,
+        addr: std::net::SocketAddr,
+    },
+}
+
+/// Refuses to run under a name a live node already holds (two Nodes of one name would confuse
+/// the API, scheduling and every controller). Waits for peers' metadata first: a few gossip
+/// rounds after the first peer is heard of, at most 10 s.
+async fn ensure_unique_name(
+    membership: &shoal_gossip::Membership,
+    name: &str,
+    interval: std::time::Duration,
+) -> Result<(), AgentError> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut rounds_after_heard = None;
+    loop {
+        let members = membership.members().await;
+        if let Some(holder) = members.iter().find(|m| {
+            !m.is_self
+                && m.node_id != membership.node_id()
+                && m.state == shoal_gossip::MemberState::Alive
+                && m.meta.as_ref().is_some_and(|meta| meta.name == name)
+        }) {
+            return Err(AgentError::NameTaken {
+                name: name.to_owned(),
+                node_id: holder.node_id.clone(),
+                addr: holder.gossip_addr,
+            });
+        }
+        if members.iter().any(|m| !m.is_self && m.meta.is_some()) {
+            let left = rounds_after_heard.get_or_insert(3u32);
+            if *left == 0 {
+                return Ok(());
+            }
+            *left -= 1;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(());
+        }
+        tokio::time::sleep(interval).await;
+    }
 }
 
 /// Holds an exclusive `flock` on the data dir's lock file for the agent's lifetime.
@@ -189,6 +235,9 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         config.dead_node_grace_period * 2,
     );
     let membership = Arc::new(Membership::start(membership_config, &meta, &transport).await?);
+    if !config.join.is_empty() {
+        ensure_unique_name(&membership, &config.name, config.gossip_interval).await?;
+    }
 
     let store_path = paths::store(&config.data_dir);
     let mut store_config = StoreConfig::new(&store_path, node.numeric_id());
@@ -261,6 +310,9 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
                 },
                 allow_privileged: config.allow_privileged,
                 pod_pids_limit: Some(config.pod_pids_limit),
+                host_paths: crate::runtime::HostPathPolicy {
+                    allow: config.host_path_allow.clone(),
+                },
                 ..Default::default()
             },
         );

@@ -124,6 +124,11 @@ impl Root {
         })
     }
 
+    /// A root from a directory descriptor already opened (`path` for messages).
+    pub fn from_fd(fd: OwnedFd, path: PathBuf) -> Self {
+        Self { fd, path }
+    }
+
     /// The host path this root was opened at.
     pub fn path(&self) -> &Path {
         &self.path

@@ -86,6 +86,10 @@ pub struct AgentFlags {
     /// Most entries (files, directories, links) one image layer may hold (default 1,000,000).
     #[arg(long, value_name = "N")]
     pub max_layer_entries: Option<u64>,
+    /// A host path prefix `hostPath` volumes may name (repeatable; default: any path but this
+    /// agent's data dir and what contains it).
+    #[arg(long = "host-path-allow", value_name = "PREFIX")]
+    pub host_path_allow: Vec<PathBuf>,
 }
 
 /// The `[state]` table of the config file.
@@ -153,6 +157,8 @@ pub struct KubeletFile {
     pub max_layer_bytes: Option<u64>,
     #[serde(default)]
     pub max_layer_entries: Option<u64>,
+    #[serde(default)]
+    pub host_path_allow: Option<Vec<PathBuf>>,
 }
 
 /// The `[scheduling]` table of the config file.
@@ -207,6 +213,8 @@ pub struct AgentConfig {
     pub pod_pids_limit: u64,
     /// Default: [`crate::images::layer::LayerLimits::default`].
     pub layer_limits: crate::images::layer::LayerLimits,
+    /// Default empty: any host path but the data dir.
+    pub host_path_allow: Vec<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -339,6 +347,11 @@ impl AgentConfig {
                 .pod_pids_limit
                 .or(file.kubelet.pod_pids_limit)
                 .unwrap_or(4096),
+            host_path_allow: if flags.host_path_allow.is_empty() {
+                file.kubelet.host_path_allow.clone().unwrap_or_default()
+            } else {
+                flags.host_path_allow.clone()
+            },
             layer_limits: {
                 let default = crate::images::layer::LayerLimits::default();
                 crate::images::layer::LayerLimits {
@@ -395,6 +408,12 @@ impl AgentConfig {
         }
         if self.tombstone_horizon < Duration::from_secs(60) {
             return Err(invalid("state.tombstone-horizon", "must be at least 1m"));
+        }
+        if let Some(bad) = self.host_path_allow.iter().find(|p| !p.is_absolute()) {
+            return Err(invalid(
+                "kubelet.host-path-allow",
+                format!("{} is not an absolute path", bad.display()),
+            ));
         }
         if self.pod_pids_limit < 16 {
             return Err(invalid("kubelet.pod-pids-limit", "must be at least 16"));

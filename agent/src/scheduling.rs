@@ -544,14 +544,20 @@ impl Scheduling {
     }
 
     async fn receive(self: Arc<Self>, mut incoming: IncomingFrames) {
-        while let Some((peer, bytes)) = incoming.recv().await {
-            let wire: WireMessage = match rmp_serde::from_slice(&bytes) {
+        while let Some(frame) = incoming.recv().await {
+            let peer = frame.peer;
+            let wire: WireMessage = match rmp_serde::from_slice(&frame.payload) {
                 Ok(w) => w,
                 Err(error) => {
                     warn!(%peer, %error, "refused a malformed auction message");
                     continue;
                 }
             };
+            // A message is the certificate's node's: a claim to be another node is refused.
+            if format!("{:016x}", wire.from) != *frame.node_id {
+                warn!(%peer, node = %frame.node_id, claimed = %format!("{:016x}", wire.from), "refused an auction message claiming another node's identity");
+                continue;
+            }
             let outputs = self.on_message(wire.from, wire.message);
             self.handle(outputs).await;
         }

@@ -81,6 +81,8 @@ pub enum EndpointError {
 /// A request from a peer, waiting for its response.
 pub struct IncomingRequest {
     pub peer: SocketAddr,
+    /// The node id the peer's certificate names (not anything the payload claims).
+    pub node_id: Arc<str>,
     pub payload: Bytes,
     responder: oneshot::Sender<Vec<u8>>,
 }
@@ -112,17 +114,26 @@ impl Drop for IncomingRequests {
     }
 }
 
-/// Frames received on one channel, with the peer address they came from. Dropping it
-/// unsubscribes the channel.
+/// One frame from a peer.
+#[derive(Debug, Clone)]
+pub struct IncomingFrame {
+    pub peer: SocketAddr,
+    /// The node id the peer's certificate names (not anything the payload claims).
+    pub node_id: Arc<str>,
+    pub payload: Bytes,
+}
+
+/// Frames received on one channel, with the peer they came from. Dropping it unsubscribes
+/// the channel.
 pub struct IncomingFrames {
     channel: Channel,
-    rx: mpsc::Receiver<(SocketAddr, Bytes)>,
+    rx: mpsc::Receiver<IncomingFrame>,
     inner: Arc<Inner>,
 }
 
 impl IncomingFrames {
     /// Next frame; `None` once the endpoint is shut down. Cancel-safe.
-    pub async fn recv(&mut self) -> Option<(SocketAddr, Bytes)> {
+    pub async fn recv(&mut self) -> Option<IncomingFrame> {
         self.rx.recv().await
     }
 }
@@ -145,7 +156,7 @@ struct Inner {
     /// Live connections by peer address, whichever side opened them.
     connections: Mutex<HashMap<SocketAddr, Connection>>,
     writers: Mutex<HashMap<SocketAddr, mpsc::Sender<Vec<u8>>>>,
-    subscribers: Mutex<HashMap<Channel, mpsc::Sender<(SocketAddr, Bytes)>>>,
+    subscribers: Mutex<HashMap<Channel, mpsc::Sender<IncomingFrame>>>,
     handlers: Mutex<HashMap<Channel, mpsc::Sender<IncomingRequest>>>,
     refusals: Mutex<RefusalLog>,
     closed: AtomicBool,
@@ -352,23 +363,40 @@ async fn accept_loop(inner: Arc<Inner>) {
     }
 }
 
-/// Caches `conn` as the way to reach its peer and starts reading its streams.
-fn register_connection(inner: &Arc<Inner>, conn: Connection) {
+/// The node id the peer's certificate (verified against the cluster CA in the handshake)
+/// names.
+fn peer_node_id(conn: &Connection) -> Option<Arc<str>> {
+    let certs = conn
+        .peer_identity()?
+        .downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+        .ok()?;
+    crate::identity::node_id_of(certs.first()?.as_ref()).map(Arc::from)
+}
+
+/// Caches `conn` as the way to reach its peer and starts reading its streams; refuses a
+/// peer whose certificate names no node. Returns whether it was kept.
+fn register_connection(inner: &Arc<Inner>, conn: Connection) -> bool {
+    let Some(node_id) = peer_node_id(&conn) else {
+        warn!(peer = %conn.remote_address(), "refused a peer whose certificate names no node id");
+        conn.close(VarInt::from_u32(5), b"certificate names no node id");
+        return false;
+    };
     inner
         .connections
         .lock()
         .unwrap()
         .insert(conn.remote_address(), conn.clone());
-    tokio::spawn(read_loop(inner.clone(), conn));
+    tokio::spawn(read_loop(inner.clone(), conn, node_id));
+    true
 }
 
-async fn read_loop(inner: Arc<Inner>, conn: Connection) {
+async fn read_loop(inner: Arc<Inner>, conn: Connection, node_id: Arc<str>) {
     let peer = conn.remote_address();
     loop {
         tokio::select! {
             stream = conn.accept_uni() => match stream {
                 Ok(stream) => {
-                    tokio::spawn(read_message(inner.clone(), peer, stream));
+                    tokio::spawn(read_message(inner.clone(), peer, node_id.clone(), stream));
                 }
                 Err(error) => {
                     debug!(%peer, %error, "peer connection closed");
@@ -377,7 +405,7 @@ async fn read_loop(inner: Arc<Inner>, conn: Connection) {
             },
             stream = conn.accept_bi() => match stream {
                 Ok((send, recv)) => {
-                    tokio::spawn(answer_request(inner.clone(), peer, send, recv));
+                    tokio::spawn(answer_request(inner.clone(), peer, node_id.clone(), send, recv));
                 }
                 Err(error) => {
                     debug!(%peer, %error, "peer connection closed");
@@ -412,9 +440,14 @@ async fn read_frame(peer: SocketAddr, stream: &mut quinn::RecvStream) -> Option<
     }
 }
 
-async fn read_message(inner: Arc<Inner>, peer: SocketAddr, mut stream: quinn::RecvStream) {
+async fn read_message(
+    inner: Arc<Inner>,
+    peer: SocketAddr,
+    node_id: Arc<str>,
+    mut stream: quinn::RecvStream,
+) {
     if let Some(frame) = read_frame(peer, &mut stream).await {
-        inner.dispatch(peer, frame);
+        inner.dispatch(peer, node_id, frame);
     }
 }
 
@@ -424,6 +457,7 @@ const HANDLER_TIMEOUT: Duration = Duration::from_secs(60);
 async fn answer_request(
     inner: Arc<Inner>,
     peer: SocketAddr,
+    node_id: Arc<str>,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
 ) {
@@ -437,6 +471,7 @@ async fn answer_request(
     let queued = handler.is_some_and(|tx| {
         tx.try_send(IncomingRequest {
             peer,
+            node_id,
             payload: frame.payload,
             responder,
         })
@@ -469,13 +504,18 @@ async fn answer_request(
 }
 
 impl Inner {
-    fn dispatch(&self, peer: SocketAddr, frame: Frame) {
+    fn dispatch(&self, peer: SocketAddr, node_id: Arc<str>, frame: Frame) {
         let subscribers = self.subscribers.lock().unwrap();
         let Some(tx) = subscribers.get(&frame.channel) else {
             debug!(%peer, channel = ?frame.channel, "no subscriber; frame dropped");
             return;
         };
-        if tx.try_send((peer, frame.payload)).is_err() {
+        let incoming = IncomingFrame {
+            peer,
+            node_id,
+            payload: frame.payload,
+        };
+        if tx.try_send(incoming).is_err() {
             debug!(%peer, channel = ?frame.channel, "subscriber queue full; frame dropped");
         }
     }
@@ -494,10 +534,7 @@ impl Inner {
             }
         };
         match tokio::time::timeout(self.config.connect_timeout, connecting).await {
-            Ok(Ok(conn)) => {
-                register_connection(self, conn.clone());
-                Some(conn)
-            }
+            Ok(Ok(conn)) => register_connection(self, conn.clone()).then_some(conn),
             Ok(Err(error)) => {
                 self.refusals
                     .lock()
@@ -576,5 +613,55 @@ impl RefusalLog {
             %peer, %error, direction,
             "refused peer: TLS handshake failed, not a member of this cluster? (logged at most every 30 s per peer)"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ClusterIdentity, ClusterSecret};
+
+    /// Issue #13, hole 7: what a peer sends is attributed to the node its certificate names,
+    /// whatever the payload claims.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn frames_and_requests_carry_the_certificates_node_id() {
+        let identity = ClusterIdentity::derive(&ClusterSecret::from_bytes([9; 32])).unwrap();
+        let bind = |name: &str| {
+            let cert = identity.issue_node_certificate(name, &[]).unwrap();
+            PeerEndpoint::bind(
+                &identity,
+                &cert,
+                PeerEndpointConfig::new("127.0.0.1:0".parse().unwrap()),
+            )
+            .unwrap()
+        };
+        let (alpha, beta) = (bind("a1pha"), bind("beta"));
+        let mut frames = beta.subscribe(Channel::Gossip).unwrap();
+        let mut requests = beta.subscribe_requests(Channel::Node).unwrap();
+        alpha
+            .send(beta.local_addr(), Channel::Gossip, b"I am beta")
+            .unwrap();
+        let frame = tokio::time::timeout(Duration::from_secs(10), frames.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&*frame.node_id, "a1pha");
+        assert_eq!(frame.peer, alpha.local_addr());
+        let answer = tokio::spawn(async move {
+            let request = requests.recv().await.unwrap();
+            let who = request.node_id.to_string();
+            request.respond(who.into_bytes());
+        });
+        let reply = alpha
+            .request(
+                beta.local_addr(),
+                Channel::Node,
+                b"?",
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        assert_eq!(&reply[..], b"a1pha");
+        answer.await.unwrap();
     }
 }

@@ -20,6 +20,21 @@ use crate::secret::ClusterSecret;
 /// The DNS name every node certificate carries and every node dials: identity is "signed by the
 /// cluster CA", not a host name.
 pub(crate) const NODE_SERVER_NAME: &str = "node.shoal.internal";
+/// A node certificate also names its node: `<node id>` + this suffix, as a DNS name, so every
+/// message can be attributed to the certificate that carried it, not to what it claims.
+const NODE_ID_SUFFIX: &str = ".id.node.shoal.internal";
+
+/// The node id a node certificate (DER) names, if it names exactly one.
+pub fn node_id_of(cert_der: &[u8]) -> Option<String> {
+    let der = CertificateDer::from(cert_der);
+    let cert = webpki::EndEntityCert::try_from(&der).ok()?;
+    let mut ids = cert
+        .valid_dns_names()
+        .filter_map(|name| name.strip_suffix(NODE_ID_SUFFIX))
+        .filter(|id| !id.is_empty() && !id.contains('.'));
+    let id = ids.next()?;
+    ids.next().is_none().then(|| id.to_owned())
+}
 /// ALPN of Shoal's node-to-node protocol; the frame header carries the finer-grained version.
 pub(crate) const ALPN: &[u8] = b"shoal/1";
 
@@ -132,7 +147,10 @@ impl ClusterIdentity {
             source,
         };
         let key = KeyPair::generate_for(&PKCS_ED25519).map_err(wrap)?;
-        let mut names = vec![NODE_SERVER_NAME.to_owned()];
+        let mut names = vec![
+            NODE_SERVER_NAME.to_owned(),
+            format!("{node_id}{NODE_ID_SUFFIX}"),
+        ];
         names.extend(extra_names.iter().cloned());
         let mut params = CertificateParams::new(names).map_err(wrap)?;
         let mut dn = DistinguishedName::new();
@@ -238,6 +256,20 @@ mod tests {
         assert_eq!(a.api_token(), b.api_token());
         assert_ne!(a.ca_certificate(), c.ca_certificate());
         assert_ne!(a.cluster_id(), c.cluster_id());
+    }
+
+    #[test]
+    fn a_node_certificate_names_its_node() {
+        let id = ClusterIdentity::derive(&ClusterSecret::from_bytes([1; 32])).unwrap();
+        let cert = id
+            .issue_node_certificate("0123abcd4567ef89", &["127.0.0.1".into()])
+            .unwrap();
+        assert_eq!(
+            node_id_of(cert.cert.as_ref()).as_deref(),
+            Some("0123abcd4567ef89")
+        );
+        assert_eq!(node_id_of(id.ca_certificate().as_ref()), None);
+        assert_eq!(node_id_of(b"not a certificate"), None);
     }
 
     #[test]

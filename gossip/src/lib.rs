@@ -22,12 +22,12 @@ mod secret;
 mod transport;
 
 pub use endpoint::{
-    EndpointError, IncomingFrames, IncomingRequest, IncomingRequests, PeerEndpoint,
+    EndpointError, IncomingFrame, IncomingFrames, IncomingRequest, IncomingRequests, PeerEndpoint,
     PeerEndpointConfig,
 };
 pub use frame::{Channel, FRAME_HEADER_BYTES, Frame, FrameError, PROTOCOL_VERSION};
 pub use guard::{GossipGuard, Reject};
-pub use identity::{ClusterIdentity, IdentityError, NodeCertificate};
+pub use identity::{ClusterIdentity, IdentityError, NodeCertificate, node_id_of};
 pub use liveness::{LivenessTracker, MemberState, Verdict};
 pub use membership::{Member, Membership, MembershipConfig, MembershipError, PeerValue};
 pub use node_meta::{Capacity, Key, MetaError, NodeAddresses, NodeInfo, NodeMeta, NodeTaint, keys};

@@ -98,11 +98,12 @@ impl Socket for QuicSocket {
 
     async fn recv(&mut self) -> anyhow::Result<(SocketAddr, ChitchatMessage)> {
         loop {
-            let (from, bytes) = self
+            let frame = self
                 .incoming
                 .recv()
                 .await
                 .ok_or_else(|| anyhow!("the node endpoint is shut down"))?;
+            let (from, bytes) = (frame.peer, frame.payload);
             let now = Instant::now();
             let checked = self.guard.as_mut().map(|g| g.check(now, &bytes));
             if let Some(Err(reject)) = checked {

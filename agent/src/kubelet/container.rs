@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use base64::Engine;
 use serde_json::Value;
 
-use super::pod::{ContainerPlan, EnvSource, PodPlan, VolumeSource};
+use super::pod::{ContainerPlan, EnvSource, HostPathType, PodPlan, VolumeSource};
 use crate::images::ResolvedImage;
 use crate::runtime::spec::{BindMount, ContainerRequest, DEFAULT_CAPABILITIES, Limits, Seccomp};
 
@@ -26,6 +26,11 @@ fn config_error(message: String) -> ConfigError {
         message,
     }
 }
+
+/// Makes a `hostPath` available to the container: (path, type, subPath, mount index) → the
+/// host path to bind.
+pub type HostPathBinder<'a> =
+    dyn Fn(&str, HostPathType, Option<&str>, usize) -> Result<PathBuf, String> + 'a;
 
 /// What a request needs besides the pod and the image.
 pub struct Context<'a> {
@@ -45,6 +50,9 @@ pub struct Context<'a> {
     pub sub_path: &'a dyn Fn(&str, &str, usize) -> Result<PathBuf, String>,
     /// A ConfigMap or Secret (`kind`, name) of the pod's namespace.
     pub lookup: &'a dyn Fn(&str, &str) -> Option<Value>,
+    /// A host path that shows `hostPath` (checked against its type and the node's policy,
+    /// resolved, bind-mounted for this container): (path, type, subPath, mount index).
+    pub host_path: &'a HostPathBinder<'a>,
     /// Node policy (`--allow-privileged`): capabilities beyond the default set, hostPID and
     /// hostIPC.
     pub allow_privileged: bool,
@@ -548,16 +556,19 @@ pub fn build(
             source: ctx.etc_dir.join("hosts"),
             destination: "/etc/hosts".into(),
             readonly: false,
+            recursive_readonly: false,
         },
         BindMount {
             source: ctx.etc_dir.join("hostname"),
             destination: "/etc/hostname".into(),
             readonly: false,
+            recursive_readonly: false,
         },
         BindMount {
             source: ctx.etc_dir.join("resolv.conf"),
             destination: "/etc/resolv.conf".into(),
             readonly: false,
+            recursive_readonly: false,
         },
     ];
     for (i, m) in c.volume_mounts.iter().enumerate() {
@@ -576,6 +587,23 @@ pub fn build(
                 "{}.volumeMounts[{i}].mountPath: {:?} must be an absolute path",
                 c.name, m.mount_path
             )));
+        }
+        if let VolumeSource::HostPath { path, kind } = &volume.source {
+            let source =
+                (ctx.host_path)(path, *kind, m.sub_path.as_deref(), i).map_err(|reason| {
+                    config_error(format!(
+                        "{}.volumeMounts[{i}]: hostPath {path:?}: {reason}",
+                        c.name
+                    ))
+                })?;
+            mounts.push(BindMount {
+                source,
+                destination: m.mount_path.clone(),
+                readonly: m.read_only,
+                // A read-only host directory is read-only in its submounts too.
+                recursive_readonly: m.read_only,
+            });
+            continue;
         }
         let source = match &m.sub_path {
             Some(sub) => {
@@ -599,6 +627,7 @@ pub fn build(
             source,
             destination: m.mount_path.clone(),
             readonly,
+            recursive_readonly: false,
         });
     }
     Ok(ContainerRequest {
@@ -672,6 +701,7 @@ mod tests {
             lookup,
             allow_privileged: false,
             seccomp_profile: &|_| Err("no profiles in tests".into()),
+            host_path: &|path, _, _, i| Ok(PathBuf::from(format!("/staged{path}/{i}"))),
         };
         build(&plan, &plan.containers[0], &image(), &ctx)
     }

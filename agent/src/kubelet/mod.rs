@@ -37,6 +37,8 @@ pub struct KubeletConfig {
     pub allow_privileged: bool,
     /// Processes per pod (`--pod-pids-limit`).
     pub pod_pids_limit: Option<u64>,
+    /// Which host paths `hostPath` volumes may name (`--host-path-allow`).
+    pub host_paths: crate::runtime::HostPathPolicy,
 }
 
 impl Default for KubeletConfig {
@@ -46,6 +48,7 @@ impl Default for KubeletConfig {
             worker: WorkerConfig::default(),
             allow_privileged: false,
             pod_pids_limit: Some(4096),
+            host_paths: Default::default(),
         }
     }
 }
@@ -597,6 +600,10 @@ impl Kubelet {
         // Every directory and file is made beneath the pod's directory without following a
         // symlink (crate::beneath).
         for volume in &plan.volumes {
+            if matches!(volume.source, pod::VolumeSource::HostPath { .. }) {
+                // Checked, made and mounted per container mount (Runtime::bind_host_path).
+                continue;
+            }
             let volume_error = |message: String| container::ConfigError {
                 reason: "CreateContainerError",
                 message: format!("volume {}: {message}", volume.name),
@@ -677,6 +684,20 @@ impl Kubelet {
             lookup: &lookup,
             allow_privileged: self.config.allow_privileged,
             seccomp_profile: &|path| self.runtime.seccomp_profile(path),
+            host_path: &|path, kind, sub, index| {
+                self.runtime
+                    .bind_host_path(
+                        &plan.uid,
+                        name,
+                        attempt,
+                        index,
+                        path,
+                        kind,
+                        sub,
+                        &self.config.host_paths,
+                    )
+                    .map_err(|e| e.to_string())
+            },
         };
         let request = container::build(plan, c, &image, &ctx)?;
         let meta = ContainerMeta {

@@ -144,6 +144,28 @@ pub fn check(spec: &Value, path: &str) -> Result<(), Problem> {
         for source in ["configMap", "secret"] {
             items(&v[source], &format!("{at}.{source}"))?;
         }
+        if let Some(host) = v.get("hostPath") {
+            let path = host["path"].as_str().unwrap_or_default();
+            if path.is_empty() {
+                return Err(problem(format!("{at}.hostPath.path"), "Required value"));
+            }
+            if !path.starts_with('/') || path.contains('\0') || path.split('/').any(|p| p == "..") {
+                return Err(invalid(
+                    format!("{at}.hostPath.path"),
+                    path,
+                    "must be an absolute path without '..'",
+                ));
+            }
+            let kind = host["type"].as_str().unwrap_or_default();
+            if super::pod::HostPathType::parse(kind).is_none() {
+                return Err(problem(
+                    format!("{at}.hostPath.type"),
+                    format!(
+                        "Unsupported value: {kind:?}: supported values: \"\", \"BlockDevice\", \"CharDevice\", \"Directory\", \"DirectoryOrCreate\", \"File\", \"FileOrCreate\", \"Socket\""
+                    ),
+                ));
+            }
+        }
     }
     seconds(
         &spec["terminationGracePeriodSeconds"],
@@ -277,6 +299,18 @@ mod tests {
             (
                 json!({"containers": [{"name": "../x", "image": "b"}]}),
                 "spec.containers[0].name",
+            ),
+            (
+                json!({"volumes": [{"name": "h", "hostPath": {"path": "var/log"}}], "containers": [c(json!({}))]}),
+                "spec.volumes[0].hostPath.path",
+            ),
+            (
+                json!({"volumes": [{"name": "h", "hostPath": {"path": "/var/../etc"}}], "containers": [c(json!({}))]}),
+                "spec.volumes[0].hostPath.path",
+            ),
+            (
+                json!({"volumes": [{"name": "h", "hostPath": {"path": "/var/log", "type": "Folder"}}], "containers": [c(json!({}))]}),
+                "spec.volumes[0].hostPath.type",
             ),
         ];
         for (spec, field) in cases {

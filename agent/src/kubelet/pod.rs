@@ -74,7 +74,14 @@ pub enum VolumeSource {
         optional: bool,
         items: Option<Vec<KeyToPath>>,
     },
+    /// A path of the node (`hostPath`), checked against the node's policy and its `type`.
+    HostPath {
+        path: String,
+        kind: HostPathType,
+    },
 }
+
+pub use crate::runtime::HostPathType;
 
 /// `items[]` of a configMap or secret volume: one key written at `path` (checked to
 /// descend, [`super::node_inputs`]).
@@ -489,9 +496,17 @@ impl PodPlan {
                         optional: s["optional"].as_bool().unwrap_or(false),
                         items: key_to_paths(s),
                     }
+                } else if let Some(h) = v.get("hostPath") {
+                    let kind = h["type"].as_str().unwrap_or_default();
+                    VolumeSource::HostPath {
+                        path: text(&h["path"]),
+                        kind: HostPathType::parse(kind).ok_or_else(|| {
+                            format!("spec.volumes[{i}].hostPath.type: Unsupported value: {kind:?}")
+                        })?,
+                    }
                 } else {
                     return Err(format!(
-                        "spec.volumes[{i}]: only emptyDir, configMap and secret volumes are supported"
+                        "spec.volumes[{i}]: only emptyDir, configMap, secret and hostPath volumes are supported"
                     ));
                 };
                 Ok(Volume { name, source })

@@ -24,6 +24,7 @@ pub mod spec;
 use std::collections::BTreeMap;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -45,12 +46,52 @@ pub enum RuntimeError {
     NoRuntime(String),
     #[error("{what} {value:?} is not a safe identifier (it would become a host path)")]
     InvalidId { what: &'static str, value: String },
+    #[error("hostPath {path:?} {reason}")]
+    HostPath { path: String, reason: String },
     #[error("volume {volume}: subPath {sub_path:?}: {reason}")]
     SubPath {
         volume: String,
         sub_path: String,
         reason: String,
     },
+}
+
+/// `hostPath.type`: what must be at the path (and what the kubelet creates).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostPathType {
+    /// `""`: no check.
+    Unchecked,
+    DirectoryOrCreate,
+    Directory,
+    FileOrCreate,
+    File,
+    Socket,
+    CharDevice,
+    BlockDevice,
+}
+
+impl HostPathType {
+    pub fn parse(value: &str) -> Option<Self> {
+        Some(match value {
+            "" => Self::Unchecked,
+            "DirectoryOrCreate" => Self::DirectoryOrCreate,
+            "Directory" => Self::Directory,
+            "FileOrCreate" => Self::FileOrCreate,
+            "File" => Self::File,
+            "Socket" => Self::Socket,
+            "CharDevice" => Self::CharDevice,
+            "BlockDevice" => Self::BlockDevice,
+            _ => return None,
+        })
+    }
+}
+
+/// Which host paths pods may mount with `hostPath` (`--host-path-allow`): below one of
+/// `allow` (any path when empty), and never the agent's own data dir, anything in it, or
+/// anything containing it. Checked on the path as resolved on the host, after symlinks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostPathPolicy {
+    pub allow: Vec<PathBuf>,
 }
 
 /// Whether `id` (a pod uid from the store, possibly from a peer) can name a directory: 1 to 64
@@ -142,6 +183,8 @@ pub struct ObservedPod {
 pub struct Runtime {
     runc: PathBuf,
     runc_root: PathBuf,
+    /// The agent's data dir (canonical): never mountable by a pod.
+    data_dir: PathBuf,
     pods_dir: PathBuf,
     /// Node-local seccomp profiles (`seccompProfile.localhostProfile` is a path below it).
     seccomp_dir: PathBuf,
@@ -226,6 +269,7 @@ impl Runtime {
             scope,
             runc,
             runc_root: data_dir.join("runc"),
+            data_dir: data_dir.clone(),
             pods_dir: crate::paths::pods(data_dir),
             seccomp_dir: data_dir.join("seccomp"),
             shoal_binary,
@@ -347,7 +391,6 @@ impl Runtime {
         attempt: u32,
         index: usize,
     ) -> Result<PathBuf, RuntimeError> {
-        use std::os::fd::AsRawFd;
         check_id("pod uid", uid)?;
         check_id("volume name", volume)?;
         check_id("container name", container)?;
@@ -376,6 +419,157 @@ impl Runtime {
         let is_dir = nix::sys::stat::fstat(&fd)
             .map(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR)
             .map_err(|e| refuse(e.to_string()))?;
+        self.stage_bind(uid, container, attempt, index, &fd, is_dir, false)
+    }
+
+    /// Makes host path `path` (a `hostPath` volume, optionally with `sub_path`) available to
+    /// one container attempt: created if its type says so, opened (host symlinks followed:
+    /// the host's layout is the administrator's), checked against `policy` on the path the
+    /// descriptor resolved to and against its type, then bind-mounted through that very
+    /// descriptor at the attempt's staging path (so nothing can swap it between the check
+    /// and the mount). Returns the staging path.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bind_host_path(
+        &self,
+        uid: &str,
+        container: &str,
+        attempt: u32,
+        index: usize,
+        path: &str,
+        kind: HostPathType,
+        sub_path: Option<&str>,
+        policy: &HostPathPolicy,
+    ) -> Result<PathBuf, RuntimeError> {
+        use std::os::fd::AsRawFd;
+        check_id("pod uid", uid)?;
+        check_id("container name", container)?;
+        let refuse = |reason: String| RuntimeError::HostPath {
+            path: path.to_owned(),
+            reason,
+        };
+        let lexical = Path::new(path);
+        if !lexical.is_absolute() || path.split('/').any(|p| p == "..") {
+            return Err(refuse("must be an absolute path without '..'".into()));
+        }
+        let allowed = |resolved: &Path| -> Result<(), RuntimeError> {
+            let data = &self.data_dir;
+            if resolved.starts_with(data) || data.starts_with(resolved) {
+                return Err(refuse(format!(
+                    "resolves to {}, which is or holds this agent's data dir {}",
+                    resolved.display(),
+                    data.display()
+                )));
+            }
+            if !policy.allow.is_empty() && !policy.allow.iter().any(|a| resolved.starts_with(a)) {
+                return Err(refuse(format!(
+                    "resolves to {}, outside the node's --host-path-allow prefixes",
+                    resolved.display()
+                )));
+            }
+            Ok(())
+        };
+        let exists = std::fs::symlink_metadata(lexical).is_ok();
+        if !exists
+            && matches!(
+                kind,
+                HostPathType::DirectoryOrCreate | HostPathType::FileOrCreate
+            )
+        {
+            // Check where it would land before making it: the deepest existing ancestor,
+            // resolved, plus the rest.
+            let mut ancestor = lexical.to_owned();
+            let mut rest = Vec::new();
+            while std::fs::symlink_metadata(&ancestor).is_err() {
+                rest.push(ancestor.file_name().unwrap_or_default().to_owned());
+                if !ancestor.pop() {
+                    break;
+                }
+            }
+            let mut would_be = std::fs::canonicalize(&ancestor).map_err(io_at(&ancestor))?;
+            for part in rest.iter().rev() {
+                would_be.push(part);
+            }
+            allowed(&would_be)?;
+            if kind == HostPathType::DirectoryOrCreate {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o755)
+                    .create(&would_be)
+                    .map_err(io_at(&would_be))?;
+            } else {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .mode(0o644)
+                    .open(&would_be)
+                    .map_err(io_at(&would_be))?;
+            }
+        }
+        let fd = nix::fcntl::open(
+            lexical,
+            nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(|e| refuse(format!("cannot be opened: {e}")))?;
+        let resolved = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .map_err(io_at(lexical))?;
+        allowed(&resolved)?;
+        let mode = nix::sys::stat::fstat(&fd)
+            .map_err(|e| refuse(e.to_string()))?
+            .st_mode
+            & libc::S_IFMT;
+        let want = match kind {
+            HostPathType::Unchecked => None,
+            HostPathType::DirectoryOrCreate | HostPathType::Directory => {
+                Some((libc::S_IFDIR, "a directory"))
+            }
+            HostPathType::FileOrCreate | HostPathType::File => Some((libc::S_IFREG, "a file")),
+            HostPathType::Socket => Some((libc::S_IFSOCK, "a socket")),
+            HostPathType::CharDevice => Some((libc::S_IFCHR, "a character device")),
+            HostPathType::BlockDevice => Some((libc::S_IFBLK, "a block device")),
+        };
+        if let Some((want, what)) = want
+            && mode != want
+        {
+            return Err(refuse(format!("is not {what}, as its type requires")));
+        }
+        let (fd, is_dir) = match sub_path {
+            None => (fd, mode == libc::S_IFDIR),
+            Some(sub) => {
+                let rel = crate::beneath::normal_components(Path::new(sub))
+                    .ok_or_else(|| refuse(format!("subPath {sub:?} must descend")))?;
+                let root = Root::from_fd(fd, resolved.clone());
+                let open = || root.open_at(&rel, nix::fcntl::OFlag::O_PATH, Resolve::Beneath);
+                let fd = match open() {
+                    Err(err) if err.raw_os_error() == Some(libc::ENOENT) => root
+                        .create_dir_all(&rel, 0o755, Resolve::Beneath)
+                        .and_then(|_| open()),
+                    other => other,
+                }
+                .map_err(|e| refuse(format!("subPath {sub:?}: {e}")))?;
+                let is_dir = nix::sys::stat::fstat(&fd)
+                    .map(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR)
+                    .map_err(|e| refuse(e.to_string()))?;
+                (fd, is_dir)
+            }
+        };
+        self.stage_bind(uid, container, attempt, index, &fd, is_dir, true)
+    }
+
+    /// Bind-mounts what `fd` refers to at the attempt's staging path `index`.
+    #[allow(clippy::too_many_arguments)]
+    fn stage_bind(
+        &self,
+        uid: &str,
+        container: &str,
+        attempt: u32,
+        index: usize,
+        fd: &std::os::fd::OwnedFd,
+        is_dir: bool,
+        recursive: bool,
+    ) -> Result<PathBuf, RuntimeError> {
+        use std::os::fd::AsRawFd;
         let dir = self.sub_paths_dir(uid, container, attempt);
         std::fs::create_dir_all(&dir).map_err(io_at(&dir))?;
         let target = dir.join(index.to_string());
@@ -386,17 +580,16 @@ impl Runtime {
             std::fs::File::create(&target).map_err(io_at(&target))?;
         }
         let source = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
-        nix::mount::mount(
-            Some(&source),
-            &target,
-            None::<&str>,
-            nix::mount::MsFlags::MS_BIND,
-            None::<&str>,
-        )
-        .map_err(|e| RuntimeError::Io {
-            path: target.clone(),
-            source: io::Error::from(e),
-        })?;
+        let mut flags = nix::mount::MsFlags::MS_BIND;
+        if recursive {
+            flags |= nix::mount::MsFlags::MS_REC;
+        }
+        nix::mount::mount(Some(&source), &target, None::<&str>, flags, None::<&str>).map_err(
+            |e| RuntimeError::Io {
+                path: target.clone(),
+                source: io::Error::from(e),
+            },
+        )?;
         Ok(target)
     }
 

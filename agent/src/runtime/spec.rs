@@ -11,6 +11,8 @@ pub struct BindMount {
     pub source: PathBuf,
     pub destination: String,
     pub readonly: bool,
+    /// Read-only in every submount too (`rro`, mount_setattr(2)).
+    pub recursive_readonly: bool,
 }
 
 /// Resource limits of a container (cgroup settings).
@@ -105,6 +107,9 @@ pub fn runtime_spec(request: &ContainerRequest) -> Value {
         let mut options = vec!["rbind", "rprivate"];
         if mount.readonly {
             options.push("ro");
+        }
+        if mount.recursive_readonly {
+            options.push("rro");
         }
         mounts.push(json!({
             "destination": mount.destination,
@@ -211,6 +216,7 @@ mod tests {
                 source: "/data/pods/u/volumes/cache".into(),
                 destination: "/cache".into(),
                 readonly: false,
+                recursive_readonly: false,
             }],
             netns: "/run/netns/shoal-u".into(),
             cgroup_path: "/shoal/podu/c1".into(),

@@ -206,3 +206,54 @@ async fn sigterm_shuts_down_cleanly_and_a_data_dir_serves_one_agent() {
         "control socket removed"
     );
 }
+
+/// Issue #13, hole 7: a second agent under a name a live node holds is refused, saying which
+/// node holds it (two Nodes of one name would confuse the API and scheduling).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_node_with_a_live_nodes_name_is_refused() {
+    let lab = Lab::new();
+    let agents = lab.start_cluster(2).await;
+    all_see_alive(&agents, 2).await;
+    let other_dir = lab.path().join("impostor");
+    let mut child = std::process::Command::new(crate::shoal_binary())
+        .args([
+            "agent",
+            "--name",
+            "n1",
+            "--no-runtime",
+            "--bind",
+            "127.0.0.1:0",
+        ])
+        .arg("--data-dir")
+        .arg(&other_dir)
+        .arg("--secret-file")
+        .arg(&lab.secret)
+        .args(["--join", &agents[0].gossip_addr().to_string()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + CONVERGE;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    let _ = child.wait();
+    let status = status.unwrap_or_else(|| panic!("the impostor kept running: {stderr}"));
+    assert!(!status.success());
+    assert!(
+        stderr.contains("name \"n1\" is already held by live node"),
+        "{stderr}"
+    );
+    // The real n1 is untouched.
+    all_see_alive(&agents, 2).await;
+}

@@ -547,3 +547,124 @@ fn walk_find(dir: &Path, name: &str) -> Option<std::path::PathBuf> {
     }
     None
 }
+
+/// hostPath volumes (the upstream fluentd DaemonSet's shape): types checked as the kubelet
+/// does, `readOnly` read-only also in submounts, directories created for DirectoryOrCreate,
+/// and the node's own data dir never reachable — not directly, not from a parent, not
+/// through a symlink.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_paths_are_typed_read_only_when_asked_and_never_the_data_dir() {
+    let api = ApiLab::start_with(1, |_| Vec::new()).await;
+    let out = Command::new(crate::shoal_binary())
+        .args(["image", "import", "--data-dir"])
+        .arg(api.agents[0].data_dir())
+        .arg(crate::runtime::test_images().join("busybox-1.oci.tar"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let host = tempfile::tempdir().unwrap();
+    let varlog = host.path().join("varlog");
+    std::fs::create_dir_all(varlog.join("sub")).unwrap();
+    std::fs::write(varlog.join("host-file"), b"from the host\n").unwrap();
+    // A submount: `readOnly` must cover it too (rro).
+    nix::mount::mount(
+        Some("tmpfs"),
+        &varlog.join("sub"),
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=1m"),
+    )
+    .unwrap();
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+    let _unmount = Unmount(varlog.join("sub"));
+    let data_dir = std::fs::canonicalize(api.agents[0].data_dir()).unwrap();
+    std::os::unix::fs::symlink(&data_dir, host.path().join("link")).unwrap();
+    let created = host.path().join("new/dir");
+    let file = api.manifest(
+        "hostpath.yaml",
+        &format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: logs}}
+spec:
+  nodeName: n0
+  restartPolicy: Never
+  containers:
+  - name: c
+    image: shoal.local/busybox:1
+    command: [sh, -c, "cat /var/log/host-file; (echo x > /var/log/w) 2>/dev/null && echo top-writable || echo top-readonly; (echo x > /var/log/sub/w) 2>/dev/null && echo sub-writable || echo sub-readonly; echo hello > /data/hello; echo done; sleep 30"]
+    volumeMounts:
+    - {{name: varlog, mountPath: /var/log, readOnly: true}}
+    - {{name: created, mountPath: /data}}
+  volumes:
+  - {{name: varlog, hostPath: {{path: {varlog:?}, type: Directory}}}}
+  - {{name: created, hostPath: {{path: {created:?}, type: DirectoryOrCreate}}}}
+"#
+        ),
+    );
+    api.ok(0, &["apply", "-f", &file]);
+    let mut log = String::new();
+    shoal_agent::testkit::wait_until("the hostPath pod ran", super::LIMIT, || {
+        let (_, out, _) = api.kubectl(0, &["logs", "logs"]);
+        log = out.clone();
+        async move { out.contains("done") }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: logged {log:?}"));
+    assert!(log.contains("from the host"), "{log}");
+    assert!(log.contains("top-readonly"), "{log}");
+    assert!(
+        log.contains("sub-readonly"),
+        "readOnly did not reach the submount: {log}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(created.join("hello")).unwrap(),
+        "hello\n"
+    );
+    assert!(!varlog.join("w").exists() && !varlog.join("sub/w").exists());
+
+    let refused = |name: &str, path: &Path, kind: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  nodeName: n0\n  containers: [{{name: c, image: shoal.local/busybox:1, command: [sleep, '30'], volumeMounts: [{{name: h, mountPath: /h}}]}}]\n  volumes: [{{name: h, hostPath: {{path: {:?}, type: {kind:?}}}}}]\n---\n",
+            path.display().to_string()
+        )
+    };
+    let manifests = [
+        refused("data-dir", &data_dir, ""),
+        refused("parent", data_dir.parent().unwrap(), ""),
+        refused("through-link", &host.path().join("link"), "Directory"),
+        refused("wrong-type", &varlog, "File"),
+    ]
+    .concat();
+    api.ok(
+        0,
+        &[
+            "apply",
+            "-f",
+            &api.manifest("refused-hostpaths.yaml", &manifests),
+        ],
+    );
+    for (name, says) in [
+        ("data-dir", "data dir"),
+        ("parent", "data dir"),
+        ("through-link", "data dir"),
+        ("wrong-type", "is not a file"),
+    ] {
+        let pod = wait_pod(&api, 0, name, "refused", |p| {
+            container_status(p, "c")["state"]["waiting"]["reason"] == "CreateContainerConfigError"
+        })
+        .await;
+        let message = container_status(&pod, "c")["state"]["waiting"]["message"].to_string();
+        assert!(message.contains(says), "{name}: {message}");
+    }
+    api.ok(0, &["delete", "pod", "logs", "--wait=true"]);
+}
