@@ -209,6 +209,21 @@ impl Root {
         }
     }
 
+    /// An `O_PATH` descriptor of `rel` below the root (every component a real directory),
+    /// made as a directory if nothing is there — how the kubelet opens a subPath — and
+    /// whether it is a directory.
+    pub fn open_or_make_dir(&self, rel: &Path) -> io::Result<(OwnedFd, bool)> {
+        let open = || self.open_at(rel, OFlag::O_PATH, Resolve::Beneath);
+        let fd = match open() {
+            Err(err) if err.raw_os_error() == Some(libc::ENOENT) => self
+                .create_dir_all(rel, 0o755, Resolve::Beneath)
+                .and_then(|_| open()),
+            other => other,
+        }?;
+        let st = nix::sys::stat::fstat(&fd).map_err(errno)?;
+        Ok((fd, st.st_mode & libc::S_IFMT == libc::S_IFDIR))
+    }
+
     /// What `name` (one component) in this directory is, without following a symlink.
     pub fn kind_of(&self, name: &OsStr) -> io::Result<Option<SFlag>> {
         match fstatat(

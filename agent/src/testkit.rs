@@ -115,18 +115,16 @@ impl AgentProcess {
         if let Some(ns) = &self.spec.netns {
             // Join only the network namespace (`ip netns exec` would also give the agent a
             // fresh /sys without the cgroup mounts its containers need).
-            use std::os::fd::AsRawFd;
             use std::os::unix::process::CommandExt;
             let netns = std::fs::File::open(format!("/run/netns/{ns}"))
                 .with_context(|| format!("network namespace {ns}"))?;
-            // SAFETY: setns is async-signal-safe; the descriptor stays open (moved into the
-            // closure) until the exec.
+            // SAFETY: the closure runs between fork and exec and only calls setns, which is
+            // async-signal-safe; the descriptor stays open (moved into the closure) until the
+            // exec.
             unsafe {
                 cmd.pre_exec(move || {
-                    if libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
+                    nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)
+                        .map_err(std::io::Error::from)
                 });
             }
         }
@@ -265,13 +263,10 @@ impl AgentProcess {
         Ok(self.client.store_info().await?)
     }
 
-    fn signal(&self, signal: libc::c_int) -> anyhow::Result<()> {
+    fn signal(&self, signal: nix::sys::signal::Signal) -> anyhow::Result<()> {
         let pid = self.pid().context("agent is not running")?;
-        // SAFETY: sends a signal to our own child process; no memory is involved.
-        if unsafe { libc::kill(pid as libc::pid_t, signal) } != 0 {
-            bail!("kill({pid}, {signal}): {}", std::io::Error::last_os_error());
-        }
-        Ok(())
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal)
+            .with_context(|| format!("kill({pid}, {signal})"))
     }
 
     /// `kill -9` and reap.
@@ -303,7 +298,7 @@ impl AgentProcess {
 
     /// SIGTERM, then wait up to 10 s for a clean exit (SIGKILL after that).
     pub fn terminate(&mut self) -> anyhow::Result<std::process::ExitStatus> {
-        self.signal(libc::SIGTERM)?;
+        self.signal(nix::sys::signal::Signal::SIGTERM)?;
         let mut child = self.child.take().context("agent is not running")?;
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -320,12 +315,12 @@ impl AgentProcess {
 
     /// SIGSTOP: a silent failure, sockets stay open.
     pub fn pause(&self) -> anyhow::Result<()> {
-        self.signal(libc::SIGSTOP)
+        self.signal(nix::sys::signal::Signal::SIGSTOP)
     }
 
     /// SIGCONT.
     pub fn resume(&self) -> anyhow::Result<()> {
-        self.signal(libc::SIGCONT)
+        self.signal(nix::sys::signal::Signal::SIGCONT)
     }
 
     /// Starts the agent again with the same data dir and gossip address.
@@ -356,8 +351,10 @@ impl Drop for AgentProcess {
         if let Some(mut child) = self.child.take() {
             // A stopped process must be continued to die promptly on some kernels' accounting.
             let _ = child.kill();
-            // SAFETY: continue our own child so that SIGKILL is delivered; no memory involved.
-            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGCONT) };
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGCONT,
+            );
             let _ = child.wait();
         }
         // Containers outlive their agent by design (the shim supervises them): a test's

@@ -616,26 +616,32 @@ impl RefusalLog {
     }
 }
 
+/// An endpoint on 127.0.0.1 for node `name` of `identity`'s cluster (tests).
+#[cfg(test)]
+pub(crate) fn test_endpoint(identity: &ClusterIdentity, name: &str) -> PeerEndpoint {
+    let cert = identity.issue_node_certificate(name, &[]).unwrap();
+    PeerEndpoint::bind(
+        identity,
+        &cert,
+        PeerEndpointConfig::new("127.0.0.1:0".parse().unwrap()),
+    )
+    .unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{ClusterIdentity, ClusterSecret};
+    use crate::ClusterSecret;
 
     /// Issue #13, hole 7: what a peer sends is attributed to the node its certificate names,
     /// whatever the payload claims.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn frames_and_requests_carry_the_certificates_node_id() {
         let identity = ClusterIdentity::derive(&ClusterSecret::from_bytes([9; 32])).unwrap();
-        let bind = |name: &str| {
-            let cert = identity.issue_node_certificate(name, &[]).unwrap();
-            PeerEndpoint::bind(
-                &identity,
-                &cert,
-                PeerEndpointConfig::new("127.0.0.1:0".parse().unwrap()),
-            )
-            .unwrap()
-        };
-        let (alpha, beta) = (bind("a1pha"), bind("beta"));
+        let (alpha, beta) = (
+            test_endpoint(&identity, "a1pha"),
+            test_endpoint(&identity, "beta"),
+        );
         let mut frames = beta.subscribe(Channel::Gossip).unwrap();
         let mut requests = beta.subscribe_requests(Channel::Node).unwrap();
         alpha

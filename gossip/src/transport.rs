@@ -147,9 +147,7 @@ mod tests {
 
     use crate::guard::MAX_VERSION;
     use crate::guard::tests::{op_kv, op_max, op_node, syn_ack};
-    use crate::{
-        Channel, ClusterIdentity, ClusterSecret, PeerEndpoint, PeerEndpointConfig, QuicTransport,
-    };
+    use crate::{Channel, ClusterIdentity, ClusterSecret, PeerEndpoint, QuicTransport};
 
     /// A real chitchat node behind a real QUIC endpoint, and a peer endpoint of the same
     /// cluster sending it raw bytes.
@@ -161,15 +159,7 @@ mod tests {
 
     async fn victim(guarded: bool) -> Victim {
         let identity = ClusterIdentity::derive(&ClusterSecret::from_bytes([7; 32])).unwrap();
-        let bind = |name: &str| {
-            let cert = identity.issue_node_certificate(name, &[]).unwrap();
-            PeerEndpoint::bind(
-                &identity,
-                &cert,
-                PeerEndpointConfig::new("127.0.0.1:0".parse().unwrap()),
-            )
-            .unwrap()
-        };
+        let bind = |name: &str| crate::endpoint::test_endpoint(&identity, name);
         let endpoint = bind("victim");
         let addr = endpoint.local_addr();
         let transport = if guarded {

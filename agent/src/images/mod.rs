@@ -15,7 +15,6 @@ pub mod reference;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use oci_spec::image::{ImageConfiguration, ImageIndex, ImageManifest, MediaType};
@@ -87,7 +86,7 @@ pub struct ImageStore {
 
 /// Held while the store changes.
 struct StoreLock {
-    _file: File,
+    _lock: nix::fcntl::Flock<File>,
 }
 
 impl ImageStore {
@@ -135,14 +134,14 @@ impl ImageStore {
             .write(true)
             .open(&path)
             .map_err(self.store_err(&path))?;
-        // SAFETY: flock on a descriptor we own; blocks until the other holder is done.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(ImageError::Store {
+        // Blocks until the other holder (the CLI or the agent) is done.
+        let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).map_err(
+            |(_, errno)| ImageError::Store {
                 path,
-                source: io::Error::last_os_error(),
-            });
-        }
-        Ok(StoreLock { _file: file })
+                source: io::Error::from(errno),
+            },
+        )?;
+        Ok(StoreLock { _lock: lock })
     }
 
     fn blob_path(&self, hex: &str) -> PathBuf {

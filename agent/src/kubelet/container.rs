@@ -341,9 +341,9 @@ pub fn build(
     image: &ResolvedImage,
     ctx: &Context,
 ) -> Result<ContainerRequest, ConfigError> {
-    if c.privileged {
+    if c.privileged && !ctx.allow_privileged {
         return Err(refused(format!(
-            "container {:?} is privileged (securityContext.privileged), which Shoal does not run",
+            "container {:?} is privileged (securityContext.privileged; start the node with --allow-privileged)",
             c.name
         )));
     }
@@ -491,7 +491,9 @@ pub fn build(
         .iter()
         .any(|d| d.eq_ignore_ascii_case("ALL"));
     let dropped: Vec<String> = c.capabilities_drop.iter().map(|d| normalize(d)).collect();
-    let mut capabilities: Vec<String> = if drop_all {
+    let mut capabilities: Vec<String> = if c.privileged {
+        crate::runtime::spec::bounding_capabilities()
+    } else if drop_all {
         Vec::new()
     } else {
         DEFAULT_CAPABILITIES
@@ -519,6 +521,8 @@ pub fn build(
         )));
     }
     let seccomp = match &c.seccomp {
+        // A privileged container runs unfiltered, as with containerd.
+        _ if c.privileged => Seccomp::Unconfined,
         super::pod::SeccompChoice::RuntimeDefault => Seccomp::RuntimeDefault,
         super::pod::SeccompChoice::Unconfined => Seccomp::Unconfined,
         super::pod::SeccompChoice::Localhost(path) => {
@@ -643,7 +647,7 @@ pub fn build(
         uid,
         gid,
         readonly_rootfs: c.read_only_root_filesystem,
-        no_new_privileges: !c.allow_privilege_escalation,
+        no_new_privileges: !c.allow_privilege_escalation && !c.privileged,
         capabilities,
         limits,
         mounts,
@@ -656,6 +660,7 @@ pub fn build(
         sysctls: plan.sysctls.clone(),
         host_pid: plan.host_pid,
         host_ipc: plan.host_ipc,
+        privileged: c.privileged,
     })
 }
 

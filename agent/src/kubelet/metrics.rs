@@ -72,8 +72,11 @@ pub fn host_usage() -> Option<(u64, u64)> {
     // user nice system idle iowait irq softirq steal: busy = all − idle − iowait.
     let total: u64 = fields.iter().take(8).sum();
     let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
-    // SAFETY: sysconf with a constant name.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100)
+        .max(1) as u64;
     let busy_ns = (total - idle) * (1_000_000_000 / ticks);
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
     let kb = |key: &str| -> Option<u64> {

@@ -3,7 +3,6 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::time::Duration;
 
@@ -13,13 +12,9 @@ use super::pod::{Probe, ProbeAction};
 /// reused for anything else afterwards.
 fn enter_netns(netns: &Path) -> Result<(), String> {
     let file = std::fs::File::open(netns).map_err(|e| format!("{}: {e}", netns.display()))?;
-    // SAFETY: setns on a descriptor we own; affects only this thread's network namespace.
-    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        return Err(format!(
-            "setns {}: {}",
-            netns.display(),
-            std::io::Error::last_os_error()
-        ));
+    // Affects only this thread's network namespace.
+    if let Err(e) = nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET) {
+        return Err(format!("setns {}: {e}", netns.display()));
     }
     Ok(())
 }

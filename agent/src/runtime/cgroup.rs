@@ -153,8 +153,10 @@ pub fn kill_all(layout: Layout, path: &str, patience: std::time::Duration) -> us
             return pids.len();
         }
         for pid in &pids {
-            // SAFETY: kill with a pid read from the cgroup; no memory involved.
-            unsafe { libc::kill(*pid, libc::SIGKILL) };
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }

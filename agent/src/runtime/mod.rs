@@ -235,10 +235,6 @@ fn unmount(path: &Path) -> Result<(), RuntimeError> {
     })
 }
 
-fn process_alive(pid: i32) -> bool {
-    pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
-}
-
 impl Runtime {
     /// A runtime storing its state under `data_dir`, using `runc` from PATH (or `SHOAL_RUNC`).
     pub fn new(data_dir: &Path) -> Result<Self, RuntimeError> {
@@ -402,23 +398,15 @@ impl Runtime {
         let rel = crate::beneath::normal_components(Path::new(sub_path))
             .ok_or_else(|| refuse("must be a relative path without '..'".into()))?;
         let root = self.ensure_volume(uid, volume)?;
-        let open = || root.open_at(&rel, nix::fcntl::OFlag::O_PATH, Resolve::Beneath);
-        let fd = match open() {
-            Err(err) if err.raw_os_error() == Some(libc::ENOENT) => root
-                .create_dir_all(&rel, 0o755, Resolve::Beneath)
-                .and_then(|_| open()),
-            other => other,
-        }
-        .map_err(|err| match err.raw_os_error() {
-            Some(libc::ELOOP) => {
-                refuse("a symlink is on its path; it is refused, never followed".into())
-            }
-            Some(libc::EXDEV) => refuse("it leaves its volume".into()),
-            _ => refuse(err.to_string()),
-        })?;
-        let is_dir = nix::sys::stat::fstat(&fd)
-            .map(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR)
-            .map_err(|e| refuse(e.to_string()))?;
+        let (fd, is_dir) = root
+            .open_or_make_dir(&rel)
+            .map_err(|err| match err.raw_os_error() {
+                Some(libc::ELOOP) => {
+                    refuse("a symlink is on its path; it is refused, never followed".into())
+                }
+                Some(libc::EXDEV) => refuse("it leaves its volume".into()),
+                _ => refuse(err.to_string()),
+            })?;
         self.stage_bind(uid, container, attempt, index, &fd, is_dir, false)
     }
 
@@ -539,19 +527,9 @@ impl Runtime {
             Some(sub) => {
                 let rel = crate::beneath::normal_components(Path::new(sub))
                     .ok_or_else(|| refuse(format!("subPath {sub:?} must descend")))?;
-                let root = Root::from_fd(fd, resolved.clone());
-                let open = || root.open_at(&rel, nix::fcntl::OFlag::O_PATH, Resolve::Beneath);
-                let fd = match open() {
-                    Err(err) if err.raw_os_error() == Some(libc::ENOENT) => root
-                        .create_dir_all(&rel, 0o755, Resolve::Beneath)
-                        .and_then(|_| open()),
-                    other => other,
-                }
-                .map_err(|e| refuse(format!("subPath {sub:?}: {e}")))?;
-                let is_dir = nix::sys::stat::fstat(&fd)
-                    .map(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR)
-                    .map_err(|e| refuse(e.to_string()))?;
-                (fd, is_dir)
+                Root::from_fd(fd, resolved.clone())
+                    .open_or_make_dir(&rel)
+                    .map_err(|e| refuse(format!("subPath {sub:?}: {e}")))?
             }
         };
         self.stage_bind(uid, container, attempt, index, &fd, is_dir, true)
@@ -753,11 +731,12 @@ impl Runtime {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr);
-        // SAFETY: setsid is async-signal-safe; the shim leaves the agent's session so signals
-        // aimed at the agent's process group do not reach containers.
+        // SAFETY: the closure runs between fork and exec and calls only setsid, which is
+        // async-signal-safe; the shim leaves the agent's session so signals aimed at the
+        // agent's process group do not reach containers.
         unsafe {
             command.pre_exec(|| {
-                libc::setsid();
+                let _ = nix::unistd::setsid();
                 Ok(())
             });
         }
@@ -857,9 +836,9 @@ impl Runtime {
             cgroup::remove(self.layout, &meta.cgroup_path)
                 .map_err(io_at(Path::new(&meta.cgroup_path)))?;
             // The shim exits right after the process; give a straggler a moment.
-            if let Some(pid) = read_json::<i32>(&bundle.join(shim::SHIM_PID_FILE)) {
+            if let Some(shim) = read_json::<shim::ShimIdentity>(&bundle.join(shim::SHIM_PID_FILE)) {
                 for _ in 0..50 {
-                    if !process_alive(pid) || bundle.join(shim::EXIT_FILE).exists() {
+                    if !shim.is_alive() || bundle.join(shim::EXIT_FILE).exists() {
                         break;
                     }
                     std::thread::sleep(Duration::from_millis(20));
@@ -952,8 +931,8 @@ impl Runtime {
                 }
             }
             None => {
-                let shim_alive =
-                    read_json::<i32>(&bundle.join(shim::SHIM_PID_FILE)).is_some_and(process_alive);
+                let shim_alive = read_json::<shim::ShimIdentity>(&bundle.join(shim::SHIM_PID_FILE))
+                    .is_some_and(|shim| shim.is_alive());
                 let meta_age = std::fs::metadata(bundle.join("meta.json"))
                     .and_then(|m| m.modified())
                     .ok()

@@ -15,7 +15,7 @@
 
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
@@ -64,7 +64,8 @@ pub struct Exited {
 
 pub const STARTED_FILE: &str = "started.json";
 pub const EXIT_FILE: &str = "exit.json";
-pub const SHIM_PID_FILE: &str = "shim.pid";
+/// The shim's [`ShimIdentity`] (pid and start time), beside the bundle.
+pub const SHIM_PID_FILE: &str = "shim.json";
 
 pub fn unix_ms(time: SystemTime) -> u64 {
     time.duration_since(SystemTime::UNIX_EPOCH)
@@ -95,13 +96,7 @@ fn write_start_error(bundle: &Path, message: String) -> io::Result<()> {
 }
 
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as RawFd; 2];
-    // SAFETY: pipe2 fills two descriptors we then own.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: both descriptors were just created and are owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)
 }
 
 /// The log writer: CRI lines, size-based rotation.
@@ -162,15 +157,11 @@ impl Stream {
     fn read(&mut self, log: &mut LogWriter) -> io::Result<()> {
         let Some(fd) = &self.fd else { return Ok(()) };
         let mut buf = [0u8; 16 << 10];
-        // SAFETY: reading into a buffer we own, from a descriptor we own.
-        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n < 0 {
-            let err = io::Error::last_os_error();
-            if err.kind() == io::ErrorKind::Interrupted || err.kind() == io::ErrorKind::WouldBlock {
-                return Ok(());
-            }
-            return Err(err);
-        }
+        let n = match nix::unistd::read(fd, &mut buf) {
+            Ok(n) => n,
+            Err(nix::errno::Errno::EINTR | nix::errno::Errno::EAGAIN) => return Ok(()),
+            Err(e) => return Err(io::Error::from(e)),
+        };
         if n == 0 {
             self.fd = None;
             if !self.pending.is_empty() {
@@ -217,11 +208,8 @@ fn runc(args: &ShimArgs) -> Command {
 
 /// Runs the shim; returns only when the container has ended (or never started).
 pub fn run(args: &ShimArgs) -> io::Result<()> {
-    // SAFETY: prctl with integer arguments.
-    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    write_state(&args.bundle, SHIM_PID_FILE, &std::process::id())?;
+    nix::sys::prctl::set_child_subreaper(true).map_err(io::Error::from)?;
+    write_state(&args.bundle, SHIM_PID_FILE, &ShimIdentity::of_self()?)?;
     let fail = |message: String| write_start_error(&args.bundle, message);
     let mut log = LogWriter::open(&args.log, args.log_max_bytes)?;
     let (out_r, out_w) = pipe()?;
@@ -280,33 +268,38 @@ pub fn run(args: &ShimArgs) -> io::Result<()> {
     let mut exit: Option<(i32, Option<i32>)> = None;
     let mut drain_deadline: Option<Instant> = None;
     loop {
-        let mut polls: Vec<libc::pollfd> = streams
-            .iter()
-            .filter_map(|s| s.fd.as_ref())
-            .map(|fd| libc::pollfd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .collect();
-        if polls.is_empty() {
+        let open: Vec<&OwnedFd> = streams.iter().filter_map(|s| s.fd.as_ref()).collect();
+        if open.is_empty() {
             if exit.is_none() {
                 // Both streams are closed: nothing to read, only the exit to wait for.
                 exit = reap(pid, true)?;
             }
             break;
         }
-        // SAFETY: polling descriptors we own; the array outlives the call. The timeout bounds
-        // how late an exit is noticed while a stream is still open.
-        let n = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, 10) };
+        let mut polls: Vec<nix::poll::PollFd> = open
+            .iter()
+            .map(|fd| nix::poll::PollFd::new(fd.as_fd(), nix::poll::PollFlags::POLLIN))
+            .collect();
+        // The timeout bounds how late an exit is noticed while a stream is still open.
+        let n = match nix::poll::poll(&mut polls, 10u8) {
+            Ok(n) => n,
+            Err(nix::errno::Errno::EINTR) => 0,
+            Err(e) => return Err(io::Error::from(e)),
+        };
+        let ready: Vec<RawFd> = open
+            .iter()
+            .zip(&polls)
+            .filter(|(_, p)| p.any().unwrap_or(true))
+            .map(|(fd, _)| fd.as_raw_fd())
+            .collect();
+        drop(polls);
         if n > 0 {
             for stream in streams.iter_mut() {
-                let ready = stream.fd.as_ref().is_some_and(|fd| {
-                    polls
-                        .iter()
-                        .any(|p| p.fd == fd.as_raw_fd() && p.revents != 0)
-                });
-                if ready {
+                if stream
+                    .fd
+                    .as_ref()
+                    .is_some_and(|fd| ready.contains(&fd.as_raw_fd()))
+                {
                     stream.read(&mut log)?;
                 }
             }
@@ -338,45 +331,69 @@ pub fn run(args: &ShimArgs) -> io::Result<()> {
 
 /// Reaps exited children; returns the container process's (exit code, signal) once it ended.
 fn reap(pid: i32, block: bool) -> io::Result<Option<(i32, Option<i32>)>> {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    let flags = (!block).then_some(WaitPidFlag::WNOHANG);
     loop {
-        let mut status = 0;
-        let flags = if block { 0 } else { libc::WNOHANG };
-        // SAFETY: waitpid with a status we own.
-        let reaped = unsafe { libc::waitpid(-1, &mut status, flags) };
-        if reaped == 0 {
-            return Ok(None);
-        }
-        if reaped < 0 {
-            let err = io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::ECHILD) {
-                // Not our child any more (cannot happen as subreaper); treat as gone.
-                return Ok(Some((255, None)));
+        match waitpid(None, flags) {
+            Ok(WaitStatus::StillAlive) => return Ok(None),
+            Ok(WaitStatus::Exited(reaped, code)) if reaped.as_raw() == pid => {
+                return Ok(Some((code, None)));
             }
-            if err.kind() == io::ErrorKind::Interrupted {
-                continue;
+            Ok(WaitStatus::Signaled(reaped, signal, _)) if reaped.as_raw() == pid => {
+                let signal = signal as i32;
+                return Ok(Some((128 + signal, Some(signal))));
             }
-            return Err(err);
+            // Another child (a re-parented orphan, a stop or continue): reaped, go on.
+            Ok(_) => {}
+            // Not our child any more (cannot happen as subreaper); treat as gone.
+            Err(nix::errno::Errno::ECHILD) => return Ok(Some((255, None))),
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(io::Error::from(e)),
         }
-        if reaped == pid {
-            return Ok(Some(if libc::WIFSIGNALED(status) {
-                let signal = libc::WTERMSIG(status);
-                (128 + signal, Some(signal))
-            } else {
-                (libc::WEXITSTATUS(status), None)
-            }));
-        }
+    }
+}
+
+/// Who a shim is: its pid and the kernel's start time of that pid (clock ticks since boot),
+/// so a pid reused by another process after the shim died is not taken for the shim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShimIdentity {
+    pub pid: i32,
+    pub start_ticks: u64,
+}
+
+/// Field 22 of `/proc/<pid>/stat`: when the process started, in clock ticks since boot.
+pub fn start_ticks(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: fields after the
+    // last ')' are plain.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+impl ShimIdentity {
+    fn of_self() -> io::Result<Self> {
+        let pid = std::process::id() as i32;
+        let start_ticks = start_ticks(pid).ok_or_else(|| {
+            io::Error::other("cannot read this process's start time from /proc/self/stat")
+        })?;
+        Ok(Self { pid, start_ticks })
+    }
+
+    /// Whether this very process still runs (not merely a process with its pid).
+    pub fn is_alive(&self) -> bool {
+        self.pid > 0 && start_ticks(self.pid) == Some(self.start_ticks)
     }
 }
 
 /// `shoal shim`'s entry: detaches (the agent's wait returns at once), then supervises.
 pub fn main(args: &ShimArgs) -> io::Result<()> {
     // SAFETY: called before any thread exists in this process (no async runtime is started
-    // for `shoal shim`), so the child is a complete copy.
-    match unsafe { libc::fork() } {
-        -1 => return Err(io::Error::last_os_error()),
-        0 => {}
-        // SAFETY: the parent leaves at once without running destructors the child shares.
-        _ => unsafe { libc::_exit(0) },
+    // for `shoal shim`), so the child is a complete copy and may run any code.
+    match unsafe { nix::unistd::fork() }.map_err(io::Error::from)? {
+        nix::unistd::ForkResult::Child => {}
+        // SAFETY: part of the fork: the parent leaves at once, without running destructors or
+        // exit handlers whose state the child shares (nix offers no _exit).
+        nix::unistd::ForkResult::Parent { .. } => unsafe { libc::_exit(0) },
     }
     if let Err(err) = run(args) {
         eprintln!("shoal shim {}: {err}", args.id);
@@ -386,4 +403,31 @@ pub fn main(args: &ShimArgs) -> io::Result<()> {
         return Err(err);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shim is its pid *and* that pid's start time: a pid the kernel gave to another process
+    /// after the shim died does not make a dead container look Running.
+    #[test]
+    fn a_reused_pid_is_not_the_shim() {
+        let me = ShimIdentity::of_self().unwrap();
+        assert!(me.is_alive());
+        let reused = ShimIdentity {
+            start_ticks: me.start_ticks + 1,
+            ..me
+        };
+        assert!(!reused.is_alive(), "another process with the shim's pid");
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        child.wait().unwrap();
+        let gone = ShimIdentity {
+            pid,
+            start_ticks: 0,
+        };
+        assert!(!gone.is_alive());
+        assert!(start_ticks(i32::MAX).is_none());
+    }
 }

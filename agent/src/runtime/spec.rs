@@ -61,7 +61,74 @@ pub struct ContainerRequest {
     /// `--allow-privileged` only).
     pub host_pid: bool,
     pub host_ipc: bool,
+    /// `securityContext.privileged` (nodes started with `--allow-privileged` only): every
+    /// capability, no seccomp filter, no masked or read-only /proc paths, a writable /sys,
+    /// the host's devices.
+    pub privileged: bool,
 }
+
+/// The capabilities of [`ALL_CAPABILITIES`] in this process's bounding set (what the node
+/// itself may hold, as Docker computes a privileged container's set).
+pub fn bounding_capabilities() -> Vec<String> {
+    let mask = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let hex = status.lines().find_map(|l| l.strip_prefix("CapBnd:"))?;
+            u64::from_str_radix(hex.trim(), 16).ok()
+        })
+        .unwrap_or(0);
+    ALL_CAPABILITIES
+        .iter()
+        .enumerate()
+        .filter(|(bit, _)| mask & (1 << bit) != 0)
+        .map(|(_, cap)| cap.to_string())
+        .collect()
+}
+
+/// Every capability the kernel defines, in the kernel's numbering (bit `i` is the `i`-th).
+pub const ALL_CAPABILITIES: [&str; 41] = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_LINUX_IMMUTABLE",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_NET_BROADCAST",
+    "CAP_NET_ADMIN",
+    "CAP_NET_RAW",
+    "CAP_IPC_LOCK",
+    "CAP_IPC_OWNER",
+    "CAP_SYS_MODULE",
+    "CAP_SYS_RAWIO",
+    "CAP_SYS_CHROOT",
+    "CAP_SYS_PTRACE",
+    "CAP_SYS_PACCT",
+    "CAP_SYS_ADMIN",
+    "CAP_SYS_BOOT",
+    "CAP_SYS_NICE",
+    "CAP_SYS_RESOURCE",
+    "CAP_SYS_TIME",
+    "CAP_SYS_TTY_CONFIG",
+    "CAP_MKNOD",
+    "CAP_LEASE",
+    "CAP_AUDIT_WRITE",
+    "CAP_AUDIT_CONTROL",
+    "CAP_SETFCAP",
+    "CAP_MAC_OVERRIDE",
+    "CAP_MAC_ADMIN",
+    "CAP_SYSLOG",
+    "CAP_WAKE_ALARM",
+    "CAP_BLOCK_SUSPEND",
+    "CAP_AUDIT_READ",
+    "CAP_PERFMON",
+    "CAP_BPF",
+    "CAP_CHECKPOINT_RESTORE",
+];
 
 /// Docker's and containerd's default capability set.
 pub const DEFAULT_CAPABILITIES: [&str; 14] = [
@@ -103,6 +170,11 @@ pub fn runtime_spec(request: &ContainerRequest) -> Value {
         json!({"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]}),
         json!({"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]}),
     ];
+    if request.privileged {
+        // The host's devices instead of a private /dev, and /sys writable.
+        mounts[1] = json!({"destination": "/dev", "type": "bind", "source": "/dev", "options": ["rbind", "rslave"]});
+        mounts[5] = json!({"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev"]});
+    }
     for mount in &request.mounts {
         let mut options = vec!["rbind", "rprivate"];
         if mount.readonly {
@@ -119,7 +191,7 @@ pub fn runtime_spec(request: &ContainerRequest) -> Value {
         }));
     }
     let mut resources = json!({
-        "devices": [{"allow": false, "access": "rwm"}],
+        "devices": [{"allow": request.privileged, "access": "rwm"}],
         "cpu": {"shares": request.limits.cpu_shares, "period": request.limits.cpu_period_us},
     });
     if let Some(quota) = request.limits.cpu_quota_us {
@@ -179,6 +251,10 @@ pub fn runtime_spec(request: &ContainerRequest) -> Value {
             ],
         },
     });
+    if request.privileged {
+        spec["linux"]["maskedPaths"] = json!([]);
+        spec["linux"]["readonlyPaths"] = json!([]);
+    }
     match &request.seccomp {
         Seccomp::RuntimeDefault => {
             spec["linux"]["seccomp"] = super::seccomp::runtime_default(caps);
@@ -227,6 +303,7 @@ mod tests {
             sysctls: [("net.ipv4.tcp_syncookies".to_owned(), "1".to_owned())].into(),
             host_pid: false,
             host_ipc: false,
+            privileged: false,
         }
     }
 

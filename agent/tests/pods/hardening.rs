@@ -327,23 +327,7 @@ async fn a_layer_cannot_reach_the_host_through_import_or_a_peer_pull() {
         ],
     );
     // Only n0 imports it: n1 gets it from n0 over QUIC.
-    let out = Command::new(crate::shoal_binary())
-        .args([
-            "image",
-            "import",
-            "--tag",
-            "shoal.local/evil:1",
-            "--data-dir",
-        ])
-        .arg(api.agents[0].data_dir())
-        .arg(&archive)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    super::import_image(&api, 0, &archive, Some("shoal.local/evil:1"));
     for node in ["n0", "n1"] {
         let file = api.manifest(
             &format!("evil-{node}.yaml"),
@@ -405,23 +389,7 @@ async fn containers_are_isolated_like_containerd_defaults() {
         ],
         &[],
     );
-    let out = Command::new(crate::shoal_binary())
-        .args([
-            "image",
-            "import",
-            "--tag",
-            "shoal.local/probe:1",
-            "--data-dir",
-        ])
-        .arg(api.agents[0].data_dir())
-        .arg(&archive)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    super::import_image(&api, 0, &archive, Some("shoal.local/probe:1"));
     let pod = |name: &str, seccomp: &str| {
         format!(
             r#"apiVersion: v1
@@ -555,16 +523,11 @@ fn walk_find(dir: &Path, name: &str) -> Option<std::path::PathBuf> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_paths_are_typed_read_only_when_asked_and_never_the_data_dir() {
     let api = ApiLab::start_with(1, |_| Vec::new()).await;
-    let out = Command::new(crate::shoal_binary())
-        .args(["image", "import", "--data-dir"])
-        .arg(api.agents[0].data_dir())
-        .arg(crate::runtime::test_images().join("busybox-1.oci.tar"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    super::import_image(
+        &api,
+        0,
+        &crate::runtime::test_images().join("busybox-1.oci.tar"),
+        None,
     );
     let host = tempfile::tempdir().unwrap();
     let varlog = host.path().join("varlog");
@@ -667,4 +630,73 @@ spec:
         assert!(message.contains(says), "{name}: {message}");
     }
     api.ok(0, &["delete", "pod", "logs", "--wait=true"]);
+}
+
+/// On a node started with `--allow-privileged`, what the default node refuses is supported
+/// for real: a privileged container mounts, an added CAP_SYS_ADMIN may unshare (its seccomp
+/// profile follows its capabilities), hostPID shows the node's processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_allows_privileged_pods_runs_them_for_real() {
+    let api = ApiLab::start_with(1, |_| vec!["--allow-privileged".into()]).await;
+    super::import_image(
+        &api,
+        0,
+        &crate::runtime::test_images().join("busybox-1.oci.tar"),
+        None,
+    );
+    let host_init = std::fs::read_to_string("/proc/1/comm").unwrap();
+    let pod = |name: &str, spec: &str, security: &str, script: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  nodeName: n0\n  restartPolicy: Never\n{spec}  containers:\n  - name: c\n    image: shoal.local/busybox:1\n    command: [sh, -c, {script:?}]\n    securityContext: {security}\n---\n"
+        )
+    };
+    let manifests = [
+        pod(
+            "privileged",
+            "",
+            "{privileged: true}",
+            "mkdir -p /mnt/t && mount -t tmpfs none /mnt/t && echo mounted; test -e /dev/kmsg && echo host-devices; sleep 30",
+        ),
+        pod(
+            "sys-admin",
+            "",
+            "{capabilities: {add: [SYS_ADMIN]}}",
+            "unshare -m true && echo unshared; sleep 30",
+        ),
+        pod(
+            "host-pid",
+            "  hostPID: true\n",
+            "{}",
+            "echo pid1=$(cat /proc/1/comm); sleep 30",
+        ),
+    ];
+    api.ok(
+        0,
+        &[
+            "apply",
+            "-f",
+            &api.manifest("privileged.yaml", &manifests.concat()),
+        ],
+    );
+    for (name, says) in [
+        ("privileged", "mounted".to_owned()),
+        ("privileged", "host-devices".to_owned()),
+        ("sys-admin", "unshared".to_owned()),
+        ("host-pid", format!("pid1={}", host_init.trim())),
+    ] {
+        let mut log = String::new();
+        shoal_agent::testkit::wait_until(&format!("{name} says {says}"), super::LIMIT, || {
+            let (_, out, _) = api.kubectl(0, &["logs", name]);
+            log = out.clone();
+            let found = out.contains(&says);
+            async move { found }
+        })
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}: {name} logged {log:?}; status {}",
+                super::pod_json(&api, 0, name)["status"]
+            )
+        });
+    }
 }

@@ -20,22 +20,33 @@ const LIMIT: Duration = Duration::from_secs(60);
 /// A 3-agent cluster with the test images on every node and a 1 s restart back-off.
 async fn lab() -> ApiLab {
     let api = ApiLab::start_with(3, |_| vec!["--restart-backoff".into(), "1s".into()]).await;
-    for agent in &api.agents {
+    for agent in 0..api.agents.len() {
         for image in ["busybox-1.oci.tar", "httpd-1.oci.tar"] {
-            let out = Command::new(crate::shoal_binary())
-                .args(["image", "import", "--data-dir"])
-                .arg(agent.data_dir())
-                .arg(crate::runtime::test_images().join(image))
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
+            import_image(
+                &api,
+                agent,
+                &crate::runtime::test_images().join(image),
+                None,
             );
         }
     }
     api
+}
+
+/// `shoal image import` of `archive` on agent `agent`'s node (tagged `tag` if given).
+fn import_image(api: &ApiLab, agent: usize, archive: &std::path::Path, tag: Option<&str>) {
+    let mut command = Command::new(crate::shoal_binary());
+    command.args(["image", "import", "--data-dir"]);
+    command.arg(api.agents[agent].data_dir()).arg(archive);
+    if let Some(tag) = tag {
+        command.args(["--tag", tag]);
+    }
+    let out = command.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn pod_json(api: &ApiLab, agent: usize, name: &str) -> Value {
@@ -549,16 +560,11 @@ spec:
 async fn a_node_without_the_image_pulls_it_from_a_peer() {
     let api = ApiLab::start_with(3, |_| vec!["--restart-backoff".into(), "1s".into()]).await;
     // Only n0 holds the image.
-    let out = Command::new(crate::shoal_binary())
-        .args(["image", "import", "--data-dir"])
-        .arg(api.agents[0].data_dir())
-        .arg(crate::runtime::test_images().join("httpd-1.oci.tar"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    import_image(
+        &api,
+        0,
+        &crate::runtime::test_images().join("httpd-1.oci.tar"),
+        None,
     );
     let file = api.manifest(
         "pulled.yaml",

@@ -105,6 +105,7 @@ impl Node {
             sysctls: Default::default(),
             host_pid: false,
             host_ipc: false,
+            privileged: false,
         };
         self.runtime.start_container(uid, &meta, &request).unwrap();
     }

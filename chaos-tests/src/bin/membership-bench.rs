@@ -12,6 +12,8 @@
 //!
 //! Usage: cargo run --release -p shoal-chaos --bin membership-bench -- --sizes 10,30 --runs 5
 
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -245,8 +247,8 @@ struct SerfAgent {
 impl Drop for SerfAgent {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            // SAFETY: continue our own child so that SIGKILL takes effect; no memory involved.
-            unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGCONT) };
+            // Continued, so that SIGKILL takes effect.
+            let _ = kill(Pid::from_raw(c.id() as i32), Signal::SIGCONT);
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -433,13 +435,12 @@ async fn serf_run(binary: &Path, n: usize) -> anyhow::Result<Run> {
     let join = serf_seen_by_all(&agents, "member-join", "new", t0).await?;
     let new = agents.pop().unwrap();
 
-    let pid = new.child.as_ref().unwrap().id() as libc::pid_t;
+    let pid = Pid::from_raw(new.child.as_ref().unwrap().id() as i32);
     let t1 = now_unix();
-    // SAFETY: signals to our own child process.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    kill(pid, Signal::SIGSTOP)?;
     let stop = serf_seen_by_all(&agents, "member-failed", "new", t1).await?;
     let t2 = now_unix();
-    unsafe { libc::kill(pid, libc::SIGCONT) };
+    kill(pid, Signal::SIGCONT)?;
     serf_seen_by_all(&agents, "member-join", "new", t2).await?;
     let mut new = new;
     let t3 = now_unix();

@@ -99,6 +99,7 @@ fn request(
         sysctls: Default::default(),
         host_pid: false,
         host_ipc: false,
+        privileged: false,
     }
 }
 
