@@ -321,7 +321,7 @@ impl PodWorker {
                     });
                 }
                 let due = match stopping.kill_at_ms {
-                    None => now_ms >= stopping.term_at_ms + grace,
+                    None => now_ms >= stopping.term_at_ms.saturating_add(grace),
                     // Repeat the kill now and then in case it raced with the start.
                     Some(at) => now_ms >= at + 2_000,
                 };
@@ -498,7 +498,10 @@ impl PodWorker {
             None => {
                 if let Some(error) = self.start_errors.get(&name)
                     && error.failures > 0
-                    && now_ms < error.at_ms + self.backoff_ms(error.failures - 1)
+                    && now_ms
+                        < error
+                            .at_ms
+                            .saturating_add(self.backoff_ms(error.failures - 1))
                 {
                     view.waiting = Some((error.reason.clone(), error.message.clone()));
                     return;
@@ -554,8 +557,10 @@ impl PodWorker {
                         return;
                     }
                     let due_from = match state.last_run_ms {
-                        Some(last) => last + probe.period_ms,
-                        None => started.started_unix_ms + probe.initial_delay_ms,
+                        Some(last) => last.saturating_add(probe.period_ms),
+                        None => started
+                            .started_unix_ms
+                            .saturating_add(probe.initial_delay_ms),
                     };
                     if !state.in_flight && now_ms >= due_from {
                         state.in_flight = true;
@@ -592,7 +597,9 @@ impl PodWorker {
                     view.done = true;
                     return;
                 }
-                let due = exited.finished_unix_ms + self.backoff_ms(c.meta.attempt);
+                let due = exited
+                    .finished_unix_ms
+                    .saturating_add(self.backoff_ms(c.meta.attempt));
                 if now_ms >= due {
                     view.waiting = Some(("ContainerCreating".into(), String::new()));
                     actions.push(Action::Start {
