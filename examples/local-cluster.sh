@@ -101,6 +101,10 @@ if command -v kubectl >/dev/null; then
     echo "its client container's log, read through node-2:"
     for _ in $(seq 1 50); do [ -n "$(k logs hello -c client)" ] && break; sleep 0.1; done
     k logs hello -c client | head -n 3
+    echo
+    echo "waiting for deployment web (3 replicas, made by the workload controllers):"
+    k rollout status deployment/web --timeout=120s
+    k get deploy,rs,pods -l app=web -o wide
   fi
 fi
 if [ "$mode" = "--check" ]; then

@@ -278,6 +278,14 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             .clone()
             .follow(membership.clone(), std::time::Duration::from_millis(100)),
     );
+    crate::controllers::Controllers::new(
+        node.numeric_id(),
+        replication.clone(),
+        membership.clone(),
+        pod_statuses.clone(),
+        crate::controllers::ControllerConfig::default(),
+    )
+    .start();
     let images = if config.no_runtime {
         None
     } else {

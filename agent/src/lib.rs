@@ -11,6 +11,7 @@ pub mod beneath;
 pub mod client;
 pub mod config;
 pub mod control;
+pub mod controllers;
 pub mod host;
 pub mod images;
 pub mod kubelet;

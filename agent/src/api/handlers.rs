@@ -130,14 +130,20 @@ pub async fn list_objects(
     namespace: Option<&str>,
 ) -> (Vec<Value>, u64) {
     match resource.source {
-        Source::Stored(info) => state.replication.read(|s| {
-            let items = s
-                .list(info.group, info.kind, namespace)
+        Source::Stored(info) => {
+            let (items, rv) = state.replication.read(|s| {
+                (
+                    s.list(info.group, info.kind, namespace),
+                    s.resource_version(),
+                )
+            });
+            // Statuses outside the store's lock: a workload's status reads the store again.
+            let items = items
                 .into_iter()
                 .map(|o| observed::with_status(state, info.kind, o))
                 .collect();
-            (items, s.resource_version())
-        }),
+            (items, rv)
+        }
         Source::Nodes => {
             let now = now_rfc3339();
             let members = state.membership.members().await;
@@ -930,16 +936,30 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
     // Pods also change when their node reports a new status (observed state, not a store
     // write): those come as MODIFIED events at the pod's current resourceVersion.
     let statuses = (info.kind == "Pod").then(|| state.pod_statuses.subscribe());
+    // Deployments and ReplicaSets count their pods at read time: their status changes without
+    // a store write, so a watch looks again every few hundred milliseconds and sends MODIFIED
+    // for each watched object whose status changed (what `kubectl rollout status` waits on).
+    let workloads = matches!(info.kind, "Deployment" | "ReplicaSet").then(WorkloadWatch::new);
     let live = futures_util::stream::unfold(
-        (changes, last_rv, false, statuses),
-        move |(mut rx, mut last, done, mut statuses)| {
+        (changes, last_rv, false, statuses, workloads),
+        move |(mut rx, mut last, done, mut statuses, mut workloads)| {
             let matches = matches.clone();
             let api = api.clone();
+            let namespace = namespace.clone();
             async move {
                 if done {
                     return None;
                 }
                 loop {
+                    if let Some(line) = workloads.as_mut().and_then(|w| w.pending.pop_front()) {
+                        return Some((Ok(line), (rx, last, false, statuses, workloads)));
+                    }
+                    let workload_tick = async {
+                        match workloads.as_mut() {
+                            Some(w) => w.ticker.tick().await,
+                            None => std::future::pending().await,
+                        }
+                    };
                     let status_change = async {
                         match statuses.as_mut() {
                             Some(s) => s.recv().await,
@@ -948,6 +968,28 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
                     };
                     let next = tokio::select! {
                         change = rx.recv() => Some(change),
+                        _ = workload_tick => {
+                            let w = workloads.as_mut().expect("ticks only with a workload watch");
+                            let objects = api
+                                .replication
+                                .read(|s| s.list(info.group, info.kind, namespace.as_deref()));
+                            for o in objects {
+                                let key = ObjectKey::new(
+                                    info,
+                                    o["metadata"]["namespace"].as_str().unwrap_or(""),
+                                    o["metadata"]["name"].as_str().unwrap_or(""),
+                                );
+                                if !matches(&key, &o) {
+                                    continue;
+                                }
+                                let object = observed::with_status(&api, kind, o);
+                                if let Some(line) = w.changed(object, table_kind) {
+                                    w.pending.push_back(line);
+                                }
+                            }
+                            w.seeded = true;
+                            None
+                        }
                         status = status_change => {
                             if let Ok(c) = status {
                                 let key = ObjectKey::new(info, &c.namespace, &c.name);
@@ -958,7 +1000,7 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
                                         observed::with_status(&api, kind, pod),
                                         table_kind,
                                     );
-                                    return Some((Ok(line), (rx, last, false, statuses)));
+                                    return Some((Ok(line), (rx, last, false, statuses, workloads)));
                                 }
                             }
                             None
@@ -974,11 +1016,14 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
                                 continue;
                             }
                             last = change.resource_version;
+                            let line = change_line(&api, &change, kind, table_kind);
+                            if let Some(w) = workloads.as_mut() {
+                                // What this event says is what the watcher now knows.
+                                w.remember(&change.object, &api, kind);
+                            }
                             return Some((
-                                Ok::<_, std::io::Error>(change_line(
-                                    &api, &change, kind, table_kind,
-                                )),
-                                (rx, last, false, statuses),
+                                Ok::<_, std::io::Error>(line),
+                                (rx, last, false, statuses, workloads),
                             ));
                         }
                         Err(RecvError::Lagged(_)) => {
@@ -990,7 +1035,7 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
                             .to_status();
                             return Some((
                                 Ok(event_line("ERROR", gone, None)),
-                                (rx, last, true, statuses),
+                                (rx, last, true, statuses, workloads),
                             ));
                         }
                         Err(RecvError::Closed) => return None,
@@ -1009,6 +1054,44 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
         Body::from_stream(stream),
     )
         .into_response())
+}
+
+/// The statuses a workload watch last sent, and the MODIFIED events it owes.
+struct WorkloadWatch {
+    ticker: tokio::time::Interval,
+    sent: HashMap<String, Value>,
+    pending: std::collections::VecDeque<Bytes>,
+    /// The first look only learns what the initial events said.
+    seeded: bool,
+}
+
+impl WorkloadWatch {
+    fn new() -> Self {
+        let mut ticker = tokio::time::interval(Duration::from_millis(250));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self {
+            ticker,
+            sent: HashMap::new(),
+            pending: std::collections::VecDeque::new(),
+            seeded: false,
+        }
+    }
+
+    /// A MODIFIED line if `object`'s status differs from what was last sent for it.
+    fn changed(&mut self, object: Value, table_kind: Option<&str>) -> Option<Bytes> {
+        let uid = object["metadata"]["uid"].as_str()?.to_owned();
+        let status = object["status"].clone();
+        let before = self.sent.insert(uid, status.clone());
+        (self.seeded && before.as_ref() != Some(&status))
+            .then(|| event_line("MODIFIED", object, table_kind))
+    }
+
+    fn remember(&mut self, stored: &Value, state: &ApiState, kind: &str) {
+        let object = observed::with_status(state, kind, stored.clone());
+        if let Some(uid) = object["metadata"]["uid"].as_str() {
+            self.sent.insert(uid.to_owned(), object["status"].clone());
+        }
+    }
 }
 
 fn change_line(state: &ApiState, change: &Change, kind: &str, table_kind: Option<&str>) -> Bytes {

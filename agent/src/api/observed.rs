@@ -1,8 +1,8 @@
 //! Status joined from observed state at read time (DESIGN.md §3): the store holds what users
 //! want; what is true now comes from the agents. PodScheduled comes from the binding or the
 //! auctioneer's verdict; everything else about a pod from the status its node gossips
-//! ([`crate::kubelet::status`]). Workload controllers do not run yet, so workloads report no
-//! ready replicas.
+//! ([`crate::kubelet::status`]); Deployments and ReplicaSets count the pods of their
+//! ReplicaSets as the pods' nodes report them ([`crate::controllers`]).
 
 use serde_json::{Value, json};
 use shoal_gossip::{Member, MemberState};
@@ -42,18 +42,47 @@ fn pod_status(state: &ApiState, pod: &Value) -> Value {
     }
 }
 
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The ReplicaSets and pods (with their observed statuses) of a workload's namespace.
+fn workload_world(
+    state: &ApiState,
+    object: &Value,
+) -> (Vec<Value>, Vec<crate::controllers::workload::PodView>) {
+    let namespace = object["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or("default");
+    let (sets, pods) = state.replication.read(|s| {
+        (
+            s.list("apps", "ReplicaSet", Some(namespace)),
+            s.list("", "Pod", Some(namespace)),
+        )
+    });
+    let views = pods
+        .iter()
+        .map(|p| {
+            crate::controllers::workload::PodView::new(p, state.pod_statuses.status_of(p).as_ref())
+        })
+        .collect();
+    (sets, views)
+}
+
 /// Adds the observed `status` to a stored object.
 pub fn with_status(state: &ApiState, kind: &str, mut object: Value) -> Value {
     let generation = object["metadata"]["generation"].clone();
     let status = match kind {
         "Pod" => pod_status(state, &object),
-        "Deployment" => json!({
-            "observedGeneration": generation,
-            "replicas": 0, "updatedReplicas": 0, "readyReplicas": 0, "availableReplicas": 0,
-            "unavailableReplicas": object["spec"]["replicas"].clone(),
-        }),
+        "Deployment" => {
+            let (sets, pods) = workload_world(state, &object);
+            crate::controllers::deployment::status(&object, &sets, &pods, now_ms())
+        }
         "ReplicaSet" => {
-            json!({"observedGeneration": generation, "replicas": 0, "readyReplicas": 0, "availableReplicas": 0, "fullyLabeledReplicas": 0})
+            let (_, pods) = workload_world(state, &object);
+            crate::controllers::replica_set::status(&object, &pods)
         }
         "DaemonSet" => {
             json!({"observedGeneration": generation, "currentNumberScheduled": 0, "desiredNumberScheduled": 0, "numberMisscheduled": 0, "numberReady": 0})

@@ -182,6 +182,11 @@ fn string_map(v: &Value) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// A Kubernetes label selector (`matchLabels`, `matchExpressions`) as a [`Term`].
+pub fn label_selector(v: &Value) -> Result<Term, String> {
+    parse_term(v)
+}
+
 fn parse_term(v: &Value) -> Result<Term, String> {
     let mut reqs = Vec::new();
     for (k, val) in v["matchLabels"].as_object().into_iter().flatten() {

@@ -14,6 +14,7 @@ use shoal_agent::testkit::wait_until;
 use crate::api::ApiLab;
 
 mod hardening;
+mod workloads;
 
 const LIMIT: Duration = Duration::from_secs(60);
 

@@ -1,0 +1,525 @@
+//! The Deployment controller (pure): one ReplicaSet per pod template (named and labelled by
+//! the template's hash), rolled from old to new with RollingUpdate (maxSurge /
+//! maxUnavailable, absolute or percent, Kubernetes' defaults 25% / 25%) or Recreate, with
+//! revisions (`deployment.kubernetes.io/revision`), `revisionHistoryLimit` and pause. Status
+//! is computed at read time from the ReplicaSets and the pods their nodes report.
+
+use serde_json::{Value, json};
+
+use super::replica_set;
+use super::workload::{Action, PodView, controller_of, controller_ref, replicas, template_hash};
+
+pub const REVISION: &str = "deployment.kubernetes.io/revision";
+const HASH_LABEL: &str = "pod-template-hash";
+
+/// An intOrString like `25%` or `1` of `total`: percentages round up for surge, down for
+/// unavailability (as Kubernetes does).
+fn scaled(value: &Value, total: u64, round_up: bool, default_percent: u64) -> u64 {
+    let percent = |p: u64| {
+        let x = total.saturating_mul(p);
+        if round_up { x.div_ceil(100) } else { x / 100 }
+    };
+    match value {
+        Value::Number(n) => n.as_u64().unwrap_or(0),
+        Value::String(s) => match s.strip_suffix('%').and_then(|p| p.parse::<u64>().ok()) {
+            Some(p) => percent(p),
+            None => s.parse().unwrap_or(0),
+        },
+        _ => percent(default_percent),
+    }
+}
+
+/// (maxSurge, maxUnavailable) for `replicas`; both 0 would never progress, so
+/// maxUnavailable is then 1.
+pub fn surge_and_unavailable(deployment: &Value, replicas: u64) -> (u64, u64) {
+    let rolling = &deployment["spec"]["strategy"]["rollingUpdate"];
+    let surge = scaled(&rolling["maxSurge"], replicas, true, 25);
+    let unavailable = scaled(&rolling["maxUnavailable"], replicas, false, 25);
+    if surge == 0 && unavailable == 0 {
+        (0, 1)
+    } else {
+        (surge, unavailable.min(replicas))
+    }
+}
+
+fn revision(rs: &Value) -> u64 {
+    rs["metadata"]["annotations"][REVISION]
+        .as_str()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The ReplicaSets `deployment` controls, oldest revision first.
+pub fn owned_sets<'a>(deployment: &Value, sets: &'a [Value]) -> Vec<&'a Value> {
+    let uid = deployment["metadata"]["uid"].as_str();
+    let mut owned: Vec<&Value> = sets
+        .iter()
+        .filter(|rs| controller_of(rs).as_deref() == uid && uid.is_some())
+        .collect();
+    owned.sort_by_key(|rs| (revision(rs), rs["metadata"]["name"].as_str().unwrap_or("")));
+    owned
+}
+
+fn is_current(rs: &Value, hash: &str) -> bool {
+    rs["metadata"]["labels"][HASH_LABEL] == hash
+}
+
+/// Active pods of `rs`, and how many of them are ready.
+fn pod_counts(rs: &Value, pods: &[PodView]) -> (u64, u64) {
+    let owned: Vec<&PodView> = replica_set::owned(rs, pods)
+        .into_iter()
+        .filter(|p| p.is_active())
+        .collect();
+    (
+        owned.len() as u64,
+        owned.iter().filter(|p| p.ready).count() as u64,
+    )
+}
+
+/// The ReplicaSet of the deployment's current template, as it would be created.
+pub fn new_replica_set(deployment: &Value, hash: &str, revision: u64, replicas: u64) -> Value {
+    let name = deployment["metadata"]["name"].as_str().unwrap_or_default();
+    let mut template = deployment["spec"]["template"].clone();
+    template["metadata"]["labels"][HASH_LABEL] = json!(hash);
+    let mut selector = deployment["spec"]["selector"].clone();
+    selector["matchLabels"][HASH_LABEL] = json!(hash);
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {
+            "name": format!("{name}-{hash}"),
+            "namespace": deployment["metadata"]["namespace"],
+            "labels": template["metadata"]["labels"],
+            "annotations": {REVISION: revision.to_string()},
+            "ownerReferences": [controller_ref(deployment)],
+        },
+        "spec": {"replicas": replicas, "selector": selector, "template": template},
+    })
+}
+
+fn with_replicas(rs: &Value, n: u64) -> Action {
+    let mut rs = rs.clone();
+    rs["spec"]["replicas"] = json!(n);
+    Action::Update(rs)
+}
+
+/// What `deployment` needs done, given the ReplicaSets and pods of its namespace.
+pub fn reconcile(deployment: &Value, sets: &[Value], pods: &[PodView]) -> Vec<Action> {
+    let mut actions = Vec::new();
+    if !deployment["metadata"]["deletionTimestamp"].is_null() {
+        return actions;
+    }
+    let want = replicas(deployment);
+    let hash = template_hash(&deployment["spec"]["template"]);
+    let owned = owned_sets(deployment, sets);
+    let max_revision = owned.iter().map(|rs| revision(rs)).max().unwrap_or(0);
+    let current = owned.iter().copied().find(|rs| is_current(rs, &hash));
+    let olds: Vec<&Value> = owned
+        .iter()
+        .copied()
+        .filter(|rs| !is_current(rs, &hash))
+        .collect();
+    let paused = deployment["spec"]["paused"] == true;
+    let Some(current) = current else {
+        if paused {
+            return actions;
+        }
+        // A new template: its ReplicaSet, at the newest revision, sized by the strategy.
+        let old_total: u64 = olds.iter().map(|rs| replicas(rs)).sum();
+        let start = if recreate(deployment) || old_total == 0 {
+            if old_total == 0 { want } else { 0 }
+        } else {
+            let (surge, _) = surge_and_unavailable(deployment, want);
+            want.saturating_add(surge)
+                .saturating_sub(old_total)
+                .min(want)
+        };
+        actions.push(Action::Create(new_replica_set(
+            deployment,
+            &hash,
+            max_revision + 1,
+            start,
+        )));
+        return actions;
+    };
+    // Rolled back to an older template: its ReplicaSet becomes the newest revision.
+    if revision(current) < max_revision {
+        let mut rs = current.clone();
+        rs["metadata"]["annotations"][REVISION] = json!((max_revision + 1).to_string());
+        actions.push(Action::Update(rs));
+        return actions;
+    }
+    if paused {
+        return actions;
+    }
+    let current_replicas = replicas(current);
+    let old_active: Vec<&Value> = olds.iter().copied().filter(|rs| replicas(rs) > 0).collect();
+    if recreate(deployment) {
+        if !old_active.is_empty() {
+            actions.extend(old_active.iter().map(|rs| with_replicas(rs, 0)));
+        } else if olds.iter().all(|rs| pod_counts(rs, pods).0 == 0) && current_replicas != want {
+            // Every old pod is gone: now the new ones.
+            actions.push(with_replicas(current, want));
+        }
+    } else if old_active.is_empty() {
+        if current_replicas != want {
+            actions.push(with_replicas(current, want));
+        }
+    } else {
+        let (surge, unavailable) = surge_and_unavailable(deployment, want);
+        let total: u64 = owned.iter().map(|rs| replicas(rs)).sum();
+        // Up: the new set grows into the surge room.
+        let room = want.saturating_add(surge).saturating_sub(total);
+        let grown = current_replicas.saturating_add(room).min(want);
+        if grown != current_replicas {
+            actions.push(with_replicas(current, grown));
+        }
+        // Down: old sets shrink as far as availability allows (ready pods of all sets must
+        // stay at or above want − maxUnavailable), oldest first.
+        let ready: u64 = owned.iter().map(|rs| pod_counts(rs, pods).1).sum();
+        let min_available = want.saturating_sub(unavailable);
+        let (current_pods, current_ready) = pod_counts(current, pods);
+        let new_unavailable = current_replicas
+            .max(current_pods)
+            .saturating_sub(current_ready);
+        let mut can_remove = total
+            .saturating_sub(min_available)
+            .saturating_sub(new_unavailable)
+            .min(
+                ready.saturating_sub(min_available).saturating_add(
+                    // Old pods that are not ready cost no availability.
+                    old_active
+                        .iter()
+                        .map(|rs| {
+                            let (n, r) = pod_counts(rs, pods);
+                            n.saturating_sub(r)
+                        })
+                        .sum::<u64>(),
+                ),
+            );
+        for rs in &old_active {
+            if can_remove == 0 {
+                break;
+            }
+            let n = replicas(rs);
+            let cut = n.min(can_remove);
+            can_remove -= cut;
+            actions.push(with_replicas(rs, n - cut));
+        }
+    }
+    // History: old, empty sets beyond revisionHistoryLimit go, oldest first.
+    let limit = deployment["spec"]["revisionHistoryLimit"]
+        .as_u64()
+        .unwrap_or(10) as usize;
+    let empty: Vec<&Value> = olds
+        .iter()
+        .copied()
+        .filter(|rs| replicas(rs) == 0 && pod_counts(rs, pods).0 == 0)
+        .collect();
+    for rs in empty.iter().take(empty.len().saturating_sub(limit)) {
+        actions.push(Action::Delete {
+            kind: "ReplicaSet",
+            namespace: rs["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default")
+                .to_owned(),
+            name: rs["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            uid: rs["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        });
+    }
+    actions
+}
+
+fn recreate(deployment: &Value) -> bool {
+    deployment["spec"]["strategy"]["type"] == "Recreate"
+}
+
+/// The observed status of `deployment` (kubectl rollout status reads it): counts from its
+/// ReplicaSets' pods as their nodes report them, `observedGeneration` once the current
+/// template's ReplicaSet exists at the newest revision, and the Available and Progressing
+/// conditions (ProgressDeadlineExceeded once the newest ReplicaSet is older than
+/// `progressDeadlineSeconds` without having completed).
+pub fn status(deployment: &Value, sets: &[Value], pods: &[PodView], now_ms: u64) -> Value {
+    let want = replicas(deployment);
+    let hash = template_hash(&deployment["spec"]["template"]);
+    let owned = owned_sets(deployment, sets);
+    let max_revision = owned.iter().map(|rs| revision(rs)).max().unwrap_or(0);
+    let current = owned
+        .iter()
+        .copied()
+        .find(|rs| is_current(rs, &hash) && revision(rs) == max_revision);
+    let (mut total, mut ready) = (0, 0);
+    for rs in &owned {
+        let (n, r) = pod_counts(rs, pods);
+        total += n;
+        ready += r;
+    }
+    let (updated, updated_ready) = current.map_or((0, 0), |rs| pod_counts(rs, pods));
+    let generation = deployment["metadata"]["generation"].as_u64().unwrap_or(1);
+    let observed = if current.is_some() || deployment["spec"]["paused"] == true {
+        generation
+    } else {
+        generation.saturating_sub(1)
+    };
+    let (_, unavailable) = surge_and_unavailable(deployment, want);
+    let available = ready >= want.saturating_sub(unavailable);
+    let complete = current.is_some() && updated == want && updated_ready == want && total == want;
+    let since = |rs: Option<&Value>| {
+        rs.and_then(|rs| {
+            rs["metadata"]["creationTimestamp"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .or_else(|| {
+            deployment["metadata"]["creationTimestamp"]
+                .as_str()
+                .map(str::to_owned)
+        })
+    };
+    let deadline_ms = deployment["spec"]["progressDeadlineSeconds"]
+        .as_u64()
+        .unwrap_or(600)
+        .saturating_mul(1000);
+    let started_ms = current.map_or(0, super::workload::created_ms);
+    let progressing = if deployment["spec"]["paused"] == true {
+        json!({"type": "Progressing", "status": "Unknown", "reason": "DeploymentPaused", "message": "Deployment is paused"})
+    } else if complete {
+        json!({"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable",
+            "message": format!("ReplicaSet \"{}\" has successfully progressed.", current.map_or("", |rs| rs["metadata"]["name"].as_str().unwrap_or("")))})
+    } else if current.is_some() && started_ms > 0 && now_ms > started_ms.saturating_add(deadline_ms)
+    {
+        json!({"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+            "message": format!("ReplicaSet \"{}\" has timed out progressing.", current.map_or("", |rs| rs["metadata"]["name"].as_str().unwrap_or("")))})
+    } else {
+        json!({"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated",
+            "message": format!("ReplicaSet \"{}\" is progressing.", current.map_or("", |rs| rs["metadata"]["name"].as_str().unwrap_or("")))})
+    };
+    let mut progressing = progressing;
+    progressing["lastUpdateTime"] = json!(since(current));
+    progressing["lastTransitionTime"] = json!(since(current));
+    let available_condition = if available {
+        json!({"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable", "message": "Deployment has minimum availability."})
+    } else {
+        json!({"type": "Available", "status": "False", "reason": "MinimumReplicasUnavailable", "message": "Deployment does not have minimum availability."})
+    };
+    let mut available_condition = available_condition;
+    available_condition["lastUpdateTime"] = json!(since(current));
+    available_condition["lastTransitionTime"] = json!(since(current));
+    json!({
+        "observedGeneration": observed,
+        "replicas": total,
+        "updatedReplicas": updated,
+        "readyReplicas": ready,
+        "availableReplicas": ready,
+        "unavailableReplicas": want.saturating_sub(ready),
+        "conditions": [available_condition, progressing],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deployment(replicas: u64, image: &str, strategy: Value) -> Value {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "default", "uid": "d1", "generation": 1},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "web"}}, "strategy": strategy,
+                "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": image}]}}}})
+    }
+
+    /// A stored ReplicaSet from a Create action, with a uid.
+    fn stored(action: &Action, uid: &str) -> Value {
+        let Action::Create(rs) = action else {
+            panic!("{action:?}")
+        };
+        let mut rs = rs.clone();
+        rs["metadata"]["uid"] = json!(uid);
+        rs
+    }
+
+    fn ready_pods(rs: &Value, n: usize, ready: bool) -> Vec<PodView> {
+        (0..n)
+            .map(|i| {
+                let object = json!({"metadata": {"name": format!("{}-{i}", rs["metadata"]["name"].as_str().unwrap()),
+                    "namespace": "default", "uid": format!("{}-{i}", rs["metadata"]["uid"].as_str().unwrap()),
+                    "labels": rs["spec"]["template"]["metadata"]["labels"],
+                    "ownerReferences": [{"uid": rs["metadata"]["uid"], "controller": true}]},
+                    "spec": {"nodeName": "n1"}});
+                let status = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}]});
+                PodView::new(&object, Some(&status))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn surge_and_unavailable_arithmetic() {
+        let d = |s: Value, u: Value| {
+            deployment(
+                10,
+                "a",
+                json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": s, "maxUnavailable": u}}),
+            )
+        };
+        assert_eq!(
+            surge_and_unavailable(&d(json!("25%"), json!("25%")), 10),
+            (3, 2)
+        );
+        assert_eq!(surge_and_unavailable(&d(json!(1), json!(0)), 10), (1, 0));
+        assert_eq!(surge_and_unavailable(&d(json!(0), json!(0)), 10), (0, 1));
+        assert_eq!(
+            surge_and_unavailable(&d(json!("0%"), json!("100%")), 10),
+            (0, 10)
+        );
+        assert_eq!(
+            surge_and_unavailable(&deployment(3, "a", Value::Null), 3),
+            (1, 0)
+        );
+    }
+
+    #[test]
+    fn a_first_rollout_creates_the_replica_set_at_full_size() {
+        let d = deployment(3, "a", Value::Null);
+        let actions = reconcile(&d, &[], &[]);
+        let rs = stored(&actions[0], "rs-a");
+        assert_eq!(rs["spec"]["replicas"], 3);
+        assert_eq!(rs["metadata"]["annotations"][REVISION], "1");
+        let hash = template_hash(&d["spec"]["template"]);
+        assert_eq!(rs["metadata"]["name"], format!("web-{hash}"));
+        assert_eq!(
+            rs["spec"]["selector"]["matchLabels"]["pod-template-hash"],
+            hash
+        );
+        assert_eq!(
+            rs["spec"]["template"]["metadata"]["labels"]["pod-template-hash"],
+            hash
+        );
+        // Nothing more to do once it exists at the right size.
+        assert!(reconcile(&d, std::slice::from_ref(&rs), &ready_pods(&rs, 3, true)).is_empty());
+        let s = status(&d, std::slice::from_ref(&rs), &ready_pods(&rs, 3, true), 0);
+        assert_eq!(s["updatedReplicas"], 3);
+        assert_eq!(s["conditions"][1]["reason"], "NewReplicaSetAvailable");
+        assert_eq!(s["observedGeneration"], 1);
+    }
+
+    /// A rolling update with maxUnavailable 0 never drops the ready count below replicas.
+    #[test]
+    fn a_rolling_update_keeps_availability() {
+        let strategy =
+            json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}});
+        let old = stored(
+            &reconcile(&deployment(3, "a", strategy.clone()), &[], &[])[0],
+            "rs-a",
+        );
+        let d = deployment(3, "b", strategy);
+        let new = stored(
+            &reconcile(&d, std::slice::from_ref(&old), &ready_pods(&old, 3, true))[0],
+            "rs-b",
+        );
+        assert_eq!(new["spec"]["replicas"], 1, "surge of one");
+        assert_eq!(new["metadata"]["annotations"][REVISION], "2");
+        // The new pod is not ready yet: no old pod may go.
+        let pods: Vec<PodView> = ready_pods(&old, 3, true)
+            .into_iter()
+            .chain(ready_pods(&new, 1, false))
+            .collect();
+        let actions = reconcile(&d, &[old.clone(), new.clone()], &pods);
+        assert!(
+            actions
+                .iter()
+                .all(|a| !matches!(a, Action::Update(rs) if rs["metadata"]["uid"] == "rs-a")),
+            "{actions:?}"
+        );
+        // Once it is ready, one old replica goes.
+        let pods: Vec<PodView> = ready_pods(&old, 3, true)
+            .into_iter()
+            .chain(ready_pods(&new, 1, true))
+            .collect();
+        let actions = reconcile(&d, &[old.clone(), new.clone()], &pods);
+        let scaled_old = actions.iter().find_map(|a| match a {
+            Action::Update(rs) if rs["metadata"]["uid"] == "rs-a" => {
+                rs["spec"]["replicas"].as_u64()
+            }
+            _ => None,
+        });
+        assert_eq!(scaled_old, Some(2));
+        let s = status(&d, &[old.clone(), new.clone()], &pods, 0);
+        assert_eq!(
+            (s["replicas"].as_u64(), s["updatedReplicas"].as_u64()),
+            (Some(4), Some(1))
+        );
+        assert_eq!(s["conditions"][1]["reason"], "ReplicaSetUpdated");
+    }
+
+    #[test]
+    fn recreate_stops_the_old_pods_first() {
+        let strategy = json!({"type": "Recreate"});
+        let old = stored(
+            &reconcile(&deployment(2, "a", strategy.clone()), &[], &[])[0],
+            "rs-a",
+        );
+        let d = deployment(2, "b", strategy);
+        let new = stored(
+            &reconcile(&d, std::slice::from_ref(&old), &ready_pods(&old, 2, true))[0],
+            "rs-b",
+        );
+        assert_eq!(new["spec"]["replicas"], 0);
+        let actions = reconcile(&d, &[old.clone(), new.clone()], &ready_pods(&old, 2, true));
+        assert!(
+            matches!(&actions[0], Action::Update(rs) if rs["metadata"]["uid"] == "rs-a" && rs["spec"]["replicas"] == 0)
+        );
+        let mut old_scaled = old.clone();
+        old_scaled["spec"]["replicas"] = json!(0);
+        // Old pods still running: the new set waits.
+        let actions = reconcile(
+            &d,
+            &[old_scaled.clone(), new.clone()],
+            &ready_pods(&old, 2, true),
+        );
+        assert!(actions.is_empty(), "{actions:?}");
+        let actions = reconcile(&d, &[old_scaled, new], &[]);
+        assert!(
+            matches!(&actions[0], Action::Update(rs) if rs["metadata"]["uid"] == "rs-b" && rs["spec"]["replicas"] == 2)
+        );
+    }
+
+    #[test]
+    fn rollback_and_history() {
+        let strategy = Value::Null;
+        let a = stored(
+            &reconcile(&deployment(1, "a", strategy.clone()), &[], &[])[0],
+            "rs-a",
+        );
+        let mut a0 = a.clone();
+        a0["spec"]["replicas"] = json!(0);
+        let mut b = stored(
+            &reconcile(
+                &deployment(1, "b", strategy.clone()),
+                std::slice::from_ref(&a),
+                &[],
+            )[0],
+            "rs-b",
+        );
+        b["spec"]["replicas"] = json!(1);
+        // Back to template a: its ReplicaSet becomes revision 3.
+        let actions = reconcile(&deployment(1, "a", strategy), &[a0.clone(), b.clone()], &[]);
+        assert!(
+            matches!(&actions[0], Action::Update(rs) if rs["metadata"]["uid"] == "rs-a" && rs["metadata"]["annotations"][REVISION] == "3")
+        );
+        // revisionHistoryLimit 0: an empty old set is deleted.
+        let mut d = deployment(1, "b", Value::Null);
+        d["spec"]["revisionHistoryLimit"] = json!(0);
+        let actions = reconcile(&d, &[a0, b], &[]);
+        assert!(
+            actions
+                .iter()
+                .any(|a| matches!(a, Action::Delete { uid, .. } if uid == "rs-a")),
+            "{actions:?}"
+        );
+    }
+}

@@ -1,0 +1,292 @@
+//! Workload controllers without a controller manager (DESIGN.md §7): every workload object
+//! is reconciled by one owner node, the live node with the highest rendezvous hash of the
+//! object's uid (the auction's rule, [`crate::scheduler::auction::auctioneer`]), so a dead
+//! owner is replaced without an election and work spreads over the cluster. The decisions are
+//! pure ([`replica_set`], [`deployment`]); this shell feeds them the store and the pods'
+//! gossiped statuses and writes their actions through the same store API users write with.
+//! Level-triggered: a restarted or newly chosen owner simply continues from what it sees.
+//!
+//! After a partition both sides' owners may have acted; the next reconcile on the healed
+//! cluster removes the surplus in the same deterministic order everywhere
+//! ([`replica_set::removal_rank`]).
+
+pub mod deployment;
+pub mod replica_set;
+pub mod workload;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use shoal_gossip::{MemberState, Membership};
+use shoal_state::{ObjectKey, WriteMode, kind};
+use tracing::{debug, info, warn};
+
+use crate::kubelet::status::PodStatusCache;
+use crate::replication::Replication;
+use workload::{Action, PodView};
+
+/// The reconcile loop's tunables.
+#[derive(Debug, Clone, Copy)]
+pub struct ControllerConfig {
+    /// Longest pause between two passes (changes wake the loop sooner).
+    pub resync: Duration,
+    /// Shortest pause between two passes (a burst of changes is one pass).
+    pub debounce: Duration,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        Self {
+            resync: Duration::from_secs(1),
+            debounce: Duration::from_millis(50),
+        }
+    }
+}
+
+/// The controllers of one agent.
+pub struct Controllers {
+    node_id: u64,
+    replication: Arc<Replication>,
+    membership: Arc<Membership>,
+    statuses: Arc<PodStatusCache>,
+    config: ControllerConfig,
+}
+
+/// Everything one pass decides with: the workloads and pods of each namespace, with the
+/// pods' observed statuses.
+pub struct Snapshot {
+    pub deployments: Vec<Value>,
+    pub replica_sets: Vec<Value>,
+    pub pods: BTreeMap<String, Vec<PodView>>,
+}
+
+impl Snapshot {
+    /// Reads the store and the pod statuses.
+    pub fn read(replication: &Replication, statuses: &PodStatusCache) -> Self {
+        let (deployments, replica_sets, pods) = replication.read(|s| {
+            (
+                s.list("apps", "Deployment", None),
+                s.list("apps", "ReplicaSet", None),
+                s.list("", "Pod", None),
+            )
+        });
+        let mut by_namespace: BTreeMap<String, Vec<PodView>> = BTreeMap::new();
+        for pod in &pods {
+            let view = PodView::new(pod, statuses.status_of(pod).as_ref());
+            by_namespace
+                .entry(view.namespace.clone())
+                .or_default()
+                .push(view);
+        }
+        Self {
+            deployments,
+            replica_sets,
+            pods: by_namespace,
+        }
+    }
+
+    pub fn pods_in(&self, namespace: &str) -> &[PodView] {
+        self.pods.get(namespace).map_or(&[], Vec::as_slice)
+    }
+
+    pub fn replica_sets_in(&self, namespace: &str) -> Vec<Value> {
+        self.replica_sets
+            .iter()
+            .filter(|rs| namespace_of(rs) == namespace)
+            .cloned()
+            .collect()
+    }
+}
+
+fn namespace_of(object: &Value) -> &str {
+    object["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or("default")
+}
+
+fn uid_of(object: &Value) -> &str {
+    object["metadata"]["uid"].as_str().unwrap_or_default()
+}
+
+impl Controllers {
+    pub fn new(
+        node_id: u64,
+        replication: Arc<Replication>,
+        membership: Arc<Membership>,
+        statuses: Arc<PodStatusCache>,
+        config: ControllerConfig,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            node_id,
+            replication,
+            membership,
+            statuses,
+            config,
+        })
+    }
+
+    /// Starts the reconcile loop.
+    pub fn start(self: &Arc<Self>) {
+        tokio::spawn(self.clone().run());
+    }
+
+    async fn run(self: Arc<Self>) {
+        let mut changes = self.replication.subscribe();
+        let mut statuses = self.statuses.subscribe();
+        loop {
+            self.pass().await;
+            tokio::time::sleep(self.config.debounce).await;
+            // Wait for a change of a workload or a pod (stored or observed), or the resync.
+            let resync = tokio::time::sleep(self.config.resync);
+            tokio::pin!(resync);
+            loop {
+                tokio::select! {
+                    _ = &mut resync => break,
+                    change = changes.recv() => match change {
+                        Ok(c) if matches!(c.key.kind.as_str(), "Pod" | "ReplicaSet" | "Deployment") => break,
+                        Ok(_) => {}
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                    },
+                    _ = statuses.recv() => break,
+                }
+            }
+        }
+    }
+
+    /// The live nodes' numeric ids (owners are chosen among them).
+    async fn live_nodes(&self) -> Vec<u64> {
+        self.membership
+            .members()
+            .await
+            .into_iter()
+            .filter(|m| m.is_self || m.state == MemberState::Alive)
+            .filter_map(|m| u64::from_str_radix(&m.node_id, 16).ok())
+            .collect()
+    }
+
+    fn owns(&self, object: &Value, live: &[u64]) -> bool {
+        crate::scheduler::auction::auctioneer(uid_of(object), live.iter().copied())
+            == Some(self.node_id)
+    }
+
+    /// One reconcile of every workload this node owns.
+    async fn pass(&self) {
+        let live = self.live_nodes().await;
+        let snapshot = Snapshot::read(&self.replication, &self.statuses);
+        let mut actions = Vec::new();
+        for d in snapshot.deployments.iter().filter(|d| self.owns(d, &live)) {
+            let namespace = namespace_of(d);
+            actions.extend(deployment::reconcile(
+                d,
+                &snapshot.replica_sets_in(namespace),
+                snapshot.pods_in(namespace),
+            ));
+        }
+        let mut random = || rand::random::<u64>();
+        for rs in snapshot.replica_sets.iter().filter(|r| self.owns(r, &live)) {
+            actions.extend(replica_set::reconcile(
+                rs,
+                snapshot.pods_in(namespace_of(rs)),
+                &mut random,
+            ));
+        }
+        for action in actions {
+            self.apply(action).await;
+        }
+    }
+
+    async fn apply(&self, action: Action) {
+        match action {
+            Action::Create(object) | Action::Update(object) if object.is_null() => {}
+            Action::Create(object) => {
+                let what = describe(&object);
+                let namespace = namespace_of(&object).to_owned();
+                match shoal_state::validate(object, &namespace) {
+                    Ok(valid) => match self.replication.write(valid, WriteMode::Create).await {
+                        Ok(_) => info!(object = %what, "controller created"),
+                        Err(e) => debug!(object = %what, error = %e, "controller create failed"),
+                    },
+                    Err(e) => {
+                        warn!(object = %what, error = %e, "controller built an invalid object")
+                    }
+                }
+            }
+            Action::Update(object) => {
+                let what = describe(&object);
+                let namespace = namespace_of(&object).to_owned();
+                // Controllers change only owner references, annotations and replicas: those
+                // are laid over the object as stored now (not as read for the decision), so a
+                // binding or a user's edit made since is kept.
+                let Some(info) = object["apiVersion"]
+                    .as_str()
+                    .and_then(|v| kind::lookup(v, object["kind"].as_str().unwrap_or("")))
+                else {
+                    return;
+                };
+                let key = ObjectKey::new(
+                    info,
+                    &namespace,
+                    object["metadata"]["name"].as_str().unwrap_or(""),
+                );
+                let Some(mut current) = self.replication.read(|s| s.get(&key)) else {
+                    return;
+                };
+                if current["metadata"]["uid"] != object["metadata"]["uid"] {
+                    return;
+                }
+                for field in ["ownerReferences", "annotations"] {
+                    current["metadata"][field] = object["metadata"][field].clone();
+                }
+                if !object["spec"]["replicas"].is_null() {
+                    current["spec"]["replicas"] = object["spec"]["replicas"].clone();
+                }
+                if let Some(meta) = current["metadata"].as_object_mut() {
+                    meta.retain(|_, v| !v.is_null());
+                    meta.remove("resourceVersion");
+                }
+                match shoal_state::validate(current, &namespace) {
+                    Ok(valid) => {
+                        if let Err(e) = self.replication.write(valid, WriteMode::Update).await {
+                            debug!(object = %what, error = %e, "controller update failed");
+                        }
+                    }
+                    Err(e) => {
+                        warn!(object = %what, error = %e, "controller built an invalid object")
+                    }
+                }
+            }
+            Action::Delete {
+                kind: kind_name,
+                namespace,
+                name,
+                uid,
+            } => {
+                let group_version = if kind_name == "ReplicaSet" {
+                    "apps/v1"
+                } else {
+                    "v1"
+                };
+                let Some(info) = kind::lookup(group_version, kind_name) else {
+                    return;
+                };
+                let key = ObjectKey::new(info, &namespace, &name);
+                match self.replication.delete(&key, Some(&uid)).await {
+                    Ok(_) => info!(object = %key, "controller deleted"),
+                    Err(e) => debug!(object = %key, error = %e, "controller delete failed"),
+                }
+            }
+        }
+    }
+}
+
+fn describe(object: &Value) -> String {
+    format!(
+        "{} {}/{}",
+        object["kind"].as_str().unwrap_or("?"),
+        namespace_of(object),
+        object["metadata"]["name"].as_str().unwrap_or("?")
+    )
+}

@@ -1,0 +1,213 @@
+//! What the workload controllers decide with and what they decide (pure): a view of each pod
+//! as stored and as its node reports it, and the writes a reconcile asks for.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use crate::scheduler::model::{Term, label_selector, term_matches};
+
+/// A pod's phase as its node reports it (`Pending` until a node does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Phase {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+}
+
+/// One pod as a controller sees it.
+#[derive(Debug, Clone)]
+pub struct PodView {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub labels: BTreeMap<String, String>,
+    /// The uid of the owner reference with `controller: true`, if any.
+    pub controller_uid: Option<String>,
+    /// Bound node (`spec.nodeName`), if the auction placed it.
+    pub node: Option<String>,
+    pub phase: Phase,
+    pub ready: bool,
+    /// `metadata.creationTimestamp`, ms since the epoch (0 if absent).
+    pub created_ms: u64,
+    /// The stored object (for adoption and release, which rewrite its owner references).
+    pub object: Value,
+}
+
+impl PodView {
+    /// A pod from its stored object and the status its node gossips (if any).
+    pub fn new(object: &Value, status: Option<&Value>) -> Self {
+        let meta = &object["metadata"];
+        let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+        let phase = match status.and_then(|s| s["phase"].as_str()) {
+            Some("Running") => Phase::Running,
+            Some("Succeeded") => Phase::Succeeded,
+            Some("Failed") => Phase::Failed,
+            _ => Phase::Pending,
+        };
+        let ready = status
+            .and_then(|s| s["conditions"].as_array())
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True");
+        Self {
+            namespace: meta["namespace"].as_str().unwrap_or("default").to_owned(),
+            name: text(&meta["name"]),
+            uid: text(&meta["uid"]),
+            labels: string_map(&meta["labels"]),
+            controller_uid: controller_of(object),
+            node: object["spec"]["nodeName"]
+                .as_str()
+                .filter(|n| !n.is_empty())
+                .map(str::to_owned),
+            phase,
+            ready,
+            created_ms: created_ms(object),
+            object: object.clone(),
+        }
+    }
+
+    /// Not yet ended (Succeeded and Failed pods do not count toward replicas).
+    pub fn is_active(&self) -> bool {
+        !matches!(self.phase, Phase::Succeeded | Phase::Failed)
+    }
+}
+
+/// What a reconcile asks the shell to write (through the same store API users write with).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// A new object (a pod, a ReplicaSet).
+    Create(Value),
+    /// A changed object, written whole.
+    Update(Value),
+    Delete {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+        uid: String,
+    },
+}
+
+pub fn string_map(v: &Value) -> BTreeMap<String, String> {
+    v.as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+        .collect()
+}
+
+/// The uid of `object`'s controlling owner.
+pub fn controller_of(object: &Value) -> Option<String> {
+    object["metadata"]["ownerReferences"]
+        .as_array()?
+        .iter()
+        .find(|r| r["controller"] == true)
+        .and_then(|r| r["uid"].as_str())
+        .map(str::to_owned)
+}
+
+pub fn created_ms(object: &Value) -> u64 {
+    object["metadata"]["creationTimestamp"]
+        .as_str()
+        .and_then(|t| humantime::parse_rfc3339(t).ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// `spec.selector` of a workload; an empty or invalid one selects nothing (the API refuses
+/// workloads without a selector).
+pub fn selector(object: &Value) -> Option<Term> {
+    let term = label_selector(&object["spec"]["selector"]).ok()?;
+    (!term.is_empty()).then_some(term)
+}
+
+pub fn selects(selector: &Option<Term>, labels: &BTreeMap<String, String>) -> bool {
+    selector.as_ref().is_some_and(|t| term_matches(t, labels))
+}
+
+/// An owner reference to `owner` that makes it the controller.
+pub fn controller_ref(owner: &Value) -> Value {
+    json!({
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": owner["metadata"]["name"],
+        "uid": owner["metadata"]["uid"],
+        "controller": true,
+        "blockOwnerDeletion": true,
+    })
+}
+
+/// `spec.replicas` (Kubernetes' default 1), never negative.
+pub fn replicas(object: &Value) -> u64 {
+    object["spec"]["replicas"]
+        .as_u64()
+        .unwrap_or(if object["spec"]["replicas"].is_null() {
+            1
+        } else {
+            0
+        })
+}
+
+/// The characters Kubernetes uses in generated names (no vowels, no look-alikes).
+pub const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+
+/// A 5-character suffix for a generated name from a random number.
+pub fn name_suffix(mut random: u64) -> String {
+    (0..5)
+        .map(|_| {
+            let c = NAME_ALPHABET[(random % NAME_ALPHABET.len() as u64) as usize];
+            random /= NAME_ALPHABET.len() as u64;
+            c as char
+        })
+        .collect()
+}
+
+/// A stable short hash of a pod template (the `pod-template-hash` label), in the
+/// generated-name alphabet.
+pub fn template_hash(template: &Value) -> String {
+    use sha2::Digest;
+    let mut template = template.clone();
+    if let Some(labels) = template["metadata"]["labels"].as_object_mut() {
+        labels.remove("pod-template-hash");
+    }
+    // serde_json maps are sorted: the text is canonical.
+    let digest = sha2::Sha256::digest(template.to_string().as_bytes());
+    let mut n = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"));
+    (0..10)
+        .map(|_| {
+            let c = NAME_ALPHABET[(n % NAME_ALPHABET.len() as u64) as usize];
+            n /= NAME_ALPHABET.len() as u64;
+            c as char
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn views_and_names() {
+        let pod = json!({"metadata": {"name": "p", "namespace": "ns", "uid": "u",
+            "labels": {"app": "web"}, "creationTimestamp": "2026-01-01T00:00:01Z",
+            "ownerReferences": [{"uid": "other"}, {"uid": "rs1", "controller": true}]},
+            "spec": {"nodeName": "n1"}});
+        let status =
+            json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
+        let v = PodView::new(&pod, Some(&status));
+        assert_eq!(v.controller_uid.as_deref(), Some("rs1"));
+        assert_eq!(v.node.as_deref(), Some("n1"));
+        assert!(v.ready && v.is_active() && v.phase == Phase::Running);
+        assert_eq!(v.created_ms, 1_767_225_601_000);
+        assert_eq!(name_suffix(0), "bbbbb");
+        assert_eq!(name_suffix(u64::MAX).len(), 5);
+        let t = json!({"metadata": {"labels": {"app": "web"}}, "spec": {"containers": []}});
+        let mut labelled = t.clone();
+        labelled["metadata"]["labels"]["pod-template-hash"] = json!("x");
+        assert_eq!(template_hash(&t), template_hash(&labelled));
+        assert_eq!(template_hash(&t).len(), 10);
+        assert_eq!(replicas(&json!({"spec": {}})), 1);
+        assert_eq!(replicas(&json!({"spec": {"replicas": 0}})), 0);
+    }
+}

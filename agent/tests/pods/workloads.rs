@@ -1,0 +1,197 @@
+//! Workload controllers on real agents with real kubectl (issue #10): a Deployment's pods
+//! run, `kubectl rollout status` returns, `kubectl set image` rolls with maxUnavailable 0
+//! without the ready count dropping below replicas, `rollout undo` returns to the old
+//! template, scaling, a deleted pod's replacement, quarantine by label, and deletion.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use shoal_agent::testkit::wait_until;
+
+use super::{LIMIT, lab};
+
+const WEB: &str = r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: web}}
+  strategy: {type: RollingUpdate, rollingUpdate: {maxSurge: 1, maxUnavailable: 0}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers:
+      - name: web
+        image: shoal.local/httpd:1
+        command: [httpd, -f, -p, "8080", -h, /]
+        readinessProbe: {tcpSocket: {port: 8080}, periodSeconds: 1}
+"#;
+
+fn json_of(api: &crate::api::ApiLab, agent: usize, args: &[&str]) -> Value {
+    let (ok, out, _) = api.kubectl(agent, args);
+    if !ok {
+        return Value::Null;
+    }
+    serde_json::from_str(&out).unwrap_or(Value::Null)
+}
+
+fn web_pods(api: &crate::api::ApiLab, agent: usize) -> Vec<Value> {
+    json_of(api, agent, &["get", "pods", "-l", "app=web", "-o", "json"])["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn ready(pod: &Value) -> bool {
+    pod["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_runs_rolls_scales_and_heals_through_kubectl() {
+    let api = lab().await;
+    let file = api.manifest("web.yaml", WEB);
+    api.ok(0, &["apply", "-f", &file]);
+    let (ok, out, err) = api.kubectl(1, &["rollout", "status", "deployment/web", "--timeout=90s"]);
+    assert!(
+        ok,
+        "rollout status: {out}{err}\npods: {:#}",
+        Value::Array(
+            web_pods(&api, 0)
+                .iter()
+                .map(|p| p["status"].clone())
+                .collect()
+        )
+    );
+    let pods = web_pods(&api, 2);
+    assert_eq!(pods.len(), 3, "{pods:?}");
+    assert!(pods.iter().all(ready));
+    let first_rs = json_of(&api, 0, &["get", "rs", "-l", "app=web", "-o", "json"]);
+    assert_eq!(first_rs["items"].as_array().map(Vec::len), Some(1));
+    let rs = &first_rs["items"][0];
+    assert_eq!(rs["metadata"]["ownerReferences"][0]["kind"], "Deployment");
+    assert_eq!(
+        rs["metadata"]["annotations"]["deployment.kubernetes.io/revision"],
+        "1"
+    );
+
+    // A new image, with maxUnavailable 0: sample the ready count all along the rollout.
+    api.ok(
+        0,
+        &[
+            "set",
+            "image",
+            "deployment/web",
+            "web=shoal.local/busybox:1",
+        ],
+    );
+    let mut lowest = usize::MAX;
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let pods = web_pods(&api, 1);
+        let ready_now = pods.iter().filter(|p| ready(p)).count();
+        lowest = lowest.min(ready_now);
+        let d = json_of(&api, 1, &["get", "deployment", "web", "-o", "json"]);
+        let updated = d["status"]["updatedReplicas"].as_u64();
+        let total = d["status"]["replicas"].as_u64();
+        let available = d["status"]["availableReplicas"].as_u64();
+        if updated == Some(3) && total == Some(3) && available == Some(3) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rollout did not finish: {}",
+            d["status"]
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        lowest >= 3,
+        "ready pods dropped to {lowest} during the rollout"
+    );
+    api.ok(2, &["rollout", "status", "deployment/web", "--timeout=60s"]);
+    let images: Vec<String> = web_pods(&api, 0)
+        .iter()
+        .map(|p| {
+            p["spec"]["containers"][0]["image"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(images, vec!["shoal.local/busybox:1"; 3]);
+    let history = api.ok(0, &["rollout", "history", "deployment/web"]);
+    assert!(history.contains('1') && history.contains('2'), "{history}");
+
+    // Back to the first template.
+    api.ok(1, &["rollout", "undo", "deployment/web"]);
+    wait_until("the undo rolled back", LIMIT, || {
+        let pods = web_pods(&api, 0);
+        let ok = pods.len() == 3
+            && pods.iter().all(ready)
+            && pods
+                .iter()
+                .all(|p| p["spec"]["containers"][0]["image"] == "shoal.local/httpd:1");
+        async move { ok }
+    })
+    .await
+    .unwrap();
+
+    // Scale down, then a deleted pod is replaced, then a quarantined pod is replaced and kept.
+    api.ok(0, &["scale", "deployment/web", "--replicas=2"]);
+    wait_until("scaled to 2", LIMIT, || {
+        let n = web_pods(&api, 2).len();
+        async move { n == 2 }
+    })
+    .await
+    .unwrap();
+    let victim = web_pods(&api, 0)[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    api.ok(1, &["delete", "pod", &victim]);
+    wait_until("a replacement", LIMIT, || {
+        let pods = web_pods(&api, 0);
+        let ok = pods.len() == 2
+            && pods.iter().all(ready)
+            && pods
+                .iter()
+                .all(|p| p["metadata"]["name"] != victim.as_str());
+        async move { ok }
+    })
+    .await
+    .unwrap();
+    let quarantined = web_pods(&api, 0)[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    api.ok(
+        2,
+        &["label", "pod", &quarantined, "app=debug", "--overwrite"],
+    );
+    wait_until("the quarantined pod replaced and kept", LIMIT, || {
+        let serving = web_pods(&api, 0);
+        let kept = json_of(&api, 0, &["get", "pod", &quarantined, "-o", "json"]);
+        let ok = serving.len() == 2
+            && kept["metadata"]["ownerReferences"]
+                .as_array()
+                .is_none_or(|r| r.is_empty());
+        async move { ok }
+    })
+    .await
+    .unwrap();
+
+    // Deleting the Deployment takes its ReplicaSets and pods with it (not the quarantined one).
+    api.ok(0, &["delete", "deployment", "web"]);
+    wait_until("ReplicaSets and pods gone", LIMIT, || {
+        let rs = json_of(&api, 1, &["get", "rs", "-o", "json"]);
+        let ok = rs["items"].as_array().is_some_and(Vec::is_empty) && web_pods(&api, 1).is_empty();
+        async move { ok }
+    })
+    .await
+    .unwrap();
+    api.ok(0, &["delete", "pod", &quarantined]);
+}
