@@ -27,6 +27,9 @@ use crate::kubelet::status::PodStatusCache;
 use crate::replication::Replication;
 use workload::{Action, PodView};
 
+/// Writes one pass keeps in flight.
+const WRITES_IN_FLIGHT: usize = 16;
+
 /// The reconcile loop's tunables.
 #[derive(Debug, Clone, Copy)]
 pub struct ControllerConfig {
@@ -193,9 +196,13 @@ impl Controllers {
                 &mut random,
             ));
         }
-        for action in actions {
-            self.apply(action).await;
-        }
+        // Concurrently: each write waits for its quorum, and a ReplicaSet of 100 creates 100.
+        futures_util::StreamExt::for_each_concurrent(
+            futures_util::stream::iter(actions),
+            WRITES_IN_FLIGHT,
+            |action| self.apply(action),
+        )
+        .await;
     }
 
     async fn apply(&self, action: Action) {

@@ -7,6 +7,7 @@
 //!    cluster on loopback; time from the apply until that agent reports the pod Running
 //!    (auction, binding, replication, container start, status gossip).
 //! 3. Memory: one agent's RSS with no pod and with `--pods` running pods, and the shims' RSS.
+//! 4. A Deployment of `--replicas` on 3 agents: apply → all Ready, then a rollout.
 //!
 //! Usage: cargo run --release -p shoal-chaos --bin runtime-bench -- --cycles 20 --pods 100
 
@@ -31,6 +32,12 @@ struct Args {
     cycles: usize,
     #[arg(long, default_value_t = 100)]
     pods: usize,
+    /// Replicas of the Deployment of section 4.
+    #[arg(long, default_value_t = 100)]
+    replicas: usize,
+    /// Run only section 4 (the Deployment).
+    #[arg(long)]
+    deployment_only: bool,
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -332,7 +339,13 @@ fn shim_pss_bytes() -> (usize, u64) {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let images = images_dir().context("building the test images")?;
-    println!("# runtime-bench: cycles={} pods={}", args.cycles, args.pods);
+    println!(
+        "# runtime-bench: cycles={} pods={} replicas={}",
+        args.cycles, args.pods, args.replicas
+    );
+    if args.deployment_only {
+        return deployment(&images, args.replicas).await;
+    }
 
     println!(
         "\n## 1. create + start + exit + delete (`sh -c 'echo hello'`), median of {}",
@@ -442,6 +455,138 @@ async fn main() -> anyhow::Result<()> {
         "shims: {shims} processes, {:.1} MB PSS in all ({:.2} MB each)",
         shim_rss as f64 / 1e6,
         shim_rss as f64 / 1e6 / shims.max(1) as f64
+    );
+    drop(agents);
+    deployment(&images, args.replicas).await
+}
+
+fn deployment_object(replicas: usize, image: &str) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "bench", "namespace": "default"},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "bench"}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}},
+            "template": {"metadata": {"labels": {"app": "bench"}},
+                "spec": {"terminationGracePeriodSeconds": 1, "containers": [{"name": "web", "image": image,
+                    "command": ["httpd", "-f", "-p", "8080", "-h", "/"]}]}}}})
+}
+
+/// One pod of the bench Deployment: (name, image, ready, bound, running).
+type BenchPod = (String, String, bool, bool, bool);
+
+async fn bench_pods(agent: &AgentProcess) -> Vec<BenchPod> {
+    let (_, list) = agent
+        .call(
+            hyper::Method::GET,
+            "/v1/objects/pods?namespace=default",
+            None,
+        )
+        .await
+        .unwrap_or_default();
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["metadata"]["labels"]["app"] == "bench")
+        .map(|p| {
+            let ready = p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            (
+                p["metadata"]["name"].as_str().unwrap_or("").to_owned(),
+                p["spec"]["containers"][0]["image"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_owned(),
+                ready,
+                p["spec"]["nodeName"]
+                    .as_str()
+                    .is_some_and(|n| !n.is_empty()),
+                p["status"]["phase"] == "Running",
+            )
+        })
+        .collect()
+}
+
+/// Section 4: a Deployment of `replicas` on 3 agents, apply → every pod Ready (per pod and in
+/// all), then a rollout to another image (25% surge / 25% unavailable) until every pod is new
+/// and Ready. Polled every 20 ms through one agent's control socket.
+async fn deployment(images: &Path, replicas: usize) -> anyhow::Result<()> {
+    println!(
+        "\n## 4. Deployment of {replicas} replicas on 3 agents: apply → all Ready, then a rollout"
+    );
+    let root = tempfile::tempdir()?;
+    let agents = cluster(root.path(), 3, images).await?;
+    let start = Instant::now();
+    let (status, body) = agents[0]
+        .apply(&deployment_object(replicas, "shoal.local/httpd:1"))
+        .await?;
+    if !(200..300).contains(&status) {
+        bail!("apply: {status} {body}");
+    }
+    let mut ready_at: std::collections::HashMap<String, f64> = Default::default();
+    // When all pods first existed, were bound, ran (the phases of the way to Ready).
+    let (mut created, mut bound, mut running) = (None, None, None);
+    loop {
+        let pods = bench_pods(&agents[0]).await;
+        let now = ms(start.elapsed());
+        let all = |f: &dyn Fn(&BenchPod) -> bool| pods.len() >= replicas && pods.iter().all(f);
+        if created.is_none() && pods.len() >= replicas {
+            created = Some(now);
+        }
+        if bound.is_none() && all(&|p| p.3) {
+            bound = Some(now);
+        }
+        if running.is_none() && all(&|p| p.4) {
+            running = Some(now);
+        }
+        for (name, _, ready, _, _) in pods {
+            if ready {
+                ready_at.entry(name).or_insert(now);
+            }
+        }
+        if ready_at.len() >= replicas {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(300) {
+            bail!("{} of {replicas} Ready after 300 s", ready_at.len());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let total = ms(start.elapsed());
+    let mut per_pod: Vec<f64> = ready_at.into_values().collect();
+    println!(
+        "apply → Ready per pod: p50 {:.0} ms, p99 {:.0} ms; all {replicas} Ready after {:.2} s \
+         (all created after {:.2} s, bound {:.2} s, Running {:.2} s)",
+        percentile(&mut per_pod, 0.5),
+        percentile(&mut per_pod, 0.99),
+        total / 1000.0,
+        created.unwrap_or(total) / 1000.0,
+        bound.unwrap_or(total) / 1000.0,
+        running.unwrap_or(total) / 1000.0,
+    );
+    let start = Instant::now();
+    agents[0]
+        .apply(&deployment_object(replicas, "shoal.local/busybox:1"))
+        .await?;
+    loop {
+        let pods = bench_pods(&agents[0]).await;
+        let done = pods.len() == replicas
+            && pods
+                .iter()
+                .all(|(_, image, ready, _, _)| *ready && image == "shoal.local/busybox:1");
+        if done {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(300) {
+            bail!("rollout not done after 300 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "rollout to a new image: all {replicas} new pods Ready, old ones gone, after {:.2} s",
+        start.elapsed().as_secs_f64()
     );
     drop(agents);
     Ok(())
