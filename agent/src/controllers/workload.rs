@@ -152,15 +152,20 @@ pub fn replicas(object: &Value) -> u64 {
 /// The characters Kubernetes uses in generated names (no vowels, no look-alikes).
 pub const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 
-/// A 5-character suffix for a generated name from a random number.
-pub fn name_suffix(mut random: u64) -> String {
-    (0..5)
+/// `len` characters of the generated-name alphabet from a number.
+fn encode(mut n: u64, len: usize) -> String {
+    (0..len)
         .map(|_| {
-            let c = NAME_ALPHABET[(random % NAME_ALPHABET.len() as u64) as usize];
-            random /= NAME_ALPHABET.len() as u64;
+            let c = NAME_ALPHABET[(n % NAME_ALPHABET.len() as u64) as usize];
+            n /= NAME_ALPHABET.len() as u64;
             c as char
         })
         .collect()
+}
+
+/// A 5-character suffix for a generated name from a random number.
+pub fn name_suffix(random: u64) -> String {
+    encode(random, 5)
 }
 
 /// A stable short hash of a pod template (the `pod-template-hash` label), in the
@@ -173,14 +178,10 @@ pub fn template_hash(template: &Value) -> String {
     }
     // serde_json maps are sorted: the text is canonical.
     let digest = sha2::Sha256::digest(template.to_string().as_bytes());
-    let mut n = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"));
-    (0..10)
-        .map(|_| {
-            let c = NAME_ALPHABET[(n % NAME_ALPHABET.len() as u64) as usize];
-            n /= NAME_ALPHABET.len() as u64;
-            c as char
-        })
-        .collect()
+    encode(
+        u64::from_le_bytes(digest[..8].try_into().expect("8 bytes")),
+        10,
+    )
 }
 
 #[cfg(test)]

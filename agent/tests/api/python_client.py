@@ -69,7 +69,12 @@ pod = client.V1Pod(
     spec=client.V1PodSpec(containers=[client.V1Container(name="main", image="busybox:1.36")]),
 )
 core_a.create_namespaced_pod("default", pod)
-assert [p.metadata.name for p in core_a.list_namespaced_pod("default").items] == ["py-pod"]
+assert "py-pod" in [p.metadata.name for p in core_a.list_namespaced_pod("default").items]
+# The Deployment's controller made its 4 pods (they parse under the client's strict models).
+wait_for("the deployment's 4 pods", lambda: len(core_b.list_namespaced_pod("default", label_selector="app=py").items) == 4)
+owned = core_b.list_namespaced_pod("default", label_selector="app=py").items
+assert all(p.metadata.owner_references[0].kind == "ReplicaSet" for p in owned), owned
+assert apps_a.list_namespaced_replica_set("default").items[0].metadata.owner_references[0].name == "py"
 assert core_a.read_namespaced_pod("py-pod", "default").status.phase == "Pending"
 
 events = []
@@ -87,6 +92,8 @@ except client.exceptions.ApiException as e:
 apps_b.delete_namespaced_deployment("py", "default")
 core_b.delete_namespaced_pod("py-pod", "default")
 wait_for("the delete at agent A", lambda: apps_a.list_namespaced_deployment("default").items == [])
+# Its ReplicaSet and pods go with it (owner references).
+wait_for("the deployment's pods gone", lambda: core_a.list_namespaced_pod("default", label_selector="app=py").items == [])
 
 try:
     apps_a.read_namespaced_deployment("py", "default")
