@@ -336,24 +336,12 @@ impl Scheduling {
                 .unwrap_or("default")
                 .to_owned();
             let ds_name = ds["metadata"]["name"].as_str().unwrap_or_default();
-            let pod_name = format!("{ds_name}-{}", this.name);
+            let mut candidate = daemon_pod(&ds, &this.name);
+            let pod_name = candidate["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
             let key = ObjectKey::new(info, &namespace, &pod_name);
-            let template = &ds["spec"]["template"];
-            let mut candidate = json!({
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": pod_name,
-                    "namespace": namespace,
-                    "labels": template["metadata"]["labels"],
-                    "annotations": template["metadata"]["annotations"],
-                    "ownerReferences": [{
-                        "apiVersion": "apps/v1", "kind": "DaemonSet", "name": ds_name,
-                        "uid": ds["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true,
-                    }],
-                },
-                "spec": template["spec"],
-            });
             if !candidate["spec"].is_object() {
                 warn!(daemonset = ds_name, "DaemonSet template has no pod spec");
                 continue;
@@ -393,6 +381,55 @@ impl Scheduling {
                 }
             }
         }
+    }
+
+    /// A DaemonSet's status as observed (DESIGN.md §3): the live nodes its pod fits
+    /// (`desiredNumberScheduled`), its pods on fitting nodes, on nodes it no longer fits
+    /// (misscheduled), and the ready ones, from `pods` (its namespace's, with their reported
+    /// statuses).
+    pub fn daemon_set_status(
+        &self,
+        ds: &Value,
+        pods: &[crate::controllers::workload::PodView],
+    ) -> Value {
+        let state = self.state.lock().unwrap();
+        let fitting: std::collections::HashSet<String> = state
+            .cluster
+            .nodes()
+            .filter(|node| {
+                PodRequest::from_pod(&daemon_pod(ds, &node.name)).is_ok_and(|request| {
+                    crate::scheduler::predicates::check(
+                        &request,
+                        node,
+                        Resources::default(),
+                        &state.cluster,
+                    )
+                    .is_ok()
+                })
+            })
+            .map(|node| node.name.clone())
+            .collect();
+        drop(state);
+        let uid = ds["metadata"]["uid"].as_str();
+        let owned: Vec<&crate::controllers::workload::PodView> = pods
+            .iter()
+            .filter(|p| p.controller_uid.as_deref() == uid && uid.is_some() && p.node.is_some())
+            .collect();
+        let on_fitting = owned
+            .iter()
+            .filter(|p| p.node.as_ref().is_some_and(|n| fitting.contains(n)))
+            .count();
+        let ready = owned.iter().filter(|p| p.ready).count();
+        json!({
+            "observedGeneration": ds["metadata"]["generation"],
+            "desiredNumberScheduled": fitting.len(),
+            "currentNumberScheduled": on_fitting,
+            "updatedNumberScheduled": on_fitting,
+            "numberMisscheduled": owned.len() - on_fitting,
+            "numberReady": ready,
+            "numberAvailable": ready,
+            "numberUnavailable": fitting.len().saturating_sub(ready),
+        })
     }
 
     /// Rebuilds the world and lets the scheduler start auctions.
@@ -719,4 +756,25 @@ impl Scheduling {
             Err(e) => debug!(pod = %key, error = %e, "binding not written"),
         }
     }
+}
+
+/// The pod DaemonSet `ds` runs on node `node_name` (`<daemonset>-<node>`), before binding.
+fn daemon_pod(ds: &Value, node_name: &str) -> Value {
+    let ds_name = ds["metadata"]["name"].as_str().unwrap_or_default();
+    let template = &ds["spec"]["template"];
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": format!("{ds_name}-{node_name}"),
+            "namespace": ds["metadata"]["namespace"].as_str().unwrap_or("default"),
+            "labels": template["metadata"]["labels"],
+            "annotations": template["metadata"]["annotations"],
+            "ownerReferences": [{
+                "apiVersion": "apps/v1", "kind": "DaemonSet", "name": ds_name,
+                "uid": ds["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true,
+            }],
+        },
+        "spec": template["spec"],
+    })
 }

@@ -73,7 +73,6 @@ fn workload_world(
 
 /// Adds the observed `status` to a stored object.
 pub fn with_status(state: &ApiState, kind: &str, mut object: Value) -> Value {
-    let generation = object["metadata"]["generation"].clone();
     let status = match kind {
         "Pod" => pod_status(state, &object),
         "Deployment" => {
@@ -85,7 +84,8 @@ pub fn with_status(state: &ApiState, kind: &str, mut object: Value) -> Value {
             crate::controllers::replica_set::status(&object, &pods)
         }
         "DaemonSet" => {
-            json!({"observedGeneration": generation, "currentNumberScheduled": 0, "desiredNumberScheduled": 0, "numberMisscheduled": 0, "numberReady": 0})
+            let (_, pods) = workload_world(state, &object);
+            state.scheduling.daemon_set_status(&object, &pods)
         }
         "Job" => json!({"active": 0, "succeeded": 0, "failed": 0}),
         "Namespace" => json!({"phase": "Active"}),

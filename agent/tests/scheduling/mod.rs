@@ -253,6 +253,20 @@ async fn daemonset_pods_are_claimed_by_each_matching_node() {
         ],
     );
     assert_eq!(owners, "DaemonSet");
+    // Its status, observed: two nodes fit (zone a), both have their pod.
+    assert_eq!(
+        api.ok(
+            0,
+            &[
+                "get",
+                "ds",
+                "agent",
+                "-o",
+                "jsonpath={.status.desiredNumberScheduled}/{.status.currentNumberScheduled}/{.status.numberMisscheduled}",
+            ],
+        ),
+        "2/2/0"
+    );
     // Deleting the DaemonSet deletes its pods (owner references).
     api.ok(0, &["delete", "daemonset", "agent"]);
     wait_until("the DaemonSet's pods gone", LIMIT, || async {
