@@ -42,6 +42,22 @@ fn web_pods(api: &crate::api::ApiLab, agent: usize) -> Vec<Value> {
         .unwrap_or_default()
 }
 
+/// The agent that owns `deployment/web` (the live node with the highest rendezvous hash of
+/// its uid).
+async fn owner_of_web(api: &crate::api::ApiLab) -> usize {
+    let uid = json_of(api, 0, &["get", "deployment", "web", "-o", "json"])["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut ids = Vec::new();
+    for agent in &api.agents {
+        let id = agent.client().self_info().await.unwrap().node_id;
+        ids.push(u64::from_str_radix(&id, 16).unwrap());
+    }
+    let owner_id = shoal_agent::scheduler::auction::auctioneer(&uid, ids.iter().copied()).unwrap();
+    ids.iter().position(|id| *id == owner_id).unwrap()
+}
+
 fn ready(pod: &Value) -> bool {
     pod["status"]["conditions"]
         .as_array()
@@ -78,7 +94,10 @@ async fn a_deployment_runs_rolls_scales_and_heals_through_kubectl() {
         "1"
     );
 
-    // A new image, with maxUnavailable 0: sample the ready count all along the rollout.
+    // A new image, with maxUnavailable 0: sample the ready count all along the rollout, as
+    // the Deployment's owner sees the pods (what it decides with; another agent's view of pod
+    // statuses lags a gossip round behind the store's deletions).
+    let owner = owner_of_web(&api).await;
     api.ok(
         0,
         &[
@@ -91,7 +110,7 @@ async fn a_deployment_runs_rolls_scales_and_heals_through_kubectl() {
     let mut lowest = usize::MAX;
     let deadline = std::time::Instant::now() + Duration::from_secs(90);
     loop {
-        let pods = web_pods(&api, 1);
+        let pods = web_pods(&api, owner);
         let ready_now = pods.iter().filter(|p| ready(p)).count();
         lowest = lowest.min(ready_now);
         let d = json_of(&api, 1, &["get", "deployment", "web", "-o", "json"]);
@@ -194,4 +213,51 @@ async fn a_deployment_runs_rolls_scales_and_heals_through_kubectl() {
     .await
     .unwrap();
     api.ok(0, &["delete", "pod", &quarantined]);
+}
+
+/// The owner of a Deployment (the live node with the highest rendezvous hash of its uid) is
+/// killed with -9 in the middle of a rollout: another agent becomes its owner and finishes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_agent_finishes_a_rollout_whose_owner_was_killed() {
+    let mut api = lab().await;
+    let file = api.manifest("web.yaml", WEB);
+    api.ok(0, &["apply", "-f", &file]);
+    api.ok(1, &["rollout", "status", "deployment/web", "--timeout=90s"]);
+    let owner = owner_of_web(&api).await;
+    let survivor = (owner + 1) % 3;
+    api.ok(
+        survivor,
+        &[
+            "set",
+            "image",
+            "deployment/web",
+            "web=shoal.local/busybox:1",
+        ],
+    );
+    api.agents[owner].kill().unwrap();
+    let (ok, out, err) = api.kubectl(
+        survivor,
+        &["rollout", "status", "deployment/web", "--timeout=120s"],
+    );
+    assert!(
+        ok,
+        "rollout status after the owner's death: {out}{err}\npods: {:#}",
+        Value::Array(
+            web_pods(&api, survivor)
+                .iter()
+                .map(|p| serde_json::json!([
+                    p["metadata"]["name"],
+                    p["spec"]["nodeName"],
+                    p["status"]["phase"]
+                ]))
+                .collect()
+        )
+    );
+    let pods = web_pods(&api, survivor);
+    assert_eq!(pods.len(), 3, "{pods:?}");
+    assert!(pods.iter().all(ready));
+    assert!(
+        pods.iter()
+            .all(|p| p["spec"]["containers"][0]["image"] == "shoal.local/busybox:1")
+    );
 }
