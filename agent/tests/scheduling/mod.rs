@@ -92,19 +92,24 @@ async fn a_pod_that_fits_nowhere_says_why() {
     })
     .await
     .unwrap_or_else(|e| panic!("{e}: last message {message:?}"));
-    assert_eq!(
-        api.ok(
+    // Another agent learns the verdict by gossip: wait for it there too.
+    let mut reason = String::new();
+    wait_until("the verdict at another agent", LIMIT, || {
+        reason = api.ok(
             2,
             &[
                 "get",
                 "pod",
                 "too-big-0",
                 "-o",
-                "jsonpath={.status.conditions[0].reason}"
-            ]
-        ),
-        "Unschedulable"
-    );
+                "jsonpath={.status.conditions[0].reason}",
+            ],
+        );
+        let ok = reason == "Unschedulable";
+        async move { ok }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: last reason {reason:?}"));
     assert!(node_of(&api, 0, "too-big-0").is_empty());
 }
 
