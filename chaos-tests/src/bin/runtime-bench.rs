@@ -426,17 +426,8 @@ async fn main() -> anyhow::Result<()> {
     }
     let started = Instant::now();
     wait_until("all pods Running", Duration::from_secs(300), || async {
-        let (_, list) = agents[0]
-            .call(
-                hyper::Method::GET,
-                "/v1/objects/pods?namespace=default",
-                None,
-            )
-            .await
-            .unwrap_or_default();
-        list["items"].as_array().is_some_and(|items| {
-            items.len() == args.pods && items.iter().all(|p| p["status"]["phase"] == "Running")
-        })
+        let items = default_pods(&agents[0]).await;
+        items.len() == args.pods && items.iter().all(|p| p["status"]["phase"] == "Running")
     })
     .await?;
     let all_running = started.elapsed();
@@ -473,7 +464,8 @@ fn deployment_object(replicas: usize, image: &str) -> Value {
 /// One pod of the bench Deployment: (name, image, ready, bound, running).
 type BenchPod = (String, String, bool, bool, bool);
 
-async fn bench_pods(agent: &AgentProcess) -> Vec<BenchPod> {
+/// The default namespace's pods (with observed status) through an agent's control socket.
+async fn default_pods(agent: &AgentProcess) -> Vec<Value> {
     let (_, list) = agent
         .call(
             hyper::Method::GET,
@@ -482,10 +474,13 @@ async fn bench_pods(agent: &AgentProcess) -> Vec<BenchPod> {
         )
         .await
         .unwrap_or_default();
-    list["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    list["items"].as_array().cloned().unwrap_or_default()
+}
+
+async fn bench_pods(agent: &AgentProcess) -> Vec<BenchPod> {
+    default_pods(agent)
+        .await
+        .iter()
         .filter(|p| p["metadata"]["labels"]["app"] == "bench")
         .map(|p| {
             let ready = p["status"]["conditions"]
