@@ -196,6 +196,24 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     } else {
         Some(crate::runtime::Runtime::new(&config.data_dir)?)
     };
+    // One IP per pod from this node's block of the cluster CIDR (`--pod-network bridge`).
+    let bridge = match (&runtime, config.pod_network) {
+        (Some(runtime), crate::config::PodNetworkMode::Bridge) => {
+            let uplink = match advertise.ip() {
+                std::net::IpAddr::V4(ip) => Some(ip),
+                std::net::IpAddr::V6(_) => None,
+            };
+            Some(Arc::new(shoal_net::linux::BridgeNetwork::new(
+                runtime.scope(),
+                uplink,
+            )))
+        }
+        _ => None,
+    };
+    let runtime = match (runtime, &bridge) {
+        (Some(runtime), Some(bridge)) => Some(runtime.with_network(bridge.clone())),
+        (runtime, _) => runtime,
+    };
     let mut labels = config.labels.clone();
     labels.extend(host::well_known_labels(&config.name));
     let meta = NodeMeta {
@@ -255,6 +273,22 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         },
     );
     replication.start()?;
+    let node_network = if let (Some(runtime), Some(bridge)) = (&runtime, &bridge) {
+        let network = crate::network::NodeNetwork::new(
+            config.pod_cidrs,
+            bridge.clone(),
+            runtime.clone(),
+            replication.clone(),
+            membership.clone(),
+            node.node_id.clone(),
+            config.name.clone(),
+            advertise.ip(),
+        );
+        network.start();
+        Some(network)
+    } else {
+        None
+    };
     let scheduling = crate::scheduling::Scheduling::new(
         node.numeric_id(),
         replication.clone(),
@@ -294,6 +328,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
                 .with_layer_limits(config.layer_limits),
         )
     };
+    let runtime_for_cleanup = runtime.clone();
     let kubelet = if let (Some(images), Some(runtime)) = (images.clone(), runtime) {
         let puller = crate::kubelet::image_puller::ImagePuller::new(
             images.clone(),
@@ -414,6 +449,15 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
 
     wait_for_signal().await;
     info!("shutting down");
+    if config.cleanup {
+        if let Some(kubelet) = kubelet.clone() {
+            let _ = tokio::task::spawn_blocking(move || {
+                kubelet.stop(std::time::Duration::from_secs(30))
+            })
+            .await;
+        }
+        cleanup(runtime_for_cleanup, node_network.as_deref()).await;
+    }
     let _ = stop_tx.send(());
     let _ = api_stop_tx.send(());
     membership.shutdown().await;
@@ -431,6 +475,23 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         Err(_) => info!("closing control connections still open after 2 s"),
     }
     Ok(())
+}
+
+/// `--cleanup`: this node's pods, its pod network on the host and its lease go.
+async fn cleanup(
+    runtime: Option<crate::runtime::Runtime>,
+    network: Option<&crate::network::NodeNetwork>,
+) {
+    if let Some(runtime) = runtime {
+        match tokio::task::spawn_blocking(move || runtime.reset()).await {
+            Ok(Ok(n)) => info!(pods = n, "--cleanup: pods removed"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "--cleanup: removing pods"),
+            Err(e) => tracing::warn!(error = %e, "--cleanup"),
+        }
+    }
+    if let Some(network) = network {
+        network.cleanup().await;
+    }
 }
 
 async fn wait_for_signal() {

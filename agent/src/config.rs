@@ -90,6 +90,38 @@ pub struct AgentFlags {
     /// agent's data dir and what contains it).
     #[arg(long = "host-path-allow", value_name = "PREFIX")]
     pub host_path_allow: Vec<PathBuf>,
+    /// Pod networking: `bridge` (one IP per pod from this node's block of the cluster CIDR;
+    /// the default) or `none` (pods have only loopback).
+    #[arg(long, value_name = "bridge|none")]
+    pub pod_network: Option<PodNetworkMode>,
+    /// The pods' address range, cut into one block per node (default 10.88.0.0/16).
+    #[arg(long, value_name = "CIDR")]
+    pub cluster_cidr: Option<ipnet::Ipv4Net>,
+    /// Prefix length of each node's block of the cluster CIDR (default 24: 253 pods).
+    #[arg(long, value_name = "BITS")]
+    pub node_cidr_size: Option<u8>,
+    /// On shutdown, stop this node's pods and remove what it made on the host (pod network
+    /// bridge and routes) and its pod CIDR lease.
+    #[arg(long)]
+    pub cleanup: bool,
+}
+
+/// How pods are networked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum PodNetworkMode {
+    #[default]
+    Bridge,
+    None,
+}
+
+/// The `[network]` table of the config file.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct NetworkFile {
+    pub pod_network: Option<PodNetworkMode>,
+    pub cluster_cidr: Option<ipnet::Ipv4Net>,
+    pub node_cidr_size: Option<u8>,
 }
 
 /// The `[state]` table of the config file.
@@ -139,6 +171,8 @@ pub struct AgentFile {
     pub scheduling: SchedulingFile,
     #[serde(default)]
     pub kubelet: KubeletFile,
+    #[serde(default)]
+    pub network: NetworkFile,
 }
 
 /// The `[kubelet]` table of the config file.
@@ -215,6 +249,12 @@ pub struct AgentConfig {
     pub layer_limits: crate::images::layer::LayerLimits,
     /// Default empty: any host path but the data dir.
     pub host_path_allow: Vec<PathBuf>,
+    /// Default bridge.
+    pub pod_network: PodNetworkMode,
+    /// Default false.
+    pub cleanup: bool,
+    /// The cluster CIDR and node block size, checked together (default 10.88.0.0/16, /24).
+    pub pod_cidrs: shoal_net::lease::Pool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -351,6 +391,27 @@ impl AgentConfig {
                 file.kubelet.host_path_allow.clone().unwrap_or_default()
             } else {
                 flags.host_path_allow.clone()
+            },
+            cleanup: flags.cleanup,
+            pod_network: flags
+                .pod_network
+                .or(file.network.pod_network)
+                .unwrap_or_default(),
+            pod_cidrs: {
+                let cluster = flags
+                    .cluster_cidr
+                    .or(file.network.cluster_cidr)
+                    .unwrap_or_else(|| {
+                        shoal_net::DEFAULT_CLUSTER_CIDR
+                            .parse()
+                            .expect("the default parses")
+                    });
+                let size = flags
+                    .node_cidr_size
+                    .or(file.network.node_cidr_size)
+                    .unwrap_or(shoal_net::DEFAULT_NODE_CIDR_SIZE);
+                shoal_net::lease::Pool::new(cluster, size)
+                    .map_err(|e| invalid("network.cluster-cidr", e.to_string()))?
             },
             layer_limits: {
                 let default = crate::images::layer::LayerLimits::default();

@@ -15,6 +15,7 @@ pub mod controllers;
 pub mod host;
 pub mod images;
 pub mod kubelet;
+pub mod network;
 pub mod node_identity;
 pub mod replication;
 pub mod runtime;

@@ -206,6 +206,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let runtime = shoal_agent::runtime::Runtime::new(&target.data_dir)?;
             let removed = runtime.reset()?;
             println!("removed {removed} pod sandbox(es)");
+            shoal_net::linux::BridgeNetwork::new(runtime.scope(), None).cleanup(None)?;
+            println!("removed the pod network (bridge and routes)");
             Ok(())
         }
         Command::Delete {

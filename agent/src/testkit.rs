@@ -138,6 +138,16 @@ impl AgentProcess {
         for seed in &self.spec.join {
             cmd.args(["--join", &seed.to_string()]);
         }
+        // Pods of test agents have only loopback unless a test asks for a pod network (and
+        // then runs its agents in namespaces of its own: bridges and routes stay there).
+        if !self
+            .spec
+            .extra_args
+            .iter()
+            .any(|a| a.starts_with("--pod-network"))
+        {
+            cmd.args(["--pod-network", "none"]);
+        }
         cmd.args(&self.spec.extra_args)
             .env(
                 "RUST_LOG",

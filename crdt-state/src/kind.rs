@@ -63,6 +63,16 @@ pub const KINDS: &[KindInfo] = &[
         true,
         &["hpa"],
     ),
+    // Which node holds which block of the cluster CIDR (one object per block; shoal-net's
+    // `lease` module).
+    kind(
+        "network.shoal.io",
+        "v1",
+        "PodCIDRBlock",
+        "podcidrblocks",
+        false,
+        &["pcb"],
+    ),
 ];
 
 /// Looks a kind up by `apiVersion` and `kind`.

@@ -147,8 +147,12 @@ pub async fn list_objects(
         Source::Nodes => {
             let now = now_rfc3339();
             let members = state.membership.members().await;
+            let blocks = crate::network::blocks_by_node(&state.replication, None);
             (
-                members.iter().map(|m| observed::node(m, &now)).collect(),
+                members
+                    .iter()
+                    .map(|m| observed::node(m, &now, blocks.get(&m.node_id).copied()))
+                    .collect(),
                 state.replication.read(|s| s.resource_version()),
             )
         }

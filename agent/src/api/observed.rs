@@ -117,7 +117,7 @@ pub fn endpoints_for(service: &Value) -> Value {
 }
 
 /// A Node object for one member, from what it gossips about itself.
-pub fn node(member: &Member, now_rfc3339: &str) -> Value {
+pub fn node(member: &Member, now_rfc3339: &str, pod_cidr: Option<ipnet::Ipv4Net>) -> Value {
     let meta = member.meta.as_ref();
     let info = meta.and_then(|m| m.info.clone()).unwrap_or_default();
     let cap = meta.map(|m| m.capacity);
@@ -145,6 +145,19 @@ pub fn node(member: &Member, now_rfc3339: &str) -> Value {
         now_rfc3339.to_owned()
     };
     let ip = member.gossip_addr.ip().to_string();
+    let mut spec = serde_json::Map::new();
+    if let Some(taints) = meta.filter(|m| !m.taints.is_empty()).map(|m| {
+        m.taints
+            .iter()
+            .map(|t| json!({"key": t.key, "value": t.value, "effect": t.effect}))
+            .collect::<Vec<_>>()
+    }) {
+        spec.insert("taints".into(), json!(taints));
+    }
+    if let Some(cidr) = pod_cidr {
+        spec.insert("podCIDR".into(), json!(cidr.to_string()));
+        spec.insert("podCIDRs".into(), json!([cidr.to_string()]));
+    }
     json!({
         "apiVersion": "v1",
         "kind": "Node",
@@ -156,11 +169,7 @@ pub fn node(member: &Member, now_rfc3339: &str) -> Value {
             "labels": meta.map(|m| json!(m.labels)).unwrap_or(json!({})),
             "annotations": {"shoal.io/node-id": member.node_id, "shoal.io/generation": member.generation.to_string()},
         },
-        "spec": if meta.is_some_and(|m| !m.taints.is_empty()) {
-            json!({"taints": meta.map(|m| m.taints.iter().map(|t| json!({"key": t.key, "value": t.value, "effect": t.effect})).collect::<Vec<_>>())})
-        } else {
-            json!({})
-        },
+        "spec": spec,
         "status": {
             "capacity": capacity,
             "allocatable": capacity,

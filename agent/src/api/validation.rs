@@ -234,6 +234,30 @@ pub fn validate(kind: &str, object: &Value) -> Result<(), FieldError> {
             }
             Ok(())
         }
+        "PodCIDRBlock" => {
+            let name = object["metadata"]["name"].as_str().unwrap_or_default();
+            let Some(block) = shoal_net::lease::parse_block_name(name) else {
+                return Err(err(
+                    "metadata.name",
+                    format!("Invalid value: {name:?}: must name a block, like 10-88-3-0-24"),
+                ));
+            };
+            if object["spec"]["cidr"].as_str() != Some(block.to_string().as_str()) {
+                return Err(err(
+                    "spec.cidr",
+                    format!("Invalid value: must be {block}, the block the name stands for"),
+                ));
+            }
+            if !object["spec"]["nodeID"].as_str().is_some_and(|id| {
+                !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_hexdigit())
+            }) {
+                return Err(err(
+                    "spec.nodeID",
+                    "Required value: the holder's node id (hex)",
+                ));
+            }
+            Ok(())
+        }
         _ => Ok(()),
     }
 }

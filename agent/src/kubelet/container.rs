@@ -347,9 +347,9 @@ pub fn build(
             c.name
         )));
     }
-    if !ctx.allow_privileged && (plan.host_pid || plan.host_ipc) {
+    if !ctx.allow_privileged && (plan.host_pid || plan.host_ipc || plan.host_network) {
         return Err(refused(
-            "hostPID/hostIPC share the node's namespaces (start the node with --allow-privileged)"
+            "hostPID/hostIPC/hostNetwork share the node's namespaces (start the node with --allow-privileged)"
                 .into(),
         ));
     }
@@ -660,6 +660,7 @@ pub fn build(
         sysctls: plan.sysctls.clone(),
         host_pid: plan.host_pid,
         host_ipc: plan.host_ipc,
+        host_network: plan.host_network,
         privileged: c.privileged,
     })
 }

@@ -84,6 +84,9 @@ pub struct Kubelet {
     handle: std::sync::OnceLock<tokio::runtime::Handle>,
     /// The latest usage sample of this node and its containers.
     usage: Mutex<metrics::NodeUsage>,
+    /// Set by [`Kubelet::stop`]; the loop sets `exited` when it has returned.
+    stopping: std::sync::atomic::AtomicBool,
+    exited: std::sync::atomic::AtomicBool,
 }
 
 /// A pod bound to this node: the stored object and its plan, parsed when it changes (not on
@@ -154,11 +157,25 @@ impl Kubelet {
             wake: Mutex::new(None),
             handle: std::sync::OnceLock::new(),
             usage: Mutex::new(metrics::NodeUsage::default()),
+            stopping: Default::default(),
+            exited: Default::default(),
         })
     }
 
     pub fn runtime(&self) -> &Runtime {
         &self.runtime
+    }
+
+    /// Stops the reconcile loop (pods keep running) and waits up to `timeout` for it to
+    /// return, so nothing starts a container afterwards.
+    pub fn stop(&self, timeout: Duration) {
+        use std::sync::atomic::Ordering;
+        self.stopping.store(true, Ordering::SeqCst);
+        self.wake();
+        let deadline = std::time::Instant::now() + timeout;
+        while !self.exited.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Starts the pod cache and the reconcile loop (on its own thread: runtime calls block).
@@ -261,6 +278,11 @@ impl Kubelet {
                 Ok(()) | Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => return,
             }
+            if self.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                self.exited.store(true, std::sync::atomic::Ordering::SeqCst);
+                info!("kubelet stopped");
+                return;
+            }
             while wake.try_recv().is_ok() {}
             for result in probe_rx.try_iter() {
                 if let Some(worker) = workers.get_mut(&result.uid) {
@@ -298,12 +320,33 @@ impl Kubelet {
     ) -> bool {
         let bound = self.bound.lock().unwrap().clone();
         let fenced_stop = self.scheduling.must_stop_fenced();
-        let observed: HashMap<String, ObservedPod> = self
+        let mut observed: HashMap<String, ObservedPod> = self
             .runtime
             .list()
             .into_iter()
             .map(|p| (p.sandbox.uid.clone(), p))
             .collect();
+        // Pods numbered from a block this node no longer holds (it lost the block to another
+        // node after a partition healed) start over in a new sandbox with a new address: two
+        // live pods must never share an IP.
+        let stale: Vec<String> = observed
+            .values()
+            .filter(|p| {
+                p.network
+                    .is_some_and(|n| !self.runtime.network_is_current(&n))
+            })
+            .map(|p| p.sandbox.uid.clone())
+            .collect();
+        for uid in stale {
+            info!(pod = %uid, "renumbering the pod: its address is outside this node's pod CIDR");
+            match self.runtime.remove_sandbox(&uid) {
+                Ok(()) => {
+                    observed.remove(&uid);
+                    workers.remove(&uid);
+                }
+                Err(error) => warn!(pod = %uid, %error, "removing the pod's old sandbox"),
+            }
+        }
         let uids: HashSet<String> = bound
             .keys()
             .chain(observed.keys())
@@ -367,6 +410,15 @@ impl Kubelet {
                 Some(mut status) => {
                     status["hostIP"] = json!(self.host_ip);
                     status["hostIPs"] = json!([{"ip": self.host_ip}]);
+                    let pod_ip = if plan.is_some_and(|p| p.host_network) {
+                        Some(self.host_ip.clone())
+                    } else {
+                        seen.and_then(|p| p.network).map(|n| n.ip.to_string())
+                    };
+                    if let Some(ip) = pod_ip {
+                        status["podIP"] = json!(ip);
+                        status["podIPs"] = json!([{ "ip": ip }]);
+                    }
                     let object = &pod.expect("a status comes with a spec").object;
                     statuses.insert(uid.clone(), Some(report(object, status)));
                 }
@@ -411,6 +463,7 @@ impl Kubelet {
             hostname: plan.hostname.clone(),
             memory_limit_bytes: plan.memory_limit_bytes(),
             pids_limit: self.config.pod_pids_limit,
+            host_network: plan.host_network,
         }
     }
 
@@ -485,7 +538,8 @@ impl Kubelet {
                     return Ok(());
                 };
                 let runtime = self.runtime.clone();
-                let netns = self.runtime.netns_path(uid);
+                let netns =
+                    (!plan.is_some_and(|p| p.host_network)).then(|| self.runtime.netns_path(uid));
                 let tx = probe_tx.clone();
                 let uid = uid.to_owned();
                 // A fresh thread per probe: network probes move their thread into the pod's
@@ -493,9 +547,10 @@ impl Kubelet {
                 std::thread::Builder::new()
                     .name("probe".into())
                     .spawn(move || {
-                        let (success, message) = probe::run(&probe, &netns, |command, timeout| {
-                            runtime.exec(&meta, command, timeout)
-                        });
+                        let (success, message) =
+                            probe::run(&probe, netns.as_deref(), |command, timeout| {
+                                runtime.exec(&meta, command, timeout)
+                            });
                         let _ = tx.send(ProbeResult {
                             uid,
                             name,
@@ -670,11 +725,26 @@ impl Kubelet {
                 .map_err(|e| e.to_string())
         };
         let lookup = |kind: &str, object: &str| self.lookup(&plan.namespace, kind, object);
+        // The sandbox (and so the pod's address) comes first: the downward API shows it.
+        self.runtime
+            .ensure_sandbox(&self.sandbox_spec(plan))
+            .map_err(|e| container::ConfigError {
+                reason: "RunContainerError",
+                message: e.to_string(),
+            })?;
+        let pod_ip = if plan.host_network {
+            self.host_ip.clone()
+        } else {
+            self.runtime
+                .pod_network(&plan.uid)
+                .map(|n| n.ip.to_string())
+                .unwrap_or_default()
+        };
         let ctx = container::Context {
             runtime_id: runtime_id.clone(),
             node_name: &self.node_name,
             host_ip: &self.host_ip,
-            pod_ip: "",
+            pod_ip: &pod_ip,
             netns: self.runtime.netns_path(&plan.uid),
             pod_cgroup: self.runtime.pod_cgroup(&plan.uid),
             etc_dir: self.runtime.etc_dir(&plan.uid),
@@ -710,8 +780,7 @@ impl Kubelet {
             cgroup_path: request.cgroup_path.clone(),
         };
         self.runtime
-            .ensure_sandbox(&self.sandbox_spec(plan))
-            .and_then(|()| self.runtime.start_container(&plan.uid, &meta, &request))
+            .start_container(&plan.uid, &meta, &request)
             .map_err(|e| container::ConfigError {
                 reason: "RunContainerError",
                 message: e.to_string(),

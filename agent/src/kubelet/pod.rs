@@ -224,6 +224,8 @@ pub struct PodPlan {
     pub sysctls: BTreeMap<String, String>,
     pub host_pid: bool,
     pub host_ipc: bool,
+    /// `hostNetwork`: the pod uses the node's network namespace.
+    pub host_network: bool,
 }
 
 fn strings(value: &Value) -> Option<Vec<String>> {
@@ -573,6 +575,7 @@ impl PodPlan {
                 .collect(),
             host_pid: spec["hostPID"].as_bool().unwrap_or(false),
             host_ipc: spec["hostIPC"].as_bool().unwrap_or(false),
+            host_network: spec["hostNetwork"].as_bool().unwrap_or(false),
         })
     }
 

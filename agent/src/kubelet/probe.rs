@@ -56,7 +56,7 @@ fn http_get(port: u16, path: &str, timeout: Duration) -> Result<String, String> 
 /// code and output. Returns (success, message).
 pub fn run(
     probe: &Probe,
-    netns: &Path,
+    netns: Option<&Path>,
     exec: impl FnOnce(&[String], Duration) -> Result<(i32, String), String>,
 ) -> (bool, String) {
     let timeout = Duration::from_millis(probe.timeout_ms);
@@ -68,15 +68,15 @@ pub fn run(
                 Err(format!("command exited with {code}: {}", output.trim()))
             }
         }),
-        ProbeAction::TcpSocket { port } => enter_netns(netns).and_then(|()| {
+        ProbeAction::TcpSocket { port } => netns.map_or(Ok(()), enter_netns).and_then(|()| {
             let addr = SocketAddr::from(([127, 0, 0, 1], *port));
             TcpStream::connect_timeout(&addr, timeout)
                 .map(|_| format!("connected to {addr}"))
                 .map_err(|e| format!("dial {addr}: {e}"))
         }),
-        ProbeAction::HttpGet { port, path } => {
-            enter_netns(netns).and_then(|()| http_get(*port, path, timeout))
-        }
+        ProbeAction::HttpGet { port, path } => netns
+            .map_or(Ok(()), enter_netns)
+            .and_then(|()| http_get(*port, path, timeout)),
     };
     match result {
         Ok(message) => (true, message),

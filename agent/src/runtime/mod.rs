@@ -54,6 +54,8 @@ pub enum RuntimeError {
         sub_path: String,
         reason: String,
     },
+    #[error("pod network: {0}")]
+    Network(#[from] shoal_net::NetError),
 }
 
 /// `hostPath.type`: what must be at the path (and what the kubelet creates).
@@ -136,6 +138,9 @@ pub struct SandboxSpec {
     /// The most processes the pod's containers may run together (`--pod-pids-limit`).
     #[serde(default)]
     pub pids_limit: Option<u64>,
+    /// `hostNetwork`: the pod shares the node's network namespace.
+    #[serde(default)]
+    pub host_network: bool,
 }
 
 /// What is written next to a container's bundle.
@@ -176,6 +181,9 @@ pub struct ObservedContainer {
 pub struct ObservedPod {
     pub sandbox: SandboxSpec,
     pub containers: Vec<ObservedContainer>,
+    /// The pod's network as recorded when its sandbox was made (`None`: loopback only, host
+    /// network, or not made yet).
+    pub network: Option<shoal_net::PodNetwork>,
 }
 
 /// The runc-backed runtime of one agent.
@@ -195,6 +203,8 @@ pub struct Runtime {
     /// derived from the data dir, so several agents on one host (tests, labs) never share a
     /// pod's cgroup or netns even for the same pod uid, and `shoal reset` finds the same names.
     scope: String,
+    /// Gives each pod sandbox its interface and address (loopback only by default).
+    network: std::sync::Arc<dyn shoal_net::PodNetworkPlugin>,
 }
 
 fn run(command: &mut Command) -> Result<(), RuntimeError> {
@@ -271,11 +281,29 @@ impl Runtime {
             shoal_binary,
             layout: cgroup::Layout::detect(),
             log_max_bytes: 10 << 20,
+            network: std::sync::Arc::new(shoal_net::LoopbackOnly),
         };
         for dir in [&runtime.runc_root, &runtime.pods_dir] {
             std::fs::create_dir_all(dir).map_err(io_at(dir))?;
         }
         Ok(runtime)
+    }
+
+    /// Pods get their network from `plugin` (default: loopback only).
+    pub fn with_network(mut self, plugin: std::sync::Arc<dyn shoal_net::PodNetworkPlugin>) -> Self {
+        self.network = plugin;
+        self
+    }
+
+    /// Whether a pod's recorded network is still this node's (see
+    /// [`shoal_net::PodNetworkPlugin::is_current`]).
+    pub fn network_is_current(&self, network: &shoal_net::PodNetwork) -> bool {
+        self.network.is_current(network)
+    }
+
+    /// This runtime's scope (names its host-wide objects).
+    pub fn scope(&self) -> &str {
+        &self.scope
     }
 
     /// The `shoal` binary that runs shims (tests pass the built binary).
@@ -598,6 +626,15 @@ impl Runtime {
         format!("shoal-{}-{uid}", self.scope)
     }
 
+    /// The network a pod's sandbox was given.
+    pub fn pod_network(&self, uid: &str) -> Option<shoal_net::PodNetwork> {
+        if !is_safe_id(uid) {
+            return None;
+        }
+        read_json::<Option<shoal_net::PodNetwork>>(&self.pod_dir(uid).join("network.json"))
+            .flatten()
+    }
+
     /// Path of the pod's network namespace.
     pub fn netns_path(&self, uid: &str) -> PathBuf {
         Path::new("/run/netns").join(self.netns_name(uid))
@@ -608,13 +645,18 @@ impl Runtime {
         cgroup::pod_path(&self.scope, uid)
     }
 
-    /// Creates the pod sandbox if missing: directories, network namespace (loopback up),
+    /// Creates the pod sandbox if missing: directories, network namespace (loopback up) with
+    /// the pod's interface and address from the network plugin (recorded in `network.json`),
     /// /etc files, the pod cgroup with its memory cap. Idempotent.
     pub fn ensure_sandbox(&self, sandbox: &SandboxSpec) -> Result<(), RuntimeError> {
         check_id("pod uid", &sandbox.uid)?;
         let dir = self.pod_dir(&sandbox.uid);
         let record = dir.join("sandbox.json");
-        if record.exists() && self.netns_path(&sandbox.uid).exists() {
+        let network_record = dir.join("network.json");
+        if record.exists()
+            && (sandbox.host_network
+                || (self.netns_path(&sandbox.uid).exists() && network_record.exists()))
+        {
             return Ok(());
         }
         for sub in ["containers", "logs", "volumes", "etc"] {
@@ -622,20 +664,30 @@ impl Runtime {
         }
         // Written first, so a crash from here on still leaves a record that cleanup finds.
         shim::write_state(&dir, "sandbox.json", sandbox).map_err(io_at(&record))?;
-        let netns = self.netns_name(&sandbox.uid);
-        if !self.netns_path(&sandbox.uid).exists() {
-            run(Command::new("ip").args(["netns", "add", &netns]))?;
-        }
-        run(Command::new("ip").args(["-n", &netns, "link", "set", "lo", "up"]))?;
+        let network = if sandbox.host_network {
+            None
+        } else {
+            let netns = shoal_net::netns::create(&self.netns_name(&sandbox.uid))?;
+            let network = self.network.setup(&shoal_net::PodRef {
+                uid: sandbox.uid.clone(),
+                netns,
+            })?;
+            shim::write_state(&dir, "network.json", &network).map_err(io_at(&network_record))?;
+            network
+        };
         let etc = self.etc_dir(&sandbox.uid);
         let write = |name: &str, text: String| {
             std::fs::write(etc.join(name), text).map_err(io_at(&etc.join(name)))
         };
+        // Like the kubelet's: localhost, then the pod's own address under its hostname.
+        let own = match network {
+            Some(network) => format!("{}\t{}\n", network.ip, sandbox.hostname),
+            None => format!("127.0.1.1\t{}\n", sandbox.hostname),
+        };
         write(
             "hosts",
             format!(
-                "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{}\n",
-                sandbox.hostname
+                "# Kubernetes-managed hosts file (written by shoal).\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{own}"
             ),
         )?;
         write("hostname", format!("{}\n", sandbox.hostname))?;
@@ -893,9 +945,13 @@ impl Runtime {
         if let Some(err) = first_error {
             tracing::warn!(pod = %pod_uid, error = %err, "removing the pod's containers; cleaning up by cgroup and mounts");
         }
-        if self.netns_path(pod_uid).exists() {
-            run(Command::new("ip").args(["netns", "delete", &self.netns_name(pod_uid)]))?;
+        if let Err(err) = self.network.teardown(&shoal_net::PodRef {
+            uid: pod_uid.to_owned(),
+            netns: self.netns_path(pod_uid),
+        }) {
+            tracing::warn!(pod = %pod_uid, error = %err, "removing the pod's network");
         }
+        shoal_net::netns::delete(&self.netns_name(pod_uid))?;
         cgroup::remove(self.layout, &self.pod_cgroup(pod_uid))
             .map_err(io_at(Path::new(&self.pod_cgroup(pod_uid))))?;
         // This runtime's and the node-wide parents, once they hold no other pod.
@@ -1007,9 +1063,12 @@ impl Runtime {
             .collect();
         containers
             .sort_by(|a, b| (&a.meta.name, a.meta.attempt).cmp(&(&b.meta.name, b.meta.attempt)));
+        let network =
+            read_json::<Option<shoal_net::PodNetwork>>(&dir.join("network.json")).flatten();
         Some(ObservedPod {
             sandbox,
             containers,
+            network,
         })
     }
 

@@ -61,6 +61,8 @@ pub struct ContainerRequest {
     /// `--allow-privileged` only).
     pub host_pid: bool,
     pub host_ipc: bool,
+    /// Share the node's network namespace (`hostNetwork`; `--allow-privileged` nodes only).
+    pub host_network: bool,
     /// `securityContext.privileged` (nodes started with `--allow-privileged` only): every
     /// capability, no seccomp filter, no masked or read-only /proc paths, a writable /sys,
     /// the host's devices.
@@ -210,8 +212,10 @@ pub fn runtime_spec(request: &ContainerRequest) -> Value {
         json!({"type": "mount"}),
         // The container sees its own cgroup as the root of its cgroup tree.
         json!({"type": "cgroup"}),
-        json!({"type": "network", "path": request.netns}),
     ];
+    if !request.host_network {
+        namespaces.push(json!({"type": "network", "path": request.netns}));
+    }
     if !request.host_pid {
         namespaces.push(json!({"type": "pid"}));
     }
@@ -303,6 +307,7 @@ mod tests {
             sysctls: [("net.ipv4.tcp_syncookies".to_owned(), "1".to_owned())].into(),
             host_pid: false,
             host_ipc: false,
+            host_network: false,
             privileged: false,
         }
     }

@@ -63,6 +63,7 @@ impl Node {
             hostname: format!("pod-{uid}"),
             memory_limit_bytes: None,
             pids_limit: None,
+            host_network: false,
         };
         self.runtime.ensure_sandbox(&sandbox).unwrap();
         sandbox
@@ -105,6 +106,7 @@ impl Node {
             sysctls: Default::default(),
             host_pid: false,
             host_ipc: false,
+            host_network: false,
             privileged: false,
         };
         self.runtime.start_container(uid, &meta, &request).unwrap();

@@ -106,6 +106,7 @@ fn request(
         sysctls: Default::default(),
         host_pid: false,
         host_ipc: false,
+        host_network: false,
         privileged: false,
     }
 }
@@ -124,6 +125,7 @@ fn shoal_cycles(dir: &Path, images: &Path, cycles: usize) -> anyhow::Result<Vec<
         hostname: "bench".into(),
         memory_limit_bytes: None,
         pids_limit: None,
+        host_network: false,
     })?;
     let mut times = Vec::new();
     for attempt in 0..cycles as u32 {

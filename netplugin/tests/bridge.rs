@@ -1,0 +1,157 @@
+//! The bridge network for real, as root: a "node" namespace this test creates holds the bridge;
+//! two pod namespaces get veths and addresses and talk TCP to each other through it; teardown
+//! and cleanup leave no link behind. Every namespace is removed at the end, also on failure.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
+use std::path::Path;
+
+use shoal_net::linux::{BridgeNetwork, Route};
+use shoal_net::{PodNetworkPlugin, PodRef, netns};
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Removes the namespaces on drop.
+struct Namespaces(Vec<String>);
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for name in &self.0 {
+            let _ = netns::delete(name);
+        }
+    }
+}
+
+/// Runs `f` on a thread inside namespace `path`.
+fn inside<T: Send>(path: &Path, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let file = std::fs::File::open(path).unwrap();
+            nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            f()
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+fn links(path: &Path) -> Vec<String> {
+    // /sys/class/net shows the namespace sysfs was mounted in, not the thread's: ask iproute2.
+    inside(path, || {
+        let out = std::process::Command::new("ip")
+            .args(["-o", "link", "show"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|n| n.split('@').next().unwrap().to_owned())
+            .collect()
+    })
+}
+
+#[test]
+fn pods_on_one_bridge_reach_each_other_and_nothing_is_left() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let tag = format!("snt{}", std::process::id() % 100_000);
+    let names = Namespaces(vec![
+        format!("{tag}-node"),
+        format!("{tag}-a"),
+        format!("{tag}-b"),
+    ]);
+    let node = netns::create(&names.0[0]).unwrap();
+    let pod_a = PodRef {
+        uid: "pod-a".into(),
+        netns: netns::create(&names.0[1]).unwrap(),
+    };
+    let pod_b = PodRef {
+        uid: "pod-b".into(),
+        netns: netns::create(&names.0[2]).unwrap(),
+    };
+    let net = BridgeNetwork::new(&tag, None);
+    let block = "10.250.1.0/24".parse().unwrap();
+    let (a, b) = inside(&node, || {
+        assert!(
+            net.set_block(block, &[("old".into(), "10.250.9.9".parse().unwrap())])
+                .unwrap()
+                == vec!["old".to_owned()],
+            "a record outside the block is returned for renumbering"
+        );
+        let a = net.setup(&pod_a).unwrap().unwrap();
+        let b = net.setup(&pod_b).unwrap().unwrap();
+        assert_eq!(net.setup(&pod_a).unwrap().unwrap().ip, a.ip, "idempotent");
+        (a, b)
+    });
+    assert_eq!(a.gateway, "10.250.1.1".parse::<Ipv4Addr>().unwrap());
+    assert_ne!(a.ip, b.ip);
+    assert!(links(&pod_a.netns).contains(&"eth0".to_owned()));
+
+    // TCP from pod b to pod a through the bridge.
+    let listener = inside(&pod_a.netns, || TcpListener::bind((a.ip, 8080)).unwrap());
+    let server = std::thread::spawn(move || {
+        let (mut conn, peer) = listener.accept().unwrap();
+        conn.write_all(b"hello from a").unwrap();
+        peer
+    });
+    let reply = inside(&pod_b.netns, || {
+        let mut conn = TcpStream::connect_timeout(
+            &SocketAddr::from((a.ip, 8080)),
+            std::time::Duration::from_secs(5),
+        )
+        .unwrap();
+        let mut reply = String::new();
+        conn.read_to_string(&mut reply).unwrap();
+        reply
+    });
+    assert_eq!(reply, "hello from a");
+    assert_eq!(server.join().unwrap().ip(), std::net::IpAddr::V4(b.ip));
+
+    // Routes: only Shoal's, exactly as asked.
+    inside(&node, || {
+        let via: Ipv4Addr = "10.250.1.77".parse().unwrap();
+        net.sync_routes(&[Route {
+            block: "10.250.2.0/24".parse().unwrap(),
+            via,
+        }])
+        .unwrap();
+        let show = |_: ()| {
+            String::from_utf8(
+                std::process::Command::new("ip")
+                    .args(["route", "show", "proto", "83"])
+                    .output()
+                    .unwrap()
+                    .stdout,
+            )
+            .unwrap()
+        };
+        assert!(
+            show(()).contains("10.250.2.0/24 via 10.250.1.77"),
+            "{}",
+            show(())
+        );
+        net.sync_routes(&[]).unwrap();
+        assert_eq!(show(()).trim(), "");
+    });
+
+    let host_a = net.host_veth("pod-a");
+    assert!(links(&node).contains(&host_a));
+    inside(&node, || {
+        net.teardown(&pod_a).unwrap();
+        net.teardown(&pod_a).unwrap();
+    });
+    assert!(!links(&node).contains(&host_a));
+    inside(&node, || {
+        net.cleanup(Some("10.250.0.0/16".parse().unwrap())).unwrap()
+    });
+    let left = links(&node);
+    assert!(
+        !left.iter().any(|l| l == net.bridge_name()),
+        "bridge removed: {left:?}"
+    );
+}
