@@ -213,7 +213,9 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     let runtime = match (runtime, &bridge) {
         (Some(runtime), Some(bridge)) => Some(runtime.with_network(bridge.clone())),
         (runtime, _) => runtime,
-    };
+    }
+    .map(|r| r.with_cluster_domain(&config.cluster_domain));
+    let runtime_scope = runtime.as_ref().map(|r| r.scope().to_owned());
     let mut labels = config.labels.clone();
     labels.extend(host::well_known_labels(&config.name));
     let meta = NodeMeta {
@@ -312,12 +314,28 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             .clone()
             .follow(membership.clone(), std::time::Duration::from_millis(100)),
     );
+    let service_plane = if let Some(bridge) = &bridge {
+        let bridge = bridge.clone();
+        Some(crate::services::start(
+            replication.clone(),
+            pod_statuses.clone(),
+            config.cluster_domain.clone(),
+            move || bridge.gateway(),
+            shoal_net::nft::table_name(runtime_scope.as_deref().unwrap_or("")),
+            config.pod_cidrs.cluster(),
+        ))
+    } else {
+        None
+    };
     crate::controllers::Controllers::new(
         node.numeric_id(),
         replication.clone(),
         membership.clone(),
         pod_statuses.clone(),
-        crate::controllers::ControllerConfig::default(),
+        crate::controllers::ControllerConfig {
+            service_cidr: config.service_cidr,
+            ..Default::default()
+        },
     )
     .start();
     let images = if config.no_runtime {
@@ -416,6 +434,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             logs: logs.clone(),
             token: identity.api_token().into(),
             server_address: addr.to_string(),
+            service_cidr: config.service_cidr,
         };
         info!(%addr, "Kubernetes API listening");
         tokio::spawn(crate::api::serve(
@@ -455,6 +474,9 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
                 kubelet.stop(std::time::Duration::from_secs(30))
             })
             .await;
+        }
+        if let Some(plane) = &service_plane {
+            plane.cleanup().await;
         }
         cleanup(runtime_for_cleanup, node_network.as_deref()).await;
     }

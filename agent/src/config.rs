@@ -100,6 +100,12 @@ pub struct AgentFlags {
     /// Prefix length of each node's block of the cluster CIDR (default 24: 253 pods).
     #[arg(long, value_name = "BITS")]
     pub node_cidr_size: Option<u8>,
+    /// Where Service ClusterIPs come from (default 10.96.0.0/16); the same on every node.
+    #[arg(long, value_name = "CIDR")]
+    pub service_cidr: Option<ipnet::Ipv4Net>,
+    /// The DNS domain of Services and pods (default cluster.local).
+    #[arg(long, value_name = "DOMAIN")]
+    pub cluster_domain: Option<String>,
     /// On shutdown, stop this node's pods and remove what it made on the host (pod network
     /// bridge and routes) and its pod CIDR lease.
     #[arg(long)]
@@ -122,6 +128,8 @@ pub struct NetworkFile {
     pub pod_network: Option<PodNetworkMode>,
     pub cluster_cidr: Option<ipnet::Ipv4Net>,
     pub node_cidr_size: Option<u8>,
+    pub service_cidr: Option<ipnet::Ipv4Net>,
+    pub cluster_domain: Option<String>,
 }
 
 /// The `[state]` table of the config file.
@@ -253,6 +261,10 @@ pub struct AgentConfig {
     pub pod_network: PodNetworkMode,
     /// Default false.
     pub cleanup: bool,
+    /// Default 10.96.0.0/16.
+    pub service_cidr: ipnet::Ipv4Net,
+    /// Default cluster.local.
+    pub cluster_domain: String,
     /// The cluster CIDR and node block size, checked together (default 10.88.0.0/16, /24).
     pub pod_cidrs: shoal_net::lease::Pool,
 }
@@ -393,6 +405,19 @@ impl AgentConfig {
                 flags.host_path_allow.clone()
             },
             cleanup: flags.cleanup,
+            service_cidr: flags
+                .service_cidr
+                .or(file.network.service_cidr)
+                .unwrap_or_else(|| {
+                    shoal_net::service_ip::DEFAULT_SERVICE_CIDR
+                        .parse()
+                        .expect("the default parses")
+                }),
+            cluster_domain: flags
+                .cluster_domain
+                .clone()
+                .or(file.network.cluster_domain.clone())
+                .unwrap_or_else(|| "cluster.local".to_owned()),
             pod_network: flags
                 .pod_network
                 .or(file.network.pod_network)
@@ -474,6 +499,28 @@ impl AgentConfig {
             return Err(invalid(
                 "kubelet.host-path-allow",
                 format!("{} is not an absolute path", bad.display()),
+            ));
+        }
+        if let Err(e) = shoal_net::service_ip::check(
+            self.service_cidr,
+            std::net::Ipv4Addr::from(u32::from(self.service_cidr.network()) + 2),
+        ) {
+            return Err(invalid("network.service-cidr", e.to_string()));
+        }
+        if self.service_cidr.trunc() != self.service_cidr {
+            return Err(invalid(
+                "network.service-cidr",
+                format!("{} is not a network address", self.service_cidr),
+            ));
+        }
+        if self
+            .cluster_domain
+            .split('.')
+            .any(|l| labels::check_dns_label(l).is_err())
+        {
+            return Err(invalid(
+                "network.cluster-domain",
+                "must be DNS labels joined by dots, like cluster.local",
             ));
         }
         if self.pod_pids_limit < 16 {

@@ -12,6 +12,7 @@ pub mod client;
 pub mod config;
 pub mod control;
 pub mod controllers;
+pub mod endpoints;
 pub mod host;
 pub mod images;
 pub mod kubelet;
@@ -21,6 +22,7 @@ pub mod replication;
 pub mod runtime;
 pub mod scheduler;
 pub mod scheduling;
+pub mod services;
 pub mod testkit;
 
 /// Version reported in gossip and by `shoal --version`.

@@ -208,6 +208,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("removed {removed} pod sandbox(es)");
             shoal_net::linux::BridgeNetwork::new(runtime.scope(), None).cleanup(None)?;
             println!("removed the pod network (bridge and routes)");
+            let table = shoal_net::nft::table_name(runtime.scope());
+            match shoal_net::nft::delete_table(&table) {
+                Ok(()) => println!("removed the service rules (nftables table {table})"),
+                Err(e) => eprintln!("service rules (nftables table {table}): {e}"),
+            }
             Ok(())
         }
         Command::Delete {

@@ -11,10 +11,13 @@
 //!
 //! The runtime calls a [`PodNetworkPlugin`]; everything host-specific sits behind it.
 
+pub mod dns;
 pub mod ipam;
 pub mod lease;
 pub mod linux;
 pub mod netns;
+pub mod nft;
+pub mod service_ip;
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;

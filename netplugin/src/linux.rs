@@ -224,6 +224,12 @@ impl BridgeNetwork {
         format!("sv{}", &hex::encode(hash.finalize())[..12])
     }
 
+    /// The bridge's address (where the node's DNS server listens for its pods), once the node
+    /// holds a block.
+    pub fn gateway(&self) -> Option<Ipv4Addr> {
+        self.ipam.lock().unwrap().as_ref().map(Ipam::gateway)
+    }
+
     /// The block this node's pods are numbered from, if it holds one.
     pub fn block(&self) -> Option<Ipv4Net> {
         self.ipam.lock().unwrap().as_ref().map(Ipam::block)

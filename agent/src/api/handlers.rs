@@ -166,14 +166,14 @@ pub async fn list_objects(
             };
             (items, state.replication.read(|s| s.resource_version()))
         }
-        Source::Endpoints => state.replication.read(|s| {
-            let items = s
-                .list("", "Service", namespace)
-                .iter()
-                .map(observed::endpoints_for)
-                .collect();
-            (items, s.resource_version())
-        }),
+        Source::Endpoints | Source::EndpointSlices => (
+            observed::service_endpoints(
+                state,
+                namespace,
+                resource.source == Source::EndpointSlices,
+            ),
+            state.replication.read(|s| s.resource_version()),
+        ),
     }
 }
 
@@ -510,13 +510,100 @@ pub async fn patch(request: &Request<'_>, name: &str) -> Result<Response, ApiErr
 
 /// Writes a validated object (waiting for the write quorum) and answers with it: 201 when it
 /// was created, 200 otherwise.
+/// A Service's ClusterIP, as the apiserver's allocator gives it: kept across updates
+/// (immutable), checked when the user names one, otherwise allocated
+/// ([`shoal_net::service_ip::allocate`]; the ClusterIP controller repairs races).
+fn assign_cluster_ip(
+    state: &ApiState,
+    valid: &mut shoal_state::ValidObject,
+    mode: WriteMode,
+) -> Result<(), ApiError> {
+    use crate::controllers::service_ip;
+    let cidr = state.service_cidr;
+    let name = valid.key.name.clone();
+    let invalid = |field: &str, detail: String| ApiError::invalid("Service", &name, field, &detail);
+    let key = valid.key.clone();
+    let (stored, services) = state
+        .replication
+        .read(|s| (s.get(&key), s.list("", "Service", None)));
+    let spec = &mut valid.body["spec"];
+    let asked = spec["clusterIP"].as_str().unwrap_or_default().to_owned();
+    let kept = stored
+        .as_ref()
+        .filter(|_| mode != WriteMode::Create)
+        .and_then(|o| o["spec"]["clusterIP"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    if !kept.is_empty() {
+        if asked.is_empty() {
+            spec["clusterIP"] = json!(kept);
+            spec["clusterIPs"] = json!([kept]);
+            return Ok(());
+        }
+        if asked != kept {
+            return Err(invalid(
+                "spec.clusterIP",
+                format!("Invalid value: {asked:?}: field is immutable"),
+            ));
+        }
+        return Ok(());
+    }
+    if spec["type"].as_str() == Some("ExternalName") {
+        return Ok(());
+    }
+    if asked == "None" {
+        spec["clusterIPs"] = json!(["None"]);
+        return Ok(());
+    }
+    let others: Vec<Value> = services
+        .into_iter()
+        .filter(|s| {
+            s["metadata"]["namespace"].as_str() != Some(key.namespace.as_str())
+                || s["metadata"]["name"].as_str() != Some(key.name.as_str())
+        })
+        .collect();
+    let used = service_ip::used(&others, cidr);
+    let ip = if asked.is_empty() {
+        shoal_net::service_ip::allocate(cidr, &key.namespace, &key.name, &used)
+            .map_err(|e| invalid("spec.clusterIP", format!("Internal error: {e}")))?
+    } else {
+        let ip: std::net::Ipv4Addr = asked.parse().map_err(|_| {
+            invalid(
+                "spec.clusterIP",
+                format!("Invalid value: {asked:?}: must be a valid IPv4 address or None"),
+            )
+        })?;
+        shoal_net::service_ip::check(cidr, ip).map_err(|e| {
+            invalid(
+                "spec.clusterIPs",
+                format!("Invalid value: [{asked:?}]: failed to allocate IP {asked}: {e}"),
+            )
+        })?;
+        if used.contains(&ip) {
+            return Err(invalid(
+                "spec.clusterIPs",
+                format!(
+                    "Invalid value: [{asked:?}]: failed to allocate IP {asked}: provided IP is already allocated"
+                ),
+            ));
+        }
+        ip
+    };
+    spec["clusterIP"] = json!(ip.to_string());
+    spec["clusterIPs"] = json!([ip.to_string()]);
+    Ok(())
+}
+
 async fn write(
     state: &ApiState,
     resource: &ApiResource,
     name: &str,
-    valid: shoal_state::ValidObject,
+    mut valid: shoal_state::ValidObject,
     mode: WriteMode,
 ) -> Result<Response, ApiError> {
+    if valid.info.kind == "Service" && valid.info.group.is_empty() {
+        assign_cluster_ip(state, &mut valid, mode)?;
+    }
     let (object, created) = state
         .replication
         .write(valid, mode)
@@ -839,10 +926,15 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
         ..
     } = *request;
     let Source::Stored(info) = resource.source else {
-        return Err(ApiError::method_not_allowed(format!(
-            "watching {} is not supported",
-            resource.plural
-        )));
+        return match resource.source {
+            Source::Nodes | Source::Endpoints | Source::EndpointSlices => {
+                derived_watch(request).await
+            }
+            _ => Err(ApiError::method_not_allowed(format!(
+                "watching {} is not supported",
+                resource.plural
+            ))),
+        };
     };
     let (labels, fields) = selectors(query)?;
     let table_kind = table::wants_table(accept(headers)).then_some(resource.kind);
@@ -1052,6 +1144,130 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
     let stream = futures_util::StreamExt::chain(
         futures_util::stream::iter(initial.into_iter().map(Ok::<_, std::io::Error>)),
         live,
+    );
+    Ok((
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+/// What a derived object says, without what changes on every read (a Node's heartbeat time).
+fn fingerprint(object: &Value) -> Value {
+    let mut object = object.clone();
+    if let Some(meta) = object["metadata"].as_object_mut() {
+        meta.remove("resourceVersion");
+    }
+    if let Some(conditions) = object["status"]["conditions"].as_array_mut() {
+        for c in conditions {
+            if let Some(c) = c.as_object_mut() {
+                c.remove("lastHeartbeatTime");
+            }
+        }
+    }
+    object
+}
+
+/// A watch of objects derived at read time (Nodes from membership; Endpoints and
+/// EndpointSlices from Services and their pods' gossiped statuses): nothing is written when
+/// they change, so the watch lists again every 250 ms and sends what differs as ADDED,
+/// MODIFIED and DELETED. With a resourceVersion (a client resuming after its list), the
+/// current state counts as known; without one it is sent as ADDED events first.
+async fn derived_watch(request: &Request<'_>) -> Result<Response, ApiError> {
+    let Request {
+        state,
+        resource,
+        namespace,
+        query,
+        headers,
+        ..
+    } = *request;
+    let (labels, fields) = selectors(query)?;
+    let table_kind = table::wants_table(accept(headers)).then_some(resource.kind);
+    let announce = query.get("sendInitialEvents").is_some_and(|v| v == "true")
+        || query
+            .get("resourceVersion")
+            .is_none_or(|v| v.is_empty() || v == "0");
+    let timeout = query
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .map_or(Duration::from_secs(3600), |s| {
+            Duration::from_secs(s.min(24 * 3600))
+        });
+    let deadline = tokio::time::Instant::now() + timeout;
+    let state = state.clone();
+    let resource = *resource;
+    let namespace = namespace.map(str::to_owned);
+    let key = |o: &Value| {
+        format!(
+            "{}/{}",
+            o["metadata"]["namespace"].as_str().unwrap_or(""),
+            o["metadata"]["name"].as_str().unwrap_or("")
+        )
+    };
+    let look = move |state: ApiState, namespace: Option<String>| {
+        let labels = labels.clone();
+        let fields = fields.clone();
+        async move {
+            list_objects(&state, &resource, namespace.as_deref())
+                .await
+                .0
+                .into_iter()
+                .filter(|o| labels.matches(&o["metadata"]["labels"]) && fields.matches(o))
+                .map(|o| (key(&o), o))
+                .collect::<std::collections::BTreeMap<String, Value>>()
+        }
+    };
+    let mut sent: HashMap<String, Value> = HashMap::new();
+    let mut pending = std::collections::VecDeque::new();
+    for (k, o) in look(state.clone(), namespace.clone()).await {
+        sent.insert(k, fingerprint(&o));
+        if announce {
+            pending.push_back(event_line("ADDED", o, table_kind));
+        }
+    }
+    let mut ticker = tokio::time::interval(Duration::from_millis(250));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let stream = futures_util::stream::unfold(
+        (sent, pending, ticker),
+        move |(mut sent, mut pending, mut ticker)| {
+            let state = state.clone();
+            let namespace = namespace.clone();
+            let look = look.clone();
+            async move {
+                loop {
+                    if let Some(line) = pending.pop_front() {
+                        return Some((Ok::<_, std::io::Error>(line), (sent, pending, ticker)));
+                    }
+                    tokio::select! {
+                        _ = ticker.tick() => {}
+                        _ = tokio::time::sleep_until(deadline) => return None,
+                    }
+                    let now = look(state.clone(), namespace.clone()).await;
+                    for (k, o) in &now {
+                        let print = fingerprint(o);
+                        match sent.insert(k.clone(), print.clone()) {
+                            None => pending.push_back(event_line("ADDED", o.clone(), table_kind)),
+                            Some(before) if before != print => {
+                                pending.push_back(event_line("MODIFIED", o.clone(), table_kind))
+                            }
+                            Some(_) => {}
+                        }
+                    }
+                    let gone: Vec<String> = sent
+                        .keys()
+                        .filter(|k| !now.contains_key(*k))
+                        .cloned()
+                        .collect();
+                    for k in gone {
+                        if let Some(last) = sent.remove(&k) {
+                            pending.push_back(event_line("DELETED", last, table_kind));
+                        }
+                    }
+                }
+            }
+        },
     );
     Ok((
         StatusCode::OK,

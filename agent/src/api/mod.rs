@@ -47,6 +47,8 @@ pub struct ApiState {
     pub token: Arc<str>,
     /// `host:port` clients use to reach this API.
     pub server_address: String,
+    /// Where Service ClusterIPs come from.
+    pub service_cidr: ipnet::Ipv4Net,
 }
 
 /// Paths served without a token, as the apiserver does.

@@ -99,21 +99,20 @@ pub fn with_status(state: &ApiState, kind: &str, mut object: Value) -> Value {
     object
 }
 
-/// The Endpoints object of a Service: no pod runs yet, so no addresses.
-pub fn endpoints_for(service: &Value) -> Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "Endpoints",
-        "metadata": {
-            "name": service["metadata"]["name"],
-            "namespace": service["metadata"]["namespace"],
-            "uid": service["metadata"]["uid"],
-            "resourceVersion": service["metadata"]["resourceVersion"],
-            "creationTimestamp": service["metadata"]["creationTimestamp"],
-            "labels": service["metadata"]["labels"],
-        },
-        "subsets": [],
-    })
+/// The Endpoints (or, with `slices`, the EndpointSlices) of the Services in `namespace` (all
+/// when `None`), from the stored pods and their nodes' reports (`crate::endpoints`).
+pub fn service_endpoints(state: &ApiState, namespace: Option<&str>, slices: bool) -> Vec<Value> {
+    let mut out = Vec::new();
+    for (service, backends) in
+        crate::endpoints::services_with_backends(&state.replication, &state.pod_statuses, namespace)
+    {
+        if slices {
+            out.extend(crate::endpoints::endpoint_slices(&service, &backends));
+        } else {
+            out.push(crate::endpoints::endpoints(&service, &backends));
+        }
+    }
+    out
 }
 
 /// A Node object for one member, from what it gossips about itself.

@@ -13,6 +13,8 @@ pub enum Source {
     Events,
     /// Endpoints, derived from Services and the pods observed ready.
     Endpoints,
+    /// discovery.k8s.io EndpointSlices, derived the same way.
+    EndpointSlices,
     /// metrics.k8s.io PodMetrics: usage sampled by the nodes running the pods.
     PodMetrics,
     /// metrics.k8s.io NodeMetrics: each node's usage.
@@ -51,6 +53,14 @@ const WRITE_VERBS: &[&str] = &[
 const NODE: KindInfo = kind::kind("", "v1", "Node", "nodes", false, &["no"]);
 const EVENT: KindInfo = kind::kind("", "v1", "Event", "events", true, &["ev"]);
 const ENDPOINTS: KindInfo = kind::kind("", "v1", "Endpoints", "endpoints", true, &["ep"]);
+const ENDPOINT_SLICES: KindInfo = kind::kind(
+    "discovery.k8s.io",
+    "v1",
+    "EndpointSlice",
+    "endpointslices",
+    true,
+    &[],
+);
 const POD_METRICS: KindInfo =
     kind::kind("metrics.k8s.io", "v1beta1", "PodMetrics", "pods", true, &[]);
 const NODE_METRICS: KindInfo = kind::kind(
@@ -140,6 +150,10 @@ pub fn all() -> Vec<ApiResource> {
             ApiResource {
                 info: &ENDPOINTS,
                 source: Source::Endpoints,
+            },
+            ApiResource {
+                info: &ENDPOINT_SLICES,
+                source: Source::EndpointSlices,
             },
         ])
         .collect()

@@ -327,6 +327,38 @@ fn columns(kind: &str) -> Vec<Column> {
             }),
             col("Age", "string", 0, age),
         ],
+        "EndpointSlice" => vec![
+            col("Name", "string", 0, name),
+            col("AddressType", "string", 0, |o| json!(o["addressType"])),
+            col("Ports", "string", 0, |o| {
+                let ports: Vec<String> = o["ports"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|p| p["port"].as_i64().map(|p| p.to_string()))
+                    .collect();
+                json!(if ports.is_empty() {
+                    "<unset>".to_owned()
+                } else {
+                    ports.join(",")
+                })
+            }),
+            col("Endpoints", "string", 0, |o| {
+                let ips: Vec<String> = o["endpoints"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|e| e["addresses"].as_array().cloned().unwrap_or_default())
+                    .filter_map(|a| a.as_str().map(str::to_owned))
+                    .collect();
+                json!(if ips.is_empty() {
+                    "<none>".to_owned()
+                } else {
+                    ips.join(",")
+                })
+            }),
+            col("Age", "string", 0, age),
+        ],
         "HorizontalPodAutoscaler" => vec![
             col("Name", "string", 0, name),
             col("Reference", "string", 0, |o| {

@@ -12,6 +12,7 @@
 
 pub mod deployment;
 pub mod replica_set;
+pub mod service_ip;
 pub mod workload;
 
 use std::collections::BTreeMap;
@@ -37,6 +38,8 @@ pub struct ControllerConfig {
     pub resync: Duration,
     /// Shortest pause between two passes (a burst of changes is one pass).
     pub debounce: Duration,
+    /// Where Service ClusterIPs come from (`--service-cidr`).
+    pub service_cidr: ipnet::Ipv4Net,
 }
 
 impl Default for ControllerConfig {
@@ -44,6 +47,9 @@ impl Default for ControllerConfig {
         Self {
             resync: Duration::from_secs(1),
             debounce: Duration::from_millis(50),
+            service_cidr: shoal_net::service_ip::DEFAULT_SERVICE_CIDR
+                .parse()
+                .expect("the default parses"),
         }
     }
 }
@@ -148,7 +154,7 @@ impl Controllers {
                 tokio::select! {
                     _ = &mut resync => break,
                     change = changes.recv() => match change {
-                        Ok(c) if matches!(c.key.kind.as_str(), "Pod" | "ReplicaSet" | "Deployment") => break,
+                        Ok(c) if matches!(c.key.kind.as_str(), "Pod" | "ReplicaSet" | "Deployment" | "Service") => break,
                         Ok(_) => {}
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
                         Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
@@ -203,6 +209,48 @@ impl Controllers {
             |action| self.apply(action),
         )
         .await;
+        self.service_ips(&live).await;
+    }
+
+    /// Gives the Services this node owns the ClusterIP they need ([`service_ip::reconcile`]).
+    async fn service_ips(&self, live: &[u64]) {
+        let services = self.replication.read(|s| s.list("", "Service", None));
+        for (i, ip) in service_ip::reconcile(&services, self.config.service_cidr) {
+            let service = &services[i];
+            if !self.owns(service, live) {
+                continue;
+            }
+            let namespace = namespace_of(service).to_owned();
+            let Some(info) = kind::lookup("v1", "Service") else {
+                return;
+            };
+            let key = ObjectKey::new(
+                info,
+                &namespace,
+                service["metadata"]["name"].as_str().unwrap_or(""),
+            );
+            let Some(mut current) = self.replication.read(|s| s.get(&key)) else {
+                continue;
+            };
+            if current["metadata"]["uid"] != service["metadata"]["uid"]
+                || current["spec"]["clusterIP"] != service["spec"]["clusterIP"]
+            {
+                continue;
+            }
+            let before = current["spec"]["clusterIP"].clone();
+            current["spec"]["clusterIP"] = serde_json::json!(ip.to_string());
+            current["spec"]["clusterIPs"] = serde_json::json!([ip.to_string()]);
+            if let Some(meta) = current["metadata"].as_object_mut() {
+                meta.remove("resourceVersion");
+            }
+            match shoal_state::validate(current, &namespace) {
+                Ok(valid) => match self.replication.write(valid, WriteMode::Update).await {
+                    Ok(_) => info!(service = %key, %ip, previous = %before, "ClusterIP assigned"),
+                    Err(e) => debug!(service = %key, error = %e, "ClusterIP not written"),
+                },
+                Err(e) => warn!(service = %key, error = %e, "service refused"),
+            }
+        }
     }
 
     async fn apply(&self, action: Action) {

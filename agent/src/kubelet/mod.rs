@@ -464,6 +464,7 @@ impl Kubelet {
             memory_limit_bytes: plan.memory_limit_bytes(),
             pids_limit: self.config.pod_pids_limit,
             host_network: plan.host_network,
+            dns: plan.dns.clone(),
         }
     }
 

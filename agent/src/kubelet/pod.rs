@@ -226,6 +226,8 @@ pub struct PodPlan {
     pub host_ipc: bool,
     /// `hostNetwork`: the pod uses the node's network namespace.
     pub host_network: bool,
+    /// `dnsPolicy` and `dnsConfig`.
+    pub dns: shoal_net::dns::PodDns,
 }
 
 fn strings(value: &Value) -> Option<Vec<String>> {
@@ -576,6 +578,26 @@ impl PodPlan {
             host_pid: spec["hostPID"].as_bool().unwrap_or(false),
             host_ipc: spec["hostIPC"].as_bool().unwrap_or(false),
             host_network: spec["hostNetwork"].as_bool().unwrap_or(false),
+            dns: shoal_net::dns::PodDns {
+                policy: spec["dnsPolicy"]
+                    .as_str()
+                    .unwrap_or("ClusterFirst")
+                    .to_owned(),
+                nameservers: strings(&spec["dnsConfig"]["nameservers"]).unwrap_or_default(),
+                searches: strings(&spec["dnsConfig"]["searches"]).unwrap_or_default(),
+                options: spec["dnsConfig"]["options"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|o| {
+                        let name = o["name"].as_str()?;
+                        Some(match o["value"].as_str() {
+                            Some(v) => format!("{name}:{v}"),
+                            None => name.to_owned(),
+                        })
+                    })
+                    .collect(),
+            },
         })
     }
 

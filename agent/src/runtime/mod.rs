@@ -141,6 +141,9 @@ pub struct SandboxSpec {
     /// `hostNetwork`: the pod shares the node's network namespace.
     #[serde(default)]
     pub host_network: bool,
+    /// How the pod resolves names (its resolv.conf).
+    #[serde(default)]
+    pub dns: shoal_net::dns::PodDns,
 }
 
 /// What is written next to a container's bundle.
@@ -205,6 +208,8 @@ pub struct Runtime {
     scope: String,
     /// Gives each pod sandbox its interface and address (loopback only by default).
     network: std::sync::Arc<dyn shoal_net::PodNetworkPlugin>,
+    /// The cluster DNS domain pods search (`--cluster-domain`).
+    cluster_domain: String,
 }
 
 fn run(command: &mut Command) -> Result<(), RuntimeError> {
@@ -282,6 +287,7 @@ impl Runtime {
             layout: cgroup::Layout::detect(),
             log_max_bytes: 10 << 20,
             network: std::sync::Arc::new(shoal_net::LoopbackOnly),
+            cluster_domain: "cluster.local".to_owned(),
         };
         for dir in [&runtime.runc_root, &runtime.pods_dir] {
             std::fs::create_dir_all(dir).map_err(io_at(dir))?;
@@ -292,6 +298,12 @@ impl Runtime {
     /// Pods get their network from `plugin` (default: loopback only).
     pub fn with_network(mut self, plugin: std::sync::Arc<dyn shoal_net::PodNetworkPlugin>) -> Self {
         self.network = plugin;
+        self
+    }
+
+    /// The DNS domain pods' resolv.conf searches.
+    pub fn with_cluster_domain(mut self, domain: &str) -> Self {
+        self.cluster_domain = domain.to_owned();
         self
     }
 
@@ -691,9 +703,16 @@ impl Runtime {
             ),
         )?;
         write("hostname", format!("{}\n", sandbox.hostname))?;
+        // The node's DNS server listens on the bridge: the pod's gateway.
         write(
             "resolv.conf",
-            std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
+            shoal_net::dns::resolv_conf(
+                &sandbox.dns,
+                &sandbox.namespace,
+                &self.cluster_domain,
+                network.map(|n| n.gateway),
+                &std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
+            ),
         )?;
         if let Some(bytes) = sandbox.memory_limit_bytes {
             cgroup::set_pod_memory_limit(self.layout, &self.pod_cgroup(&sandbox.uid), bytes)

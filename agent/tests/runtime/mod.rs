@@ -64,6 +64,7 @@ impl Node {
             memory_limit_bytes: None,
             pids_limit: None,
             host_network: false,
+            dns: Default::default(),
         };
         self.runtime.ensure_sandbox(&sandbox).unwrap();
         sandbox

@@ -126,6 +126,7 @@ fn shoal_cycles(dir: &Path, images: &Path, cycles: usize) -> anyhow::Result<Vec<
         memory_limit_bytes: None,
         pids_limit: None,
         host_network: false,
+        dns: Default::default(),
     })?;
     let mut times = Vec::new();
     for attempt in 0..cycles as u32 {

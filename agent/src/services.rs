@@ -1,0 +1,228 @@
+//! Services on this node: the DNS server for its pods (`shoal_net::dns`), listening on the
+//! bridge's address (every pod's gateway, and the nameserver of its resolv.conf), and the
+//! nftables table that load-balances ClusterIPs to ready endpoints (`shoal_net::nft`). Both
+//! are rebuilt from the Services and endpoints this agent derives (`crate::endpoints`)
+//! whenever those change: no controller, no store writes, the same answer on every node.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use shoal_net::dns::{DnsEndpoint, DnsPort, DnsService, Records};
+use tracing::{info, warn};
+
+use crate::endpoints::Backend;
+use crate::kubelet::status::PodStatusCache;
+use crate::replication::Replication;
+
+/// The ClusterIP ports of one Service and the endpoints each leads to: ready ones, or when
+/// none is ready those still serving while they terminate (as kube-proxy falls back).
+pub fn service_ports(
+    service: &serde_json::Value,
+    backends: &[Backend],
+) -> Vec<shoal_net::nft::ServicePort> {
+    let Some(cluster_ip) = service["spec"]["clusterIP"]
+        .as_str()
+        .and_then(|ip| ip.parse::<Ipv4Addr>().ok())
+    else {
+        return Vec::new();
+    };
+    let any_ready = backends.iter().any(|b| b.ready);
+    let chosen: Vec<&Backend> = backends
+        .iter()
+        .filter(|b| {
+            if any_ready {
+                b.ready
+            } else {
+                b.serving && b.terminating
+            }
+        })
+        .collect();
+    service["spec"]["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| {
+            let name = p["name"].as_str().unwrap_or_default();
+            let protocol = p["protocol"].as_str().unwrap_or("TCP");
+            let port = u16::try_from(p["port"].as_u64()?).ok()?;
+            let mut endpoints: Vec<(Ipv4Addr, u16)> = chosen
+                .iter()
+                .filter_map(|b| {
+                    let target = b
+                        .ports
+                        .iter()
+                        .find(|e| e.name == name && e.protocol == protocol)?;
+                    Some((b.ip.parse().ok()?, target.port))
+                })
+                .collect();
+            endpoints.sort();
+            endpoints.dedup();
+            Some(shoal_net::nft::ServicePort {
+                cluster_ip,
+                port,
+                protocol: protocol.to_ascii_lowercase(),
+                endpoints,
+            })
+        })
+        .collect()
+}
+
+/// How often the record set is compared with the store and the pods' statuses.
+const REFRESH: Duration = Duration::from_millis(100);
+
+/// The DNS view of one Service and its backends.
+pub fn dns_service(service: &serde_json::Value, backends: &[Backend]) -> DnsService {
+    let spec = &service["spec"];
+    let cluster_ip = spec["clusterIP"].as_str().unwrap_or_default();
+    DnsService {
+        namespace: service["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_owned(),
+        name: service["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        cluster_ip: cluster_ip.parse().ok(),
+        headless: cluster_ip == "None",
+        ports: spec["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| {
+                Some(DnsPort {
+                    name: p["name"].as_str().unwrap_or_default().to_owned(),
+                    protocol: p["protocol"].as_str().unwrap_or("TCP").to_owned(),
+                    port: u16::try_from(p["port"].as_u64()?).ok()?,
+                })
+            })
+            .collect(),
+        endpoints: backends
+            .iter()
+            .filter_map(|b| {
+                Some(DnsEndpoint {
+                    ip: b.ip.parse().ok()?,
+                    hostname: b.hostname.clone(),
+                    ready: b.ready,
+                })
+            })
+            .collect(),
+    }
+}
+
+/// The running service plane; [`ServicePlane::cleanup`] stops it and removes its table.
+pub struct ServicePlane {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    table: String,
+}
+
+impl ServicePlane {
+    /// Stops the loop and the DNS server, then removes the nftables table.
+    pub async fn cleanup(&self) {
+        self.stop.send_replace(true);
+        let task = self.task.lock().unwrap().take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+        let table = self.table.clone();
+        match tokio::task::spawn_blocking(move || shoal_net::nft::delete_table(&table)).await {
+            Ok(Ok(())) => info!(table = %self.table, "--cleanup: service rules removed"),
+            Ok(Err(e)) => warn!(error = %e, "--cleanup: removing the service rules"),
+            Err(e) => warn!(error = %e, "--cleanup"),
+        }
+    }
+}
+
+/// Starts the server and keeps its records current. `gateway` says where to listen (the
+/// bridge's address, once the node holds a block; it moves if the node is renumbered).
+pub fn start(
+    replication: Arc<Replication>,
+    statuses: Arc<PodStatusCache>,
+    domain: String,
+    gateway: impl Fn() -> Option<Ipv4Addr> + Send + 'static,
+    table: String,
+    cluster: ipnet::Ipv4Net,
+) -> Arc<ServicePlane> {
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let plane_table = table.clone();
+    // Bridged traffic (a pod answering a pod on its own bridge) must pass conntrack, or the
+    // reply to a ClusterIP connection would skip its un-DNAT.
+    let _ = std::fs::write("/proc/sys/net/bridge/bridge-nf-call-iptables", "1");
+    let task = tokio::spawn(async move {
+        let mut applied: Option<String> = None;
+        let (tx, rx) = tokio::sync::watch::channel(Arc::new(Records::build(&domain, &[])));
+        let upstreams = shoal_net::dns::upstreams(
+            &std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
+        );
+        let mut last: Vec<DnsService> = Vec::new();
+        let mut serving: Option<(Ipv4Addr, tokio::task::JoinHandle<()>)> = None;
+        loop {
+            let derived = crate::endpoints::services_with_backends(&replication, &statuses, None);
+            let services: Vec<DnsService> =
+                derived.iter().map(|(s, b)| dns_service(s, b)).collect();
+            let ports: Vec<shoal_net::nft::ServicePort> = derived
+                .iter()
+                .flat_map(|(s, b)| service_ports(s, b))
+                .collect();
+            let script = shoal_net::nft::ruleset(&table, cluster, &ports);
+            if applied.as_ref() != Some(&script) {
+                let attempt = script.clone();
+                match tokio::task::spawn_blocking(move || shoal_net::nft::apply(&attempt)).await {
+                    Ok(Ok(())) => {
+                        tracing::debug!(table = %table, ports = ports.len(), "service rules loaded");
+                        applied = Some(script);
+                    }
+                    Ok(Err(e)) => {
+                        warn!(table = %table, error = %e, "service rules not loaded; retrying");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    Err(e) => warn!(error = %e, "service rules task"),
+                }
+            }
+            if services != last {
+                tx.send_replace(Arc::new(Records::build(&domain, &services)));
+                last = services;
+            }
+            let want = gateway();
+            let running = serving
+                .as_ref()
+                .is_some_and(|(_, task)| !task.is_finished());
+            if want != serving.as_ref().map(|(ip, _)| *ip) || (!running && want.is_some()) {
+                if let Some((_, task)) = serving.take() {
+                    task.abort();
+                }
+                if let Some(ip) = want {
+                    let addr = SocketAddr::from((ip, 53));
+                    let rx = rx.clone();
+                    let upstreams = upstreams.clone();
+                    info!(%addr, ?upstreams, "cluster DNS listening");
+                    serving = Some((
+                        ip,
+                        tokio::spawn(async move {
+                            if let Err(e) = shoal_net::dns::serve(addr, rx, upstreams).await {
+                                warn!(%addr, error = %e, "cluster DNS stopped; retrying");
+                                tokio::time::sleep(Duration::from_secs(1)).await;
+                            }
+                        }),
+                    ));
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(REFRESH) => {}
+                _ = stopped.changed() => {
+                    if let Some((_, task)) = serving.take() {
+                        task.abort();
+                    }
+                    return;
+                }
+            }
+        }
+    });
+    Arc::new(ServicePlane {
+        stop,
+        task: std::sync::Mutex::new(Some(task)),
+        table: plane_table,
+    })
+}

@@ -1,0 +1,193 @@
+//! Service load balancing on every node: one nftables table per agent (`ip shoal_<scope>`)
+//! that DNATs each ClusterIP:port to one of its ready endpoints (chosen per connection with
+//! `numgen random`, as kube-proxy's nftables mode does), rejects ClusterIP:ports with no
+//! endpoint at once, and masquerades pod traffic leaving the cluster CIDR.
+//!
+//! The ruleset is generated whole ([`ruleset`], pure) and loaded with `nft -f -`, which
+//! applies a file as one transaction: the table is replaced atomically, never seen half made.
+//! (The `nftables` crate wraps the same `nft` binary with JSON; the native syntax is shorter
+//! to generate and to read back with `nft list table`.)
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::Ipv4Addr;
+use std::process::{Command, Stdio};
+
+use ipnet::Ipv4Net;
+
+use crate::NetError;
+
+/// One ClusterIP port and where it leads.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ServicePort {
+    pub cluster_ip: Ipv4Addr,
+    pub port: u16,
+    /// `tcp` or `udp`.
+    pub protocol: String,
+    /// Ready endpoints: (pod IP, target port).
+    pub endpoints: Vec<(Ipv4Addr, u16)>,
+}
+
+/// The agent's table name.
+pub fn table_name(scope: &str) -> String {
+    format!("shoal_{scope}")
+}
+
+/// The whole table for `ports` (pods' block `cluster`), as an `nft -f` script that replaces the
+/// table in one transaction.
+pub fn ruleset(table: &str, cluster: Ipv4Net, ports: &[ServicePort]) -> String {
+    let mut ports: Vec<&ServicePort> = ports
+        .iter()
+        .filter(|p| matches!(p.protocol.as_str(), "tcp" | "udp"))
+        .collect();
+    ports.sort();
+    let mut s = String::new();
+    // Declare (so the delete cannot fail), delete, define: one atomic replacement.
+    let _ = writeln!(
+        s,
+        "table ip {table} {{}}\ndelete table ip {table}\ntable ip {table} {{"
+    );
+    s.push_str("  chain prerouting {\n    type nat hook prerouting priority -100; policy accept;\n    jump services\n  }\n");
+    s.push_str("  chain output {\n    type nat hook output priority -100; policy accept;\n    jump services\n  }\n");
+    let _ = writeln!(
+        s,
+        "  chain postrouting {{\n    type nat hook postrouting priority 100; policy accept;\n    ip saddr {cluster} ip daddr != {cluster} masquerade\n  }}"
+    );
+    // ClusterIP:ports without an endpoint are refused at once (as kube-proxy does), from pods
+    // (forward) and from the node itself (output).
+    let empty: Vec<&&ServicePort> = ports.iter().filter(|p| p.endpoints.is_empty()).collect();
+    for (chain, hook) in [("reject_forward", "forward"), ("reject_output", "output")] {
+        let _ = writeln!(
+            s,
+            "  chain {chain} {{\n    type filter hook {hook} priority -1; policy accept;"
+        );
+        for p in &empty {
+            let _ = writeln!(
+                s,
+                "    ip daddr {} {} dport {} reject",
+                p.cluster_ip, p.protocol, p.port
+            );
+        }
+        s.push_str("  }\n");
+    }
+    s.push_str("  chain services {\n");
+    for (i, p) in ports.iter().enumerate() {
+        if !p.endpoints.is_empty() {
+            let _ = writeln!(
+                s,
+                "    ip daddr {} {} dport {} goto svc_{i}",
+                p.cluster_ip, p.protocol, p.port
+            );
+        }
+    }
+    s.push_str("  }\n");
+    for (i, p) in ports.iter().enumerate() {
+        if p.endpoints.is_empty() {
+            continue;
+        }
+        let n = p.endpoints.len();
+        let _ = write!(s, "  chain svc_{i} {{\n    numgen random mod {n} vmap {{ ");
+        let arms: Vec<String> = (0..n)
+            .map(|j| format!("{j} : goto svc_{i}_ep_{j}"))
+            .collect();
+        let _ = writeln!(s, "{} }}\n  }}", arms.join(", "));
+        for (j, (ip, port)) in p.endpoints.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "  chain svc_{i}_ep_{j} {{\n    meta l4proto {} dnat to {ip}:{port}\n  }}",
+                p.protocol
+            );
+        }
+    }
+    s.push_str("}\n");
+    s
+}
+
+fn nft(script: &str) -> Result<(), NetError> {
+    let io = |source| NetError::Io {
+        op: "run nft (install the nftables package)",
+        path: "nft".into(),
+        source,
+    };
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(io)?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(script.as_bytes())
+        .map_err(io)?;
+    let out = child.wait_with_output().map_err(io)?;
+    if !out.status.success() {
+        return Err(NetError::Netlink {
+            op: "nft -f".into(),
+            message: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Loads a ruleset made by [`ruleset`].
+pub fn apply(script: &str) -> Result<(), NetError> {
+    nft(script)
+}
+
+/// Removes the agent's table if it exists.
+pub fn delete_table(table: &str) -> Result<(), NetError> {
+    nft(&format!("table ip {table} {{}}\ndelete table ip {table}\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ruleset_balances_rejects_and_masquerades() {
+        let ports = vec![
+            ServicePort {
+                cluster_ip: "10.96.0.20".parse().unwrap(),
+                port: 80,
+                protocol: "tcp".into(),
+                endpoints: vec![
+                    ("10.88.1.2".parse().unwrap(), 8080),
+                    ("10.88.2.3".parse().unwrap(), 8080),
+                ],
+            },
+            ServicePort {
+                cluster_ip: "10.96.0.21".parse().unwrap(),
+                port: 53,
+                protocol: "udp".into(),
+                endpoints: vec![],
+            },
+            ServicePort {
+                cluster_ip: "10.96.0.22".parse().unwrap(),
+                port: 9,
+                protocol: "sctp".into(),
+                endpoints: vec![("10.88.1.2".parse().unwrap(), 9)],
+            },
+        ];
+        let s = ruleset("shoal_t", "10.88.0.0/16".parse().unwrap(), &ports);
+        assert!(s.starts_with("table ip shoal_t {}\ndelete table ip shoal_t\n"));
+        assert!(s.contains("ip daddr 10.96.0.20 tcp dport 80 goto svc_0"));
+        assert!(
+            s.contains("numgen random mod 2 vmap { 0 : goto svc_0_ep_0, 1 : goto svc_0_ep_1 }")
+        );
+        assert!(s.contains("meta l4proto tcp dnat to 10.88.2.3:8080"));
+        assert!(s.contains("ip daddr 10.96.0.21 udp dport 53 reject"));
+        assert!(
+            !s.contains("10.96.0.22"),
+            "unsupported protocols are left out"
+        );
+        assert!(s.contains("ip saddr 10.88.0.0/16 ip daddr != 10.88.0.0/16 masquerade"));
+        assert_eq!(
+            s,
+            ruleset("shoal_t", "10.88.0.0/16".parse().unwrap(), &ports),
+            "deterministic"
+        );
+    }
+}
