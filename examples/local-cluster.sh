@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Starts a local 3-node Shoal cluster on loopback, deploys examples/web.yaml through one agent
 # and shows it from the others, with each agent serving the Kubernetes API. As root, pods run
-# in real containers (runc; test images built from busybox-static by examples/images/build.sh);
-# otherwise the agents run with --no-runtime and pods stay Pending.
+# in real containers (runc; test images built from busybox-static by examples/images/build.sh)
+# with one IP each: every agent makes a bridge (shoal<hash>) for its block of 10.88.0.0/16,
+# serves DNS on it and load-balances Service ClusterIPs (10.96.0.0/16) with an nftables table
+# (shoal_<hash>); it turns on IPv4 forwarding. All of it is removed on exit (`shoal reset`).
+# Otherwise the agents run with --no-runtime and pods stay Pending.
 #
 #   examples/local-cluster.sh          # run until Ctrl-C, then stop and clean up
 #   examples/local-cluster.sh --check  # show everything once, then stop (used by CI)
@@ -33,6 +36,7 @@ trap 'exit 130' INT TERM
 runtime=()
 if [ "$(id -u)" = 0 ]; then
   command -v runc >/dev/null || apt-get install -y runc >/dev/null
+  command -v nft >/dev/null || apt-get install -y nftables >/dev/null
   examples/images/build.sh target/images >/dev/null
   for i in 1 2 3; do
     for image in target/images/*.oci.tar; do
@@ -105,6 +109,17 @@ if command -v kubectl >/dev/null; then
     echo "waiting for deployment web (3 replicas, made by the workload controllers):"
     k rollout status deployment/web --timeout=120s
     k get deploy,rs,pods -l app=web -o wide
+    echo
+    echo "service web: a ClusterIP, its endpoints (the pods' own IPs), and pod client finding it by name:"
+    k get svc web -o wide
+    k get endpoints web
+    k wait --for=condition=Ready pod/client --timeout=120s >/dev/null
+    for _ in $(seq 1 100); do [ "$(k logs client | grep -c 'web replica')" -ge 3 ] && break; sleep 0.2; done
+    k logs client | tail -n 3
+    if [ "$mode" = "--check" ] && ! k logs client | grep -q 'web replica'; then
+      echo "pod client did not reach service web" >&2
+      exit 1
+    fi
   fi
 fi
 if [ "$mode" = "--check" ]; then
