@@ -46,17 +46,21 @@ pub fn leases(objects: &[Value]) -> Vec<Lease> {
 
 fn parse_lease(object: &Value) -> Result<Lease, &'static str> {
     let name = object["metadata"]["name"].as_str().unwrap_or_default();
-    let block = lease::parse_block_name(name).ok_or("the name is not a block")?;
+    let (block, holder) =
+        lease::parse_lease_name(name).ok_or("the name is not <block>.<node id>")?;
     if object["spec"]["cidr"].as_str() != Some(block.to_string().as_str()) {
         return Err("spec.cidr differs from the name");
     }
-    let holder = object["spec"]["nodeID"]
-        .as_str()
-        .filter(|h| !h.is_empty())
-        .ok_or("spec.nodeID is missing")?;
+    if object["spec"]["nodeID"].as_str() != Some(holder) {
+        return Err("spec.nodeID differs from the name");
+    }
     Ok(Lease {
         block,
         holder: holder.to_owned(),
+        created: object["metadata"]["creationTimestamp"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
     })
 }
 
@@ -65,7 +69,7 @@ pub fn lease_object(block: ipnet::Ipv4Net, node_id: &str, node_name: &str) -> Va
     json!({
         "apiVersion": "network.shoal.io/v1",
         "kind": "PodCIDRBlock",
-        "metadata": {"name": lease::block_name(block)},
+        "metadata": {"name": lease::lease_name(block, node_id)},
         "spec": {"cidr": block.to_string(), "nodeID": node_id, "nodeName": node_name},
     })
 }
@@ -77,13 +81,14 @@ pub fn blocks_by_node(
 ) -> HashMap<String, ipnet::Ipv4Net> {
     let info = lease_kind();
     let objects = replication.read(|s| s.list(info.group, info.kind, None));
+    let leases = leases(&objects);
     let mut by_node: HashMap<String, ipnet::Ipv4Net> = HashMap::new();
-    for lease in leases(&objects) {
-        if pool.is_some_and(|p| !p.has_block(lease.block)) {
+    for (block, lease) in lease::winners(&leases) {
+        if pool.is_some_and(|p| !p.has_block(block)) {
             continue;
         }
-        let entry = by_node.entry(lease.holder).or_insert(lease.block);
-        *entry = (*entry).min(lease.block);
+        let entry = by_node.entry(lease.holder.clone()).or_insert(block);
+        *entry = (*entry).min(block);
     }
     by_node
 }
@@ -106,8 +111,8 @@ pub fn routes(
             by_node.insert(m.node_id.as_str(), ip);
         }
     }
-    let mut out: Vec<Route> = leases
-        .iter()
+    let mut out: Vec<Route> = lease::winners(leases)
+        .into_values()
         .filter(|l| l.holder != me && pool.has_block(l.block))
         .filter_map(|l| {
             let via = *by_node.get(l.holder.as_str())?;
@@ -198,7 +203,7 @@ impl NodeNetwork {
             if lease.holder != self.node_id {
                 continue;
             }
-            let key = ObjectKey::new(info, "", &lease::block_name(lease.block));
+            let key = ObjectKey::new(info, "", &lease::lease_name(lease.block, &lease.holder));
             match self.replication.delete(&key, None).await {
                 Ok(_) => info!(block = %lease.block, "--cleanup: pod CIDR released"),
                 Err(e) => {
@@ -275,26 +280,36 @@ impl NodeNetwork {
                 .get(holder)
                 .is_some_and(|since| now.duration_since(*since) >= RECLAIM_AFTER)
         };
-        match self.pool.decide(&self.node_id, &leases, &replaceable) {
-            Decision::Hold { block, surplus } => {
+        let decision = self.pool.decide(&self.node_id, &leases, &replaceable);
+        let release = match &decision {
+            Decision::Hold { release, .. }
+            | Decision::Claim { release, .. }
+            | Decision::Exhausted { release, .. } => release.clone(),
+        };
+        for block in release {
+            let key = ObjectKey::new(info, "", &lease::lease_name(block, &self.node_id));
+            match self.replication.delete(&key, None).await {
+                Ok(_) => {
+                    info!(%block, "released a pod CIDR claim (extra, or held by a node that claimed it first)")
+                }
+                Err(e) => debug!(%block, error = %e, "releasing a block"),
+            }
+        }
+        match decision {
+            Decision::Hold { block, .. } => {
                 if self.bridge.block() != Some(block) {
                     self.install(block).await;
                 }
-                for extra in surplus {
-                    let key = ObjectKey::new(info, "", &lease::block_name(extra));
-                    match self.replication.delete(&key, None).await {
-                        Ok(_) => info!(block = %extra, "released an extra pod CIDR block"),
-                        Err(e) => debug!(block = %extra, error = %e, "releasing a block"),
-                    }
-                }
             }
-            Decision::Claim { block, replacing } => {
+            Decision::Claim {
+                block, replacing, ..
+            } => {
                 if let Some(old) = self.bridge.block() {
-                    warn!(lost = %old, "this node's pod CIDR is now held by another node (leased on both sides of a partition); claiming another and renumbering pods");
+                    warn!(lost = %old, "another node claimed this node's pod CIDR first (both claimed it apart); claiming another and renumbering pods");
                 }
-                let key = ObjectKey::new(info, "", &lease::block_name(block));
                 if let Some(holder) = &replacing {
                     info!(%block, %holder, "taking over the block of a node gone for {RECLAIM_AFTER:?}");
+                    let key = ObjectKey::new(info, "", &lease::lease_name(block, holder));
                     if let Err(e) = self.replication.delete(&key, None).await {
                         debug!(%block, error = %e, "removing the old lease");
                     }
@@ -311,7 +326,7 @@ impl NodeNetwork {
                     Err(e) => warn!(%block, error = %e, "lease object refused"),
                 }
             }
-            Decision::Exhausted { blocks } => {
+            Decision::Exhausted { blocks, .. } => {
                 warn!(
                     blocks,
                     cluster = %self.pool.cluster(),
@@ -399,7 +414,17 @@ mod tests {
     fn lease_round(pool: &Pool, node: &mut SimNode, now: u64) {
         let info = lease_kind();
         let objects = node.store.list(info.group, info.kind, None);
-        match pool.decide(&node.id, &leases(&objects), &|_| false) {
+        let decision = pool.decide(&node.id, &leases(&objects), &|_| false);
+        let release = match &decision {
+            Decision::Hold { release, .. }
+            | Decision::Claim { release, .. }
+            | Decision::Exhausted { release, .. } => release.clone(),
+        };
+        for block in release {
+            let key = ObjectKey::new(info, "", &lease::lease_name(block, &node.id));
+            let _ = node.store.delete_at(&key, None, now);
+        }
+        match decision {
             Decision::Hold { block, .. } => node.in_use = Some(block),
             Decision::Claim { block, .. } => {
                 let valid = shoal_state::validate(lease_object(block, &node.id, "n"), "").unwrap();
@@ -463,9 +488,10 @@ mod tests {
             // Each node's block is the one the (identical) stores say it holds.
             let info = lease_kind();
             let stored = leases(&nodes[0].store.list(info.group, info.kind, None));
+            let winners = lease::winners(&stored);
             for n in &nodes {
-                let mine = Lease { block: n.in_use.unwrap(), holder: n.id.clone() };
-                prop_assert!(stored.contains(&mine), "{:?} not stored", mine);
+                let block = n.in_use.unwrap();
+                prop_assert_eq!(winners.get(&block).map(|w| w.holder.as_str()), Some(n.id.as_str()));
                 prop_assert_eq!(n.store.root_digest(), nodes[0].store.root_digest());
             }
         }
@@ -474,18 +500,20 @@ mod tests {
     #[test]
     fn lease_objects_round_trip_and_bad_ones_are_skipped() {
         let block: ipnet::Ipv4Net = "10.88.3.0/24".parse().unwrap();
-        let good = lease_object(block, "ab12", "n1");
+        let mut good = lease_object(block, "ab12", "n1");
+        good["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
         let mut wrong_cidr = lease_object(block, "ab12", "n1");
         wrong_cidr["spec"]["cidr"] = json!("10.88.4.0/24");
-        let mut no_holder = lease_object(block, "", "n1");
-        no_holder["metadata"]["name"] = json!("10-88-3-0-24");
+        let mut other_holder = lease_object(block, "ab12", "n1");
+        other_holder["spec"]["nodeID"] = json!("cd34");
         let mut bad_name = good.clone();
         bad_name["metadata"]["name"] = json!("../../etc");
         assert_eq!(
-            leases(&[good, wrong_cidr, no_holder, bad_name]),
+            leases(&[good, wrong_cidr, other_holder, bad_name]),
             vec![Lease {
                 block,
-                holder: "ab12".into()
+                holder: "ab12".into(),
+                created: "2026-01-01T00:00:00Z".into()
             }]
         );
     }

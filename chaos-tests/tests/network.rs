@@ -419,3 +419,208 @@ async fn pods_reach_pods_on_other_nodes_by_ip_and_nothing_is_left() {
         assert!(!tables.contains("shoal"), "n{i} left nftables: {tables}");
     }
 }
+
+async fn pod_ip(agent: &AgentProcess, name: &str) -> Option<String> {
+    pod(agent, name).await["status"]["podIP"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// The pod CIDR blocks `agent`'s store says each node id holds.
+async fn leases_at(agent: &AgentProcess) -> BTreeMap<String, Vec<ipnet::Ipv4Net>> {
+    let (_, list) = agent
+        .call(hyper::Method::GET, "/v1/objects/podcidrblocks", None)
+        .await
+        .unwrap();
+    let mut by_node: BTreeMap<String, Vec<ipnet::Ipv4Net>> = BTreeMap::new();
+    // Only winning leases: the first claim of each block.
+    let mut first: BTreeMap<String, (String, String)> = BTreeMap::new();
+    for o in list["items"].as_array().into_iter().flatten() {
+        if let (Some(id), Some(cidr), Some(t)) = (
+            o["spec"]["nodeID"].as_str(),
+            o["spec"]["cidr"].as_str(),
+            o["metadata"]["creationTimestamp"].as_str(),
+        ) {
+            let entry = first
+                .entry(cidr.to_owned())
+                .or_insert((t.to_owned(), id.to_owned()));
+            if (t, id) < (entry.0.as_str(), entry.1.as_str()) {
+                *entry = (t.to_owned(), id.to_owned());
+            }
+        }
+    }
+    for o in list["items"].as_array().into_iter().flatten() {
+        if first
+            .get(o["spec"]["cidr"].as_str().unwrap_or_default())
+            .map(|w| w.1.as_str())
+            != o["spec"]["nodeID"].as_str()
+        {
+            continue;
+        }
+        if let (Some(id), Some(cidr)) = (o["spec"]["nodeID"].as_str(), o["spec"]["cidr"].as_str()) {
+            by_node
+                .entry(id.to_owned())
+                .or_default()
+                .push(cidr.parse().unwrap());
+        }
+    }
+    by_node
+}
+
+fn busybox_pod(name: &str, node: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": "default"},
+           "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1, "containers": [{
+               "name": "c", "image": "shoal.local/busybox:1",
+               "command": ["sh", "-c", "while true; do sleep 0.2; done"]}]}})
+}
+
+/// Two nodes joining on the two sides of a partition lease the same block (the only free one)
+/// and number a pod each from it: the same IP twice while apart. After the heal (a block freed
+/// meanwhile by a node leaving with `--cleanup`), the CRDT keeps one lease, the other node
+/// leases the freed block and renumbers its pod: every lease and every pod IP is unique again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_leased_on_both_sides_of_a_partition_are_made_unique_after_the_heal() {
+    use shoal_agent::testkit::{AgentSpec, wait_for_identical_digests};
+    let mut lab = NetLab::new(5).expect("creating the netns lab (needs root and iproute2)");
+    // Four blocks: three nodes leave exactly one free.
+    let flags = [
+        "--pod-network",
+        "bridge",
+        "--cluster-cidr",
+        "10.88.0.0/22",
+        "--node-cidr-size",
+        "24",
+        "--anti-entropy-interval",
+        "200ms",
+        "--restart-backoff",
+        "1s",
+        "--cleanup",
+    ];
+    let (root, mut agents) = shoal_chaos::start_cluster(&lab, 3, &flags).await.unwrap();
+    wait_until("three leases", LIMIT, || async {
+        leases_at(&agents[0]).await.len() == 3
+    })
+    .await
+    .unwrap();
+    lab.partition(&[&[0, 1, 3], &[2, 4]]).unwrap();
+    wait_until("the sides apart", LIMIT, || async {
+        shoal_agent::testkit::state_of(&agents[0], "n2")
+            .await
+            .map(|s| s.0)
+            == Some(shoal_gossip::MemberState::Dead)
+            && shoal_agent::testkit::state_of(&agents[2], "n0")
+                .await
+                .map(|s| s.0)
+                == Some(shoal_gossip::MemberState::Dead)
+    })
+    .await
+    .unwrap();
+    // A node joins each side.
+    let binary = shoal_chaos::shoal_binary().unwrap();
+    for (host, seed) in [(3, 0), (4, 2)] {
+        let mut spec = AgentSpec::new(
+            &binary,
+            root.path(),
+            &format!("n{host}"),
+            &root.path().join("secret"),
+        )
+        .bind(std::net::SocketAddr::new(lab.address(host), 7600))
+        .netns(&lab.host(host))
+        .join(std::net::SocketAddr::new(lab.address(seed), 7600));
+        for f in flags {
+            spec = spec.arg(f);
+        }
+        agents.push(AgentProcess::start(spec).await.unwrap());
+    }
+    let id = |a: &AgentProcess| {
+        let a = a.client().clone();
+        async move { a.self_info().await.unwrap().node_id }
+    };
+    let (id3, id4) = (id(&agents[3]).await, id(&agents[4]).await);
+    // Each newcomer may first claim a block its store had not heard of yet (and lose it to the
+    // older lease); both end on the only free block.
+    wait_until("both newcomers on the free block", LIMIT, || async {
+        let (l3, l4) = (leases_at(&agents[3]).await, leases_at(&agents[4]).await);
+        l3.get(&id3).is_some_and(|b| b.len() == 1) && l3.get(&id3) == l4.get(&id4)
+    })
+    .await
+    .unwrap();
+    for (i, node) in [(3, "n3"), (4, "n4")] {
+        shoal_chaos::import_busybox(&agents[i]).unwrap();
+        let name = format!("p{i}");
+        assert_eq!(
+            agents[i].apply(&busybox_pod(&name, node)).await.unwrap().0,
+            201
+        );
+    }
+    wait_until("both pods with an IP", LIMIT, || async {
+        pod_ip(&agents[3], "p3").await.is_some() && pod_ip(&agents[4], "p4").await.is_some()
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        pod_ip(&agents[3], "p3").await,
+        pod_ip(&agents[4], "p4").await,
+        "one IP twice while partitioned"
+    );
+
+    // n1 leaves (its block is released), then the sides meet again.
+    let status = agents[1].terminate().unwrap();
+    assert!(status.success());
+    lab.heal().unwrap();
+    let live = [0usize, 2, 3, 4];
+    let live_agents: Vec<&AgentProcess> = live.iter().map(|i| &agents[*i]).collect();
+    wait_for_identical_digests(&live_agents, LIMIT)
+        .await
+        .unwrap();
+    let node_ids: Vec<String> = {
+        let mut ids = Vec::new();
+        for i in live {
+            ids.push(id(&agents[i]).await);
+        }
+        ids
+    };
+    wait_until(
+        "unique leases and pod IPs",
+        Duration::from_secs(90),
+        || async {
+            let leases = leases_at(&agents[0]).await;
+            let held: Vec<&ipnet::Ipv4Net> = node_ids
+                .iter()
+                .filter_map(|id| leases.get(id).map(|b| &b[0]))
+                .collect();
+            let distinct: BTreeSet<_> = held.iter().collect();
+            let (a, b) = (
+                pod_ip(&agents[3], "p3").await,
+                pod_ip(&agents[4], "p4").await,
+            );
+            let ip_in_own_block = |ip: &Option<String>, id: &str| {
+                ip.as_ref()
+                    .and_then(|ip| ip.parse::<std::net::Ipv4Addr>().ok())
+                    .is_some_and(|ip| {
+                        leases
+                            .get(id)
+                            .is_some_and(|b| b.len() == 1 && b[0].contains(&ip))
+                    })
+            };
+            held.len() == 4
+                && distinct.len() == 4
+                && a.is_some()
+                && a != b
+                && ip_in_own_block(&a, &id3)
+                && ip_in_own_block(&b, &id4)
+        },
+    )
+    .await
+    .unwrap();
+    let renumbered = ["n3", "n4"].iter().any(|n| {
+        agents[if *n == "n3" { 3 } else { 4 }]
+            .log()
+            .contains("renumbering the pod")
+    });
+    assert!(renumbered, "the loser renumbered its pod");
+    for i in live {
+        let _ = agents[i].terminate();
+    }
+}

@@ -314,19 +314,95 @@ pub async fn serve(
         })
     };
     let _abort = AbortOnDrop(tcp_task);
-    let mut buf = vec![0u8; 4096];
-    loop {
-        let (n, peer) = udp.recv_from(&mut buf).await?;
-        let query = buf[..n].to_vec();
+    // One receive loop per core on the shared socket; cluster names are answered in the loop
+    // (no task per query), forwarded ones in a task of their own (they wait for the upstream).
+    let loops = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(1, 8);
+    let mut receivers = tokio::task::JoinSet::new();
+    for _ in 0..loops {
         let udp = udp.clone();
         let records = records.clone();
         let upstreams = upstreams.clone();
-        tokio::spawn(async move {
-            if let Some(reply) = respond(&query, &records, &upstreams, false).await {
-                let _ = udp.send_to(&reply, peer).await;
+        receivers.spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            loop {
+                let (n, peer) = udp.recv_from(&mut buf).await?;
+                let query = &buf[..n];
+                match respond_local(query, &records) {
+                    Local::Reply(Some(reply)) => {
+                        let _ = udp.send_to(&reply, peer).await;
+                    }
+                    Local::Reply(None) => {}
+                    Local::Forward => {
+                        let query = query.to_vec();
+                        let udp = udp.clone();
+                        let records = records.clone();
+                        let upstreams = upstreams.clone();
+                        tokio::spawn(async move {
+                            if let Some(reply) = respond(&query, &records, &upstreams, false).await
+                            {
+                                let _ = udp.send_to(&reply, peer).await;
+                            }
+                        });
+                    }
+                }
             }
         });
     }
+    match receivers.join_next().await {
+        Some(Ok(result)) => result,
+        Some(Err(e)) => Err(std::io::Error::other(e)),
+        None => Ok(()),
+    }
+}
+
+enum Local {
+    Reply(Option<Vec<u8>>),
+    Forward,
+}
+
+/// Answers a UDP query from the record set without waiting on anything.
+fn respond_local(bytes: &[u8], records: &tokio::sync::watch::Receiver<Arc<Records>>) -> Local {
+    let request = match Message::from_vec(bytes) {
+        Ok(m) if m.metadata.message_type == MessageType::Query => m,
+        Ok(_) => return Local::Reply(None),
+        Err(_) => {
+            let (Some(a), Some(b)) = (bytes.first(), bytes.get(1)) else {
+                return Local::Reply(None);
+            };
+            let id = u16::from_be_bytes([*a, *b]);
+            return Local::Reply(
+                Message::error_msg(id, OpCode::Query, ResponseCode::FormErr)
+                    .to_vec()
+                    .ok(),
+            );
+        }
+    };
+    let reply = records.borrow().answer(&request);
+    match reply {
+        Reply::Forward => Local::Forward,
+        Reply::Answer(message) => Local::Reply(encode(&request, &message, false)),
+    }
+}
+
+/// The reply's bytes, truncated (TC) when they exceed what the client takes over UDP.
+fn encode(request: &Message, message: &Message, tcp: bool) -> Option<Vec<u8>> {
+    let limit = if tcp {
+        usize::from(u16::MAX)
+    } else {
+        request
+            .edns
+            .as_ref()
+            .map_or(512, |e| usize::from(e.max_payload().clamp(512, 1232)))
+    };
+    let bytes = message.to_vec().ok()?;
+    if bytes.len() <= limit {
+        return Some(bytes);
+    }
+    let mut truncated = message.truncate();
+    truncated.metadata.truncation = true;
+    truncated.to_vec().ok()
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -357,23 +433,7 @@ async fn respond(
     };
     let reply = records.borrow().answer(&request);
     match reply {
-        Reply::Answer(message) => {
-            let limit = if tcp {
-                usize::from(u16::MAX)
-            } else {
-                request
-                    .edns
-                    .as_ref()
-                    .map_or(512, |e| usize::from(e.max_payload().clamp(512, 1232)))
-            };
-            let bytes = message.to_vec().ok()?;
-            if bytes.len() <= limit {
-                return Some(bytes);
-            }
-            let mut truncated = message.truncate();
-            truncated.metadata.truncation = true;
-            truncated.to_vec().ok()
-        }
+        Reply::Answer(message) => encode(&request, &message, tcp),
         Reply::Forward => match forward(bytes, upstreams, tcp).await {
             Some(reply) => Some(reply),
             None => {

@@ -1,34 +1,37 @@
 //! Which block of the cluster CIDR a node holds.
 //!
 //! The cluster CIDR (`--cluster-cidr`) is cut into blocks of `--node-cidr-size`; a node holds
-//! one, leased through desired state as a `PodCIDRBlock` object named after the block (like
-//! Calico's IPAM blocks). One object per block means the store itself can never say that two
-//! nodes hold one block: two nodes that claimed the same block on the two sides of a partition
-//! wrote two incarnations of one key, and the CRDT keeps the later-created one whole
-//! (`crdt-state/src/crdt.rs`). The other node then no longer holds it: [`Pool::decide`] tells it
-//! to claim another, and the agent renumbers its pods.
+//! one, leased through desired state as a `PodCIDRBlock` object named after the block *and* the
+//! node (`10-88-3-0-24.<node id>`, like Calico's block affinities). Two nodes that claimed one
+//! block (on the two sides of a partition, or a newcomer before its store caught up) wrote two
+//! objects, and both survive the merge; every agent then agrees on the winner — the lease
+//! created first (creation time, then node id) — so the node that has held a block longest
+//! keeps it. The other one releases its claim, leases another block and renumbers its pods.
 //!
 //! Pure: the agent passes the leases it reads and the holders it may take blocks from.
 
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 use sha2::{Digest, Sha256};
 
-/// One stored lease: `block` is held by node `holder` (its node id).
+/// One stored lease: node `holder` (its node id) claimed `block` at `created` (the object's
+/// creationTimestamp, RFC 3339 — ordered as text).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
     pub block: Ipv4Net,
     pub holder: String,
+    pub created: String,
 }
 
-/// The name of a block's lease object: `10.88.3.0/24` → `10-88-3-0-24` (a DNS label).
+/// `10.88.3.0/24` → `10-88-3-0-24` (a DNS label).
 pub fn block_name(block: Ipv4Net) -> String {
     let [a, b, c, d] = block.network().octets();
     format!("{a}-{b}-{c}-{d}-{}", block.prefix_len())
 }
 
-/// The block a lease object's name stands for.
+/// The block a name's first label stands for.
 pub fn parse_block_name(name: &str) -> Option<Ipv4Net> {
     let parts: Vec<&str> = name.split('-').collect();
     let [a, b, c, d, len] = parts.as_slice() else {
@@ -38,6 +41,36 @@ pub fn parse_block_name(name: &str) -> Option<Ipv4Net> {
     let ip = Ipv4Addr::new(octet(a)?, octet(b)?, octet(c)?, octet(d)?);
     let net = Ipv4Net::new(ip, octet(len)?).ok()?;
     (net.network() == ip && block_name(net) == name).then_some(net)
+}
+
+/// The name of `holder`'s lease of `block`: `10-88-3-0-24.<holder>`.
+pub fn lease_name(block: Ipv4Net, holder: &str) -> String {
+    format!("{}.{holder}", block_name(block))
+}
+
+/// The block and holder a lease object's name stands for (the holder: a lowercase hex node id).
+pub fn parse_lease_name(name: &str) -> Option<(Ipv4Net, &str)> {
+    let (block, holder) = name.split_once('.')?;
+    let valid_holder = !holder.is_empty()
+        && holder.len() <= 64
+        && holder
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    valid_holder.then_some(())?;
+    Some((parse_block_name(block)?, holder))
+}
+
+/// For each leased block, the lease that holds it: the one created first (then the lowest
+/// node id), the same on every agent.
+pub fn winners(leases: &[Lease]) -> BTreeMap<Ipv4Net, &Lease> {
+    let mut out: BTreeMap<Ipv4Net, &Lease> = BTreeMap::new();
+    for lease in leases {
+        let entry = out.entry(lease.block).or_insert(lease);
+        if (&lease.created, &lease.holder) < (&entry.created, &entry.holder) {
+            *entry = lease;
+        }
+    }
+    out
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -57,22 +90,24 @@ pub enum PoolError {
     NotNetwork { given: Ipv4Net },
 }
 
-/// What a node should do about its block.
+/// What a node should do about its block. `release` names this node's other leases (extra
+/// ones, or claims another node won): their objects should be deleted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    /// It holds `block`; `surplus` are other blocks it also holds and should release.
+    /// It holds `block`.
     Hold {
         block: Ipv4Net,
-        surplus: Vec<Ipv4Net>,
+        release: Vec<Ipv4Net>,
     },
     /// It holds none: claim `block`, which is free or (with `replacing`) held by a node that
-    /// may be replaced.
+    /// may be replaced (whose lease must be deleted first).
     Claim {
         block: Ipv4Net,
         replacing: Option<String>,
+        release: Vec<Ipv4Net>,
     },
     /// Every block is held by a node that may not be replaced.
-    Exhausted { blocks: u64 },
+    Exhausted { blocks: u64, release: Vec<Ipv4Net> },
 }
 
 /// The cluster CIDR and its block size.
@@ -153,45 +188,54 @@ impl Pool {
         leases: &[Lease],
         replaceable: &dyn Fn(&str) -> bool,
     ) -> Decision {
+        let leases: Vec<Lease> = leases
+            .iter()
+            .filter(|l| self.has_block(l.block))
+            .cloned()
+            .collect();
+        let winners = winners(&leases);
         let mut mine: Vec<Ipv4Net> = leases
             .iter()
-            .filter(|l| l.holder == me && self.has_block(l.block))
+            .filter(|l| l.holder == me)
             .map(|l| l.block)
             .collect();
         mine.sort();
         mine.dedup();
-        if let Some((&block, surplus)) = mine.split_first() {
+        let won = mine
+            .iter()
+            .copied()
+            .find(|b| winners.get(b).is_some_and(|w| w.holder == me));
+        if let Some(block) = won {
             return Decision::Hold {
                 block,
-                surplus: surplus.to_vec(),
+                release: mine.into_iter().filter(|b| *b != block).collect(),
             };
         }
-        let held: std::collections::BTreeMap<Ipv4Net, &str> = leases
-            .iter()
-            .filter(|l| self.has_block(l.block))
-            .map(|l| (l.block, l.holder.as_str()))
-            .collect();
+        let release = mine;
         let best_free = self
             .blocks()
-            .filter(|b| !held.contains_key(b))
+            .filter(|b| !winners.contains_key(b))
             .max_by_key(|b| Self::score(me, *b));
         if let Some(block) = best_free {
             return Decision::Claim {
                 block,
                 replacing: None,
+                release,
             };
         }
-        match held
+        match winners
             .iter()
-            .filter(|(_, holder)| replaceable(holder))
+            .filter(|(_, w)| w.holder != me && replaceable(&w.holder))
             .max_by_key(|(b, _)| Self::score(me, **b))
         {
-            Some((block, holder)) => Decision::Claim {
+            Some((block, w)) => Decision::Claim {
                 block: *block,
-                replacing: Some((*holder).to_owned()),
+                replacing: Some(w.holder.clone()),
+                release,
             },
             None => Decision::Exhausted {
                 blocks: self.block_count(),
+                release,
             },
         }
     }
@@ -205,17 +249,26 @@ mod tests {
         s.parse().unwrap()
     }
 
-    fn lease(block: &str, holder: &str) -> Lease {
+    fn lease(block: &str, holder: &str, created: &str) -> Lease {
         Lease {
             block: net(block),
             holder: holder.into(),
+            created: created.into(),
         }
     }
+
+    const T1: &str = "2026-01-01T00:00:01Z";
+    const T2: &str = "2026-01-01T00:00:02Z";
 
     #[test]
     fn names_round_trip_and_odd_names_are_refused() {
         assert_eq!(block_name(net("10.88.3.0/24")), "10-88-3-0-24");
         assert_eq!(parse_block_name("10-88-3-0-24"), Some(net("10.88.3.0/24")));
+        assert_eq!(lease_name(net("10.88.3.0/24"), "ab12"), "10-88-3-0-24.ab12");
+        assert_eq!(
+            parse_lease_name("10-88-3-0-24.ab12"),
+            Some((net("10.88.3.0/24"), "ab12"))
+        );
         for bad in [
             "10-88-3-1-24",
             "10-88-3-0",
@@ -226,6 +279,15 @@ mod tests {
             "",
         ] {
             assert_eq!(parse_block_name(bad), None, "{bad}");
+        }
+        for bad in [
+            "10-88-3-0-24",
+            "10-88-3-0-24.",
+            "10-88-3-0-24.AB",
+            "10-88-3-0-24.a.b",
+            "x.ab",
+        ] {
+            assert_eq!(parse_lease_name(bad), None, "{bad}");
         }
     }
 
@@ -254,27 +316,68 @@ mod tests {
     fn a_node_keeps_its_block_and_releases_extra_ones() {
         let pool = Pool::new(net("10.88.0.0/16"), 24).unwrap();
         let leases = [
-            lease("10.88.9.0/24", "a"),
-            lease("10.88.2.0/24", "a"),
-            lease("10.88.3.0/24", "b"),
-            lease("10.99.0.0/24", "a"),
+            lease("10.88.9.0/24", "a", T1),
+            lease("10.88.2.0/24", "a", T1),
+            lease("10.88.3.0/24", "b", T1),
+            lease("10.99.0.0/24", "a", T1),
         ];
         assert_eq!(
             pool.decide("a", &leases, &|_| false),
             Decision::Hold {
                 block: net("10.88.2.0/24"),
-                surplus: vec![net("10.88.9.0/24")]
+                release: vec![net("10.88.9.0/24")]
             }
+        );
+    }
+
+    #[test]
+    fn the_first_claim_of_a_block_wins_and_the_other_claims_anew() {
+        let pool = Pool::new(net("10.88.0.0/16"), 24).unwrap();
+        let leases = [
+            lease("10.88.3.0/24", "b", T2),
+            lease("10.88.3.0/24", "a", T1),
+        ];
+        assert_eq!(
+            pool.decide("a", &leases, &|_| false),
+            Decision::Hold {
+                block: net("10.88.3.0/24"),
+                release: vec![]
+            },
+            "the holder since T1 keeps it"
+        );
+        let Decision::Claim {
+            block,
+            replacing: None,
+            release,
+        } = pool.decide("b", &leases, &|_| false)
+        else {
+            panic!("b claims another block")
+        };
+        assert_ne!(block, net("10.88.3.0/24"));
+        assert_eq!(
+            release,
+            vec![net("10.88.3.0/24")],
+            "and deletes its losing claim"
+        );
+        let tie = [
+            lease("10.88.3.0/24", "b", T1),
+            lease("10.88.3.0/24", "a", T1),
+        ];
+        assert_eq!(
+            winners(&tie)[&net("10.88.3.0/24")].holder,
+            "a",
+            "ties: lowest node id"
         );
     }
 
     #[test]
     fn a_new_node_claims_a_free_block_and_nodes_start_apart() {
         let pool = Pool::new(net("10.88.0.0/16"), 24).unwrap();
-        let leases = [lease("10.88.3.0/24", "b")];
+        let leases = [lease("10.88.3.0/24", "b", T1)];
         let Decision::Claim {
             block,
             replacing: None,
+            ..
         } = pool.decide("a", &leases, &|_| false)
         else {
             panic!("claims a free block")
@@ -297,16 +400,23 @@ mod tests {
     #[test]
     fn a_full_pool_takes_only_replaceable_blocks() {
         let pool = Pool::new(net("10.88.0.0/23"), 24).unwrap();
-        let leases = [lease("10.88.0.0/24", "b"), lease("10.88.1.0/24", "c")];
+        let leases = [
+            lease("10.88.0.0/24", "b", T1),
+            lease("10.88.1.0/24", "c", T1),
+        ];
         assert_eq!(
             pool.decide("a", &leases, &|_| false),
-            Decision::Exhausted { blocks: 2 }
+            Decision::Exhausted {
+                blocks: 2,
+                release: vec![]
+            }
         );
         assert_eq!(
             pool.decide("a", &leases, &|h| h == "c"),
             Decision::Claim {
                 block: net("10.88.1.0/24"),
-                replacing: Some("c".into())
+                replacing: Some("c".into()),
+                release: vec![]
             }
         );
     }

@@ -8,6 +8,9 @@
 //!   mount, as iproute2 does, without running it.
 //! - [`linux`]: the node's bridge, a veth pair per pod and the routes to other nodes' blocks,
 //!   through netlink (`rtnetlink`).
+//! - [`dns`]: the node's DNS server for its pods and their resolv.conf.
+//! - [`service_ip`]: ClusterIP allocation; [`nft`]: the nftables ruleset that load-balances
+//!   ClusterIPs.
 //!
 //! The runtime calls a [`PodNetworkPlugin`]; everything host-specific sits behind it.
 

@@ -236,10 +236,12 @@ pub fn validate(kind: &str, object: &Value) -> Result<(), FieldError> {
         }
         "PodCIDRBlock" => {
             let name = object["metadata"]["name"].as_str().unwrap_or_default();
-            let Some(block) = shoal_net::lease::parse_block_name(name) else {
+            let Some((block, holder)) = shoal_net::lease::parse_lease_name(name) else {
                 return Err(err(
                     "metadata.name",
-                    format!("Invalid value: {name:?}: must name a block, like 10-88-3-0-24"),
+                    format!(
+                        "Invalid value: {name:?}: must be <block>.<node id>, like 10-88-3-0-24.1f2e3d4c5b6a7980"
+                    ),
                 ));
             };
             if object["spec"]["cidr"].as_str() != Some(block.to_string().as_str()) {
@@ -248,12 +250,10 @@ pub fn validate(kind: &str, object: &Value) -> Result<(), FieldError> {
                     format!("Invalid value: must be {block}, the block the name stands for"),
                 ));
             }
-            if !object["spec"]["nodeID"].as_str().is_some_and(|id| {
-                !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_hexdigit())
-            }) {
+            if object["spec"]["nodeID"].as_str() != Some(holder) {
                 return Err(err(
                     "spec.nodeID",
-                    "Required value: the holder's node id (hex)",
+                    format!("Invalid value: must be {holder:?}, the node the name stands for"),
                 ));
             }
             Ok(())

@@ -1,0 +1,303 @@
+//! Pod network and DNS benchmarks (root; release build).
+//!
+//! 1. Pod network setup: in a network namespace this benchmark creates (and removes), a
+//!    `BridgeNetwork` on a /24; for `--pods` pods, the time to make the pod's namespace and wire
+//!    it (veth pair, address, routes: what the runtime does per sandbox), then to tear it down.
+//! 2. DNS queries/s: the same client (`--clients` UDP sockets, one query outstanding each, for
+//!    `--seconds`) against Shoal's DNS server (`shoal_net::dns`, in a child process) and against
+//!    Debian's dnsmasq, both on loopback and both serving the same `--services` A records.
+//!
+//! Usage: cargo run --release -p shoal-chaos --bin net-bench -- --pods 100 --services 100
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::fd::AsFd;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Parser;
+use hickory_proto::op::{Message, Query};
+use hickory_proto::rr::{Name, RecordType};
+use shoal_net::dns::{DnsService, Records};
+use shoal_net::linux::BridgeNetwork;
+use shoal_net::{PodNetworkPlugin, PodRef, netns};
+
+#[derive(Parser)]
+struct Args {
+    /// Pods wired for the setup figures.
+    #[arg(long, default_value_t = 100)]
+    pods: usize,
+    /// A records both DNS servers hold.
+    #[arg(long, default_value_t = 100)]
+    services: usize,
+    /// Concurrent UDP clients.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// Seconds of queries per server.
+    #[arg(long, default_value_t = 5)]
+    seconds: u64,
+    /// Internal: serve Shoal's DNS on this port (the benchmark runs itself with it).
+    #[arg(long, hide = true)]
+    serve_dns: Option<u16>,
+}
+
+fn services(n: usize) -> Vec<DnsService> {
+    (0..n)
+        .map(|i| DnsService {
+            namespace: "default".into(),
+            name: format!("svc{i}"),
+            cluster_ip: Some(Ipv4Addr::from(
+                u32::from(Ipv4Addr::new(10, 96, 0, 10)) + i as u32,
+            )),
+            headless: false,
+            ports: Vec::new(),
+            endpoints: Vec::new(),
+        })
+        .collect()
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn summary(what: &str, mut samples: Vec<Duration>) {
+    samples.sort();
+    println!(
+        "{what}: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} samples)",
+        percentile(&samples, 0.5).as_secs_f64() * 1e3,
+        percentile(&samples, 0.99).as_secs_f64() * 1e3,
+        samples.last().unwrap().as_secs_f64() * 1e3,
+        samples.len()
+    );
+}
+
+/// Removes the namespaces on drop.
+struct Namespaces(Vec<String>);
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for n in &self.0 {
+            let _ = netns::delete(n);
+        }
+    }
+}
+
+fn pod_network(pods: usize) -> anyhow::Result<()> {
+    let tag = format!("snb{}", std::process::id() % 100_000);
+    let mut names = Namespaces(vec![format!("{tag}-node")]);
+    let node = netns::create(&names.0[0])?;
+    let node_file = std::fs::File::open(&node)?;
+    let result = std::thread::scope(|s| {
+        s.spawn(|| -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+            nix::sched::setns(node_file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)?;
+            let net = BridgeNetwork::new(&tag, None);
+            net.set_block("10.251.0.0/24".parse()?, &[])?;
+            let mut setup = Vec::new();
+            let mut teardown = Vec::new();
+            let mut refs = Vec::new();
+            for i in 0..pods {
+                let name = format!("{tag}-p{i}");
+                let start = Instant::now();
+                let path = netns::create(&name)?;
+                let pod = PodRef {
+                    uid: format!("pod-{i}"),
+                    netns: path,
+                };
+                net.setup(&pod)?;
+                setup.push(start.elapsed());
+                refs.push((name, pod));
+            }
+            for (name, pod) in &refs {
+                let start = Instant::now();
+                net.teardown(pod)?;
+                netns::delete(name)?;
+                teardown.push(start.elapsed());
+            }
+            net.cleanup(None)?;
+            Ok((setup, teardown))
+        })
+        .join()
+        .expect("bench thread")
+    });
+    names.0.extend((0..pods).map(|i| format!("{tag}-p{i}")));
+    let (setup, teardown) = result?;
+    summary(
+        "pod network setup (namespace + veth + address + route)",
+        setup,
+    );
+    summary("pod network teardown", teardown);
+    Ok(())
+}
+
+fn query_bytes(name: &str, id: u16) -> Vec<u8> {
+    let mut m = Message::query();
+    m.metadata.id = id;
+    m.metadata.recursion_desired = true;
+    m.add_query(Query::query(
+        Name::from_ascii(name).expect("valid name"),
+        RecordType::A,
+    ));
+    m.to_vec().expect("encodes")
+}
+
+/// Queries/s the server at `addr` answers, `clients` sockets each with one query in flight.
+async fn load(addr: SocketAddr, names: &[String], clients: usize, seconds: u64) -> (f64, u64) {
+    let answered = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let names = names.to_vec();
+        let answered = answered.clone();
+        let failed = failed.clone();
+        tasks.push(tokio::spawn(async move {
+            let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            socket.connect(addr).await.unwrap();
+            let mut buf = [0u8; 1500];
+            let mut i = c;
+            while Instant::now() < deadline {
+                let id = (i % 65_536) as u16;
+                let q = query_bytes(&names[i % names.len()], id);
+                i += clients;
+                socket.send(&q).await.unwrap();
+                match tokio::time::timeout(Duration::from_millis(500), socket.recv(&mut buf)).await
+                {
+                    Ok(Ok(n)) if n > 12 && buf[..2] == id.to_be_bytes() && buf[7] > 0 => {
+                        answered.fetch_add(1, Ordering::Relaxed);
+                    }
+                    _ => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    (
+        answered.load(Ordering::Relaxed) as f64 / seconds as f64,
+        failed.load(Ordering::Relaxed),
+    )
+}
+
+fn free_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Kills the child on drop.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn wait_answering(addr: SocketAddr, name: &str) -> anyhow::Result<()> {
+    let names = [name.to_owned()];
+    for _ in 0..100 {
+        if load(addr, &names, 1, 1).await.0 > 0.0 {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    anyhow::bail!("no DNS server answering on {addr}")
+}
+
+async fn dns(args: &Args) -> anyhow::Result<()> {
+    let names: Vec<String> = (0..args.services)
+        .map(|i| format!("svc{i}.default.svc.cluster.local."))
+        .collect();
+    let shoal_port = free_port();
+    let _shoal = Child(
+        Command::new(std::env::current_exe()?)
+            .args([
+                "--serve-dns",
+                &shoal_port.to_string(),
+                "--services",
+                &args.services.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .spawn()?,
+    );
+    let shoal_addr = SocketAddr::from(([127, 0, 0, 1], shoal_port));
+    wait_answering(shoal_addr, &names[0]).await?;
+    let dnsmasq_port = free_port();
+    let mut dnsmasq = Command::new("dnsmasq");
+    dnsmasq.args([
+        "--keep-in-foreground",
+        "--no-resolv",
+        "--no-hosts",
+        "--no-daemon",
+        "--log-facility=/dev/null",
+        "--listen-address=127.0.0.1",
+        "--bind-interfaces",
+        "--cache-size=10000",
+        &format!("--port={dnsmasq_port}"),
+        "--local=/cluster.local/",
+        "--auth-ttl=5",
+        "--local-ttl=5",
+    ]);
+    for (i, s) in services(args.services).iter().enumerate() {
+        dnsmasq.arg(format!(
+            "--host-record={},{}",
+            names[i].trim_end_matches('.'),
+            s.cluster_ip.unwrap()
+        ));
+    }
+    let _dnsmasq = Child(
+        dnsmasq
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting dnsmasq (apt-get install dnsmasq-base)")?,
+    );
+    let dnsmasq_addr = SocketAddr::from(([127, 0, 0, 1], dnsmasq_port));
+    wait_answering(dnsmasq_addr, &names[0]).await?;
+    let (shoal_qps, shoal_failed) = load(shoal_addr, &names, args.clients, args.seconds).await;
+    let (dnsmasq_qps, dnsmasq_failed) =
+        load(dnsmasq_addr, &names, args.clients, args.seconds).await;
+    println!(
+        "DNS, {} A records, {} clients, {} s each: shoal {:.0} q/s ({} unanswered), dnsmasq {:.0} q/s ({} unanswered), ratio {:.2}",
+        args.services,
+        args.clients,
+        args.seconds,
+        shoal_qps,
+        shoal_failed,
+        dnsmasq_qps,
+        dnsmasq_failed,
+        shoal_qps / dnsmasq_qps
+    );
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    if let Some(port) = args.serve_dns {
+        let records = Records::build("cluster.local", &services(args.services));
+        let (_tx, rx) = tokio::sync::watch::channel(Arc::new(records));
+        return Ok(runtime.block_on(shoal_net::dns::serve(
+            SocketAddr::from(([127, 0, 0, 1], port)),
+            rx,
+            Vec::new(),
+        ))?);
+    }
+    anyhow::ensure!(
+        nix::unistd::geteuid().is_root(),
+        "net-bench needs root (network namespaces)"
+    );
+    pod_network(args.pods)?;
+    runtime.block_on(dns(&args))?;
+    Ok(())
+}
