@@ -7,8 +7,16 @@
 //!    `--seconds`) against Shoal's DNS server (`shoal_net::dns`, in a child process) and against
 //!    Debian's dnsmasq, both on loopback and both serving the same `--services` A records.
 //!
-//! Usage: cargo run --release -p shoal-chaos --bin net-bench -- --pods 100 --services 100
+//! 3. Endpoint propagation (`--propagation N`): three agents in the netns lab (release `shoal`),
+//!    a headless and a ClusterIP Service over N pods; each pod in turn is deleted through one
+//!    agent, and the time from the acknowledged delete until its IP has left the headless
+//!    Service's DNS answer on all three nodes (UDP queries every 2 ms from the lab), and until it
+//!    has left all three nodes' nftables tables (`nft list table`, every 20 ms), is recorded.
+//!
+//! Usage: cargo build --release -p shoal-agent --bin shoal &&
+//!        cargo run --release -p shoal-chaos --bin net-bench -- --pods 100 --services 100 --propagation 30
 
+use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::AsFd;
 use std::process::{Command, Stdio};
@@ -38,6 +46,9 @@ struct Args {
     /// Seconds of queries per server.
     #[arg(long, default_value_t = 5)]
     seconds: u64,
+    /// Pods deleted one by one for the propagation figures (0: skip).
+    #[arg(long, default_value_t = 0)]
+    propagation: usize,
     /// Internal: serve Shoal's DNS on this port (the benchmark runs itself with it).
     #[arg(long, hide = true)]
     serve_dns: Option<u16>,
@@ -299,5 +310,154 @@ fn main() -> anyhow::Result<()> {
     );
     pod_network(args.pods)?;
     runtime.block_on(dns(&args))?;
+    if args.propagation > 0 {
+        runtime.block_on(propagation(args.propagation))?;
+    }
+    Ok(())
+}
+
+/// The A records `server` gives for `name`, asked from inside namespace `ns`.
+fn lookup_in(ns: &std::path::Path, server: Ipv4Addr, name: &str) -> Option<BTreeSet<Ipv4Addr>> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let file = std::fs::File::open(ns).ok()?;
+            nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).ok()?;
+            let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+            socket.set_read_timeout(Some(Duration::from_millis(200))).ok()?;
+            // EDNS: thirty A records do not fit the 512 bytes of plain DNS over UDP.
+            let mut query = Message::from_vec(&query_bytes(name, 1)).ok()?;
+            let mut edns = hickory_proto::op::Edns::new();
+            edns.set_max_payload(1232);
+            query.set_edns(edns);
+            socket.send_to(&query.to_vec().ok()?, (server, 53)).ok()?;
+            let mut buf = [0u8; 1500];
+            let n = socket.recv(&mut buf).ok()?;
+            let reply = Message::from_vec(&buf[..n]).ok()?;
+            Some(
+                reply
+                    .answers
+                    .iter()
+                    .filter_map(|r| match &r.data {
+                        hickory_proto::rr::RData::A(a) => Some(a.0),
+                        _ => None,
+                    })
+                    .collect(),
+            )
+        })
+        .join()
+        .ok()
+        .flatten()
+    })
+}
+
+fn nft_rules(ns: &str) -> String {
+    Command::new("ip")
+        .args(["netns", "exec", ns, "nft", "list", "ruleset"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+async fn propagation(pods: usize) -> anyhow::Result<()> {
+    use serde_json::json;
+    use shoal_agent::testkit::wait_until;
+    let lab = shoal_chaos::lab::NetLab::new(3)?;
+    let (_root, agents) = shoal_chaos::start_cluster(
+        &lab,
+        3,
+        &["--pod-network", "bridge", "--anti-entropy-interval", "200ms", "--cleanup"],
+    )
+    .await?;
+    for a in &agents {
+        shoal_chaos::import_busybox(a)?;
+    }
+    for (name, ip) in [("bench", "None"), ("bench-ip", "")] {
+        let mut spec = json!({"selector": {"app": "bench"}, "ports": [{"name": "p", "port": 80}]});
+        if !ip.is_empty() {
+            spec["clusterIP"] = json!(ip);
+        }
+        agents[0]
+            .apply(&json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "default"}, "spec": spec}))
+            .await?;
+    }
+    for i in 0..pods {
+        agents[0].apply(&json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("b{i}"), "namespace": "default", "labels": {"app": "bench"}},
+            "spec": {"nodeName": format!("n{}", i % 3), "terminationGracePeriodSeconds": 1, "containers": [{
+                "name": "c", "image": "shoal.local/busybox:1", "command": ["sleep", "3600"]}]}})).await?;
+    }
+    let limit = Duration::from_secs(120);
+    let mut ips = Vec::new();
+    for i in 0..pods {
+        let name = format!("b{i}");
+        let ip = || async {
+            agents[0]
+                .object("pods", "default", &name)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|p| p["status"]["podIP"].as_str()?.parse::<Ipv4Addr>().ok())
+        };
+        wait_until("the pod's IP", limit, || async { ip().await.is_some() }).await?;
+        ips.push(ip().await.expect("waited"));
+    }
+    // Each node's DNS server: its bridge address (the first host of its block).
+    let mut servers = Vec::new();
+    let (_, list) = agents[0]
+        .call(hyper::Method::GET, "/v1/objects/podcidrblocks", None)
+        .await?;
+    for o in list["items"].as_array().into_iter().flatten() {
+        let block: ipnet::Ipv4Net = o["spec"]["cidr"].as_str().unwrap_or("").parse()?;
+        servers.push(block.hosts().next().expect("a host"));
+    }
+    let host0 = std::path::PathBuf::from(format!("/run/netns/{}", lab.host(0)));
+    let all: BTreeSet<Ipv4Addr> = ips.iter().copied().collect();
+    wait_until("every pod in every node's DNS", limit, || async {
+        servers.iter().all(|s| {
+            lookup_in(&host0, *s, "bench.default.svc.cluster.local.").as_ref() == Some(&all)
+        })
+    })
+    .await?;
+    let mut dns_all = Vec::new();
+    let mut nft_all = Vec::new();
+    for (i, ip) in ips.iter().enumerate() {
+        let start = Instant::now();
+        let (code, _) = agents[0]
+            .call(
+                hyper::Method::DELETE,
+                &format!("/v1/objects/pods/b{i}?namespace=default"),
+                None,
+            )
+            .await?;
+        anyhow::ensure!(code == 200, "delete b{i}: {code}");
+        let mut pending: Vec<Ipv4Addr> = servers.clone();
+        while !pending.is_empty() {
+            pending.retain(|s| {
+                lookup_in(&host0, *s, "bench.default.svc.cluster.local.")
+                    .is_none_or(|a| a.contains(ip))
+            });
+            anyhow::ensure!(start.elapsed() < limit, "b{i} still in DNS");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        dns_all.push(start.elapsed());
+        let needle = format!("dnat to {ip}:80");
+        let mut hosts: Vec<usize> = (0..3).collect();
+        while !hosts.is_empty() {
+            hosts.retain(|h| nft_rules(&lab.host(*h)).contains(&needle));
+            anyhow::ensure!(start.elapsed() < limit, "b{i} still in nftables");
+            if !hosts.is_empty() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        nft_all.push(start.elapsed());
+    }
+    summary(
+        "pod deleted -> gone from the DNS answers of all 3 nodes",
+        dns_all,
+    );
+    summary(
+        "pod deleted -> gone from the nftables rules of all 3 nodes",
+        nft_all,
+    );
     Ok(())
 }
