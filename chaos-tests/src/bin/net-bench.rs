@@ -323,7 +323,9 @@ fn lookup_in(ns: &std::path::Path, server: Ipv4Addr, name: &str) -> Option<BTree
             let file = std::fs::File::open(ns).ok()?;
             nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).ok()?;
             let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
-            socket.set_read_timeout(Some(Duration::from_millis(200))).ok()?;
+            socket
+                .set_read_timeout(Some(Duration::from_millis(200)))
+                .ok()?;
             // EDNS: thirty A records do not fit the 512 bytes of plain DNS over UDP.
             let mut query = Message::from_vec(&query_bytes(name, 1)).ok()?;
             let mut edns = hickory_proto::op::Edns::new();
@@ -365,7 +367,13 @@ async fn propagation(pods: usize) -> anyhow::Result<()> {
     let (_root, agents) = shoal_chaos::start_cluster(
         &lab,
         3,
-        &["--pod-network", "bridge", "--anti-entropy-interval", "200ms", "--cleanup"],
+        &[
+            "--pod-network",
+            "bridge",
+            "--anti-entropy-interval",
+            "200ms",
+            "--cleanup",
+        ],
     )
     .await?;
     for a in &agents {
