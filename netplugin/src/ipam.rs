@@ -19,6 +19,8 @@ use ipnet::Ipv4Net;
 pub enum IpamError {
     #[error("pod CIDR {block}: a /{prefix} block is too small for pods (at most /30)", prefix = .block.prefix_len())]
     BlockTooSmall { block: Ipv4Net },
+    #[error("pod CIDR {block}: a /{prefix} block is larger than a node can use (at least /8)", prefix = .block.prefix_len())]
+    BlockTooLarge { block: Ipv4Net },
     #[error("pod CIDR {block} is exhausted: all {capacity} addresses are in use")]
     Exhausted { block: Ipv4Net, capacity: u32 },
     #[error("pod {uid}: recorded address {ip} is not a pod address of this node's block {block}")]
@@ -50,6 +52,9 @@ impl Ipam {
         let block = block.trunc();
         if block.prefix_len() > 30 {
             return Err(IpamError::BlockTooSmall { block });
+        }
+        if block.prefix_len() < 8 {
+            return Err(IpamError::BlockTooLarge { block });
         }
         Ok(Self {
             block,
@@ -250,6 +255,10 @@ mod tests {
     #[test]
     fn tiny_blocks_are_refused() {
         assert!(Ipam::new(net("10.0.0.0/31")).is_err());
+        assert!(matches!(
+            Ipam::new(net("0.0.0.0/0")),
+            Err(IpamError::BlockTooLarge { .. })
+        ));
         assert_eq!(Ipam::new(net("10.0.0.0/30")).unwrap().capacity(), 1);
     }
 

@@ -76,7 +76,7 @@ pub fn winners(leases: &[Lease]) -> BTreeMap<Ipv4Net, &Lease> {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PoolError {
     #[error(
-        "--node-cidr-size /{node} must be at least as long as --cluster-cidr {cluster}'s /{} and at most /30",
+        "--node-cidr-size /{node} must be at least as long as --cluster-cidr {cluster}'s /{}, and between /8 and /30",
         .cluster.prefix_len()
     )]
     BadNodeSize { cluster: Ipv4Net, node: u8 },
@@ -122,7 +122,7 @@ impl Pool {
         if cluster.trunc() != cluster {
             return Err(PoolError::NotNetwork { given: cluster });
         }
-        if node_prefix < cluster.prefix_len() || node_prefix > 30 {
+        if node_prefix < cluster.prefix_len() || !(8..=30).contains(&node_prefix) {
             return Err(PoolError::BadNodeSize {
                 cluster,
                 node: node_prefix,
@@ -304,6 +304,10 @@ mod tests {
         ));
         assert!(matches!(
             Pool::new(net("10.88.0.0/16"), 31),
+            Err(PoolError::BadNodeSize { .. })
+        ));
+        assert!(matches!(
+            Pool::new(net("0.0.0.0/0"), 0),
             Err(PoolError::BadNodeSize { .. })
         ));
         assert!(matches!(

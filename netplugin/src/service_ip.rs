@@ -20,7 +20,7 @@ pub const DEFAULT_SERVICE_CIDR: &str = "10.96.0.0/16";
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ServiceIpError {
     #[error("the service CIDR {cidr} is full: all {capacity} addresses are allocated")]
-    Exhausted { cidr: Ipv4Net, capacity: u32 },
+    Exhausted { cidr: Ipv4Net, capacity: u64 },
     #[error("{ip} is not in the service CIDR {cidr}")]
     OutsideRange { ip: Ipv4Addr, cidr: Ipv4Net },
     #[error("{ip} is the service CIDR's network, broadcast or reserved first address")]
@@ -31,13 +31,17 @@ pub enum ServiceIpError {
 
 /// The usable addresses of `cidr`: all but the network address, the first host (reserved, as
 /// Kubernetes keeps it for the `kubernetes` Service) and the broadcast address.
-fn usable(cidr: Ipv4Net) -> Result<(u32, u32), ServiceIpError> {
+fn usable(cidr: Ipv4Net) -> Result<(u64, u64), ServiceIpError> {
     if cidr.prefix_len() > 28 {
         return Err(ServiceIpError::TooSmall { cidr });
     }
-    let base = u32::from(cidr.network());
-    let size = 1u32 << (32 - u32::from(cidr.prefix_len()));
+    let base = u64::from(u32::from(cidr.network()));
+    let size = 1u64 << (32 - u32::from(cidr.prefix_len()));
     Ok((base + 2, size - 3))
+}
+
+fn addr(n: u64) -> Ipv4Addr {
+    Ipv4Addr::from(u32::try_from(n).unwrap_or(u32::MAX))
 }
 
 /// Checks an address a user asked for.
@@ -46,7 +50,7 @@ pub fn check(cidr: Ipv4Net, ip: Ipv4Addr) -> Result<(), ServiceIpError> {
         return Err(ServiceIpError::OutsideRange { ip, cidr });
     }
     let (first, count) = usable(cidr)?;
-    let n = u32::from(ip);
+    let n = u64::from(u32::from(ip));
     if n < first || n >= first + count {
         return Err(ServiceIpError::Reserved { ip });
     }
@@ -66,9 +70,11 @@ pub fn allocate(
     hash.update(namespace.as_bytes());
     hash.update([b'/']);
     hash.update(name.as_bytes());
-    let start = u32::from_be_bytes(hash.finalize()[..4].try_into().expect("4 bytes")) % count;
+    let start = u64::from(u32::from_be_bytes(
+        hash.finalize()[..4].try_into().expect("4 bytes"),
+    )) % count;
     (0..count)
-        .map(|i| Ipv4Addr::from(first + (start + i) % count))
+        .map(|i| addr(first + (start + i) % count))
         .find(|ip| !used.contains(ip))
         .ok_or(ServiceIpError::Exhausted {
             cidr,
@@ -145,6 +151,15 @@ mod tests {
             check(cidr(), "10.97.0.5".parse().unwrap()),
             Err(ServiceIpError::OutsideRange { .. })
         ));
+    }
+
+    #[test]
+    fn the_widest_ranges_do_not_overflow() {
+        for cidr in ["0.0.0.0/0", "128.0.0.0/1"] {
+            let cidr: Ipv4Net = cidr.parse().unwrap();
+            let ip = allocate(cidr, "default", "web", &BTreeSet::new()).unwrap();
+            assert!(check(cidr, ip).is_ok());
+        }
     }
 
     #[test]
