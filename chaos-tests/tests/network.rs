@@ -231,6 +231,49 @@ async fn pods_reach_pods_on_other_nodes_by_ip_and_nothing_is_left() {
         "{missing:?}"
     );
 
+    // A failing readiness probe takes a pod out of every node's answers (it keeps running).
+    let flaky = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "flaky", "namespace": "default", "labels": {"app": "flaky"}},
+        "spec": {"nodeName": "n2", "terminationGracePeriodSeconds": 1, "containers": [{
+            "name": "c", "image": "shoal.local/busybox:1",
+            "command": ["sh", "-c", "touch /tmp/ready; sleep 10; rm /tmp/ready; exec sleep 3600"],
+            "readinessProbe": {"exec": {"command": ["cat", "/tmp/ready"]}, "periodSeconds": 1, "failureThreshold": 1}}]}});
+    assert_eq!(agents[2].apply(&flaky).await.unwrap().0, 201);
+    let flaky_svc = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "flaky", "namespace": "default"},
+        "spec": {"clusterIP": "None", "selector": {"app": "flaky"}, "ports": [{"port": 80}]}});
+    assert_eq!(agents[2].apply(&flaky_svc).await.unwrap().0, 201);
+    let flaky_answers = |server: String| {
+        let host = lab.host(0);
+        async move {
+            exec_in(&host, "busybox", &["nslookup", "flaky.default.svc.cluster.local", &server])
+                .map(|o| resolved(&o))
+                .unwrap_or_default()
+        }
+    };
+    let servers: Vec<String> = (0..3)
+        .map(|i| blocks[&i].hosts().next().unwrap().to_string())
+        .collect();
+    wait_until("the ready pod in every node's answer", LIMIT, || async {
+        let ip = pod(&agents[0], "flaky").await["status"]["podIP"].as_str().map(str::to_owned);
+        let mut all = true;
+        for server in &servers {
+            all &= ip.is_some() && flaky_answers(server.clone()).await == BTreeSet::from([ip.clone().unwrap()]);
+        }
+        all
+    })
+    .await
+    .unwrap();
+    wait_until("the unready pod out of every node's answer", LIMIT, || async {
+        let mut all = true;
+        for server in &servers {
+            all &= flaky_answers(server.clone()).await.is_empty();
+        }
+        all
+    })
+    .await
+    .unwrap();
+    assert_eq!(pod(&agents[0], "flaky").await["status"]["phase"], "Running");
+
     // kubectl, inside n0's namespace, sees the derived Endpoints and EndpointSlices.
     let kubeconfig = _root.path().join("n0.kubeconfig");
     let out = std::process::Command::new(shoal_chaos::shoal_binary().unwrap())
