@@ -58,7 +58,11 @@ pub fn service_ports(
                 .collect();
             endpoints.sort();
             endpoints.dedup();
+            let node_port = crate::controllers::service_ip::wants_node_ports(service)
+                .then(|| p["nodePort"].as_u64().and_then(|n| u16::try_from(n).ok()))
+                .flatten();
             Some(shoal_net::nft::ServicePort {
+                node_port,
                 cluster_ip,
                 port,
                 protocol: protocol.to_ascii_lowercase(),

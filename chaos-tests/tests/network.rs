@@ -172,6 +172,8 @@ async fn pods_reach_pods_on_other_nodes_by_ip_and_nothing_is_left() {
     for service in [
         json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "default"},
                "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}),
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web-np", "namespace": "default"},
+               "spec": {"type": "NodePort", "selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}),
         json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web-headless", "namespace": "default"},
                "spec": {"clusterIP": "None", "selector": {"app": "web"}, "ports": [{"name": "http", "port": 8080}]}}),
     ] {
@@ -231,6 +233,40 @@ async fn pods_reach_pods_on_other_nodes_by_ip_and_nothing_is_left() {
         "{missing:?}"
     );
 
+    // NodePort: a node port on every node's address leads to the pods, from outside the pod
+    // network (n0's host namespace to n1's and n2's addresses).
+    let node_port = || async {
+        agents[0]
+            .object("services", "default", "web-np")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|s| s["spec"]["ports"][0]["nodePort"].as_u64())
+    };
+    wait_until("a node port for web-np", LIMIT, || async {
+        node_port().await.is_some()
+    })
+    .await
+    .unwrap();
+    let node_port = node_port().await.unwrap();
+    assert!((30000..=32767).contains(&node_port), "{node_port}");
+    for i in [1, 2] {
+        let target = lab.address(i).to_string();
+        // Eight connections in a row all answered: the ones sent on to pods of other nodes too.
+        wait_until("the node port answers", LIMIT, || async {
+            (0..8).all(|_| {
+                exec_in(
+                    &lab.host(0),
+                    "sh",
+                    &["-c", &format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | busybox nc -w 5 {target} {node_port}")],
+                )
+                .is_ok_and(|o| o.contains("hello from srv-"))
+            })
+        })
+        .await
+        .unwrap();
+    }
+
     // A failing readiness probe takes a pod out of every node's answers (it keeps running).
     let flaky = json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "flaky", "namespace": "default", "labels": {"app": "flaky"}},
@@ -245,31 +281,42 @@ async fn pods_reach_pods_on_other_nodes_by_ip_and_nothing_is_left() {
     let flaky_answers = |server: String| {
         let host = lab.host(0);
         async move {
-            exec_in(&host, "busybox", &["nslookup", "flaky.default.svc.cluster.local", &server])
-                .map(|o| resolved(&o))
-                .unwrap_or_default()
+            exec_in(
+                &host,
+                "busybox",
+                &["nslookup", "flaky.default.svc.cluster.local", &server],
+            )
+            .map(|o| resolved(&o))
+            .unwrap_or_default()
         }
     };
     let servers: Vec<String> = (0..3)
         .map(|i| blocks[&i].hosts().next().unwrap().to_string())
         .collect();
     wait_until("the ready pod in every node's answer", LIMIT, || async {
-        let ip = pod(&agents[0], "flaky").await["status"]["podIP"].as_str().map(str::to_owned);
+        let ip = pod(&agents[0], "flaky").await["status"]["podIP"]
+            .as_str()
+            .map(str::to_owned);
         let mut all = true;
         for server in &servers {
-            all &= ip.is_some() && flaky_answers(server.clone()).await == BTreeSet::from([ip.clone().unwrap()]);
+            all &= ip.is_some()
+                && flaky_answers(server.clone()).await == BTreeSet::from([ip.clone().unwrap()]);
         }
         all
     })
     .await
     .unwrap();
-    wait_until("the unready pod out of every node's answer", LIMIT, || async {
-        let mut all = true;
-        for server in &servers {
-            all &= flaky_answers(server.clone()).await.is_empty();
-        }
-        all
-    })
+    wait_until(
+        "the unready pod out of every node's answer",
+        LIMIT,
+        || async {
+            let mut all = true;
+            for server in &servers {
+                all &= flaky_answers(server.clone()).await.is_empty();
+            }
+            all
+        },
+    )
     .await
     .unwrap();
     assert_eq!(pod(&agents[0], "flaky").await["status"]["phase"], "Running");

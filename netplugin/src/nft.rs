@@ -26,7 +26,12 @@ pub struct ServicePort {
     pub protocol: String,
     /// Ready endpoints: (pod IP, target port).
     pub endpoints: Vec<(Ipv4Addr, u16)>,
+    /// The port on every node's addresses that leads here too (NodePort Services).
+    pub node_port: Option<u16>,
 }
+
+/// The packet mark of NodePort connections (masqueraded on the way out).
+pub const NODE_PORT_MARK: u32 = 0x5348_0000;
 
 /// The agent's table name.
 pub fn table_name(scope: &str) -> String {
@@ -49,9 +54,11 @@ pub fn ruleset(table: &str, cluster: Ipv4Net, ports: &[ServicePort]) -> String {
     );
     s.push_str("  chain prerouting {\n    type nat hook prerouting priority -100; policy accept;\n    jump services\n  }\n");
     s.push_str("  chain output {\n    type nat hook output priority -100; policy accept;\n    jump services\n  }\n");
+    // Pod traffic leaving the cluster CIDR, and NodePort traffic (marked below: its reply must
+    // come back through this node to be un-DNATed), leave with this node's address.
     let _ = writeln!(
         s,
-        "  chain postrouting {{\n    type nat hook postrouting priority 100; policy accept;\n    ip saddr {cluster} ip daddr != {cluster} masquerade\n  }}"
+        "  chain postrouting {{\n    type nat hook postrouting priority 100; policy accept;\n    ip saddr {cluster} ip daddr != {cluster} masquerade\n    meta mark & {NODE_PORT_MARK:#x} == {NODE_PORT_MARK:#x} masquerade\n  }}"
     );
     // ClusterIP:ports without an endpoint are refused at once (as kube-proxy does), from pods
     // (forward) and from the node itself (output).
@@ -78,6 +85,13 @@ pub fn ruleset(table: &str, cluster: Ipv4Net, ports: &[ServicePort]) -> String {
                 "    ip daddr {} {} dport {} goto svc_{i}",
                 p.cluster_ip, p.protocol, p.port
             );
+            if let Some(node_port) = p.node_port {
+                let _ = writeln!(
+                    s,
+                    "    fib daddr type local {} dport {node_port} meta mark set meta mark | {NODE_PORT_MARK:#x} goto svc_{i}",
+                    p.protocol
+                );
+            }
         }
     }
     s.push_str("  }\n");
@@ -157,18 +171,21 @@ mod tests {
                     ("10.88.1.2".parse().unwrap(), 8080),
                     ("10.88.2.3".parse().unwrap(), 8080),
                 ],
+                node_port: Some(30080),
             },
             ServicePort {
                 cluster_ip: "10.96.0.21".parse().unwrap(),
                 port: 53,
                 protocol: "udp".into(),
                 endpoints: vec![],
+                node_port: None,
             },
             ServicePort {
                 cluster_ip: "10.96.0.22".parse().unwrap(),
                 port: 9,
                 protocol: "sctp".into(),
                 endpoints: vec![("10.88.1.2".parse().unwrap(), 9)],
+                node_port: None,
             },
         ];
         let s = ruleset("shoal_t", "10.88.0.0/16".parse().unwrap(), &ports);
@@ -179,6 +196,10 @@ mod tests {
         );
         assert!(s.contains("meta l4proto tcp dnat to 10.88.2.3:8080"));
         assert!(s.contains("ip daddr 10.96.0.21 udp dport 53 reject"));
+        assert!(s.contains(
+            "fib daddr type local tcp dport 30080 meta mark set meta mark | 0x53480000 goto svc_0"
+        ));
+        assert!(s.contains("meta mark & 0x53480000 == 0x53480000 masquerade"));
         assert!(
             !s.contains("10.96.0.22"),
             "unsupported protocols are left out"

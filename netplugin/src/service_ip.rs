@@ -82,6 +82,29 @@ pub fn allocate(
         })
 }
 
+/// The NodePort range (Kubernetes' default `--service-node-port-range`).
+pub const NODE_PORTS: std::ops::RangeInclusive<u16> = 30000..=32767;
+
+/// A node port for port `port_name` of Service `namespace/name`: the first free one of
+/// [`NODE_PORTS`] from the names' hash on.
+pub fn allocate_node_port(
+    namespace: &str,
+    name: &str,
+    port_name: &str,
+    used: &BTreeSet<u16>,
+) -> Option<u16> {
+    let (first, count) = (*NODE_PORTS.start(), NODE_PORTS.len() as u32);
+    let mut hash = Sha256::new();
+    for part in [namespace, name, port_name] {
+        hash.update(part.as_bytes());
+        hash.update([0]);
+    }
+    let start = u32::from_be_bytes(hash.finalize()[..4].try_into().expect("4 bytes")) % count;
+    (0..count)
+        .map(|i| first + ((start + i) % count) as u16)
+        .find(|p| !used.contains(p))
+}
+
 /// One Service's claim to an address: who created it when (creation time, then uid, orders
 /// claims the same way on every agent).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -151,6 +174,16 @@ mod tests {
             check(cidr(), "10.97.0.5".parse().unwrap()),
             Err(ServiceIpError::OutsideRange { .. })
         ));
+    }
+
+    #[test]
+    fn node_ports_stay_in_range_and_skip_used_ones() {
+        let a = allocate_node_port("default", "web", "http", &BTreeSet::new()).unwrap();
+        assert!(NODE_PORTS.contains(&a));
+        let b = allocate_node_port("default", "web", "http", &[a].into()).unwrap();
+        assert_ne!(a, b);
+        let all: BTreeSet<u16> = NODE_PORTS.collect();
+        assert_eq!(allocate_node_port("default", "web", "http", &all), None);
     }
 
     #[test]

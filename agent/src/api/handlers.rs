@@ -594,6 +594,73 @@ fn assign_cluster_ip(
     Ok(())
 }
 
+/// Node ports of a NodePort/LoadBalancer Service: kept across updates when the body leaves
+/// them out, checked when named (range, not another Service's), allocated otherwise.
+fn assign_node_ports(
+    state: &ApiState,
+    valid: &mut shoal_state::ValidObject,
+    mode: WriteMode,
+) -> Result<(), ApiError> {
+    use crate::controllers::service_ip;
+    if !service_ip::wants_node_ports(&valid.body) {
+        return Ok(());
+    }
+    let key = valid.key.clone();
+    let name = key.name.clone();
+    let (stored, services) = state
+        .replication
+        .read(|s| (s.get(&key), s.list("", "Service", None)));
+    let mut used = service_ip::used_node_ports(&services, (&key.namespace, &key.name));
+    let old_ports: Vec<Value> = stored
+        .filter(|_| mode != WriteMode::Create)
+        .and_then(|o| o["spec"]["ports"].as_array().cloned())
+        .unwrap_or_default();
+    let Some(ports) = valid.body["spec"]["ports"].as_array_mut() else {
+        return Ok(());
+    };
+    for (i, p) in ports.iter_mut().enumerate() {
+        if p["nodePort"].is_null()
+            && let Some(old) = old_ports
+                .iter()
+                .find(|o| o["port"] == p["port"] && o["name"] == p["name"])
+        {
+            p["nodePort"] = old["nodePort"].clone();
+        }
+        if p["nodePort"].is_null() {
+            continue;
+        }
+        let n = p["nodePort"].as_u64().and_then(|n| u16::try_from(n).ok());
+        match n {
+            Some(n) if shoal_net::service_ip::NODE_PORTS.contains(&n) && !used.contains(&n) => {
+                used.insert(n);
+            }
+            Some(n) if used.contains(&n) => {
+                return Err(ApiError::invalid(
+                    "Service",
+                    &name,
+                    &format!("spec.ports[{i}].nodePort"),
+                    &format!("Invalid value: {n}: provided port is already allocated"),
+                ));
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    "Service",
+                    &name,
+                    &format!("spec.ports[{i}].nodePort"),
+                    &format!(
+                        "Invalid value: {}: provided port is not in the valid range. The range of valid ports is 30000-32767",
+                        p["nodePort"]
+                    ),
+                ));
+            }
+        }
+    }
+    if let Some(ports) = service_ip::fill_node_ports(&valid.body, &mut used, &Default::default()) {
+        valid.body["spec"]["ports"] = json!(ports);
+    }
+    Ok(())
+}
+
 async fn write(
     state: &ApiState,
     resource: &ApiResource,
@@ -603,6 +670,7 @@ async fn write(
 ) -> Result<Response, ApiError> {
     if valid.info.kind == "Service" && valid.info.group.is_empty() {
         assign_cluster_ip(state, &mut valid, mode)?;
+        assign_node_ports(state, &mut valid, mode)?;
     }
     let (object, created) = state
         .replication

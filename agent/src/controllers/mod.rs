@@ -251,6 +251,40 @@ impl Controllers {
                 Err(e) => warn!(service = %key, error = %e, "service refused"),
             }
         }
+        for (i, ports) in service_ip::reconcile_node_ports(&services) {
+            let service = &services[i];
+            if !self.owns(service, live) {
+                continue;
+            }
+            let namespace = namespace_of(service).to_owned();
+            let Some(info) = kind::lookup("v1", "Service") else {
+                return;
+            };
+            let key = ObjectKey::new(
+                info,
+                &namespace,
+                service["metadata"]["name"].as_str().unwrap_or(""),
+            );
+            let Some(mut current) = self.replication.read(|s| s.get(&key)) else {
+                continue;
+            };
+            if current["metadata"]["uid"] != service["metadata"]["uid"]
+                || current["spec"]["ports"] != service["spec"]["ports"]
+            {
+                continue;
+            }
+            current["spec"]["ports"] = serde_json::json!(ports);
+            if let Some(meta) = current["metadata"].as_object_mut() {
+                meta.remove("resourceVersion");
+            }
+            match shoal_state::validate(current, &namespace) {
+                Ok(valid) => match self.replication.write(valid, WriteMode::Update).await {
+                    Ok(_) => info!(service = %key, "node ports assigned"),
+                    Err(e) => debug!(service = %key, error = %e, "node ports not written"),
+                },
+                Err(e) => warn!(service = %key, error = %e, "service refused"),
+            }
+        }
     }
 
     async fn apply(&self, action: Action) {

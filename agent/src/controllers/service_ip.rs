@@ -103,6 +103,100 @@ pub fn reconcile(services: &[Value], cidr: Ipv4Net) -> Vec<(usize, Ipv4Addr)> {
     out
 }
 
+/// Whether a Service's ports get node ports.
+pub fn wants_node_ports(service: &Value) -> bool {
+    matches!(
+        service["spec"]["type"].as_str(),
+        Some("NodePort" | "LoadBalancer")
+    )
+}
+
+/// The node ports held, by the Service created first when two name one.
+fn held_node_ports(services: &[Value]) -> (BTreeSet<u16>, BTreeSet<(String, u16)>) {
+    let mut order: Vec<&Value> = services.iter().filter(|s| wants_node_ports(s)).collect();
+    order.sort_by_key(|s| claim(s));
+    let mut held = BTreeSet::new();
+    let mut lost = BTreeSet::new();
+    for s in order {
+        for p in s["spec"]["ports"].as_array().into_iter().flatten() {
+            let Some(n) = p["nodePort"].as_u64().and_then(|n| u16::try_from(n).ok()) else {
+                continue;
+            };
+            if !service_ip::NODE_PORTS.contains(&n) {
+                continue;
+            }
+            if !held.insert(n) {
+                lost.insert((claim(s).uid, n));
+            }
+        }
+    }
+    (held, lost)
+}
+
+/// Node ports in use by Services other than `except` (namespace/name).
+pub fn used_node_ports(services: &[Value], except: (&str, &str)) -> BTreeSet<u16> {
+    let others: Vec<Value> = services
+        .iter()
+        .filter(|s| {
+            (
+                s["metadata"]["namespace"].as_str().unwrap_or("default"),
+                s["metadata"]["name"].as_str().unwrap_or(""),
+            ) != except
+        })
+        .cloned()
+        .collect();
+    held_node_ports(&others).0
+}
+
+/// Gives every port of `service` that lacks one (or whose node port `lost` names) a node port
+/// not in `used` (which it extends). Returns the new ports, or `None` when nothing changes.
+pub fn fill_node_ports(
+    service: &Value,
+    used: &mut BTreeSet<u16>,
+    lost: &BTreeSet<(String, u16)>,
+) -> Option<Vec<Value>> {
+    let uid = claim(service).uid;
+    let m = &service["metadata"];
+    let mut ports = service["spec"]["ports"].as_array()?.clone();
+    let mut changed = false;
+    for (i, p) in ports.iter_mut().enumerate() {
+        let current = p["nodePort"].as_u64().and_then(|n| u16::try_from(n).ok());
+        let ok = current.is_some_and(|n| {
+            service_ip::NODE_PORTS.contains(&n) && !lost.contains(&(uid.clone(), n))
+        });
+        if ok {
+            continue;
+        }
+        let port_name = p["name"]
+            .as_str()
+            .map_or_else(|| i.to_string(), str::to_owned);
+        let n = service_ip::allocate_node_port(
+            m["namespace"].as_str().unwrap_or("default"),
+            m["name"].as_str().unwrap_or_default(),
+            &port_name,
+            used,
+        )?;
+        used.insert(n);
+        p["nodePort"] = serde_json::json!(n);
+        changed = true;
+    }
+    changed.then_some(ports)
+}
+
+/// `(index into services, new ports)` for every NodePort/LoadBalancer Service that needs
+/// node ports (missing, or the later-created holder of a duplicate).
+pub fn reconcile_node_ports(services: &[Value]) -> Vec<(usize, Vec<Value>)> {
+    let (mut used, lost) = held_node_ports(services);
+    let mut order: Vec<usize> = (0..services.len())
+        .filter(|&i| wants_node_ports(&services[i]))
+        .collect();
+    order.sort_by_key(|&i| claim(&services[i]));
+    order
+        .into_iter()
+        .filter_map(|i| Some((i, fill_node_ports(&services[i], &mut used, &lost)?)))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,5 +234,29 @@ mod tests {
         assert!(!ips.contains(&"10.96.0.9".parse().unwrap()));
         assert!(!ips.contains(&"10.96.0.10".parse().unwrap()));
         assert_eq!(reconcile(&services, cidr), actions, "deterministic");
+    }
+
+    #[test]
+    fn node_ports_are_filled_and_duplicates_move() {
+        let mut a = svc("a", "2026-01-01T00:00:00Z", None, "NodePort");
+        a["spec"]["ports"] = json!([{"name": "http", "port": 80, "nodePort": 30080}]);
+        let mut b = svc("b", "2026-01-02T00:00:00Z", None, "NodePort");
+        b["spec"]["ports"] =
+            json!([{"name": "http", "port": 80, "nodePort": 30080}, {"name": "x", "port": 81}]);
+        let c = svc("c", "2026-01-02T00:00:00Z", None, "ClusterIP");
+        let actions = reconcile_node_ports(&[a, b, c]);
+        assert_eq!(actions.len(), 1, "only b: a keeps 30080, c needs none");
+        let (i, ports) = &actions[0];
+        assert_eq!(*i, 1);
+        let got: Vec<u64> = ports
+            .iter()
+            .map(|p| p["nodePort"].as_u64().unwrap())
+            .collect();
+        assert!(
+            got.iter()
+                .all(|n| (30000..=32767).contains(n) && *n != 30080),
+            "{got:?}"
+        );
+        assert_ne!(got[0], got[1]);
     }
 }
