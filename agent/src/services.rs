@@ -61,7 +61,15 @@ pub fn service_ports(
             let node_port = crate::controllers::service_ip::wants_node_ports(service)
                 .then(|| p["nodePort"].as_u64().and_then(|n| u16::try_from(n).ok()))
                 .flatten();
+            let affinity_seconds = (service["spec"]["sessionAffinity"] == "ClientIP").then(|| {
+                service["spec"]["sessionAffinityConfig"]["clientIP"]["timeoutSeconds"]
+                    .as_u64()
+                    .and_then(|t| u32::try_from(t).ok())
+                    .filter(|t| (1..=86_400).contains(t))
+                    .unwrap_or(10_800)
+            });
             Some(shoal_net::nft::ServicePort {
+                affinity_seconds,
                 node_port,
                 cluster_ip,
                 port,

@@ -172,6 +172,10 @@ async fn pods_reach_pods_on_other_nodes_by_ip_and_nothing_is_left() {
     for service in [
         json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "default"},
                "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}),
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web-sticky", "namespace": "default"},
+               "spec": {"sessionAffinity": "ClientIP", "selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}),
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "client-self", "namespace": "default"},
+               "spec": {"selector": {"app": "client"}, "ports": [{"port": 8081}]}}),
         json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web-np", "namespace": "default"},
                "spec": {"type": "NodePort", "selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}),
         json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web-headless", "namespace": "default"},
@@ -375,18 +379,29 @@ async fn pods_reach_pods_on_other_nodes_by_ip_and_nothing_is_left() {
         "echo POD_IP=$POD_IP; cat /etc/hosts; cat /etc/resolv.conf; \
          for ip in {}; do printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 $ip 8080 | grep hello || echo FAILED $ip; done; \
          nslookup web.default.svc.cluster.local; \
-         for i in 1 2 3 4 5 6 7 8 9 10 11 12; do printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {cluster_ip} 80 | grep hello || echo FAILED cluster IP; done",
+         for i in 1 2 3 4 5 6 7 8 9 10 11 12; do printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {cluster_ip} 80 | grep hello || echo FAILED cluster IP; done; \
+         sticky=$(nslookup web-sticky.default.svc.cluster.local | awk '/^Address: /{{print $2}}' | tail -n 1); \
+         for i in 1 2 3 4 5 6; do printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 $sticky 80 | grep hello | sed 's/^/STICKY /'; done; \
+         self=$(nslookup client-self.default.svc.cluster.local | awk '/^Address: /{{print $2}}' | tail -n 1); \
+         for i in $(seq 1 40); do out=$(printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 $self 8081 | grep hello) && break; sleep 0.5; done; echo \"SELF $out\"",
         targets.join(" ")
     );
     let client = json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "client", "namespace": "default"},
+        "metadata": {"name": "client", "namespace": "default", "labels": {"app": "client"}},
         "spec": {"nodeName": "n0", "restartPolicy": "Never", "containers": [{
+            "name": "own-web", "image": "shoal.local/busybox:1",
+            "command": ["sh", "-c", "mkdir -p /c && echo hello from client > /c/index.html && exec httpd -f -p 8081 -h /c"]}, {
             "name": "c", "image": "shoal.local/busybox:1",
             "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
             "command": ["sh", "-c", script]}]}});
     assert_eq!(agents[0].apply(&client).await.unwrap().0, 201);
     wait_until("the client done", LIMIT, || async {
-        pod(&agents[0], "client").await["status"]["phase"] == "Succeeded"
+        // Its other container serves on: done when this one has exited 0.
+        pod(&agents[0], "client").await["status"]["containerStatuses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["name"] == "c" && c["state"]["terminated"]["exitCode"] == 0)
     })
     .await
     .unwrap();
@@ -422,6 +437,19 @@ async fn pods_reach_pods_on_other_nodes_by_ip_and_nothing_is_left() {
     assert!(
         via_cluster_ip.len() >= 2,
         "balanced over several pods: {log}"
+    );
+    let sticky: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.split("STICKY hello from ").nth(1))
+        .collect();
+    let sticky_pods: BTreeSet<&str> = sticky.iter().copied().collect();
+    assert!(
+        sticky.len() == 6 && sticky_pods.len() == 1,
+        "sessionAffinity ClientIP keeps one pod: {log}"
+    );
+    assert!(
+        log.contains("SELF hello from client"),
+        "a pod reaches itself through its own Service (hairpin): {log}"
     );
 
     // Deleting a pod removes its veth from its node.

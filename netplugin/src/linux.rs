@@ -480,6 +480,13 @@ impl BridgeNetwork {
                 .execute()
                 .await
                 .map_err(nl(format!("attach {host} to {bridge}")))?;
+            // Hairpin: a pod reaching itself through a ClusterIP gets its packet back out of
+            // the port it came in on.
+            h.link()
+                .set_port(rtnetlink::LinkBridgePort::new(index).hairpin(true).build())
+                .execute()
+                .await
+                .map_err(nl(format!("hairpin mode on {host}")))?;
             Ok(())
         })?;
         let PodNetwork {

@@ -28,9 +28,11 @@ pub struct ServicePort {
     pub endpoints: Vec<(Ipv4Addr, u16)>,
     /// The port on every node's addresses that leads here too (NodePort Services).
     pub node_port: Option<u16>,
+    /// `sessionAffinity: ClientIP`: a client keeps its endpoint for this long (seconds).
+    pub affinity_seconds: Option<u32>,
 }
 
-/// The packet mark of NodePort connections (masqueraded on the way out).
+/// The packet mark of connections masqueraded on the way out (NodePort, hairpin).
 pub const NODE_PORT_MARK: u32 = 0x5348_0000;
 
 /// The agent's table name.
@@ -100,15 +102,47 @@ pub fn ruleset(table: &str, cluster: Ipv4Net, ports: &[ServicePort]) -> String {
             continue;
         }
         let n = p.endpoints.len();
-        let _ = write!(s, "  chain svc_{i} {{\n    numgen random mod {n} vmap {{ ");
+        if let Some(timeout) = p.affinity_seconds {
+            // A client seen lately goes to the endpoint it went to (kube-proxy's shape: one
+            // set of recent clients per endpoint, refreshed on every new connection).
+            for j in 0..n {
+                let _ = writeln!(
+                    s,
+                    "  set svc_{i}_ep_{j}_clients {{\n    type ipv4_addr; flags dynamic,timeout; timeout {timeout}s;\n  }}"
+                );
+            }
+            let _ = writeln!(s, "  chain svc_{i}_affinity {{");
+            for j in 0..n {
+                let _ = writeln!(
+                    s,
+                    "    ip saddr @svc_{i}_ep_{j}_clients goto svc_{i}_ep_{j}"
+                );
+            }
+            s.push_str("  }\n");
+        }
+        let _ = writeln!(s, "  chain svc_{i} {{");
+        if p.affinity_seconds.is_some() {
+            let _ = writeln!(s, "    jump svc_{i}_affinity");
+        }
+        let _ = write!(s, "    numgen random mod {n} vmap {{ ");
         let arms: Vec<String> = (0..n)
             .map(|j| format!("{j} : goto svc_{i}_ep_{j}"))
             .collect();
         let _ = writeln!(s, "{} }}\n  }}", arms.join(", "));
         for (j, (ip, port)) in p.endpoints.iter().enumerate() {
+            let _ = writeln!(s, "  chain svc_{i}_ep_{j} {{");
+            // Hairpin: an endpoint reaching itself through the Service is masqueraded, or its
+            // reply would go to itself directly and never be un-DNATed.
             let _ = writeln!(
                 s,
-                "  chain svc_{i}_ep_{j} {{\n    meta l4proto {} dnat to {ip}:{port}\n  }}",
+                "    ip saddr {ip} meta mark set meta mark | {NODE_PORT_MARK:#x}"
+            );
+            if p.affinity_seconds.is_some() {
+                let _ = writeln!(s, "    update @svc_{i}_ep_{j}_clients {{ ip saddr }}");
+            }
+            let _ = writeln!(
+                s,
+                "    meta l4proto {} dnat to {ip}:{port}\n  }}",
                 p.protocol
             );
         }
@@ -172,6 +206,7 @@ mod tests {
                     ("10.88.2.3".parse().unwrap(), 8080),
                 ],
                 node_port: Some(30080),
+                affinity_seconds: Some(10800),
             },
             ServicePort {
                 cluster_ip: "10.96.0.21".parse().unwrap(),
@@ -179,6 +214,7 @@ mod tests {
                 protocol: "udp".into(),
                 endpoints: vec![],
                 node_port: None,
+                affinity_seconds: None,
             },
             ServicePort {
                 cluster_ip: "10.96.0.22".parse().unwrap(),
@@ -186,6 +222,7 @@ mod tests {
                 protocol: "sctp".into(),
                 endpoints: vec![("10.88.1.2".parse().unwrap(), 9)],
                 node_port: None,
+                affinity_seconds: None,
             },
         ];
         let s = ruleset("shoal_t", "10.88.0.0/16".parse().unwrap(), &ports);
@@ -200,6 +237,14 @@ mod tests {
             "fib daddr type local tcp dport 30080 meta mark set meta mark | 0x53480000 goto svc_0"
         ));
         assert!(s.contains("meta mark & 0x53480000 == 0x53480000 masquerade"));
+        assert!(
+            s.contains("ip saddr 10.88.2.3 meta mark set meta mark | 0x53480000"),
+            "hairpin"
+        );
+        assert!(s.contains("type ipv4_addr; flags dynamic,timeout; timeout 10800s;"));
+        assert!(s.contains("ip saddr @svc_0_ep_1_clients goto svc_0_ep_1"));
+        assert!(s.contains("update @svc_0_ep_0_clients { ip saddr }"));
+        assert!(!s.contains("svc_1_affinity"), "only with ClientIP affinity");
         assert!(
             !s.contains("10.96.0.22"),
             "unsupported protocols are left out"

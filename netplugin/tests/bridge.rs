@@ -139,6 +139,44 @@ fn pods_on_one_bridge_reach_each_other_and_nothing_is_left() {
         assert_eq!(show(()).trim(), "");
     });
 
+    // The service ruleset loads for real (nft -f) and replaces itself atomically.
+    inside(&node, || {
+        use shoal_net::nft;
+        let ports = vec![
+            nft::ServicePort {
+                cluster_ip: "10.96.0.20".parse().unwrap(),
+                port: 80,
+                protocol: "tcp".into(),
+                endpoints: vec![(a.ip, 8080), (b.ip, 8080)],
+                node_port: Some(30080),
+                affinity_seconds: Some(60),
+            },
+            nft::ServicePort {
+                cluster_ip: "10.96.0.21".parse().unwrap(),
+                port: 53,
+                protocol: "udp".into(),
+                endpoints: vec![],
+                node_port: None,
+                affinity_seconds: None,
+            },
+        ];
+        let table = nft::table_name(&tag);
+        let rules = nft::ruleset(&table, "10.250.0.0/16".parse().unwrap(), &ports);
+        nft::apply(&rules).unwrap();
+        nft::apply(&rules).unwrap();
+        let listed = String::from_utf8(
+            std::process::Command::new("nft")
+                .args(["list", "table", "ip", &table])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap();
+        assert!(listed.contains("dnat to 10.250.1."), "{listed}");
+        nft::delete_table(&table).unwrap();
+        nft::delete_table(&table).unwrap();
+    });
+
     let host_a = net.host_veth("pod-a");
     assert!(links(&node).contains(&host_a));
     inside(&node, || {
