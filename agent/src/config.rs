@@ -613,6 +613,12 @@ mod tests {
             [gossip]
             interval = "100ms"
             dead-node-grace-period = "5m"
+            [network]
+            pod-network = "none"
+            cluster-cidr = "10.200.0.0/16"
+            node-cidr-size = 26
+            service-cidr = "10.201.0.0/20"
+            cluster-domain = "shoal.test"
             "#,
         )
         .unwrap();
@@ -625,6 +631,11 @@ mod tests {
         assert_eq!(c.gossip_interval, Duration::from_millis(100));
         assert_eq!(c.dead_node_grace_period, Duration::from_secs(300));
         assert_eq!(c.labels["zone"], "a");
+        assert_eq!(c.pod_network, PodNetworkMode::None);
+        assert_eq!(c.pod_cidrs.cluster().to_string(), "10.200.0.0/16");
+        assert_eq!(c.pod_cidrs.node_prefix(), 26);
+        assert_eq!(c.service_cidr.to_string(), "10.201.0.0/20");
+        assert_eq!(c.cluster_domain, "shoal.test");
         f.name = Some("from-flag".into());
         f.labels = Some("zone=b".into());
         let c = AgentConfig::resolve(&f).unwrap();
@@ -690,6 +701,28 @@ mod tests {
                     ..flags()
                 },
                 "gossip.interval:",
+            ),
+            (
+                AgentFlags {
+                    cluster_cidr: Some("10.88.0.0/16".parse().unwrap()),
+                    node_cidr_size: Some(12),
+                    ..flags()
+                },
+                "network.cluster-cidr:",
+            ),
+            (
+                AgentFlags {
+                    service_cidr: Some("10.96.0.0/30".parse().unwrap()),
+                    ..flags()
+                },
+                "network.service-cidr:",
+            ),
+            (
+                AgentFlags {
+                    cluster_domain: Some("Bad_Domain".into()),
+                    ..flags()
+                },
+                "network.cluster-domain:",
             ),
         ];
         for (f, expected) in cases {
