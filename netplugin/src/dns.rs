@@ -15,7 +15,7 @@
 //!
 //! TTL 5 s. Wire format through `hickory-proto`; the lookup ([`Records::answer`]) is pure.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,10 +71,12 @@ pub enum Reply {
 #[derive(Debug, Default)]
 pub struct Records {
     domain: Option<Name>,
-    a: BTreeMap<Name, Vec<Ipv4Addr>>,
-    srv: BTreeMap<Name, Vec<(u16, Name)>>,
+    // Hash maps: names are stored and looked up lowercased, and hashing beats a tree's
+    // label-by-label comparisons on the query path.
+    a: HashMap<Name, Vec<Ipv4Addr>>,
+    srv: HashMap<Name, Vec<(u16, Name)>>,
     /// Every name that exists (with its ancestors below the domain), for NODATA vs NXDOMAIN.
-    names: BTreeSet<Name>,
+    names: HashSet<Name>,
 }
 
 fn lower(name: &Name) -> Name {
@@ -179,14 +181,13 @@ impl Records {
         if name.num_labels() != domain.num_labels() + 3 {
             return None;
         }
-        let labels: Vec<String> = name
-            .iter()
-            .map(|l| String::from_utf8_lossy(l).into_owned())
-            .collect();
-        if labels.get(2).map(String::as_str) != Some("pod") {
+        let mut labels = name.iter();
+        let first = std::str::from_utf8(labels.next()?).ok()?;
+        labels.next()?;
+        if labels.next()? != b"pod" {
             return None;
         }
-        let octets: Vec<u8> = labels[0]
+        let octets: Vec<u8> = first
             .split('-')
             .map(|o| o.parse::<u8>().ok().filter(|n| n.to_string() == o))
             .collect::<Option<_>>()?;
@@ -229,8 +230,9 @@ impl Records {
                 .map(|ip| Record::from_rdata(name.clone(), TTL, RData::A(A(*ip))))
                 .collect()
         };
-        let pod = self.pod_address(&name);
-        let exists = self.names.contains(&name) || pod.is_some();
+        let known = self.names.contains(&name);
+        let pod = if known { None } else { self.pod_address(&name) };
+        let exists = known || pod.is_some();
         match qtype {
             RecordType::A | RecordType::ANY => {
                 if let Some(ips) = self.a.get(&name) {
