@@ -7,7 +7,11 @@
 //!    `--seconds`) against Shoal's DNS server (`shoal_net::dns`, in a child process) and against
 //!    Debian's dnsmasq, both on loopback and both serving the same `--services` A records.
 //!
-//! 3. Endpoint propagation (`--propagation N`): three agents in the netns lab (release `shoal`),
+//! 3. TCP throughput (`--throughput-mib N`): two "node" namespaces joined by a veth link, each
+//!    with its bridge, block and a route to the other's block, and a pod namespace on each:
+//!    one TCP stream pod→pod across the nodes against one host→host over the same link, same
+//!    client and sizes (std sockets, 256 KiB writes), 3 runs each.
+//! 4. Endpoint propagation (`--propagation N`): three agents in the netns lab (release `shoal`),
 //!    a headless and a ClusterIP Service over N pods; each pod in turn is deleted through one
 //!    agent, and the time from the acknowledged delete until its IP has left the headless
 //!    Service's DNS answer on all three nodes (UDP queries every 2 ms from the lab), and until it
@@ -46,6 +50,9 @@ struct Args {
     /// Seconds of queries per server.
     #[arg(long, default_value_t = 5)]
     seconds: u64,
+    /// MiB sent per throughput run (0: skip).
+    #[arg(long, default_value_t = 0)]
+    throughput_mib: usize,
     /// Pods deleted one by one for the propagation figures (0: skip).
     #[arg(long, default_value_t = 0)]
     propagation: usize,
@@ -310,6 +317,9 @@ fn main() -> anyhow::Result<()> {
     );
     pod_network(args.pods)?;
     runtime.block_on(dns(&args))?;
+    if args.throughput_mib > 0 {
+        throughput(args.throughput_mib)?;
+    }
     if args.propagation > 0 {
         runtime.block_on(propagation(args.propagation))?;
     }
@@ -466,6 +476,175 @@ async fn propagation(pods: usize) -> anyhow::Result<()> {
     summary(
         "pod deleted -> gone from the nftables rules of all 3 nodes",
         nft_all,
+    );
+    Ok(())
+}
+
+/// Runs `f` on a thread inside namespace `path`.
+fn inside<T: Send>(path: &std::path::Path, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let file = std::fs::File::open(path).expect("namespace");
+            nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            f()
+        })
+        .join()
+        .expect("thread")
+    })
+}
+
+/// Seconds to send `bytes` over one TCP connection from namespace `from` to `to_addr`, which a
+/// listener in namespace `to` accepts and drains.
+fn one_stream(
+    from: &std::path::Path,
+    to: &std::path::Path,
+    to_addr: SocketAddr,
+    bytes: usize,
+) -> anyhow::Result<f64> {
+    use std::io::{Read, Write};
+    let listener = inside(to, || std::net::TcpListener::bind(to_addr))?;
+    let server = std::thread::spawn(move || -> std::io::Result<usize> {
+        let (mut conn, _) = listener.accept()?;
+        let mut buf = vec![0u8; 256 << 10];
+        let mut total = 0;
+        loop {
+            let n = conn.read(&mut buf)?;
+            if n == 0 {
+                return Ok(total);
+            }
+            total += n;
+        }
+    });
+    let start = Instant::now();
+    inside(from, || -> std::io::Result<()> {
+        let mut conn = std::net::TcpStream::connect(to_addr)?;
+        let chunk = vec![7u8; 256 << 10];
+        let mut sent = 0;
+        while sent < bytes {
+            conn.write_all(&chunk)?;
+            sent += chunk.len();
+        }
+        conn.shutdown(std::net::Shutdown::Write)
+    })?;
+    let received = server.join().expect("server")?;
+    anyhow::ensure!(received >= bytes, "received {received} of {bytes}");
+    Ok(start.elapsed().as_secs_f64())
+}
+
+fn throughput(mib: usize) -> anyhow::Result<()> {
+    let tag = format!("snt{}", std::process::id() % 100_000);
+    let names = Namespaces(
+        ["na", "nb", "pa", "pb"]
+            .iter()
+            .map(|n| format!("{tag}-{n}"))
+            .collect(),
+    );
+    let paths: Vec<std::path::PathBuf> = names
+        .0
+        .iter()
+        .map(|n| netns::create(n))
+        .collect::<Result<_, _>>()?;
+    let ip = |args: &[&str]| -> anyhow::Result<()> {
+        let out = Command::new("ip").args(args).output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    };
+    // The link between the two nodes.
+    ip(&[
+        "link",
+        "add",
+        &format!("{tag}a"),
+        "netns",
+        &names.0[0],
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &format!("{tag}b"),
+        "netns",
+        &names.0[1],
+    ])?;
+    for (ns, dev, addr) in [
+        (&names.0[0], format!("{tag}a"), "10.252.0.1/24"),
+        (&names.0[1], format!("{tag}b"), "10.252.0.2/24"),
+    ] {
+        ip(&["-n", ns, "addr", "add", addr, "dev", &dev])?;
+        ip(&["-n", ns, "link", "set", &dev, "up"])?;
+    }
+    let node = |i: usize,
+                block: &str,
+                peer_block: &str,
+                peer: &str,
+                own: &str|
+     -> anyhow::Result<shoal_net::PodNetwork> {
+        let pod = PodRef {
+            uid: format!("tp-{i}"),
+            netns: paths[2 + i].clone(),
+        };
+        inside(&paths[i], || -> anyhow::Result<shoal_net::PodNetwork> {
+            let net = BridgeNetwork::new(&format!("{tag}{i}"), Some(own.parse()?));
+            net.set_block(block.parse()?, &[])?;
+            net.sync_routes(&[shoal_net::linux::Route {
+                block: peer_block.parse()?,
+                via: peer.parse()?,
+            }])?;
+            Ok(net.setup(&pod)?.expect("a bridge network gives addresses"))
+        })
+    };
+    let a = node(
+        0,
+        "10.251.1.0/24",
+        "10.251.2.0/24",
+        "10.252.0.2",
+        "10.252.0.1",
+    )?;
+    let b = node(
+        1,
+        "10.251.2.0/24",
+        "10.251.1.0/24",
+        "10.252.0.1",
+        "10.252.0.2",
+    )?;
+    let bytes = mib << 20;
+    let mut pod_rates = Vec::new();
+    let mut host_rates = Vec::new();
+    for run in 0..3u16 {
+        let t = one_stream(
+            &paths[2],
+            &paths[3],
+            SocketAddr::from((b.ip, 5001 + run)),
+            bytes,
+        )?;
+        pod_rates.push(bytes as f64 * 8.0 / t / 1e9);
+        let t = one_stream(
+            &paths[0],
+            &paths[1],
+            SocketAddr::from(([10, 252, 0, 2], 5101 + run)),
+            bytes,
+        )?;
+        host_rates.push(bytes as f64 * 8.0 / t / 1e9);
+    }
+    let _ = a;
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (p, h) = (median(&mut pod_rates), median(&mut host_rates));
+    println!(
+        "TCP, one stream of {mib} MiB, median of 3: pod->pod across nodes {p:.2} Gbit/s, host->host on the same link {h:.2} Gbit/s, ratio {:.2} (runs: pod {:?}, host {:?})",
+        p / h,
+        pod_rates
+            .iter()
+            .map(|r| (r * 100.0).round() / 100.0)
+            .collect::<Vec<_>>(),
+        host_rates
+            .iter()
+            .map(|r| (r * 100.0).round() / 100.0)
+            .collect::<Vec<_>>(),
     );
     Ok(())
 }
