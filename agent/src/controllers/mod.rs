@@ -212,78 +212,66 @@ impl Controllers {
         self.service_ips(&live).await;
     }
 
-    /// Gives the Services this node owns the ClusterIP they need ([`service_ip::reconcile`]).
+    /// Gives the Services this node owns the ClusterIP and node ports they need
+    /// ([`service_ip::reconcile`], [`service_ip::reconcile_node_ports`]).
     async fn service_ips(&self, live: &[u64]) {
         let services = self.replication.read(|s| s.list("", "Service", None));
         for (i, ip) in service_ip::reconcile(&services, self.config.service_cidr) {
-            let service = &services[i];
-            if !self.owns(service, live) {
-                continue;
-            }
-            let namespace = namespace_of(service).to_owned();
-            let Some(info) = kind::lookup("v1", "Service") else {
-                return;
-            };
-            let key = ObjectKey::new(
-                info,
-                &namespace,
-                service["metadata"]["name"].as_str().unwrap_or(""),
-            );
-            let Some(mut current) = self.replication.read(|s| s.get(&key)) else {
-                continue;
-            };
-            if current["metadata"]["uid"] != service["metadata"]["uid"]
-                || current["spec"]["clusterIP"] != service["spec"]["clusterIP"]
-            {
-                continue;
-            }
-            let before = current["spec"]["clusterIP"].clone();
-            current["spec"]["clusterIP"] = serde_json::json!(ip.to_string());
-            current["spec"]["clusterIPs"] = serde_json::json!([ip.to_string()]);
-            if let Some(meta) = current["metadata"].as_object_mut() {
-                meta.remove("resourceVersion");
-            }
-            match shoal_state::validate(current, &namespace) {
-                Ok(valid) => match self.replication.write(valid, WriteMode::Update).await {
-                    Ok(_) => info!(service = %key, %ip, previous = %before, "ClusterIP assigned"),
-                    Err(e) => debug!(service = %key, error = %e, "ClusterIP not written"),
-                },
-                Err(e) => warn!(service = %key, error = %e, "service refused"),
-            }
+            let ip = serde_json::json!(ip.to_string());
+            self.update_service(&services[i], live, "clusterIP", "ClusterIP", |spec| {
+                spec["clusterIPs"] = serde_json::json!([ip]);
+                spec["clusterIP"] = ip;
+            })
+            .await;
         }
         for (i, ports) in service_ip::reconcile_node_ports(&services) {
-            let service = &services[i];
-            if !self.owns(service, live) {
-                continue;
-            }
-            let namespace = namespace_of(service).to_owned();
-            let Some(info) = kind::lookup("v1", "Service") else {
-                return;
-            };
-            let key = ObjectKey::new(
-                info,
-                &namespace,
-                service["metadata"]["name"].as_str().unwrap_or(""),
-            );
-            let Some(mut current) = self.replication.read(|s| s.get(&key)) else {
-                continue;
-            };
-            if current["metadata"]["uid"] != service["metadata"]["uid"]
-                || current["spec"]["ports"] != service["spec"]["ports"]
-            {
-                continue;
-            }
-            current["spec"]["ports"] = serde_json::json!(ports);
-            if let Some(meta) = current["metadata"].as_object_mut() {
-                meta.remove("resourceVersion");
-            }
-            match shoal_state::validate(current, &namespace) {
-                Ok(valid) => match self.replication.write(valid, WriteMode::Update).await {
-                    Ok(_) => info!(service = %key, "node ports assigned"),
-                    Err(e) => debug!(service = %key, error = %e, "node ports not written"),
-                },
-                Err(e) => warn!(service = %key, error = %e, "service refused"),
-            }
+            self.update_service(&services[i], live, "ports", "node ports", |spec| {
+                spec["ports"] = serde_json::json!(ports);
+            })
+            .await;
+        }
+    }
+
+    /// Applies `change` to the spec of `service` as stored now, if this node owns it and its
+    /// `field` is still what the decision saw (a user's edit since wins), and writes it.
+    async fn update_service(
+        &self,
+        service: &Value,
+        live: &[u64],
+        field: &str,
+        what: &str,
+        change: impl FnOnce(&mut Value),
+    ) {
+        if !self.owns(service, live) {
+            return;
+        }
+        let namespace = namespace_of(service).to_owned();
+        let Some(info) = kind::lookup("v1", "Service") else {
+            return;
+        };
+        let key = ObjectKey::new(
+            info,
+            &namespace,
+            service["metadata"]["name"].as_str().unwrap_or(""),
+        );
+        let Some(mut current) = self.replication.read(|s| s.get(&key)) else {
+            return;
+        };
+        if current["metadata"]["uid"] != service["metadata"]["uid"]
+            || current["spec"][field] != service["spec"][field]
+        {
+            return;
+        }
+        change(&mut current["spec"]);
+        if let Some(meta) = current["metadata"].as_object_mut() {
+            meta.remove("resourceVersion");
+        }
+        match shoal_state::validate(current, &namespace) {
+            Ok(valid) => match self.replication.write(valid, WriteMode::Update).await {
+                Ok(_) => info!(service = %key, "{what} assigned"),
+                Err(e) => debug!(service = %key, error = %e, "{what} not written"),
+            },
+            Err(e) => warn!(service = %key, error = %e, "service refused"),
         }
     }
 
