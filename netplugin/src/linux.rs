@@ -163,6 +163,27 @@ async fn uplink_mtu(handle: &rtnetlink::Handle, uplink: Option<Ipv4Addr>) -> u32
     }
 }
 
+/// Every IPv4 route of the namespace (Shoal's are picked out with [`route_of`]).
+async fn ipv4_routes(h: &rtnetlink::Handle) -> Result<Vec<RouteMessage>, NetError> {
+    h.route()
+        .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
+        .execute()
+        .try_collect()
+        .await
+        .map_err(nl("list routes"))
+}
+
+/// Removes link `name` if it exists.
+async fn delete_link(h: &rtnetlink::Handle, name: &str) -> Result<(), NetError> {
+    if let Some((index, _)) = find_link(h, name).await? {
+        match h.link().del(index).execute().await {
+            Err(e) if errno(&e) == Some(ENODEV) => {}
+            other => other.map_err(nl(format!("remove {name}")))?,
+        }
+    }
+    Ok(())
+}
+
 /// One route Shoal keeps: `block` via `gateway`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Route {
@@ -299,13 +320,7 @@ impl BridgeNetwork {
     pub fn sync_routes(&self, routes: &[Route]) -> Result<(), NetError> {
         let want: BTreeSet<Route> = routes.iter().copied().collect();
         netns::run_here(|h| async move {
-            let dump: Vec<RouteMessage> = h
-                .route()
-                .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
-                .execute()
-                .try_collect()
-                .await
-                .map_err(nl("list routes"))?;
+            let dump = ipv4_routes(&h).await?;
             let mut have = BTreeSet::new();
             for message in dump {
                 let Some(route) = route_of(&message) else {
@@ -346,19 +361,8 @@ impl BridgeNetwork {
     pub fn cleanup(&self, cluster: Option<Ipv4Net>) -> Result<(), NetError> {
         let bridge = self.bridge.clone();
         netns::run_here(|h| async move {
-            if let Some((index, _)) = find_link(&h, &bridge).await? {
-                match h.link().del(index).execute().await {
-                    Err(e) if errno(&e) == Some(ENODEV) => {}
-                    other => other.map_err(nl(format!("remove bridge {bridge}")))?,
-                }
-            }
-            let dump: Vec<RouteMessage> = h
-                .route()
-                .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
-                .execute()
-                .try_collect()
-                .await
-                .map_err(nl("list routes"))?;
+            delete_link(&h, &bridge).await?;
+            let dump = ipv4_routes(&h).await?;
             for message in dump {
                 if route_of(&message).is_some_and(|r| cluster.is_none_or(|c| c.contains(&r.block)))
                 {
@@ -374,15 +378,7 @@ impl BridgeNetwork {
     /// Removes a pod's host-side veth if it is there.
     fn delete_veth(&self, uid: &str) -> Result<(), NetError> {
         let name = self.host_veth(uid);
-        netns::run_here(|h| async move {
-            if let Some((index, _)) = find_link(&h, &name).await? {
-                match h.link().del(index).execute().await {
-                    Err(e) if errno(&e) == Some(ENODEV) => {}
-                    other => other.map_err(nl(format!("remove veth {name}")))?,
-                }
-            }
-            Ok(())
-        })
+        netns::run_here(|h| async move { delete_link(&h, &name).await })
     }
 }
 

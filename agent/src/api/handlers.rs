@@ -983,6 +983,18 @@ fn event_line(event: &str, object: Value, table_kind: Option<&str>) -> Bytes {
     Bytes::from(line)
 }
 
+/// When a watch ends: `timeoutSeconds` (default an hour), at most a day (a huge one would
+/// overflow the clock).
+fn watch_deadline(query: &Query) -> tokio::time::Instant {
+    let timeout = query
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .map_or(Duration::from_secs(3600), |s| {
+            Duration::from_secs(s.min(24 * 3600))
+        });
+    tokio::time::Instant::now() + timeout
+}
+
 /// A watch: chunked newline-delimited JSON events.
 async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
     let Request {
@@ -1087,14 +1099,7 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
             }
         }
     }
-    // A watch lasts at most a day (any timeoutSeconds: a huge one would overflow the clock).
-    let timeout = query
-        .get("timeoutSeconds")
-        .and_then(|t| t.parse::<u64>().ok())
-        .map_or(Duration::from_secs(3600), |s| {
-            Duration::from_secs(s.min(24 * 3600))
-        });
-    let deadline = tokio::time::Instant::now() + timeout;
+    let deadline = watch_deadline(query);
     let kind = info.kind;
     let api = state.clone();
     // Pods also change when their node reports a new status (observed state, not a store
@@ -1257,13 +1262,7 @@ async fn derived_watch(request: &Request<'_>) -> Result<Response, ApiError> {
         || query
             .get("resourceVersion")
             .is_none_or(|v| v.is_empty() || v == "0");
-    let timeout = query
-        .get("timeoutSeconds")
-        .and_then(|t| t.parse::<u64>().ok())
-        .map_or(Duration::from_secs(3600), |s| {
-            Duration::from_secs(s.min(24 * 3600))
-        });
-    let deadline = tokio::time::Instant::now() + timeout;
+    let deadline = watch_deadline(query);
     let state = state.clone();
     let resource = *resource;
     let namespace = namespace.map(str::to_owned);
