@@ -72,15 +72,17 @@ pub enum AgentError {
 }
 
 /// Refuses to run under a name a live node already holds (two Nodes of one name would confuse
-/// the API, scheduling and every controller). Waits for peers' metadata first: a few gossip
-/// rounds after the first peer is heard of, at most 10 s.
+/// the API, scheduling and every controller). Waits for peers' metadata first: until every
+/// peer heard of has published its metadata and been judged (no longer `joining`), or three
+/// gossip rounds after the first peer is heard of, at most 10 s.
 async fn ensure_unique_name(
     membership: &shoal_gossip::Membership,
     name: &str,
     interval: std::time::Duration,
 ) -> Result<(), AgentError> {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    let mut rounds_after_heard = None;
+    let step = (interval / 8).max(std::time::Duration::from_millis(5));
+    let mut heard_at = None;
     loop {
         let members = membership.members().await;
         if let Some(holder) = members.iter().find(|m| {
@@ -95,17 +97,20 @@ async fn ensure_unique_name(
                 addr: holder.gossip_addr,
             });
         }
-        if members.iter().any(|m| !m.is_self && m.meta.is_some()) {
-            let left = rounds_after_heard.get_or_insert(3u32);
-            if *left == 0 {
+        let mut peers = members.iter().filter(|m| !m.is_self).peekable();
+        let now = tokio::time::Instant::now();
+        if peers.peek().is_some() {
+            let heard_at = *heard_at.get_or_insert(now);
+            let all_judged =
+                peers.all(|m| m.meta.is_some() && m.state != shoal_gossip::MemberState::Joining);
+            if all_judged || now >= heard_at + interval * 3 {
                 return Ok(());
             }
-            *left -= 1;
         }
-        if tokio::time::Instant::now() >= deadline {
+        if now >= deadline {
             return Ok(());
         }
-        tokio::time::sleep(interval).await;
+        tokio::time::sleep(step).await;
     }
 }
 

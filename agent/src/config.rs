@@ -231,7 +231,7 @@ pub struct AgentConfig {
     pub taints: Vec<shoal_gossip::NodeTaint>,
     /// Default 200 ms.
     pub gossip_interval: Duration,
-    /// Default 8.0: dead after ~8 mean heartbeat intervals of silence.
+    /// Default 6.0: dead after ~6 mean heartbeat intervals of silence (1.2 s at 200 ms).
     pub phi_threshold: f64,
     /// Default 10 min.
     pub dead_node_grace_period: Duration,
@@ -366,7 +366,7 @@ impl AgentConfig {
                 .gossip_interval
                 .or(file.gossip.interval)
                 .unwrap_or(Duration::from_millis(200)),
-            phi_threshold: file.gossip.phi_threshold.unwrap_or(8.0),
+            phi_threshold: file.gossip.phi_threshold.unwrap_or(6.0),
             dead_node_grace_period: file
                 .gossip
                 .dead_node_grace_period

@@ -1,7 +1,7 @@
 //! Cluster membership: chitchat (scuttlebutt + phi-accrual) run over any [`Transport`], with
 //! typed node metadata and a member list that collapses restarts (generations) of one node.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -33,7 +33,14 @@ pub struct MembershipConfig {
     /// Period of gossip rounds (each round talks to up to 3 live nodes).
     pub gossip_interval: Duration,
     /// A node is declared dead when the time since its last heartbeat exceeds
-    /// `phi_threshold` mean heartbeat intervals.
+    /// `phi_threshold` mean heartbeat intervals (chitchat's phi-accrual detector, judged once
+    /// per round), or `phi_threshold` gossip intervals (the tracker, sampled 8 times a round).
+    ///
+    /// Default 6: a failure is seen by all within 1.5 s at the default 200 ms interval
+    /// (BENCHMARKS.md). The trade-off is false suspicion: 6 rounds (1.2 s) without a heartbeat
+    /// from a live node — an agent starved of CPU, a congested link — make it dead. The
+    /// 10-minute soak with a CPU hog per core and store writes (BENCHMARKS.md) saw none; chitchat's
+    /// own default is 8, Cassandra's 8, Akka's 10, on coarser heartbeats.
     pub phi_threshold: f64,
     /// How long a dead node stays listed before it is forgotten.
     pub dead_node_grace_period: Duration,
@@ -54,7 +61,7 @@ impl MembershipConfig {
             listen_addr: addr,
             seeds: Vec::new(),
             gossip_interval: Duration::from_millis(200),
-            phi_threshold: 8.0,
+            phi_threshold: 6.0,
             dead_node_grace_period: Duration::from_secs(600),
         }
     }
@@ -64,6 +71,11 @@ impl MembershipConfig {
     fn suspect_after(&self) -> Duration {
         self.gossip_interval
             .mul_f64((self.phi_threshold / 2.0).max(1.0))
+    }
+
+    /// Silence after which the failure detector declares a node dead, at a steady heartbeat.
+    fn dead_after(&self) -> Duration {
+        self.gossip_interval.mul_f64(self.phi_threshold)
     }
 }
 
@@ -109,9 +121,9 @@ pub struct PeerValue<T> {
 
 /// A running membership: gossip task plus the state needed to answer "who is there".
 pub struct Membership {
-    handle: ChitchatHandle,
+    handle: Arc<ChitchatHandle>,
     tracker: Arc<Mutex<LivenessTracker<ChitchatId>>>,
-    reporter: tokio::task::JoinHandle<()>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Membership {
@@ -121,7 +133,7 @@ impl Membership {
         meta: &NodeMeta,
         transport: &dyn Transport,
     ) -> Result<Self, MembershipError> {
-        let suspect_after = config.suspect_after();
+        let (suspect_after, dead_after) = (config.suspect_after(), config.dead_after());
         let interval = config.gossip_interval;
         let chitchat_config = ChitchatConfig {
             chitchat_id: ChitchatId::new(
@@ -153,12 +165,16 @@ impl Membership {
                 addr: config.listen_addr,
                 source,
             })?;
-        let tracker = Arc::new(Mutex::new(LivenessTracker::new(suspect_after)));
-        let reporter = tokio::spawn(report_changes(handle.chitchat(), tracker.clone(), interval));
+        let handle = Arc::new(handle);
+        let tracker = Arc::new(Mutex::new(LivenessTracker::new(suspect_after, dead_after)));
+        let tasks = vec![
+            tokio::spawn(watch_liveness(handle.chitchat(), tracker.clone(), interval)),
+            tokio::spawn(join_burst(handle.clone(), interval)),
+        ];
         Ok(Self {
             handle,
             tracker,
-            reporter,
+            tasks,
         })
     }
 
@@ -266,22 +282,24 @@ impl Membership {
 
     /// Stops gossiping. Peers will see this node dead after their detection delay.
     pub async fn shutdown(&self) {
-        self.reporter.abort();
+        for task in &self.tasks {
+            task.abort();
+        }
         if self.handle.initiate_shutdown().is_ok() {
             let _ = self.handle.termination_watcher().await;
         }
     }
 }
 
-fn members_of(
-    chitchat: &chitchat::Chitchat,
+/// The newest generation of every known node id with its state, as the tracker classifies it now.
+fn observe_states<'a>(
+    chitchat: &'a chitchat::Chitchat,
     tracker: &Mutex<LivenessTracker<ChitchatId>>,
     now: Instant,
-) -> Vec<Member> {
-    let self_id = chitchat.self_chitchat_id().clone();
+) -> Vec<(&'a ChitchatId, MemberState)> {
+    let self_id = chitchat.self_chitchat_id();
     let live: HashSet<&ChitchatId> = chitchat.live_nodes().collect();
     let dead: HashSet<&ChitchatId> = chitchat.dead_nodes().collect();
-    let mut tracker = tracker.lock().unwrap();
     // Newest generation of each node id wins; older generations are past lives of a restart.
     let mut newest: BTreeMap<&str, &ChitchatId> = BTreeMap::new();
     for id in chitchat.node_states().keys() {
@@ -290,23 +308,44 @@ fn members_of(
             *slot = id;
         }
     }
-    let mut members: Vec<Member> = newest
+    let mut tracker = tracker
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let states = newest
         .into_values()
         .filter_map(|id| {
             let node_state = chitchat.node_state(id)?;
-            let is_self = *id == self_id;
-            let state = if is_self {
-                MemberState::Alive
+            if id == self_id {
+                return Some((id, MemberState::Alive));
+            }
+            let verdict = if live.contains(id) {
+                Some(Verdict::Live)
+            } else if dead.contains(id) {
+                Some(Verdict::Dead)
             } else {
-                let verdict = if live.contains(id) {
-                    Some(Verdict::Live)
-                } else if dead.contains(id) {
-                    Some(Verdict::Dead)
-                } else {
-                    None
-                };
-                tracker.observe(now, id, node_state.heartbeat().into(), verdict)
+                None
             };
+            Some((
+                id,
+                tracker.observe(now, id, node_state.heartbeat().into(), verdict),
+            ))
+        })
+        .collect();
+    let known = chitchat.node_states();
+    tracker.retain(|id| known.contains_key(id));
+    states
+}
+
+fn members_of(
+    chitchat: &chitchat::Chitchat,
+    tracker: &Mutex<LivenessTracker<ChitchatId>>,
+    now: Instant,
+) -> Vec<Member> {
+    let self_id = chitchat.self_chitchat_id();
+    let mut members: Vec<Member> = observe_states(chitchat, tracker, now)
+        .into_iter()
+        .filter_map(|(id, state)| {
+            let node_state = chitchat.node_state(id)?;
             let (meta, meta_error) = match NodeMeta::read(|k| node_state.get(k)) {
                 Ok(meta) => (Some(meta), None),
                 Err(err) => (None, Some(err.to_string())),
@@ -316,30 +355,42 @@ fn members_of(
                 generation: id.generation_id,
                 gossip_addr: id.gossip_advertise_addr,
                 state,
-                is_self,
+                is_self: id == self_id,
                 meta,
                 meta_error,
             })
         })
         .collect();
-    let known: HashSet<&ChitchatId> = chitchat.node_states().keys().collect();
-    tracker.retain(|id| known.contains(id));
     members.sort_by(|a, b| a.name().cmp(b.name()).then(a.node_id.cmp(&b.node_id)));
     members
 }
 
-/// Logs joins and state changes once per gossip interval.
-async fn report_changes(
+/// How often heartbeats are sampled: a few times per gossip round, so that an advance is seen
+/// (and a joining node shown alive) within a fraction of a round of its arrival.
+fn sample_period(interval: Duration) -> Duration {
+    (interval / 8).max(Duration::from_millis(5))
+}
+
+/// Samples every node's heartbeat several times per gossip round, and logs joins and state
+/// changes once per round.
+async fn watch_liveness(
     chitchat: Arc<tokio::sync::Mutex<chitchat::Chitchat>>,
     tracker: Arc<Mutex<LivenessTracker<ChitchatId>>>,
     interval: Duration,
 ) {
+    let sample = sample_period(interval);
+    let per_report = (interval.as_nanos() / sample.as_nanos()).max(1);
     let mut previous: BTreeMap<String, (u64, MemberState)> = BTreeMap::new();
-    let mut ticker = tokio::time::interval(interval);
-    loop {
+    let mut ticker = tokio::time::interval(sample);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    for tick in 0u128.. {
         ticker.tick().await;
         let members = {
             let chitchat = chitchat.lock().await;
+            if tick % per_report != 0 {
+                observe_states(&chitchat, &tracker, Instant::now());
+                continue;
+            }
             members_of(&chitchat, &tracker, Instant::now())
         };
         for m in &members {
@@ -358,5 +409,159 @@ async fn report_changes(
             .into_iter()
             .map(|m| (m.node_id, (m.generation, m.state)))
             .collect();
+    }
+}
+
+/// Right after start, gossips directly with the peers it learns of (see [`JoinBurst`]).
+async fn join_burst(handle: Arc<ChitchatHandle>, interval: Duration) {
+    let self_id = handle.chitchat_id().clone();
+    let mut burst = JoinBurst::new(Instant::now(), interval, &self_id.node_id);
+    let mut ticker = tokio::time::interval(sample_period(interval));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let peers: Vec<SocketAddr> = {
+            let chitchat = handle.chitchat();
+            let chitchat = chitchat.lock().await;
+            chitchat
+                .node_states()
+                .keys()
+                .filter(|id| id.node_id != self_id.node_id)
+                .map(|id| id.gossip_advertise_addr)
+                .collect()
+        };
+        let Some(targets) = burst.next(Instant::now(), &peers) else {
+            return;
+        };
+        for addr in targets {
+            if handle.gossip(addr).is_err() {
+                return; // chitchat stopped
+            }
+        }
+    }
+}
+
+/// A node that just started tells its peers about itself at once instead of waiting for
+/// random gossip to carry it (memberlist's push on join, in chitchat's terms): every peer it
+/// learns of in its first rounds gets two direct gossip messages, `spacing` apart, so that the
+/// peer sees this node's heartbeat advance once — what the peer needs to show it alive — and
+/// this node gets the peer's fresh heartbeat twice in the answers. At most [`BURST_PEERS`] peers
+/// (chosen by a hash salted with the node id, so joiners spread over a large cluster); random
+/// gossip reaches the rest.
+///
+/// Pure: fed with the peers known and the time.
+#[derive(Debug)]
+pub(crate) struct JoinBurst {
+    until: Instant,
+    spacing: Duration,
+    salt: u64,
+    /// Per peer: messages sent (1 or 2) and when the last one went.
+    sent: HashMap<SocketAddr, (u8, Instant)>,
+}
+
+/// Most peers a joining node sends its burst to.
+pub(crate) const BURST_PEERS: usize = 32;
+/// Gossip rounds after start during which newly learnt peers get the burst.
+const BURST_ROUNDS: u32 = 10;
+
+impl JoinBurst {
+    pub(crate) fn new(start: Instant, interval: Duration, node_id: &str) -> Self {
+        Self {
+            until: start + interval * BURST_ROUNDS,
+            spacing: interval / 4,
+            salt: hash_of(&node_id),
+            sent: HashMap::new(),
+        }
+    }
+
+    /// The peers to send a gossip message to now; `None` once the burst is over.
+    pub(crate) fn next(&mut self, now: Instant, peers: &[SocketAddr]) -> Option<Vec<SocketAddr>> {
+        let done = self.sent.len() >= BURST_PEERS && self.sent.values().all(|(n, _)| *n >= 2);
+        if now >= self.until || done {
+            return None;
+        }
+        let mut fresh: Vec<SocketAddr> = peers
+            .iter()
+            .filter(|p| !self.sent.contains_key(p))
+            .copied()
+            .collect();
+        fresh.sort_by_key(|p| (hash_of(&(self.salt, p)), *p));
+        fresh.dedup();
+        let mut out = Vec::new();
+        for peer in fresh
+            .into_iter()
+            .take(BURST_PEERS.saturating_sub(self.sent.len()))
+        {
+            self.sent.insert(peer, (1, now));
+            out.push(peer);
+        }
+        for (peer, (count, last)) in &mut self.sent {
+            if *count == 1 && now.saturating_duration_since(*last) >= self.spacing {
+                *count = 2;
+                *last = now;
+                out.push(*peer);
+            }
+        }
+        out.sort();
+        Some(out)
+    }
+}
+
+fn hash_of(value: &impl std::hash::Hash) -> u64 {
+    use std::hash::{DefaultHasher, Hasher};
+    let mut hasher = DefaultHasher::new();
+    value.hash(&mut hasher);
+    hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peers(range: std::ops::Range<u16>) -> Vec<SocketAddr> {
+        range.map(|p| ([127, 0, 0, 1], p).into()).collect()
+    }
+
+    const ROUND: Duration = Duration::from_millis(200);
+
+    #[test]
+    fn every_peer_gets_two_messages_a_quarter_round_apart() {
+        let t0 = Instant::now();
+        let mut burst = JoinBurst::new(t0, ROUND, "a");
+        let ms = Duration::from_millis;
+        assert_eq!(burst.next(t0, &[]), Some(vec![]));
+        // The seed's answer names three peers.
+        assert_eq!(burst.next(t0 + ms(25), &peers(1..4)), Some(peers(1..4)));
+        assert_eq!(burst.next(t0 + ms(50), &peers(1..4)), Some(vec![]));
+        // A fourth peer learnt later gets its first message; the first three their second.
+        let mut expected = peers(1..5);
+        expected.sort();
+        assert_eq!(burst.next(t0 + ms(75), &peers(1..5)), Some(expected));
+        assert_eq!(burst.next(t0 + ms(100), &peers(1..5)), Some(vec![]));
+        assert_eq!(burst.next(t0 + ms(125), &peers(1..5)), Some(peers(4..5)));
+        // Nothing more for them, and nothing at all after ten rounds.
+        assert_eq!(burst.next(t0 + ms(1000), &peers(1..5)), Some(vec![]));
+        assert_eq!(burst.next(t0 + ROUND * 10, &peers(1..9)), None);
+    }
+
+    #[test]
+    fn a_large_cluster_gets_a_bounded_burst_spread_by_node_id() {
+        let t0 = Instant::now();
+        let all = peers(1..1001);
+        let first = |id: &str| {
+            let mut burst = JoinBurst::new(t0, ROUND, id);
+            let sent = burst.next(t0, &all).unwrap();
+            assert_eq!(sent.len(), BURST_PEERS);
+            assert_eq!(
+                burst.next(t0 + ROUND, &all).unwrap(),
+                sent,
+                "second message"
+            );
+            assert_eq!(burst.next(t0 + ROUND * 2, &all), None, "done");
+            sent
+        };
+        let (a, b) = (first("a"), first("b"));
+        let shared = a.iter().filter(|p| b.contains(p)).count();
+        assert!(shared < BURST_PEERS / 2, "{shared} peers in common");
     }
 }
