@@ -87,7 +87,10 @@ pub fn with_status(state: &ApiState, kind: &str, mut object: Value) -> Value {
             let (_, pods) = workload_world(state, &object);
             state.scheduling.daemon_set_status(&object, &pods)
         }
-        "Job" => json!({"active": 0, "succeeded": 0, "failed": 0}),
+        "Job" => {
+            let (_, pods) = workload_world(state, &object);
+            crate::controllers::job::status(&object, &pods, now_ms())
+        }
         "Namespace" => json!({"phase": "Active"}),
         "Service" => json!({"loadBalancer": {}}),
         "HorizontalPodAutoscaler" => json!({"currentReplicas": 0, "desiredReplicas": 0}),

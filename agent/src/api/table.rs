@@ -199,10 +199,20 @@ fn columns(kind: &str) -> Vec<Column> {
         "Job" => vec![
             col("Name", "string", 0, name),
             col("Status", "string", 0, |o| {
-                json!(if o["status"]["succeeded"].as_i64().unwrap_or(0)
-                    >= o["spec"]["completions"].as_i64().unwrap_or(1)
-                {
+                // kubectl's words: the finishing condition, else Suspended or Running.
+                let holds = |kind: &str| {
+                    o["status"]["conditions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|c| c["type"] == kind && c["status"] == "True")
+                };
+                json!(if holds("Complete") {
                     "Complete"
+                } else if holds("Failed") {
+                    "Failed"
+                } else if holds("Suspended") {
+                    "Suspended"
                 } else {
                     "Running"
                 })

@@ -301,6 +301,7 @@ pub fn default(kind: &str, object: &mut Value) {
     match kind {
         "Pod" => default_pod_spec(&mut object["spec"]),
         "Deployment" | "ReplicaSet" | "DaemonSet" | "Job" => {
+            let name = object["metadata"]["name"].as_str().map(str::to_owned);
             let spec = &mut object["spec"];
             if kind != "DaemonSet" && kind != "Job" {
                 default_field(spec, "replicas", json!(1));
@@ -315,6 +316,22 @@ pub fn default(kind: &str, object: &mut Value) {
                 );
             }
             if kind == "Job" {
+                // The selector Kubernetes generates names the Job's uid, which the store
+                // assigns on create: the Job's name selects here, and its pods carry both.
+                if let Some(name) =
+                    name.filter(|_| spec["manualSelector"] != true && spec["selector"].is_null())
+                {
+                    spec["selector"] =
+                        json!({"matchLabels": {"batch.kubernetes.io/job-name": name}});
+                    if spec["template"].is_object() {
+                        let labels = &mut spec["template"]["metadata"]["labels"];
+                        if !labels.is_object() {
+                            *labels = json!({});
+                        }
+                        labels["batch.kubernetes.io/job-name"] = json!(name);
+                        labels["job-name"] = json!(name);
+                    }
+                }
                 default_field(spec, "completions", json!(1));
                 default_field(spec, "parallelism", json!(1));
                 default_field(spec, "backoffLimit", json!(6));

@@ -11,6 +11,7 @@
 //! ([`replica_set::removal_rank`]).
 
 pub mod deployment;
+pub mod job;
 pub mod replica_set;
 pub mod service_ip;
 pub mod workload;
@@ -68,16 +69,18 @@ pub struct Controllers {
 pub struct Snapshot {
     pub deployments: Vec<Value>,
     pub replica_sets: Vec<Value>,
+    pub jobs: Vec<Value>,
     pub pods: BTreeMap<String, Vec<PodView>>,
 }
 
 impl Snapshot {
     /// Reads the store and the pod statuses.
     pub fn read(replication: &Replication, statuses: &PodStatusCache) -> Self {
-        let (deployments, replica_sets, pods) = replication.read(|s| {
+        let (deployments, replica_sets, jobs, pods) = replication.read(|s| {
             (
                 s.list("apps", "Deployment", None),
                 s.list("apps", "ReplicaSet", None),
+                s.list("batch", "Job", None),
                 s.list("", "Pod", None),
             )
         });
@@ -92,6 +95,7 @@ impl Snapshot {
         Self {
             deployments,
             replica_sets,
+            jobs,
             pods: by_namespace,
         }
     }
@@ -154,7 +158,7 @@ impl Controllers {
                 tokio::select! {
                     _ = &mut resync => break,
                     change = changes.recv() => match change {
-                        Ok(c) if matches!(c.key.kind.as_str(), "Pod" | "ReplicaSet" | "Deployment" | "Service") => break,
+                        Ok(c) if matches!(c.key.kind.as_str(), "Pod" | "ReplicaSet" | "Deployment" | "Job" | "Service") => break,
                         Ok(_) => {}
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
                         Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
@@ -199,6 +203,15 @@ impl Controllers {
             actions.extend(replica_set::reconcile(
                 rs,
                 snapshot.pods_in(namespace_of(rs)),
+                &mut random,
+            ));
+        }
+        let now = now_ms();
+        for job in snapshot.jobs.iter().filter(|j| self.owns(j, &live)) {
+            actions.extend(job::reconcile(
+                job,
+                snapshot.pods_in(namespace_of(job)),
+                now,
                 &mut random,
             ));
         }
@@ -341,22 +354,71 @@ impl Controllers {
                 name,
                 uid,
             } => {
-                let group_version = if kind_name == "ReplicaSet" {
-                    "apps/v1"
-                } else {
-                    "v1"
-                };
-                let Some(info) = kind::lookup(group_version, kind_name) else {
+                let Some(key) = key_of(kind_name, &namespace, &name) else {
                     return;
                 };
-                let key = ObjectKey::new(info, &namespace, &name);
                 match self.replication.delete(&key, Some(&uid)).await {
                     Ok(_) => info!(object = %key, "controller deleted"),
                     Err(e) => debug!(object = %key, error = %e, "controller delete failed"),
                 }
             }
+            Action::Annotate {
+                kind: kind_name,
+                namespace,
+                name,
+                uid,
+                annotations,
+            } => {
+                let Some(key) = key_of(kind_name, &namespace, &name) else {
+                    return;
+                };
+                let Some(mut current) = self.replication.read(|s| s.get(&key)) else {
+                    return;
+                };
+                if current["metadata"]["uid"] != uid.as_str() {
+                    return;
+                }
+                if !current["metadata"]["annotations"].is_object() {
+                    current["metadata"]["annotations"] = serde_json::json!({});
+                }
+                let count = annotations.len();
+                for (k, v) in annotations {
+                    current["metadata"]["annotations"][k] = Value::String(v);
+                }
+                if let Some(meta) = current["metadata"].as_object_mut() {
+                    meta.remove("resourceVersion");
+                }
+                match shoal_state::validate(current, &namespace) {
+                    Ok(valid) => match self.replication.write(valid, WriteMode::Update).await {
+                        Ok(_) => info!(object = %key, count, "controller recorded"),
+                        Err(e) => debug!(object = %key, error = %e, "controller record failed"),
+                    },
+                    Err(e) => warn!(object = %key, error = %e, "controller record refused"),
+                }
+            }
         }
     }
+}
+
+/// The store key of a kind controllers write.
+fn key_of(kind_name: &str, namespace: &str, name: &str) -> Option<ObjectKey> {
+    let group_version = match kind_name {
+        "ReplicaSet" => "apps/v1",
+        "Job" => "batch/v1",
+        _ => "v1",
+    };
+    Some(ObjectKey::new(
+        kind::lookup(group_version, kind_name)?,
+        namespace,
+        name,
+    ))
+}
+
+/// Milliseconds since the epoch (0 before it).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 fn describe(object: &Value) -> String {

@@ -87,6 +87,15 @@ pub enum Action {
         name: String,
         uid: String,
     },
+    /// Annotations added to an object as stored now (existing keys are kept: each is a
+    /// register of its own, so nothing another writer added is lost).
+    Annotate {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+        uid: String,
+        annotations: BTreeMap<String, String>,
+    },
 }
 
 pub fn string_map(v: &Value) -> BTreeMap<String, String> {

@@ -261,3 +261,200 @@ async fn another_agent_finishes_a_rollout_whose_owner_was_killed() {
             .all(|p| p["spec"]["containers"][0]["image"] == "shoal.local/busybox:1")
     );
 }
+
+const JOBS: &str = r#"apiVersion: batch/v1
+kind: Job
+metadata: {name: count}
+spec:
+  completions: 3
+  parallelism: 2
+  completionMode: Indexed
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+      - {name: c, image: shoal.local/busybox:1, command: [sh, -c, "echo index=$JOB_COMPLETION_INDEX"]}
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: doomed}
+spec:
+  backoffLimit: 1
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+      - {name: c, image: shoal.local/busybox:1, command: [sh, -c, "echo failing; exit 1"]}
+"#;
+
+fn job_pods(api: &crate::api::ApiLab, job: &str) -> Vec<Value> {
+    json_of(
+        api,
+        0,
+        &[
+            "get",
+            "pods",
+            "-l",
+            &format!("job-name={job}"),
+            "-o",
+            "json",
+        ],
+    )["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Jobs through kubectl: an Indexed Job of 3 completions, 2 at a time, completes with exactly 3
+/// pods (`kubectl wait --for=condition=complete`, `kubectl logs job/NAME`), a failing one fails
+/// after backoffLimit + 1 pods, and deleting a Job removes its pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_complete_and_fail_through_kubectl() {
+    let api = lab().await;
+    let file = api.manifest("jobs.yaml", JOBS);
+    api.ok(0, &["apply", "-f", &file]);
+    let (ok, out, err) = api.kubectl(
+        1,
+        &[
+            "wait",
+            "--for=condition=complete",
+            "job/count",
+            "--timeout=90s",
+        ],
+    );
+    assert!(
+        ok,
+        "wait complete: {out}{err}\njob: {:#}\npods: {:#}",
+        json_of(&api, 0, &["get", "job", "count", "-o", "json"])["status"],
+        Value::Array(job_pods(&api, "count"))
+    );
+    let job = json_of(&api, 2, &["get", "job", "count", "-o", "json"]);
+    assert_eq!(job["status"]["succeeded"], 3, "{:#}", job["status"]);
+    assert_eq!(job["status"]["completedIndexes"], "0-2");
+    assert_eq!(job["status"]["active"], 0);
+    let pods = job_pods(&api, "count");
+    assert_eq!(pods.len(), 3, "exactly one pod per index");
+    let mut indexes: Vec<String> = pods
+        .iter()
+        .map(|p| {
+            p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]
+                .as_str()
+                .unwrap_or("?")
+                .to_owned()
+        })
+        .collect();
+    indexes.sort();
+    assert_eq!(indexes, ["0", "1", "2"]);
+    let logs = api.ok(0, &["logs", "job/count"]);
+    assert!(logs.contains("index="), "{logs}");
+    let table = api.ok(1, &["get", "jobs"]);
+    assert!(table.contains("3/3"), "{table}");
+
+    let (ok, out, err) = api.kubectl(
+        0,
+        &[
+            "wait",
+            "--for=condition=failed",
+            "job/doomed",
+            "--timeout=90s",
+        ],
+    );
+    assert!(
+        ok,
+        "wait failed: {out}{err}\njob: {:#}",
+        json_of(&api, 0, &["get", "job", "doomed", "-o", "json"])["status"]
+    );
+    let job = json_of(&api, 1, &["get", "job", "doomed", "-o", "json"]);
+    assert_eq!(job["status"]["failed"], 2, "{:#}", job["status"]);
+    assert_eq!(
+        job["status"]["conditions"][1]["reason"],
+        "BackoffLimitExceeded"
+    );
+    assert_eq!(
+        job_pods(&api, "doomed").len(),
+        2,
+        "backoffLimit 1: two tries"
+    );
+
+    api.ok(2, &["delete", "job", "count"]);
+    wait_until("count's pods deleted", LIMIT, || async {
+        job_pods(&api, "count").is_empty()
+    })
+    .await
+    .unwrap();
+}
+
+const BATCH: &str = r#"apiVersion: batch/v1
+kind: Job
+metadata: {name: batch}
+spec:
+  completions: 10
+  parallelism: 3
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+      - {name: c, image: shoal.local/busybox:1, command: [sh, -c, "sleep 2; echo done"]}
+"#;
+
+/// A Job of 10 completions, 3 at a time, completes exactly 10 although a node running one of
+/// its pods is killed with -9 (its pods are auctioned again; the ledger counts each once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_completes_exactly_once_per_completion_when_a_node_dies() {
+    let mut api = crate::api::ApiLab::start_with(3, |_| {
+        vec![
+            "--restart-backoff".into(),
+            "1s".into(),
+            "--eviction-delay".into(),
+            "1s".into(),
+        ]
+    })
+    .await;
+    for agent in 0..3 {
+        super::import_image(
+            &api,
+            agent,
+            &crate::runtime::test_images().join("busybox-1.oci.tar"),
+            None,
+        );
+    }
+    let file = api.manifest("batch.yaml", BATCH);
+    api.ok(0, &["apply", "-f", &file]);
+    // A node other than n0 (the API used from here on) running one of the pods.
+    let mut victim = None;
+    wait_until("a pod of the job running on n1 or n2", LIMIT, || {
+        victim = job_pods(&api, "batch").iter().find_map(|p| {
+            let node = p["spec"]["nodeName"].as_str()?;
+            (p["status"]["phase"] == "Running" && node != "n0")
+                .then(|| node.trim_start_matches('n').parse::<usize>().ok())
+                .flatten()
+        });
+        let found = victim.is_some();
+        async move { found }
+    })
+    .await
+    .unwrap();
+    let victim = victim.unwrap();
+    api.agents[victim].kill().unwrap();
+    let (ok, out, err) = api.kubectl(
+        0,
+        &[
+            "wait",
+            "--for=condition=complete",
+            "job/batch",
+            "--timeout=150s",
+        ],
+    );
+    let job = json_of(&api, 0, &["get", "job", "batch", "-o", "json"]);
+    assert!(ok, "wait complete: {out}{err}\nstatus: {:#}", job["status"]);
+    assert_eq!(job["status"]["succeeded"], 10, "{:#}", job["status"]);
+    let recorded = job["metadata"]["annotations"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, v)| {
+            k.starts_with("batch.shoal.io/done-") && v.as_str().unwrap().contains("Succeeded")
+        })
+        .count();
+    assert_eq!(recorded, 10, "one ledger entry per completion");
+}

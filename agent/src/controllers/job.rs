@@ -1,0 +1,807 @@
+//! The Job controller (pure): run pods until `completions` of them succeed (or, with
+//! `completionMode: Indexed`, until each index 0..completions has succeeded once), at most
+//! `parallelism` at a time; fail the Job when more than `backoffLimit` pods failed or it ran
+//! past `activeDeadlineSeconds`; delete it `ttlSecondsAfterFinished` after it finished.
+//!
+//! **The ledger.** A pod's end is observed state: its node gossips it, and it is gone with the
+//! node. So before anything is decided from an ended pod, the owner records it in the Job
+//! itself, one annotation per pod (`batch.shoal.io/done-<pod uid>` → result, index, time).
+//! Each annotation is a field register of its own in the desired-state CRDT
+//! (`crdt-state/src/crdt.rs`), so two owners that recorded different pods on the two sides of a
+//! partition both keep theirs after the heal; a pod recorded twice is one key. Counts, the
+//! Complete/Failed conditions and their times are computed from the ledger (never stored twice),
+//! so a node's death can neither lose a recorded completion nor count one twice, and every agent
+//! shows the same status. Finished pods are kept, as Kubernetes keeps them (their logs stay
+//! readable with `kubectl logs job/NAME`), until the Job is deleted.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::replica_set::removal_rank;
+use super::workload::{Action, Phase, PodView, controller_ref, name_suffix, string_map};
+
+/// Annotation key prefix of the ledger; the pod's uid follows.
+pub const LEDGER_PREFIX: &str = "batch.shoal.io/done-";
+/// The index of a pod of an Indexed Job (annotation and label, as in Kubernetes).
+pub const INDEX_KEY: &str = "batch.kubernetes.io/job-completion-index";
+/// The label every pod of a Job carries (and the Job's default selector).
+pub const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
+pub const CONTROLLER_UID_LABEL: &str = "batch.kubernetes.io/controller-uid";
+
+/// Most pods one reconcile creates or deletes.
+const BURST: usize = 500;
+/// Kubernetes' pod-failure backoff: 10 s, doubled per failure, at most 6 min.
+const BACKOFF_BASE_MS: u64 = 10_000;
+const BACKOFF_MAX_MS: u64 = 360_000;
+
+/// How one pod ended, as recorded in the ledger.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Ended {
+    pub result: Outcome,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<u64>,
+    /// When the owner recorded it, ms since the epoch.
+    pub at_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Succeeded,
+    Failed,
+}
+
+/// The ledger of `job`: pod uid → how it ended. Entries that do not parse are ignored (and
+/// logged by nobody: an annotation a user broke costs that one record).
+pub fn ledger(job: &Value) -> BTreeMap<String, Ended> {
+    string_map(&job["metadata"]["annotations"])
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let uid = k.strip_prefix(LEDGER_PREFIX)?.to_owned();
+            Some((uid, serde_json::from_str(&v).ok()?))
+        })
+        .collect()
+}
+
+/// The knobs of a Job's spec, with Kubernetes' defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spec {
+    pub completions: u64,
+    pub parallelism: u64,
+    pub backoff_limit: u64,
+    pub indexed: bool,
+    pub active_deadline_s: Option<u64>,
+    pub ttl_after_finished_s: Option<u64>,
+    pub suspend: bool,
+}
+
+impl Spec {
+    pub fn of(job: &Value) -> Self {
+        let spec = &job["spec"];
+        let number = |field: &str| spec[field].as_u64();
+        Self {
+            completions: number("completions").unwrap_or(1),
+            parallelism: number("parallelism").unwrap_or(1),
+            backoff_limit: number("backoffLimit").unwrap_or(6),
+            indexed: spec["completionMode"] == "Indexed",
+            active_deadline_s: number("activeDeadlineSeconds"),
+            ttl_after_finished_s: number("ttlSecondsAfterFinished"),
+            suspend: spec["suspend"] == true,
+        }
+    }
+}
+
+/// Why a Job finished, and when (ms since the epoch).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finished {
+    Complete {
+        at_ms: u64,
+    },
+    Failed {
+        at_ms: u64,
+        reason: &'static str,
+        message: &'static str,
+    },
+}
+
+impl Finished {
+    pub fn at_ms(&self) -> u64 {
+        match self {
+            Finished::Complete { at_ms } | Finished::Failed { at_ms, .. } => *at_ms,
+        }
+    }
+}
+
+/// What the ledger says so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    pub succeeded: u64,
+    pub failed: u64,
+    /// Indexed Jobs: the indexes that succeeded (below `completions`).
+    pub succeeded_indexes: BTreeSet<u64>,
+    pub finished: Option<Finished>,
+    /// Failed pods' latest record, for the backoff.
+    pub last_failure_ms: Option<u64>,
+}
+
+/// Counts and the verdict from the ledger at `now_ms` (deterministic: the times are the
+/// ledger's, the deadline's).
+pub fn progress(job: &Value, ledger: &BTreeMap<String, Ended>, now_ms: u64) -> Progress {
+    let spec = Spec::of(job);
+    let mut successes: Vec<&Ended> = ledger
+        .values()
+        .filter(|e| e.result == Outcome::Succeeded)
+        .collect();
+    let mut failures: Vec<u64> = ledger
+        .values()
+        .filter(|e| e.result == Outcome::Failed)
+        .map(|e| e.at_ms)
+        .collect();
+    successes.sort_by_key(|e| (e.at_ms, e.index));
+    failures.sort_unstable();
+    // When each unit of completion was first reached (Indexed: per index; else per success).
+    let mut firsts: BTreeMap<u64, u64> = BTreeMap::new();
+    for (i, e) in successes.iter().enumerate() {
+        if !spec.indexed {
+            firsts.insert(i as u64, e.at_ms);
+        } else if let Some(index) = e.index.filter(|i| *i < spec.completions) {
+            firsts.entry(index).or_insert(e.at_ms);
+        }
+    }
+    let succeeded = firsts.len() as u64;
+    let complete_at = if spec.completions == 0 {
+        Some(created_ms(job))
+    } else if succeeded < spec.completions {
+        None
+    } else if spec.indexed {
+        firsts.values().copied().max()
+    } else {
+        let mut times: Vec<u64> = firsts.values().copied().collect();
+        times.sort_unstable();
+        times.get(spec.completions as usize - 1).copied()
+    };
+    let backoff_at = usize::try_from(spec.backoff_limit)
+        .ok()
+        .and_then(|limit| failures.get(limit).copied());
+    let deadline_at = spec
+        .active_deadline_s
+        .and_then(|s| s.checked_mul(1000))
+        .and_then(|ms| created_ms(job).checked_add(ms))
+        .filter(|at| *at <= now_ms);
+    let failed_at = match (backoff_at, deadline_at) {
+        (Some(b), Some(d)) if d < b => Some((
+            d,
+            "DeadlineExceeded",
+            "Job was active longer than specified deadline",
+        )),
+        (Some(b), _) => Some((
+            b,
+            "BackoffLimitExceeded",
+            "Job has reached the specified backoff limit",
+        )),
+        (None, Some(d)) => Some((
+            d,
+            "DeadlineExceeded",
+            "Job was active longer than specified deadline",
+        )),
+        (None, None) => None,
+    };
+    let finished = match (complete_at, failed_at) {
+        (Some(c), Some((f, ..))) if c <= f => Some(Finished::Complete { at_ms: c }),
+        (_, Some((at_ms, reason, message))) => Some(Finished::Failed {
+            at_ms,
+            reason,
+            message,
+        }),
+        (Some(c), None) => Some(Finished::Complete { at_ms: c }),
+        (None, None) => None,
+    };
+    Progress {
+        succeeded,
+        failed: failures.len() as u64,
+        succeeded_indexes: if spec.indexed {
+            firsts.keys().copied().collect()
+        } else {
+            BTreeSet::new()
+        },
+        finished,
+        last_failure_ms: failures.last().copied(),
+    }
+}
+
+fn created_ms(job: &Value) -> u64 {
+    super::workload::created_ms(job)
+}
+
+/// The index a pod of an Indexed Job runs.
+fn index_of(pod: &PodView) -> Option<u64> {
+    pod.object["metadata"]["annotations"][INDEX_KEY]
+        .as_str()?
+        .parse()
+        .ok()
+}
+
+/// The pods `job` controls, from all pods of its namespace.
+fn owned<'a>(job: &Value, pods: &'a [PodView]) -> Vec<&'a PodView> {
+    let uid = job["metadata"]["uid"].as_str().unwrap_or_default();
+    let namespace = job["metadata"]["namespace"].as_str().unwrap_or("default");
+    pods.iter()
+        .filter(|p| p.namespace == namespace && p.controller_uid.as_deref() == Some(uid))
+        .collect()
+}
+
+/// What `job` needs done at `now_ms`, given every pod of its namespace. `random` yields the
+/// entropy of new pods' names.
+pub fn reconcile(
+    job: &Value,
+    pods: &[PodView],
+    now_ms: u64,
+    random: &mut dyn FnMut() -> u64,
+) -> Vec<Action> {
+    let mut actions = Vec::new();
+    if !job["metadata"]["deletionTimestamp"].is_null() {
+        return actions;
+    }
+    let spec = Spec::of(job);
+    let mut ledger = ledger(job);
+    let owned = owned(job, pods);
+
+    // 1. Record every ended pod not yet in the ledger (one write, before anything else is
+    //    decided from it).
+    let mut record = BTreeMap::new();
+    for pod in &owned {
+        let result = match pod.phase {
+            Phase::Succeeded => Outcome::Succeeded,
+            Phase::Failed => Outcome::Failed,
+            Phase::Pending | Phase::Running => continue,
+        };
+        if ledger.contains_key(&pod.uid) {
+            continue;
+        }
+        let ended = Ended {
+            result,
+            index: index_of(pod),
+            at_ms: now_ms,
+        };
+        record.insert(
+            format!("{LEDGER_PREFIX}{}", pod.uid),
+            serde_json::to_string(&ended).expect("serializes"),
+        );
+        ledger.insert(pod.uid.clone(), ended);
+    }
+    if !record.is_empty() {
+        actions.push(Action::Annotate {
+            kind: "Job",
+            namespace: namespace(job).to_owned(),
+            name: name(job).to_owned(),
+            uid: job["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            annotations: record,
+        });
+    }
+
+    // Pods still running. One the ledger already counts (re-run elsewhere after its node
+    // died) is done: it goes.
+    let mut active: Vec<&PodView> = Vec::new();
+    for pod in owned.iter().filter(|p| p.is_active()) {
+        if ledger.contains_key(&pod.uid) {
+            actions.push(delete(pod));
+        } else {
+            active.push(pod);
+        }
+    }
+    let progress = progress(job, &ledger, now_ms);
+
+    // 2. Finished: nothing runs any more; after the TTL the Job and its pods go.
+    if let Some(finished) = &progress.finished {
+        for pod in &active {
+            actions.push(delete(pod));
+        }
+        let expired = spec
+            .ttl_after_finished_s
+            .and_then(|s| s.checked_mul(1000))
+            .and_then(|ttl| finished.at_ms().checked_add(ttl))
+            .is_some_and(|at| at <= now_ms);
+        if expired {
+            for pod in owned.iter().filter(|p| !p.is_active()) {
+                actions.push(delete(pod));
+            }
+            actions.push(Action::Delete {
+                kind: "Job",
+                namespace: namespace(job).to_owned(),
+                name: name(job).to_owned(),
+                uid: job["metadata"]["uid"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            });
+        }
+        return actions;
+    }
+    if spec.suspend {
+        for pod in &active {
+            actions.push(delete(pod));
+        }
+        return actions;
+    }
+
+    // 3. Keep the right pods running.
+    active.sort_by(|a, b| removal_rank(a).cmp(&removal_rank(b)));
+    let parallelism = spec.parallelism as usize;
+    let mut create: Vec<Option<u64>> = Vec::new();
+    if spec.indexed {
+        // One live pod per pending index; duplicates and done indexes go (the most removable
+        // first, so both sides of a healed partition keep the same one).
+        let mut running: BTreeMap<u64, Vec<&PodView>> = BTreeMap::new();
+        for pod in &active {
+            match index_of(pod) {
+                Some(i) if i < spec.completions && !progress.succeeded_indexes.contains(&i) => {
+                    running.entry(i).or_default().push(pod)
+                }
+                _ => actions.push(delete(pod)),
+            }
+        }
+        let mut kept = 0usize;
+        for pods in running.values() {
+            for pod in &pods[..pods.len() - 1] {
+                actions.push(delete(pod));
+            }
+            kept += 1;
+        }
+        // Surplus over parallelism: the highest indexes stop first.
+        for (_, pods) in running.iter().rev().take(kept.saturating_sub(parallelism)) {
+            actions.push(delete(pods[pods.len() - 1]));
+        }
+        let pending = (0..spec.completions)
+            .filter(|i| !progress.succeeded_indexes.contains(i) && !running.contains_key(i));
+        for i in pending.take(parallelism.saturating_sub(kept)) {
+            create.push(Some(i));
+        }
+    } else {
+        let remaining = spec.completions.saturating_sub(progress.succeeded) as usize;
+        let want = parallelism.min(remaining);
+        if active.len() > want {
+            for pod in active.iter().take(active.len() - want) {
+                actions.push(delete(pod));
+            }
+        }
+        create.extend(std::iter::repeat_n(None, want.saturating_sub(active.len())));
+    }
+    // Failures slow down replacements (10 s, doubling, at most 6 min), as in Kubernetes.
+    if let Some(last) = progress.last_failure_ms {
+        let shift = progress.failed.saturating_sub(1).min(16) as u32;
+        let delay = BACKOFF_BASE_MS
+            .saturating_mul(1 << shift)
+            .min(BACKOFF_MAX_MS);
+        if now_ms < last.saturating_add(delay) {
+            create.clear();
+        }
+    }
+    for index in create.into_iter().take(BURST) {
+        actions.push(Action::Create(new_pod(job, index, &name_suffix(random()))));
+    }
+    actions
+}
+
+fn namespace(job: &Value) -> &str {
+    job["metadata"]["namespace"].as_str().unwrap_or("default")
+}
+
+fn name(job: &Value) -> &str {
+    job["metadata"]["name"].as_str().unwrap_or_default()
+}
+
+fn delete(pod: &PodView) -> Action {
+    Action::Delete {
+        kind: "Pod",
+        namespace: pod.namespace.clone(),
+        name: pod.name.clone(),
+        uid: pod.uid.clone(),
+    }
+}
+
+/// A new pod of `job`: `<job>-<suffix>` (Indexed: `<job>-<index>-<suffix>`, with the index in
+/// an annotation, a label and `JOB_COMPLETION_INDEX`), labelled with the Job's name and uid.
+pub fn new_pod(job: &Value, index: Option<u64>, suffix: &str) -> Value {
+    let template = &job["spec"]["template"];
+    let name = name(job);
+    let uid = job["metadata"]["uid"].as_str().unwrap_or_default();
+    let mut labels = template["metadata"]["labels"].clone();
+    if !labels.is_object() {
+        labels = json!({});
+    }
+    labels[JOB_NAME_LABEL] = json!(name);
+    labels[CONTROLLER_UID_LABEL] = json!(uid);
+    labels["job-name"] = json!(name);
+    labels["controller-uid"] = json!(uid);
+    let mut annotations = template["metadata"]["annotations"].clone();
+    if !annotations.is_object() {
+        annotations = json!({});
+    }
+    let mut spec = template["spec"].clone();
+    let pod_name = match index {
+        Some(i) => {
+            labels[INDEX_KEY] = json!(i.to_string());
+            annotations[INDEX_KEY] = json!(i.to_string());
+            for field in ["containers", "initContainers"] {
+                for c in spec[field].as_array_mut().into_iter().flatten() {
+                    let env = json!({"name": "JOB_COMPLETION_INDEX", "value": i.to_string()});
+                    match c["env"].as_array_mut() {
+                        Some(list) => list.push(env),
+                        None => c["env"] = json!([env]),
+                    }
+                }
+            }
+            format!("{name}-{i}-{suffix}")
+        }
+        None => format!("{name}-{suffix}"),
+    };
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name,
+            "generateName": format!("{name}-"),
+            "namespace": namespace(job),
+            "labels": labels,
+            "annotations": annotations,
+            "ownerReferences": [controller_ref(job)],
+        },
+        "spec": spec,
+    })
+}
+
+/// The observed status of `job` at `now_ms`: counts and conditions from its ledger, running
+/// pods from what their nodes report.
+pub fn status(job: &Value, pods: &[PodView], now_ms: u64) -> Value {
+    let spec = Spec::of(job);
+    let ledger = ledger(job);
+    let progress = progress(job, &ledger, now_ms);
+    let active: Vec<&PodView> = owned(job, pods)
+        .into_iter()
+        .filter(|p| p.is_active() && !ledger.contains_key(&p.uid))
+        .collect();
+    let time = rfc3339;
+    let condition = |kind: &str, reason: &str, message: &str, at: u64| {
+        json!({"type": kind, "status": "True", "reason": reason, "message": message,
+            "lastProbeTime": time(at), "lastTransitionTime": time(at)})
+    };
+    let mut status = json!({
+        "active": if progress.finished.is_some() { 0 } else { active.len() },
+        "ready": active.iter().filter(|p| p.ready).count(),
+        "succeeded": progress.succeeded,
+        "failed": progress.failed,
+        "terminating": 0,
+        "startTime": time(created_ms(job)),
+        "uncountedTerminatedPods": {},
+    });
+    if spec.indexed {
+        status["completedIndexes"] = json!(ranges(&progress.succeeded_indexes));
+    }
+    let mut conditions = Vec::new();
+    match &progress.finished {
+        Some(Finished::Complete { at_ms }) => {
+            conditions.push(condition(
+                "SuccessCriteriaMet",
+                "CompletionsReached",
+                "Reached expected number of succeeded pods",
+                *at_ms,
+            ));
+            conditions.push(condition(
+                "Complete",
+                "CompletionsReached",
+                "Reached expected number of succeeded pods",
+                *at_ms,
+            ));
+            status["completionTime"] = json!(time(*at_ms));
+        }
+        Some(Finished::Failed {
+            at_ms,
+            reason,
+            message,
+        }) => {
+            conditions.push(condition("FailureTarget", reason, message, *at_ms));
+            conditions.push(condition("Failed", reason, message, *at_ms));
+        }
+        None if spec.suspend => conditions.push(condition(
+            "Suspended",
+            "JobSuspended",
+            "Job suspended",
+            now_ms,
+        )),
+        None => {}
+    }
+    if !conditions.is_empty() {
+        status["conditions"] = json!(conditions);
+    }
+    status
+}
+
+fn rfc3339(ms: u64) -> String {
+    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+        .to_string()
+}
+
+/// `0-2,4` for {0, 1, 2, 4} (Kubernetes' `completedIndexes`).
+fn ranges(indexes: &BTreeSet<u64>) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut iter = indexes.iter().copied().peekable();
+    while let Some(start) = iter.next() {
+        let mut end = start;
+        while iter.peek() == Some(&(end + 1)) {
+            end += 1;
+            iter.next();
+        }
+        out.push(if start == end {
+            start.to_string()
+        } else {
+            format!("{start}-{end}")
+        });
+    }
+    out.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: u64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
+
+    fn job(spec: Value) -> Value {
+        let mut spec_full = json!({
+            "template": {"metadata": {"labels": {"app": "batch"}},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "i"}]}}
+        });
+        for (k, v) in spec.as_object().unwrap() {
+            spec_full[k] = v.clone();
+        }
+        json!({"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "pi", "namespace": "default", "uid": "job1",
+                "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": spec_full})
+    }
+
+    fn pod(name: &str, phase: &str, index: Option<u64>) -> PodView {
+        let mut meta = json!({"name": name, "namespace": "default", "uid": format!("u-{name}"),
+            "creationTimestamp": "2026-01-01T00:00:01Z",
+            "ownerReferences": [{"uid": "job1", "controller": true}]});
+        if let Some(i) = index {
+            meta["annotations"] = json!({INDEX_KEY: i.to_string()});
+        }
+        let object = json!({"metadata": meta, "spec": {"nodeName": "n1"}});
+        PodView::new(&object, Some(&json!({"phase": phase})))
+    }
+
+    fn counter() -> impl FnMut() -> u64 {
+        let mut n = 0;
+        move || {
+            n += 1;
+            n
+        }
+    }
+
+    /// Applies the ledger writes of `actions` to `job` (what the shell does).
+    fn recorded(job: &Value, actions: &[Action]) -> Value {
+        let mut job = job.clone();
+        for a in actions {
+            if let Action::Annotate { annotations, .. } = a {
+                for (k, v) in annotations {
+                    job["metadata"]["annotations"][k] = json!(v);
+                }
+            }
+        }
+        job
+    }
+
+    fn creates(actions: &[Action]) -> Vec<&Value> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Create(p) => Some(p),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn deletes(actions: &[Action]) -> Vec<&str> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Delete { name, .. } => Some(name.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn runs_parallelism_pods_until_completions_succeed() {
+        let j = job(json!({"completions": 3, "parallelism": 2}));
+        let a = reconcile(&j, &[], T0, &mut counter());
+        let pods = creates(&a);
+        assert_eq!(pods.len(), 2);
+        assert_eq!(pods[0]["metadata"]["labels"][JOB_NAME_LABEL], "pi");
+        assert_eq!(pods[0]["metadata"]["labels"]["app"], "batch");
+        assert_eq!(pods[0]["metadata"]["ownerReferences"][0]["uid"], "job1");
+
+        // One succeeded: it is recorded, and one more starts (2 running, 1 left after them).
+        let world = [pod("a", "Succeeded", None), pod("b", "Running", None)];
+        let a = reconcile(&j, &world, T0 + 5_000, &mut counter());
+        assert!(matches!(&a[0], Action::Annotate { annotations, .. }
+            if annotations.len() == 1 && annotations.contains_key("batch.shoal.io/done-u-a")));
+        assert_eq!(creates(&a).len(), 1);
+        let j = recorded(&j, &a);
+        // Recorded once: the next pass writes nothing new.
+        let world = [
+            pod("a", "Succeeded", None),
+            pod("b", "Running", None),
+            pod("c", "Running", None),
+        ];
+        let a = reconcile(&j, &world, T0 + 6_000, &mut counter());
+        assert!(a.is_empty(), "{a:?}");
+        let s = status(&j, &world, T0 + 6_000);
+        assert_eq!(
+            (s["succeeded"].as_u64(), s["active"].as_u64()),
+            (Some(1), Some(2))
+        );
+        assert!(s["conditions"].is_null());
+
+        // Both end: complete, at the time the third success was recorded.
+        let world = [
+            pod("a", "Succeeded", None),
+            pod("b", "Succeeded", None),
+            pod("c", "Succeeded", None),
+        ];
+        let a = reconcile(&j, &world, T0 + 9_000, &mut counter());
+        let j = recorded(&j, &a);
+        assert!(creates(&a).is_empty());
+        let s = status(&j, &world, T0 + 10_000);
+        assert_eq!(s["succeeded"], 3);
+        assert_eq!(s["active"], 0);
+        assert_eq!(s["conditions"][1]["type"], "Complete");
+        assert_eq!(s["completionTime"], "2026-01-01T00:00:09.000Z");
+        // Nothing more to do; finished pods are kept.
+        assert!(reconcile(&j, &world, T0 + 20_000, &mut counter()).is_empty());
+    }
+
+    #[test]
+    fn a_recorded_completion_survives_the_loss_of_its_pod_and_is_never_counted_twice() {
+        let j = job(json!({"completions": 2, "parallelism": 2}));
+        let world = [pod("a", "Succeeded", None), pod("b", "Running", None)];
+        let j = recorded(&j, &reconcile(&j, &world, T0 + 1_000, &mut counter()));
+        // a's node died: its status is gone (Pending, and the scheduler re-runs it elsewhere).
+        let world = [pod("a", "Running", None), pod("b", "Running", None)];
+        let a = reconcile(&j, &world, T0 + 2_000, &mut counter());
+        assert_eq!(deletes(&a), ["a"], "the re-run of a counted pod goes");
+        assert!(creates(&a).is_empty(), "b is the one left to run");
+        assert_eq!(status(&j, &world, T0 + 2_000)["succeeded"], 1);
+        // It succeeds again before it is deleted: still one.
+        let world = [pod("a", "Succeeded", None), pod("b", "Running", None)];
+        let a = reconcile(&j, &world, T0 + 3_000, &mut counter());
+        assert!(!a.iter().any(|a| matches!(a, Action::Annotate { .. })));
+        assert_eq!(status(&j, &world, T0 + 3_000)["succeeded"], 1);
+    }
+
+    #[test]
+    fn ledgers_written_on_both_sides_of_a_partition_merge_to_exact_counts() {
+        // Each side's owner recorded the pods it saw; the CRDT keeps both sides' annotations.
+        let j = job(json!({"completions": 3, "parallelism": 3}));
+        let left = reconcile(
+            &j,
+            &[pod("a", "Succeeded", None)],
+            T0 + 1_000,
+            &mut counter(),
+        );
+        let right = reconcile(
+            &j,
+            &[pod("a", "Succeeded", None), pod("b", "Succeeded", None)],
+            T0 + 1_500,
+            &mut counter(),
+        );
+        let merged = recorded(&recorded(&j, &left), &right);
+        let world = [
+            pod("a", "Succeeded", None),
+            pod("b", "Succeeded", None),
+            pod("c", "Running", None),
+            pod("d", "Running", None),
+        ];
+        let s = status(&merged, &world, T0 + 2_000);
+        assert_eq!(
+            s["succeeded"], 2,
+            "a counted once although both sides recorded it"
+        );
+        // One completion left and two running: the most removable one goes.
+        let a = reconcile(&merged, &world, T0 + 2_000, &mut counter());
+        assert_eq!(deletes(&a).len(), 1);
+        assert!(creates(&a).is_empty());
+    }
+
+    #[test]
+    fn failures_back_off_and_fail_the_job_past_the_backoff_limit() {
+        let j = job(json!({"completions": 1, "parallelism": 1, "backoffLimit": 1}));
+        let world = [pod("a", "Failed", None)];
+        let a = reconcile(&j, &world, T0 + 1_000, &mut counter());
+        assert!(creates(&a).is_empty(), "10 s of backoff first");
+        let j = recorded(&j, &a);
+        assert!(creates(&reconcile(&j, &world, T0 + 10_999, &mut counter())).is_empty());
+        assert_eq!(
+            creates(&reconcile(&j, &world, T0 + 11_000, &mut counter())).len(),
+            1
+        );
+        let world = [pod("a", "Failed", None), pod("b", "Failed", None)];
+        let a = reconcile(&j, &world, T0 + 15_000, &mut counter());
+        let j = recorded(&j, &a);
+        let s = status(&j, &world, T0 + 16_000);
+        assert_eq!(s["failed"], 2);
+        assert_eq!(s["conditions"][1]["type"], "Failed");
+        assert_eq!(s["conditions"][1]["reason"], "BackoffLimitExceeded");
+        assert!(creates(&reconcile(&j, &world, T0 + 60_000, &mut counter())).is_empty());
+    }
+
+    #[test]
+    fn the_deadline_stops_a_running_job_and_the_ttl_deletes_a_finished_one() {
+        let j = job(json!({"activeDeadlineSeconds": 30, "ttlSecondsAfterFinished": 60}));
+        let world = [pod("a", "Running", None)];
+        assert!(reconcile(&j, &world, T0 + 29_999, &mut counter()).is_empty());
+        let a = reconcile(&j, &world, T0 + 30_000, &mut counter());
+        assert_eq!(deletes(&a), ["a"]);
+        let s = status(&j, &world, T0 + 30_000);
+        assert_eq!(s["conditions"][1]["reason"], "DeadlineExceeded");
+        assert_eq!(s["active"], 0);
+        let a = reconcile(&j, &[], T0 + 90_000, &mut counter());
+        assert_eq!(deletes(&a), ["pi"], "TTL after the failure at 30 s");
+    }
+
+    #[test]
+    fn indexed_jobs_run_each_index_once() {
+        let j = job(json!({"completions": 4, "parallelism": 2, "completionMode": "Indexed"}));
+        let a = reconcile(&j, &[], T0, &mut counter());
+        let pods = creates(&a);
+        let indexes: Vec<&Value> = pods
+            .iter()
+            .map(|p| &p["metadata"]["annotations"][INDEX_KEY])
+            .collect();
+        assert_eq!(indexes, ["0", "1"]);
+        assert_eq!(
+            pods[1]["spec"]["containers"][0]["env"][0],
+            json!({"name": "JOB_COMPLETION_INDEX", "value": "1"})
+        );
+        assert!(
+            pods[1]["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .starts_with("pi-1-")
+        );
+        // Index 0 done twice (a partition), 1 running twice: 0 counts once, one 1 goes, 2 starts.
+        let world = [
+            pod("a", "Succeeded", Some(0)),
+            pod("b", "Succeeded", Some(0)),
+            pod("c", "Running", Some(1)),
+            pod("d", "Running", Some(1)),
+        ];
+        let a = reconcile(&j, &world, T0 + 1_000, &mut counter());
+        assert_eq!(deletes(&a).len(), 1);
+        let started: Vec<&Value> = creates(&a)
+            .iter()
+            .map(|p| &p["metadata"]["annotations"][INDEX_KEY])
+            .collect();
+        assert_eq!(started, ["2"]);
+        let j = recorded(&j, &a);
+        let s = status(&j, &world, T0 + 1_000);
+        assert_eq!(s["succeeded"], 1);
+        assert_eq!(s["completedIndexes"], "0");
+        assert_eq!(ranges(&[0, 1, 2, 4, 6, 7].into()), "0-2,4,6-7");
+    }
+
+    #[test]
+    fn a_suspended_job_runs_nothing() {
+        let j = job(json!({"suspend": true}));
+        let a = reconcile(&j, &[pod("a", "Running", None)], T0, &mut counter());
+        assert_eq!(deletes(&a), ["a"]);
+        assert!(creates(&a).is_empty());
+        assert_eq!(status(&j, &[], T0)["conditions"][0]["type"], "Suspended");
+    }
+}
