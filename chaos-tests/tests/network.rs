@@ -616,8 +616,15 @@ async fn blocks_leased_on_both_sides_of_a_partition_are_made_unique_after_the_he
         "--cleanup",
     ];
     let (root, mut agents) = shoal_chaos::start_cluster(&lab, 3, &flags).await.unwrap();
-    wait_until("three leases", LIMIT, || async {
-        leases_at(&agents[0]).await.len() == 3
+    // Every node knows all three leases before the cut (each side must see the one free block;
+    // a node that joined a moment ago may not have pulled its peers' leases yet).
+    wait_until("three leases on every node", LIMIT, || async {
+        for agent in &agents {
+            if leases_at(agent).await.len() != 3 {
+                return false;
+            }
+        }
+        true
     })
     .await
     .unwrap();
@@ -658,12 +665,20 @@ async fn blocks_leased_on_both_sides_of_a_partition_are_made_unique_after_the_he
     let (id3, id4) = (id(&agents[3]).await, id(&agents[4]).await);
     // Each newcomer may first claim a block its store had not heard of yet (and lose it to the
     // older lease); both end on the only free block.
-    wait_until("both newcomers on the free block", LIMIT, || async {
+    let waited = wait_until("both newcomers on the free block", LIMIT, || async {
         let (l3, l4) = (leases_at(&agents[3]).await, leases_at(&agents[4]).await);
         l3.get(&id3).is_some_and(|b| b.len() == 1) && l3.get(&id3) == l4.get(&id4)
     })
-    .await
-    .unwrap();
+    .await;
+    if let Err(e) = waited {
+        panic!(
+            "{e}: n3 sees {:?}, n4 sees {:?}\nn3's log:\n{}\nn4's log:\n{}",
+            leases_at(&agents[3]).await,
+            leases_at(&agents[4]).await,
+            agents[3].log(),
+            agents[4].log()
+        );
+    }
     for (i, node) in [(3, "n3"), (4, "n4")] {
         shoal_chaos::import_busybox(&agents[i]).unwrap();
         let name = format!("p{i}");
