@@ -229,14 +229,8 @@ impl Membership {
     pub async fn dynamic_values(&self, prefix: &str) -> Vec<(String, String, String)> {
         let chitchat = self.handle.chitchat();
         let chitchat = chitchat.lock().await;
-        let mut newest: BTreeMap<&str, &ChitchatId> = BTreeMap::new();
         let self_id = chitchat.self_chitchat_id().clone();
-        for id in chitchat.live_nodes().chain(std::iter::once(&self_id)) {
-            let slot = newest.entry(&id.node_id).or_insert(id);
-            if id.generation_id > slot.generation_id {
-                *slot = id;
-            }
-        }
+        let newest = newest_generations(chitchat.live_nodes().chain(std::iter::once(&self_id)));
         let mut out = Vec::new();
         for id in newest.into_values() {
             let Some(state) = chitchat.node_state(id) else {
@@ -257,16 +251,11 @@ impl Membership {
         let chitchat = self.handle.chitchat();
         let chitchat = chitchat.lock().await;
         let self_id = chitchat.self_chitchat_id().clone();
-        let mut newest: BTreeMap<&str, &ChitchatId> = BTreeMap::new();
-        for id in chitchat
-            .live_nodes()
-            .filter(|id| id.node_id != self_id.node_id)
-        {
-            let slot = newest.entry(&id.node_id).or_insert(id);
-            if id.generation_id > slot.generation_id {
-                *slot = id;
-            }
-        }
+        let newest = newest_generations(
+            chitchat
+                .live_nodes()
+                .filter(|id| id.node_id != self_id.node_id),
+        );
         newest
             .into_values()
             .filter_map(|id| {
@@ -291,6 +280,21 @@ impl Membership {
     }
 }
 
+/// The newest generation of each node id among `ids`, by node id: older generations are past
+/// lives of a restart.
+fn newest_generations<'a>(
+    ids: impl Iterator<Item = &'a ChitchatId>,
+) -> BTreeMap<&'a str, &'a ChitchatId> {
+    let mut newest: BTreeMap<&str, &ChitchatId> = BTreeMap::new();
+    for id in ids {
+        let slot = newest.entry(&id.node_id).or_insert(id);
+        if id.generation_id > slot.generation_id {
+            *slot = id;
+        }
+    }
+    newest
+}
+
 /// The newest generation of every known node id with its state, as the tracker classifies it now.
 fn observe_states<'a>(
     chitchat: &'a chitchat::Chitchat,
@@ -300,14 +304,7 @@ fn observe_states<'a>(
     let self_id = chitchat.self_chitchat_id();
     let live: HashSet<&ChitchatId> = chitchat.live_nodes().collect();
     let dead: HashSet<&ChitchatId> = chitchat.dead_nodes().collect();
-    // Newest generation of each node id wins; older generations are past lives of a restart.
-    let mut newest: BTreeMap<&str, &ChitchatId> = BTreeMap::new();
-    for id in chitchat.node_states().keys() {
-        let slot = newest.entry(&id.node_id).or_insert(id);
-        if id.generation_id > slot.generation_id {
-            *slot = id;
-        }
-    }
+    let newest = newest_generations(chitchat.node_states().keys());
     let mut tracker = tracker
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());

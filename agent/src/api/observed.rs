@@ -42,11 +42,7 @@ fn pod_status(state: &ApiState, pod: &Value) -> Value {
     }
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+use crate::controllers::now_ms;
 
 /// The ReplicaSets and pods (with their observed statuses) of a workload's namespace.
 fn workload_world(

@@ -20,7 +20,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::replica_set::removal_rank;
-use super::workload::{Action, Phase, PodView, controller_ref, name_suffix, string_map};
+use super::workload::{
+    Action, Phase, PodView, controller_ref, created_ms, name_suffix, string_map,
+};
 
 /// Annotation key prefix of the ledger; the pod's uid follows.
 pub const LEDGER_PREFIX: &str = "batch.shoal.io/done-";
@@ -211,10 +213,6 @@ pub fn progress(job: &Value, ledger: &BTreeMap<String, Ended>, now_ms: u64) -> P
     }
 }
 
-fn created_ms(job: &Value) -> u64 {
-    super::workload::created_ms(job)
-}
-
 /// The index a pod of an Indexed Job runs.
 fn index_of(pod: &PodView) -> Option<u64> {
     pod.object["metadata"]["annotations"][INDEX_KEY]
@@ -289,7 +287,7 @@ pub fn reconcile(
     let mut active: Vec<&PodView> = Vec::new();
     for pod in owned.iter().filter(|p| p.is_active()) {
         if ledger.contains_key(&pod.uid) {
-            actions.push(delete(pod));
+            actions.push(Action::delete_pod(pod));
         } else {
             active.push(pod);
         }
@@ -299,7 +297,7 @@ pub fn reconcile(
     // 2. Finished: nothing runs any more; after the TTL the Job and its pods go.
     if let Some(finished) = &progress.finished {
         for pod in &active {
-            actions.push(delete(pod));
+            actions.push(Action::delete_pod(pod));
         }
         let expired = spec
             .ttl_after_finished_s
@@ -308,7 +306,7 @@ pub fn reconcile(
             .is_some_and(|at| at <= now_ms);
         if expired {
             for pod in owned.iter().filter(|p| !p.is_active()) {
-                actions.push(delete(pod));
+                actions.push(Action::delete_pod(pod));
             }
             actions.push(Action::Delete {
                 kind: "Job",
@@ -324,7 +322,7 @@ pub fn reconcile(
     }
     if spec.suspend {
         for pod in &active {
-            actions.push(delete(pod));
+            actions.push(Action::delete_pod(pod));
         }
         return actions;
     }
@@ -342,19 +340,19 @@ pub fn reconcile(
                 Some(i) if i < spec.completions && !progress.succeeded_indexes.contains(&i) => {
                     running.entry(i).or_default().push(pod)
                 }
-                _ => actions.push(delete(pod)),
+                _ => actions.push(Action::delete_pod(pod)),
             }
         }
         let mut kept = 0usize;
         for pods in running.values() {
             for pod in &pods[..pods.len() - 1] {
-                actions.push(delete(pod));
+                actions.push(Action::delete_pod(pod));
             }
             kept += 1;
         }
         // Surplus over parallelism: the highest indexes stop first.
         for (_, pods) in running.iter().rev().take(kept.saturating_sub(parallelism)) {
-            actions.push(delete(pods[pods.len() - 1]));
+            actions.push(Action::delete_pod(pods[pods.len() - 1]));
         }
         let pending = (0..spec.completions)
             .filter(|i| !progress.succeeded_indexes.contains(i) && !running.contains_key(i));
@@ -366,7 +364,7 @@ pub fn reconcile(
         let want = parallelism.min(remaining);
         if active.len() > want {
             for pod in active.iter().take(active.len() - want) {
-                actions.push(delete(pod));
+                actions.push(Action::delete_pod(pod));
             }
         }
         create.extend(std::iter::repeat_n(None, want.saturating_sub(active.len())));
@@ -393,15 +391,6 @@ fn namespace(job: &Value) -> &str {
 
 fn name(job: &Value) -> &str {
     job["metadata"]["name"].as_str().unwrap_or_default()
-}
-
-fn delete(pod: &PodView) -> Action {
-    Action::Delete {
-        kind: "Pod",
-        namespace: pod.namespace.clone(),
-        name: pod.name.clone(),
-        uid: pod.uid.clone(),
-    }
 }
 
 /// A new pod of `job`: `<job>-<suffix>` (Indexed: `<job>-<index>-<suffix>`, with the index in

@@ -66,7 +66,7 @@ pub fn reconcile(rs: &Value, pods: &[PodView], random: &mut dyn FnMut() -> u64) 
     }
     // Ended pods count for nothing; they are cleaned up (their logs went with their node).
     for pod in mine.iter().filter(|p| !p.is_active()) {
-        actions.push(delete(pod));
+        actions.push(Action::delete_pod(pod));
     }
     let mut active: Vec<&PodView> = mine.into_iter().filter(|p| p.is_active()).collect();
     let want = replicas(rs) as usize;
@@ -77,19 +77,10 @@ pub fn reconcile(rs: &Value, pods: &[PodView], random: &mut dyn FnMut() -> u64) 
     } else if active.len() > want {
         active.sort_by(|a, b| removal_rank(a).cmp(&removal_rank(b)));
         for pod in active.iter().take((active.len() - want).min(BURST)) {
-            actions.push(delete(pod));
+            actions.push(Action::delete_pod(pod));
         }
     }
     actions
-}
-
-fn delete(pod: &PodView) -> Action {
-    Action::Delete {
-        kind: "Pod",
-        namespace: pod.namespace.clone(),
-        name: pod.name.clone(),
-        uid: pod.uid.clone(),
-    }
 }
 
 /// `pod` with its controller reference set to `owner` (adoption) or removed (release).

@@ -98,6 +98,18 @@ pub enum Action {
     },
 }
 
+impl Action {
+    /// Deletes `pod` (its uid as a precondition: a new pod of the same name is not touched).
+    pub fn delete_pod(pod: &PodView) -> Self {
+        Action::Delete {
+            kind: "Pod",
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+        }
+    }
+}
+
 pub fn string_map(v: &Value) -> BTreeMap<String, String> {
     v.as_object()
         .into_iter()
