@@ -55,6 +55,7 @@ pub const KINDS: &[KindInfo] = &[
     kind("apps", "v1", "ReplicaSet", "replicasets", true, &["rs"]),
     kind("apps", "v1", "DaemonSet", "daemonsets", true, &["ds"]),
     kind("batch", "v1", "Job", "jobs", true, &[]),
+    kind("batch", "v1", "CronJob", "cronjobs", true, &["cj"]),
     kind(
         "autoscaling",
         "v2",

@@ -1108,8 +1108,11 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
     // Deployments and ReplicaSets count their pods at read time: their status changes without
     // a store write, so a watch looks again every few hundred milliseconds and sends MODIFIED
     // for each watched object whose status changed (what `kubectl rollout status` waits on).
-    let workloads = matches!(info.kind, "Deployment" | "ReplicaSet" | "DaemonSet" | "Job")
-        .then(WorkloadWatch::new);
+    let workloads = matches!(
+        info.kind,
+        "Deployment" | "ReplicaSet" | "DaemonSet" | "Job" | "CronJob"
+    )
+    .then(WorkloadWatch::new);
     let live = futures_util::stream::unfold(
         (changes, last_rv, false, statuses, workloads),
         move |(mut rx, mut last, done, mut statuses, mut workloads)| {

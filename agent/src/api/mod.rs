@@ -13,6 +13,9 @@ mod status;
 mod table;
 mod validation;
 
+/// The apiserver's defaulting of `kind` (controllers build objects users could have written).
+pub(crate) use validation::default as default_object;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;

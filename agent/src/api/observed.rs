@@ -87,6 +87,15 @@ pub fn with_status(state: &ApiState, kind: &str, mut object: Value) -> Value {
             let (_, pods) = workload_world(state, &object);
             crate::controllers::job::status(&object, &pods, now_ms())
         }
+        "CronJob" => {
+            let namespace = object["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default");
+            let jobs = state
+                .replication
+                .read(|s| s.list("batch", "Job", Some(namespace)));
+            crate::controllers::cron_job::status(&object, &jobs, now_ms())
+        }
         "Namespace" => json!({"phase": "Active"}),
         "Service" => json!({"loadBalancer": {}}),
         "HorizontalPodAutoscaler" => json!({"currentReplicas": 0, "desiredReplicas": 0}),

@@ -87,7 +87,9 @@ impl ApiResource {
     /// kubectl's `get all` shows these.
     pub fn categories(&self) -> &'static [&'static str] {
         match self.kind {
-            "Pod" | "Service" | "Deployment" | "ReplicaSet" | "DaemonSet" | "Job" => &["all"],
+            "Pod" | "Service" | "Deployment" | "ReplicaSet" | "DaemonSet" | "Job" | "CronJob" => {
+                &["all"]
+            }
             _ => &[],
         }
     }
@@ -109,7 +111,9 @@ impl ApiResource {
                     &["get", "patch", "update"][..],
                 ),
             ],
-            "DaemonSet" | "Job" | "Service" | "HorizontalPodAutoscaler" => vec![status],
+            "DaemonSet" | "Job" | "CronJob" | "Service" | "HorizontalPodAutoscaler" => {
+                vec![status]
+            }
             _ => vec![],
         }
     }

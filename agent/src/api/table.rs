@@ -33,11 +33,13 @@ const fn col(
 
 /// kubectl's age format: `45s`, `12m`, `5h`, `3d`.
 pub fn age(object: &Value) -> Value {
-    let Some(t) = object["metadata"]["creationTimestamp"]
-        .as_str()
-        .and_then(|s| humantime::parse_rfc3339(s).ok())
-    else {
-        return json!("<unknown>");
+    since(&object["metadata"]["creationTimestamp"], "<unknown>")
+}
+
+/// How long ago the RFC 3339 time `at` was, as kubectl prints ages; `missing` if it is absent.
+fn since(at: &Value, missing: &str) -> Value {
+    let Some(t) = at.as_str().and_then(|s| humantime::parse_rfc3339(s).ok()) else {
+        return json!(missing);
     };
     let secs = SystemTime::now()
         .duration_since(t)
@@ -225,6 +227,23 @@ fn columns(kind: &str) -> Vec<Column> {
                 ))
             }),
             col("Duration", "string", 0, |_| json!("")),
+            col("Age", "string", 0, age),
+        ],
+        "CronJob" => vec![
+            col("Name", "string", 0, name),
+            col("Schedule", "string", 0, |o| o["spec"]["schedule"].clone()),
+            col("Timezone", "string", 0, |o| {
+                json!(o["spec"]["timeZone"].as_str().unwrap_or("<none>"))
+            }),
+            col("Suspend", "boolean", 0, |o| {
+                json!(o["spec"]["suspend"].as_bool().unwrap_or(false))
+            }),
+            col("Active", "integer", 0, |o| {
+                json!(o["status"]["active"].as_array().map_or(0, Vec::len))
+            }),
+            col("Last Schedule", "string", 0, |o| {
+                since(&o["status"]["lastScheduleTime"], "<none>")
+            }),
             col("Age", "string", 0, age),
         ],
         "Service" => vec![

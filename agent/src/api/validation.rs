@@ -200,6 +200,21 @@ pub fn validate(kind: &str, object: &Value) -> Result<(), FieldError> {
         "Pod" => validate_pod_spec(&object["spec"], "spec"),
         "Deployment" | "ReplicaSet" | "DaemonSet" => validate_template(object, true),
         "Job" => validate_template(object, false),
+        "CronJob" => {
+            crate::controllers::cron_job::schedule(object)
+                .map_err(|(field, message)| err(field, message))?;
+            let job_spec = &object["spec"]["jobTemplate"]["spec"];
+            if job_spec.is_null() {
+                return Err(err("spec.jobTemplate.spec", "Required value"));
+            }
+            if job_spec["template"].is_null() {
+                return Err(err("spec.jobTemplate.spec.template", "Required value"));
+            }
+            validate_pod_spec(
+                &job_spec["template"]["spec"],
+                "spec.jobTemplate.spec.template.spec",
+            )
+        }
         "Service" => {
             for (i, p) in object["spec"]["ports"]
                 .as_array()
@@ -348,6 +363,18 @@ pub fn default(kind: &str, object: &mut Value) {
                         json!("Never"),
                     );
                 }
+            }
+        }
+        "CronJob" => {
+            let spec = &mut object["spec"];
+            default_field(spec, "concurrencyPolicy", json!("Allow"));
+            default_field(spec, "suspend", json!(false));
+            default_field(spec, "successfulJobsHistoryLimit", json!(3));
+            default_field(spec, "failedJobsHistoryLimit", json!(1));
+            let template_spec = &mut spec["jobTemplate"]["spec"]["template"]["spec"];
+            if template_spec.is_object() {
+                default_pod_spec(template_spec);
+                default_field(template_spec, "restartPolicy", json!("Never"));
             }
         }
         "Service" => {

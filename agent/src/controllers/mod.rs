@@ -10,6 +10,7 @@
 //! cluster removes the surplus in the same deterministic order everywhere
 //! ([`replica_set::removal_rank`]).
 
+pub mod cron_job;
 pub mod deployment;
 pub mod job;
 pub mod replica_set;
@@ -70,17 +71,19 @@ pub struct Snapshot {
     pub deployments: Vec<Value>,
     pub replica_sets: Vec<Value>,
     pub jobs: Vec<Value>,
+    pub cron_jobs: Vec<Value>,
     pub pods: BTreeMap<String, Vec<PodView>>,
 }
 
 impl Snapshot {
     /// Reads the store and the pod statuses.
     pub fn read(replication: &Replication, statuses: &PodStatusCache) -> Self {
-        let (deployments, replica_sets, jobs, pods) = replication.read(|s| {
+        let (deployments, replica_sets, jobs, cron_jobs, pods) = replication.read(|s| {
             (
                 s.list("apps", "Deployment", None),
                 s.list("apps", "ReplicaSet", None),
                 s.list("batch", "Job", None),
+                s.list("batch", "CronJob", None),
                 s.list("", "Pod", None),
             )
         });
@@ -96,12 +99,21 @@ impl Snapshot {
             deployments,
             replica_sets,
             jobs,
+            cron_jobs,
             pods: by_namespace,
         }
     }
 
     pub fn pods_in(&self, namespace: &str) -> &[PodView] {
         self.pods.get(namespace).map_or(&[], Vec::as_slice)
+    }
+
+    pub fn jobs_in(&self, namespace: &str) -> Vec<Value> {
+        self.jobs
+            .iter()
+            .filter(|j| namespace_of(j) == namespace)
+            .cloned()
+            .collect()
     }
 
     pub fn replica_sets_in(&self, namespace: &str) -> Vec<Value> {
@@ -158,7 +170,7 @@ impl Controllers {
                 tokio::select! {
                     _ = &mut resync => break,
                     change = changes.recv() => match change {
-                        Ok(c) if matches!(c.key.kind.as_str(), "Pod" | "ReplicaSet" | "Deployment" | "Job" | "Service") => break,
+                        Ok(c) if matches!(c.key.kind.as_str(), "Pod" | "ReplicaSet" | "Deployment" | "Job" | "CronJob" | "Service") => break,
                         Ok(_) => {}
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
                         Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
@@ -213,6 +225,15 @@ impl Controllers {
                 snapshot.pods_in(namespace_of(job)),
                 now,
                 &mut random,
+            ));
+        }
+        for cron_job in snapshot.cron_jobs.iter().filter(|c| self.owns(c, &live)) {
+            let namespace = namespace_of(cron_job);
+            actions.extend(cron_job::reconcile(
+                cron_job,
+                &snapshot.jobs_in(namespace),
+                snapshot.pods_in(namespace),
+                now,
             ));
         }
         // Concurrently: each write waits for its quorum, and a ReplicaSet of 100 creates 100.
@@ -404,7 +425,7 @@ impl Controllers {
 fn key_of(kind_name: &str, namespace: &str, name: &str) -> Option<ObjectKey> {
     let group_version = match kind_name {
         "ReplicaSet" => "apps/v1",
-        "Job" => "batch/v1",
+        "Job" | "CronJob" => "batch/v1",
         _ => "v1",
     };
     Some(ObjectKey::new(

@@ -458,3 +458,78 @@ async fn a_job_completes_exactly_once_per_completion_when_a_node_dies() {
         .count();
     assert_eq!(recorded, 10, "one ledger entry per completion");
 }
+
+const CRON: &str = r#"apiVersion: batch/v1
+kind: CronJob
+metadata: {name: tick}
+spec:
+  schedule: "* * * * *"
+  successfulJobsHistoryLimit: 2
+  jobTemplate:
+    spec:
+      template:
+        spec:
+          restartPolicy: Never
+          containers:
+          - {name: c, image: shoal.local/busybox:1, command: [sh, -c, "echo tick"]}
+"#;
+
+/// A CronJob every minute (real kubectl, real containers): at the next minute exactly one Job
+/// is created for it and completes, its status shows the schedule and success times, and a
+/// schedule that does not parse is refused naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cron_job_runs_one_job_per_scheduled_time() {
+    let api = lab().await;
+    let bad = api.manifest("bad.yaml", &CRON.replace("* * * * *", "61 * * * *"));
+    let (ok, _, err) = api.kubectl(0, &["apply", "-f", &bad]);
+    assert!(!ok && err.contains("spec.schedule"), "{err}");
+    let file = api.manifest("cron.yaml", CRON);
+    api.ok(0, &["apply", "-f", &file]);
+    let table = api.ok(1, &["get", "cronjobs"]);
+    assert!(
+        table.contains("* * * * *") && table.contains("SCHEDULE"),
+        "{table}"
+    );
+
+    let mut cron = Value::Null;
+    let succeeded = wait_until(
+        "a Job of the CronJob to succeed",
+        Duration::from_secs(120),
+        || {
+            cron = json_of(&api, 2, &["get", "cronjob", "tick", "-o", "json"]);
+            let done = cron["status"]["lastSuccessfulTime"].is_string();
+            async move { done }
+        },
+    )
+    .await;
+    let jobs = json_of(&api, 0, &["get", "jobs", "-o", "json"])["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        succeeded.is_ok(),
+        "cronjob status: {:#}\njobs: {:#}",
+        cron["status"],
+        Value::Array(jobs.clone())
+    );
+    let last = cron["status"]["lastScheduleTime"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let for_last: Vec<&Value> = jobs
+        .iter()
+        .filter(|j| {
+            j["metadata"]["annotations"]["batch.kubernetes.io/cronjob-scheduled-timestamp"]
+                == last.as_str()
+        })
+        .collect();
+    assert_eq!(for_last.len(), 1, "one Job per scheduled time: {jobs:#?}");
+    let name = for_last[0]["metadata"]["name"].as_str().unwrap();
+    assert!(name.starts_with("tick-"), "{name}");
+    assert_eq!(
+        for_last[0]["metadata"]["ownerReferences"][0]["kind"],
+        "CronJob"
+    );
+    let logs = api.ok(1, &["logs", &format!("job/{name}")]);
+    assert!(logs.contains("tick"), "{logs}");
+}
