@@ -278,7 +278,12 @@ pub fn status(cron_job: &Value, jobs: &[Value], now_ms: u64) -> Value {
 
 #[cfg(test)]
 mod tests {
+    use super::super::workload::testing::{created, deleted};
     use super::*;
+
+    fn deleted_jobs(actions: &[Action]) -> Vec<&str> {
+        deleted(actions, Some("Job"))
+    }
 
     /// 2026-01-01T00:00:00Z.
     const T0: u64 = 1_767_225_600_000;
@@ -317,28 +322,6 @@ mod tests {
             }
         }
         j
-    }
-
-    fn created(actions: &[Action]) -> Vec<&Value> {
-        actions
-            .iter()
-            .filter_map(|a| match a {
-                Action::Create(j) => Some(j),
-                _ => None,
-            })
-            .collect()
-    }
-
-    fn deleted_jobs(actions: &[Action]) -> Vec<&str> {
-        actions
-            .iter()
-            .filter_map(|a| match a {
-                Action::Delete {
-                    kind: "Job", name, ..
-                } => Some(name.as_str()),
-                _ => None,
-            })
-            .collect()
     }
 
     #[test]

@@ -536,7 +536,12 @@ fn ranges(indexes: &BTreeSet<u64>) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::super::workload::testing::{created as creates, deleted};
     use super::*;
+
+    fn deletes(actions: &[Action]) -> Vec<&str> {
+        deleted(actions, None)
+    }
 
     const T0: u64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
 
@@ -584,26 +589,6 @@ mod tests {
             }
         }
         job
-    }
-
-    fn creates(actions: &[Action]) -> Vec<&Value> {
-        actions
-            .iter()
-            .filter_map(|a| match a {
-                Action::Create(p) => Some(p),
-                _ => None,
-            })
-            .collect()
-    }
-
-    fn deletes(actions: &[Action]) -> Vec<&str> {
-        actions
-            .iter()
-            .filter_map(|a| match a {
-                Action::Delete { name, .. } => Some(name.as_str()),
-                _ => None,
-            })
-            .collect()
     }
 
     #[test]

@@ -72,7 +72,64 @@ pub struct Snapshot {
     pub replica_sets: Vec<Value>,
     pub jobs: Vec<Value>,
     pub cron_jobs: Vec<Value>,
-    pub pods: BTreeMap<String, Vec<PodView>>,
+    pub pods: BTreeMap<String, NamespacePods>,
+}
+
+/// The pods of one namespace, grouped by controlling owner: a controller reads its own pods
+/// and the orphans, not every pod of the namespace (1,000 ReplicaSets over 10,000 pods would
+/// otherwise be 10 million selector checks a pass; `reconcile-bench` in BENCHMARKS.md).
+#[derive(Default)]
+pub struct NamespacePods {
+    /// Sorted by controller uid, orphans first.
+    pods: Vec<PodView>,
+    owners: std::collections::HashMap<String, std::ops::Range<usize>>,
+    orphans: std::ops::Range<usize>,
+}
+
+impl NamespacePods {
+    /// Groups `pods` (all of one namespace).
+    pub fn new(mut pods: Vec<PodView>) -> Self {
+        pods.sort_by(|a, b| a.controller_uid.cmp(&b.controller_uid));
+        let mut owners = std::collections::HashMap::new();
+        let mut orphans = 0..0;
+        let mut start = 0;
+        while start < pods.len() {
+            let owner = pods[start].controller_uid.clone();
+            let end = start
+                + pods[start..]
+                    .iter()
+                    .take_while(|p| p.controller_uid == owner)
+                    .count();
+            match owner {
+                Some(uid) => {
+                    owners.insert(uid, start..end);
+                }
+                None => orphans = start..end,
+            }
+            start = end;
+        }
+        Self {
+            pods,
+            owners,
+            orphans,
+        }
+    }
+
+    pub fn all(&self) -> &[PodView] {
+        &self.pods
+    }
+
+    /// The pods whose controlling owner has `uid`.
+    pub fn owned_by(&self, uid: &str) -> &[PodView] {
+        self.owners
+            .get(uid)
+            .map_or(&[], |range| &self.pods[range.clone()])
+    }
+
+    /// The pods without a controlling owner.
+    pub fn orphans(&self) -> &[PodView] {
+        &self.pods[self.orphans.clone()]
+    }
 }
 
 impl Snapshot {
@@ -87,14 +144,14 @@ impl Snapshot {
                 s.list("", "Pod", None),
             )
         });
-        let mut by_namespace: BTreeMap<String, Vec<PodView>> = BTreeMap::new();
-        for pod in &pods {
-            let view = PodView::new(pod, statuses.status_of(pod).as_ref());
-            by_namespace
-                .entry(view.namespace.clone())
-                .or_default()
-                .push(view);
-        }
+        let views = pods
+            .into_iter()
+            .map(|pod| {
+                let status = statuses.status_of(&pod);
+                PodView::from_object(pod, status.as_ref())
+            })
+            .collect();
+        let by_namespace = Self::group(views);
         Self {
             deployments,
             replica_sets,
@@ -104,8 +161,47 @@ impl Snapshot {
         }
     }
 
+    /// Pods by namespace, grouped by owner.
+    pub fn group(views: Vec<PodView>) -> BTreeMap<String, NamespacePods> {
+        let mut by_namespace: BTreeMap<String, Vec<PodView>> = BTreeMap::new();
+        for view in views {
+            by_namespace
+                .entry(view.namespace.clone())
+                .or_default()
+                .push(view);
+        }
+        by_namespace
+            .into_iter()
+            .map(|(namespace, pods)| (namespace, NamespacePods::new(pods)))
+            .collect()
+    }
+
     pub fn pods_in(&self, namespace: &str) -> &[PodView] {
-        self.pods.get(namespace).map_or(&[], Vec::as_slice)
+        self.pods.get(namespace).map_or(&[], NamespacePods::all)
+    }
+
+    /// The pods a controller with `uid` in `namespace` controls.
+    pub fn owned_by(&self, namespace: &str, uid: &str) -> &[PodView] {
+        self.pods
+            .get(namespace)
+            .map_or(&[], |pods| pods.owned_by(uid))
+    }
+
+    /// What a ReplicaSet's reconcile reads: the pods it controls, then its namespace's orphans
+    /// (those it may adopt).
+    pub fn replica_set_candidates<'a>(
+        &'a self,
+        rs: &Value,
+    ) -> impl Iterator<Item = &'a PodView> + use<'a> {
+        let namespace = namespace_of(rs);
+        self.owned_by(namespace, uid_of(rs))
+            .iter()
+            .chain(self.orphans_in(namespace))
+    }
+
+    /// The pods of `namespace` without a controlling owner.
+    pub fn orphans_in(&self, namespace: &str) -> &[PodView] {
+        self.pods.get(namespace).map_or(&[], NamespacePods::orphans)
     }
 
     pub fn jobs_in(&self, namespace: &str) -> Vec<Value> {
@@ -214,7 +310,7 @@ impl Controllers {
         for rs in snapshot.replica_sets.iter().filter(|r| self.owns(r, &live)) {
             actions.extend(replica_set::reconcile(
                 rs,
-                snapshot.pods_in(namespace_of(rs)),
+                snapshot.replica_set_candidates(rs),
                 &mut random,
             ));
         }
@@ -222,7 +318,7 @@ impl Controllers {
         for job in snapshot.jobs.iter().filter(|j| self.owns(j, &live)) {
             actions.extend(job::reconcile(
                 job,
-                snapshot.pods_in(namespace_of(job)),
+                snapshot.owned_by(namespace_of(job), uid_of(job)),
                 now,
                 &mut random,
             ));
@@ -449,4 +545,47 @@ fn describe(object: &Value) -> String {
         namespace_of(object),
         object["metadata"]["name"].as_str().unwrap_or("?")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(name: &str, namespace: &str, owner: Option<&str>) -> PodView {
+        let mut meta = serde_json::json!({"name": name, "namespace": namespace, "uid": name});
+        if let Some(uid) = owner {
+            meta["ownerReferences"] = serde_json::json!([{"uid": uid, "controller": true}]);
+        }
+        PodView::new(&serde_json::json!({"metadata": meta}), None)
+    }
+
+    #[test]
+    fn pods_are_grouped_by_namespace_and_owner() {
+        let snapshot = Snapshot {
+            deployments: vec![],
+            replica_sets: vec![],
+            jobs: vec![],
+            cron_jobs: vec![],
+            pods: Snapshot::group(vec![
+                view("a", "default", Some("rs1")),
+                view("b", "default", None),
+                view("c", "default", Some("rs2")),
+                view("d", "default", Some("rs1")),
+                view("e", "other", Some("rs1")),
+            ]),
+        };
+        let names = |pods: &[PodView]| pods.iter().map(|p| p.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(snapshot.owned_by("default", "rs1")), ["a", "d"]);
+        assert_eq!(names(snapshot.owned_by("other", "rs1")), ["e"]);
+        assert_eq!(names(snapshot.orphans_in("default")), ["b"]);
+        assert!(snapshot.owned_by("default", "nobody").is_empty());
+        assert!(snapshot.orphans_in("other").is_empty());
+        assert_eq!(snapshot.pods_in("default").len(), 4);
+        let rs = serde_json::json!({"metadata": {"namespace": "default", "uid": "rs2"}});
+        let candidates: Vec<&str> = snapshot
+            .replica_set_candidates(&rs)
+            .map(|p| p.name.as_str())
+            .collect();
+        assert_eq!(candidates, ["c", "b"]);
+    }
 }

@@ -36,9 +36,14 @@ pub fn owned<'a>(rs: &Value, pods: &'a [PodView]) -> Vec<&'a PodView> {
         .collect()
 }
 
-/// What `rs` needs done, given every pod of its namespace. `random` yields the entropy of
-/// new pods' names.
-pub fn reconcile(rs: &Value, pods: &[PodView], random: &mut dyn FnMut() -> u64) -> Vec<Action> {
+/// What `rs` needs done, given the pods it may own: at least those it controls and the orphans
+/// of its namespace (others' pods are ignored, so every pod of the namespace may be given).
+/// `random` yields the entropy of new pods' names.
+pub fn reconcile<'a>(
+    rs: &Value,
+    pods: impl IntoIterator<Item = &'a PodView>,
+    random: &mut dyn FnMut() -> u64,
+) -> Vec<Action> {
     let mut actions = Vec::new();
     if !rs["metadata"]["deletionTimestamp"].is_null() {
         return actions;
@@ -47,7 +52,7 @@ pub fn reconcile(rs: &Value, pods: &[PodView], random: &mut dyn FnMut() -> u64) 
     let uid = rs["metadata"]["uid"].as_str().unwrap_or_default();
     let namespace = rs["metadata"]["namespace"].as_str().unwrap_or("default");
     let mut mine: Vec<&PodView> = Vec::new();
-    for pod in pods.iter().filter(|p| p.namespace == namespace) {
+    for pod in pods.into_iter().filter(|p| p.namespace == namespace) {
         let matching = selects(&selector, &pod.labels);
         match pod.controller_uid.as_deref() {
             Some(owner) if owner == uid => {

@@ -38,6 +38,11 @@ pub struct PodView {
 impl PodView {
     /// A pod from its stored object and the status its node gossips (if any).
     pub fn new(object: &Value, status: Option<&Value>) -> Self {
+        Self::from_object(object.clone(), status)
+    }
+
+    /// Like [`PodView::new`], keeping `object` (no copy of it).
+    pub fn from_object(object: Value, status: Option<&Value>) -> Self {
         let meta = &object["metadata"];
         let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
         let phase = match status.and_then(|s| s["phase"].as_str()) {
@@ -56,15 +61,15 @@ impl PodView {
             name: text(&meta["name"]),
             uid: text(&meta["uid"]),
             labels: string_map(&meta["labels"]),
-            controller_uid: controller_of(object),
+            controller_uid: controller_of(&object),
             node: object["spec"]["nodeName"]
                 .as_str()
                 .filter(|n| !n.is_empty())
                 .map(str::to_owned),
             phase,
             ready,
-            created_ms: created_ms(object),
-            object: object.clone(),
+            created_ms: created_ms(&object),
+            object,
         }
     }
 
@@ -203,6 +208,37 @@ pub fn template_hash(template: &Value) -> String {
         u64::from_le_bytes(digest[..8].try_into().expect("8 bytes")),
         10,
     )
+}
+
+/// Reading the actions a reconcile returned, for the controllers' table tests.
+#[cfg(test)]
+pub mod testing {
+    use super::Action;
+    use serde_json::Value;
+
+    /// The objects `actions` create.
+    pub fn created(actions: &[Action]) -> Vec<&Value> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Create(object) => Some(object),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The names of the objects `actions` delete (of `only` that kind, if given).
+    pub fn deleted<'a>(actions: &'a [Action], only: Option<&str>) -> Vec<&'a str> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Delete { kind, name, .. } if only.is_none_or(|k| k == *kind) => {
+                    Some(name.as_str())
+                }
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]
