@@ -227,6 +227,10 @@ fn namespace_of(object: &Value) -> &str {
         .unwrap_or("default")
 }
 
+fn name_of(object: &Value) -> &str {
+    object["metadata"]["name"].as_str().unwrap_or_default()
+}
+
 fn uid_of(object: &Value) -> &str {
     object["metadata"]["uid"].as_str().unwrap_or_default()
 }
@@ -375,33 +379,49 @@ impl Controllers {
         if !self.owns(service, live) {
             return;
         }
-        let namespace = namespace_of(service).to_owned();
-        let Some(info) = kind::lookup("v1", "Service") else {
+        let Some(key) = key_of(
+            "Service",
+            namespace_of(service),
+            service["metadata"]["name"].as_str().unwrap_or(""),
+        ) else {
             return;
         };
-        let key = ObjectKey::new(
-            info,
-            &namespace,
-            service["metadata"]["name"].as_str().unwrap_or(""),
-        );
+        self.write_over(key, uid_of(service), what, |current| {
+            if current["spec"][field] != service["spec"][field] {
+                return false;
+            }
+            change(&mut current["spec"]);
+            true
+        })
+        .await;
+    }
+
+    /// Lays `change` over `key` as stored now (not as read for the decision, so a binding or a
+    /// user's edit made since is kept) if it is still the incarnation `uid` and `change` agrees
+    /// (returns true), and writes it through the store API users write with.
+    async fn write_over(
+        &self,
+        key: ObjectKey,
+        uid: &str,
+        what: &str,
+        change: impl FnOnce(&mut Value) -> bool,
+    ) {
         let Some(mut current) = self.replication.read(|s| s.get(&key)) else {
             return;
         };
-        if current["metadata"]["uid"] != service["metadata"]["uid"]
-            || current["spec"][field] != service["spec"][field]
-        {
+        if current["metadata"]["uid"] != uid || !change(&mut current) {
             return;
         }
-        change(&mut current["spec"]);
         if let Some(meta) = current["metadata"].as_object_mut() {
+            meta.retain(|_, v| !v.is_null());
             meta.remove("resourceVersion");
         }
-        match shoal_state::validate(current, &namespace) {
+        match shoal_state::validate(current, &key.namespace) {
             Ok(valid) => match self.replication.write(valid, WriteMode::Update).await {
-                Ok(_) => info!(service = %key, "{what} assigned"),
-                Err(e) => debug!(service = %key, error = %e, "{what} not written"),
+                Ok(_) => info!(object = %key, "controller wrote {what}"),
+                Err(e) => debug!(object = %key, error = %e, "controller could not write {what}"),
             },
-            Err(e) => warn!(service = %key, error = %e, "service refused"),
+            Err(e) => warn!(object = %key, error = %e, "controller built an invalid {what}"),
         }
     }
 
@@ -422,48 +442,24 @@ impl Controllers {
                 }
             }
             Action::Update(object) => {
-                let what = describe(&object);
-                let namespace = namespace_of(&object).to_owned();
-                // Controllers change only owner references, annotations and replicas: those
-                // are laid over the object as stored now (not as read for the decision), so a
-                // binding or a user's edit made since is kept.
+                // Controllers change only owner references, annotations and replicas.
                 let Some(info) = object["apiVersion"]
                     .as_str()
                     .and_then(|v| kind::lookup(v, object["kind"].as_str().unwrap_or("")))
                 else {
                     return;
                 };
-                let key = ObjectKey::new(
-                    info,
-                    &namespace,
-                    object["metadata"]["name"].as_str().unwrap_or(""),
-                );
-                let Some(mut current) = self.replication.read(|s| s.get(&key)) else {
-                    return;
-                };
-                if current["metadata"]["uid"] != object["metadata"]["uid"] {
-                    return;
-                }
-                for field in ["ownerReferences", "annotations"] {
-                    current["metadata"][field] = object["metadata"][field].clone();
-                }
-                if !object["spec"]["replicas"].is_null() {
-                    current["spec"]["replicas"] = object["spec"]["replicas"].clone();
-                }
-                if let Some(meta) = current["metadata"].as_object_mut() {
-                    meta.retain(|_, v| !v.is_null());
-                    meta.remove("resourceVersion");
-                }
-                match shoal_state::validate(current, &namespace) {
-                    Ok(valid) => {
-                        if let Err(e) = self.replication.write(valid, WriteMode::Update).await {
-                            debug!(object = %what, error = %e, "controller update failed");
-                        }
+                let key = ObjectKey::new(info, namespace_of(&object), name_of(&object));
+                self.write_over(key, uid_of(&object), "an update", |current| {
+                    for field in ["ownerReferences", "annotations"] {
+                        current["metadata"][field] = object["metadata"][field].clone();
                     }
-                    Err(e) => {
-                        warn!(object = %what, error = %e, "controller built an invalid object")
+                    if !object["spec"]["replicas"].is_null() {
+                        current["spec"]["replicas"] = object["spec"]["replicas"].clone();
                     }
-                }
+                    true
+                })
+                .await;
             }
             Action::Delete {
                 kind: kind_name,
@@ -489,29 +485,16 @@ impl Controllers {
                 let Some(key) = key_of(kind_name, &namespace, &name) else {
                     return;
                 };
-                let Some(mut current) = self.replication.read(|s| s.get(&key)) else {
-                    return;
-                };
-                if current["metadata"]["uid"] != uid.as_str() {
-                    return;
-                }
-                if !current["metadata"]["annotations"].is_object() {
-                    current["metadata"]["annotations"] = serde_json::json!({});
-                }
-                let count = annotations.len();
-                for (k, v) in annotations {
-                    current["metadata"]["annotations"][k] = Value::String(v);
-                }
-                if let Some(meta) = current["metadata"].as_object_mut() {
-                    meta.remove("resourceVersion");
-                }
-                match shoal_state::validate(current, &namespace) {
-                    Ok(valid) => match self.replication.write(valid, WriteMode::Update).await {
-                        Ok(_) => info!(object = %key, count, "controller recorded"),
-                        Err(e) => debug!(object = %key, error = %e, "controller record failed"),
-                    },
-                    Err(e) => warn!(object = %key, error = %e, "controller record refused"),
-                }
+                self.write_over(key, &uid, "a record", |current| {
+                    if !current["metadata"]["annotations"].is_object() {
+                        current["metadata"]["annotations"] = serde_json::json!({});
+                    }
+                    for (k, v) in annotations {
+                        current["metadata"]["annotations"][k] = Value::String(v);
+                    }
+                    true
+                })
+                .await;
             }
         }
     }
