@@ -282,14 +282,15 @@ pub fn reconcile(
         });
     }
 
-    // Pods still running. One the ledger already counts (re-run elsewhere after its node
-    // died) is done: it goes.
+    // Pods still to finish. One the ledger already counts is done whatever its view says: if a
+    // node reports it running again (re-run elsewhere after its node died) it goes; one whose
+    // status is merely unknown for now (Pending: no node reports it) is left alone.
     let mut active: Vec<&PodView> = Vec::new();
     for pod in owned.iter().filter(|p| p.is_active()) {
-        if ledger.contains_key(&pod.uid) {
-            actions.push(Action::delete_pod(pod));
-        } else {
+        if !ledger.contains_key(&pod.uid) {
             active.push(pod);
+        } else if pod.phase == Phase::Running {
+            actions.push(Action::delete_pod(pod));
         }
     }
     let progress = progress(job, &ledger, now_ms);
@@ -646,7 +647,11 @@ mod tests {
         let j = job(json!({"completions": 2, "parallelism": 2}));
         let world = [pod("a", "Succeeded", None), pod("b", "Running", None)];
         let j = recorded(&j, &reconcile(&j, &world, T0 + 1_000, &mut counter()));
-        // a's node died: its status is gone (Pending, and the scheduler re-runs it elsewhere).
+        // a's status is unknown for a moment (no node reports it): it is neither active nor
+        // removed.
+        let world = [pod("a", "Pending", None), pod("b", "Running", None)];
+        assert!(reconcile(&j, &world, T0 + 1_500, &mut counter()).is_empty());
+        // a's node died and the scheduler re-ran it elsewhere: that run goes.
         let world = [pod("a", "Running", None), pod("b", "Running", None)];
         let a = reconcile(&j, &world, T0 + 2_000, &mut counter());
         assert_eq!(deletes(&a), ["a"], "the re-run of a counted pod goes");
