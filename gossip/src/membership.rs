@@ -229,10 +229,8 @@ impl Membership {
     pub async fn dynamic_values(&self, prefix: &str) -> Vec<(String, String, String)> {
         let chitchat = self.handle.chitchat();
         let chitchat = chitchat.lock().await;
-        let self_id = chitchat.self_chitchat_id().clone();
-        let newest = newest_generations(chitchat.live_nodes().chain(std::iter::once(&self_id)));
         let mut out = Vec::new();
-        for id in newest.into_values() {
+        for id in live_ids(&chitchat, &self.tracker) {
             let Some(state) = chitchat.node_state(id) else {
                 continue;
             };
@@ -251,13 +249,12 @@ impl Membership {
         let chitchat = self.handle.chitchat();
         let chitchat = chitchat.lock().await;
         let self_id = chitchat.self_chitchat_id().clone();
-        let newest = newest_generations(
-            chitchat
-                .live_nodes()
-                .filter(|id| id.node_id != self_id.node_id),
-        );
+        let newest: Vec<&ChitchatId> = live_ids(&chitchat, &self.tracker)
+            .into_iter()
+            .filter(|id| id.node_id != self_id.node_id)
+            .collect();
         newest
-            .into_values()
+            .into_iter()
             .filter_map(|id| {
                 let state = chitchat.node_state(id)?;
                 Some(PeerValue {
@@ -278,6 +275,21 @@ impl Membership {
             let _ = self.handle.termination_watcher().await;
         }
     }
+}
+
+/// The nodes shown live — `alive` or `suspect` by the member-state rule, this node included —
+/// newest generation of each id: what the data read from gossip (pod statuses, published
+/// values) is taken from, so it follows the same rule as the member list and does not blink
+/// out when chitchat's own verdict lags (its detector judges once per round).
+fn live_ids<'a>(
+    chitchat: &'a chitchat::Chitchat,
+    tracker: &Mutex<LivenessTracker<ChitchatId>>,
+) -> Vec<&'a ChitchatId> {
+    observe_states(chitchat, tracker, Instant::now())
+        .into_iter()
+        .filter(|(_, state)| matches!(state, MemberState::Alive | MemberState::Suspect))
+        .map(|(id, _)| id)
+        .collect()
 }
 
 /// The newest generation of each node id among `ids`, by node id: older generations are past
