@@ -15,9 +15,14 @@
 //!
 //! Merge is a join: commutative, associative and idempotent (property-tested below), so replicas
 //! that exchanged the same writes in any order, any number of times, hold identical states.
+//!
+//! The parts are the `crdts` crate's CvRDTs, merged through its `CvRDT` trait: each register is
+//! an `LWWReg` whose marker is the write's [`Stamp`], and `metadata.generation` is a grow-only
+//! counter of spec writes per node (a `VClock`, so it never goes down).
 
 use std::collections::BTreeMap;
 
+use crdts::{CmRDT, CvRDT, Dot, LWWReg, VClock};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -39,11 +44,28 @@ pub struct Stamp {
 /// A field path below the object root, e.g. `["spec", "replicas"]`.
 pub type FieldPath = Vec<String>;
 
-/// One last-writer-wins register; `None` records that the field was removed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Register {
-    pub stamp: Stamp,
-    pub value: Option<Value>,
+/// One last-writer-wins register: the value (`None` records that the field was removed) and the
+/// stamp of the write that set it as the marker.
+pub type Register = LWWReg<Option<Value>, Stamp>;
+
+fn register(marker: Stamp, val: Option<Value>) -> Register {
+    LWWReg { val, marker }
+}
+
+/// Joins `theirs` into `mine` through `LWWReg`'s `CvRDT` merge (the later stamp wins). Two
+/// values under one stamp (never written by a correct node: stamps are unique) would make the
+/// merge order-dependent, which `validate_merge` reports; they resolve by comparing the values,
+/// so every replica keeps the same one.
+fn merge_register(mine: &mut Register, theirs: &Register) {
+    match mine.validate_merge(theirs) {
+        Ok(()) => mine.merge(theirs.clone()),
+        Err(_) => {
+            let text = |r: &Register| serde_json::to_string(&r.val).unwrap_or_default();
+            if text(theirs) > text(mine) {
+                *mine = theirs.clone();
+            }
+        }
+    }
 }
 
 /// The replicated state of one object key.
@@ -53,9 +75,46 @@ pub struct ObjectState {
     pub uid: String,
     /// When (and by whom) this incarnation was created.
     pub created: Stamp,
+    #[serde(with = "registers")]
     pub fields: BTreeMap<FieldPath, Register>,
     /// Set once the incarnation is deleted; never unset.
     pub deleted: Option<Stamp>,
+    /// Writes that changed `spec`, counted per writing node; `metadata.generation` is their sum
+    /// (see [`ObjectState::generation`]). Empty in states stored before it existed.
+    #[serde(default)]
+    pub spec_writes: VClock<NodeId>,
+}
+
+/// Registers are stored and sent as `(stamp, value)` pairs: the layout of the register type
+/// before it was `crdts::LWWReg`, so stores written by earlier versions read unchanged.
+mod registers {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+    use serde_json::Value;
+
+    use super::{FieldPath, Register, Stamp};
+
+    pub fn serialize<S: Serializer>(
+        fields: &BTreeMap<FieldPath, Register>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(fields.iter().map(|(path, r)| (path, (&r.marker, &r.val))))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<BTreeMap<FieldPath, Register>, D::Error> {
+        let pairs = BTreeMap::<FieldPath, (Stamp, Option<Value>)>::deserialize(deserializer)?;
+        Ok(pairs
+            .into_iter()
+            .map(|(path, (marker, val))| (path, super::register(marker, val)))
+            .collect())
+    }
+}
+
+fn is_spec(path: &[String]) -> bool {
+    path.first().is_some_and(|f| f == "spec")
 }
 
 /// Depth at which a path stops being split into children.
@@ -139,37 +198,21 @@ fn remove_path(root: &mut Value, path: &[String]) {
 
 /// Deterministic tie-break between two registers with equal stamps (only a buggy or hostile peer
 /// produces those): the larger JSON text wins.
-fn wins_over(new: &Register, old: &Register) -> bool {
-    match new.stamp.cmp(&old.stamp) {
-        std::cmp::Ordering::Greater => true,
-        std::cmp::Ordering::Less => false,
-        std::cmp::Ordering::Equal => {
-            let text = |r: &Register| serde_json::to_string(&r.value).unwrap_or_default();
-            text(new) > text(old)
-        }
-    }
-}
-
 impl ObjectState {
     /// A new incarnation holding `body`.
     pub fn create(uid: String, stamp: Stamp, body: &Value) -> Self {
         let fields = flatten(body)
             .into_iter()
-            .map(|(path, value)| {
-                (
-                    path,
-                    Register {
-                        stamp,
-                        value: Some(value),
-                    },
-                )
-            })
+            .map(|(path, value)| (path, register(stamp, Some(value))))
             .collect();
+        let mut spec_writes = VClock::new();
+        spec_writes.apply(spec_writes.inc(stamp.node));
         Self {
             uid,
             created: stamp,
             fields,
             deleted: None,
+            spec_writes,
         }
     }
 
@@ -182,25 +225,30 @@ impl ObjectState {
     pub fn update(&mut self, stamp: Stamp, body: &Value) -> bool {
         let current = flatten(&self.render());
         let new = flatten(body);
-        let mut changed = false;
+        let generation = self.generation();
+        let mut changed: Vec<(FieldPath, Option<Value>)> = Vec::new();
         for (path, value) in &new {
             if current.get(path) != Some(value) {
-                self.fields.insert(
-                    path.clone(),
-                    Register {
-                        stamp,
-                        value: Some(value.clone()),
-                    },
-                );
-                changed = true;
+                changed.push((path.clone(), Some(value.clone())));
             }
         }
         for path in current.keys().filter(|p| !new.contains_key(*p)) {
-            self.fields
-                .insert(path.clone(), Register { stamp, value: None });
-            changed = true;
+            changed.push((path.clone(), None));
         }
-        changed
+        if changed.iter().any(|(p, _)| is_spec(p)) {
+            if self.spec_writes.is_empty() {
+                // Stored before spec writes were counted: carry the old count over, credited to
+                // the creator (every node computes the same from the same state).
+                self.spec_writes
+                    .apply(Dot::new(self.created.node, generation));
+            }
+            self.spec_writes.apply(self.spec_writes.inc(stamp.node));
+        }
+        let any = !changed.is_empty();
+        for (path, value) in changed {
+            self.fields.insert(path, register(stamp, value));
+        }
+        any
     }
 
     /// Tombstones this incarnation.
@@ -218,15 +266,16 @@ impl ObjectState {
             return;
         }
         for (path, theirs) in &other.fields {
-            match self.fields.get(path) {
-                Some(mine) if !wins_over(theirs, mine) => {}
-                _ => {
+            match self.fields.get_mut(path) {
+                Some(mine) => merge_register(mine, theirs),
+                None => {
                     self.fields.insert(path.clone(), theirs.clone());
                 }
             }
         }
         self.created = self.created.max(other.created);
         self.deleted = self.deleted.max(other.deleted);
+        self.spec_writes.merge(other.spec_writes.clone());
     }
 
     /// The object body (without server-owned metadata): registers applied in stamp order, so
@@ -234,10 +283,10 @@ impl ObjectState {
     /// resolve the same way everywhere.
     pub fn render(&self) -> Value {
         let mut ordered: Vec<(&FieldPath, &Register)> = self.fields.iter().collect();
-        ordered.sort_by(|a, b| a.1.stamp.cmp(&b.1.stamp).then_with(|| a.0.cmp(b.0)));
+        ordered.sort_by(|a, b| a.1.marker.cmp(&b.1.marker).then_with(|| a.0.cmp(b.0)));
         let mut root = Value::Object(Map::new());
         for (path, register) in ordered {
-            match &register.value {
+            match &register.val {
                 Some(value) => set_path(&mut root, path, value.clone()),
                 None => remove_path(&mut root, path),
             }
@@ -245,13 +294,27 @@ impl ObjectState {
         root
     }
 
-    /// `metadata.generation`: the number of distinct writes that touched `spec`.
+    /// `metadata.generation`: the number of writes that changed `spec` (the create counts as
+    /// one), summed over the writing nodes. It never goes down: merges take each node's larger
+    /// count. Concurrent writes on both sides of a partition both count.
     pub fn generation(&self) -> u64 {
+        if self.spec_writes.is_empty() {
+            return self.legacy_generation();
+        }
+        self.spec_writes
+            .iter()
+            .fold(0u64, |sum, dot| sum.saturating_add(dot.counter))
+            .max(1)
+    }
+
+    /// The count before spec writes were counted: distinct stamps among the spec registers
+    /// (it could go down when one write overwrote the fields of several).
+    fn legacy_generation(&self) -> u64 {
         let mut stamps: Vec<Stamp> = self
             .fields
             .iter()
-            .filter(|(p, _)| p.first().is_some_and(|f| f == "spec"))
-            .map(|(_, r)| r.stamp)
+            .filter(|(p, _)| is_spec(p))
+            .map(|(_, r)| r.marker)
             .collect();
         stamps.sort();
         stamps.dedup();
@@ -262,7 +325,7 @@ impl ObjectState {
     pub fn max_stamp(&self) -> Stamp {
         self.fields
             .values()
-            .map(|r| r.stamp)
+            .map(|r| r.marker)
             .chain([self.created])
             .chain(self.deleted)
             .max()
@@ -415,6 +478,87 @@ mod tests {
         );
     }
 
+    /// One write replacing the fields of several earlier ones used to lower the generation (it
+    /// counted the distinct stamps that survive); kubectl rollout status then saw an
+    /// observedGeneration "ahead" of the object.
+    #[test]
+    fn generation_never_goes_down_when_one_write_overwrites_several() {
+        let mut s = ObjectState::create("u".into(), stamp(1, 1), &deployment(2, "nginx"));
+        s.update(stamp(2, 1), &deployment(3, "nginx"));
+        s.update(stamp(3, 2), &deployment(3, "redis"));
+        assert_eq!(s.generation(), 3);
+        s.update(stamp(4, 1), &deployment(4, "httpd"));
+        assert_eq!(s.generation(), 4, "was 1: one stamp left on spec");
+    }
+
+    #[test]
+    fn concurrent_spec_writes_on_both_sides_both_count() {
+        let base = ObjectState::create("u".into(), stamp(1, 1), &deployment(2, "nginx"));
+        let (mut a, mut b) = (base.clone(), base.clone());
+        a.update(stamp(2, 1), &deployment(3, "nginx"));
+        b.update(stamp(2, 2), &deployment(2, "redis"));
+        a.merge(&b);
+        assert_eq!(a.generation(), 3);
+    }
+
+    /// A state stored before spec writes were counted (no `spec_writes`) keeps its generation,
+    /// and the next spec write counts on from it, the same on every node.
+    #[test]
+    fn a_state_stored_before_the_counter_keeps_counting_from_its_old_generation() {
+        let mut s = ObjectState::create("u".into(), stamp(1, 1), &deployment(2, "nginx"));
+        s.update(stamp(2, 1), &deployment(3, "nginx"));
+        s.update(stamp(3, 1), &deployment(3, "redis"));
+        s.spec_writes = VClock::new();
+        assert_eq!(s.generation(), 2, "distinct stamps left on spec, as before");
+        let (mut a, mut b) = (s.clone(), s.clone());
+        a.update(stamp(4, 1), &deployment(4, "redis"));
+        b.update(stamp(4, 2), &deployment(3, "httpd"));
+        assert_eq!((a.generation(), b.generation()), (3, 3));
+        a.merge(&b);
+        assert_eq!(a.generation(), 4);
+    }
+
+    /// The stored layout of registers is the one before `LWWReg`: (stamp, value) pairs.
+    #[test]
+    fn registers_keep_their_stored_layout() {
+        #[derive(Serialize)]
+        struct OldRegister {
+            stamp: Stamp,
+            value: Option<Value>,
+        }
+        #[derive(Serialize)]
+        struct OldState {
+            uid: String,
+            created: Stamp,
+            fields: BTreeMap<FieldPath, OldRegister>,
+            deleted: Option<Stamp>,
+        }
+        let old = OldState {
+            uid: "u".into(),
+            created: stamp(1, 1),
+            fields: [(
+                vec!["spec".to_owned(), "replicas".to_owned()],
+                OldRegister {
+                    stamp: stamp(1, 1),
+                    value: Some(json!(3)),
+                },
+            )]
+            .into(),
+            deleted: None,
+        };
+        let bytes = rmp_serde::to_vec(&old).unwrap();
+        let state: ObjectState = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(state.render(), json!({"spec": {"replicas": 3}}));
+        assert_eq!(state.generation(), 1);
+        assert!(state.spec_writes.is_empty());
+        let again = rmp_serde::to_vec(&state).unwrap();
+        assert_eq!(
+            &again[1..bytes.len()],
+            &bytes[1..],
+            "same layout, one field more"
+        );
+    }
+
     // ------------------------------------------------------------ merge laws
 
     #[derive(Debug, Clone)]
@@ -486,6 +630,34 @@ mod tests {
             prop_assert_eq!(merged(&merged(a, b), c), merged(a, &merged(b, c)));
             prop_assert_eq!(merged(a, a), a.clone());
             prop_assert_eq!(merged(&merged(a, b), b), merged(a, b));
+        }
+
+        /// Within one incarnation, no update or merge lowers the generation, and every update
+        /// that changes the spec raises it.
+        #[test]
+        fn generation_is_monotonic_within_an_incarnation(ops in proptest::collection::vec((0usize..4, op()), 0..40)) {
+            let base = ObjectState::create("u0".into(), stamp(1, 0), &body(1, None));
+            let mut replicas = vec![base; 4];
+            for (t, (i, op)) in ops.iter().enumerate() {
+                let before = (replicas[*i].uid.clone(), replicas[*i].generation());
+                let spec_before = replicas[*i].render()["spec"].clone();
+                let s = stamp(10 + t as u64, *i as u64);
+                match op {
+                    Op::Update { replicas: r, label } => { replicas[*i].update(s, &body(*r, *label)); }
+                    Op::Delete => replicas[*i].delete(s),
+                    Op::Recreate => if replicas[*i].is_deleted() {
+                        replicas[*i] = ObjectState::create(format!("u{t}"), s, &body(0, None));
+                    },
+                    Op::MergeFrom(j) => { let other = replicas[*j].clone(); replicas[*i].merge(&other); }
+                }
+                let after = replicas[*i].generation();
+                if replicas[*i].uid == before.0 {
+                    prop_assert!(after >= before.1, "{op:?}: {} -> {after}", before.1);
+                    if matches!(op, Op::Update { .. }) && replicas[*i].render()["spec"] != spec_before {
+                        prop_assert!(after > before.1, "{op:?}: spec changed, generation stayed {after}");
+                    }
+                }
+            }
         }
 
         #[test]
