@@ -101,7 +101,9 @@ image() {
   printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[{"mediaType":"%s","digest":"sha256:%s","size":%s,"annotations":{"org.opencontainers.image.ref.name":"%s:%s"},"platform":{"architecture":"%s","os":"linux"}}]}' \
     "$MANIFEST" "$md" "$ms" "$name" "$tag" "$arch" > "$lay/index.json"
   local file="$out/$(basename "$name")-$tag.oci.tar"
-  tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$lay" -cf "$file" oci-layout index.json blobs
+  # Written aside and renamed: tests running at once may be reading the previous archive.
+  tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$lay" -cf "$file.$$" oci-layout index.json blobs
+  mv -f "$file.$$" "$file"
   echo "$file  $name:$tag  sha256:$md"
 
   # docker save: uncompressed layer tars under <diff>/layer.tar, config <hex>.json, manifest.json.
@@ -116,7 +118,8 @@ image() {
     done
     printf '[{"Config":"%s.json","RepoTags":["%s:%s"],"Layers":[%s]}]' "$cd" "$name" "$tag" "$paths" > "$dk/manifest.json"
     local dfile="$out/$(basename "$name")-$tag.docker.tar"
-    tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$dk" -cf "$dfile" .
+    tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$dk" -cf "$dfile.$$" .
+    mv -f "$dfile.$$" "$dfile"
     echo "$dfile  $name:$tag (docker save)"
   fi
 }
