@@ -156,6 +156,15 @@ pub struct StoreInfo {
     /// Sync payload bytes this node sent and received (pushes and anti-entropy).
     pub sync_bytes_sent: u64,
     pub sync_bytes_received: u64,
+    /// Peers' entries this node refused (clock too far ahead, unknown kind), pushed or pulled.
+    #[serde(default)]
+    pub entries_refused: u64,
+    /// Pushes of this node's writes that peers refused (not counted toward the write quorum).
+    #[serde(default)]
+    pub pushes_refused: u64,
+    /// Nodes that must hold a write before this node acknowledges it.
+    #[serde(default)]
+    pub write_quorum: usize,
 }
 
 /// An error of the control API, with the field it is about when there is one.
@@ -213,6 +222,12 @@ impl From<WriteError> for Failure {
             e @ WriteError::NotDurable { .. } => failure(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "NotDurable",
+                e.to_string(),
+                None,
+            ),
+            e @ WriteError::Unavailable { .. } => failure(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Unavailable",
                 e.to_string(),
                 None,
             ),
@@ -338,7 +353,14 @@ async fn delete_handler(
 }
 
 async fn store_handler(State(state): State<ControlState>) -> Json<StoreInfo> {
-    let (sync_bytes_sent, sync_bytes_received) = state.replication.traffic();
+    let traffic = state.replication.traffic();
+    let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
+    let (sync_bytes_sent, sync_bytes_received) = (load(&traffic.sent), load(&traffic.received));
+    let (entries_refused, pushes_refused) = (
+        load(&traffic.entries_refused),
+        load(&traffic.pushes_refused),
+    );
+    let write_quorum = state.replication.quorum_needed();
     Json(state.replication.read(|s| StoreInfo {
         digest: s.root_digest(),
         resource_version: s.resource_version(),
@@ -346,6 +368,9 @@ async fn store_handler(State(state): State<ControlState>) -> Json<StoreInfo> {
         entries: s.entry_count(),
         sync_bytes_sent,
         sync_bytes_received,
+        entries_refused,
+        pushes_refused,
+        write_quorum,
     }))
 }
 

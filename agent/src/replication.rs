@@ -1,10 +1,19 @@
 //! Replication of the desired-state store between agents, over the node endpoint's sync channel.
 //!
 //! - Write path: validate → commit locally (fsync) → push the new state to every live peer at
-//!   once → acknowledge when `min(write_quorum, live nodes)` nodes (this one included) hold it
-//!   durably. Peers that missed the push get it by anti-entropy.
+//!   once → acknowledge when [`Replication::quorum_needed`] nodes (this one included) hold it
+//!   durably: `write_quorum`, capped only by the most members this node has ever known (a
+//!   single-node cluster acknowledges alone; a node cut off from its peers answers 503 instead,
+//!   writing nothing when it sees too few peers to try).
+//!   A write that changes nothing (a retry after a 503) is pushed again and acknowledged only at
+//!   quorum, like a retried delete of a tombstone. Peers that missed a push get it by
+//!   anti-entropy.
+//! - Changes reach watchers in commit order: they are published while the store lock that
+//!   committed them is held.
 //! - Anti-entropy: every node gossips its store's root digest; a node whose digest differs from
 //!   a live peer's runs a [`SyncSession`] with it (bucket hashes, then only differing buckets).
+//!   About once a minute the store forgets tombstones older than the horizon; the sync protocol
+//!   keeps a node that was away from bringing them back (`shoal_state::sync`).
 //!
 //! The protocol logic lives in `shoal_state::sync`; this module only moves bytes and time.
 
@@ -26,8 +35,11 @@ use tracing::{debug, info, warn};
 #[derive(Debug, Clone)]
 pub struct ReplicationConfig {
     /// Nodes (this one included) that must hold a write durably before it is acknowledged,
-    /// capped by the number of live nodes. Default 2.
+    /// capped by the most members this node has ever known at once. Default 2.
     pub write_quorum: usize,
+    /// The cluster size assumed before any peer is known: 2 for a node started with `--join`
+    /// (a node joining a cluster, even with a wiped data dir, never acknowledges alone), else 1.
+    pub expected_members: usize,
     /// How long a write waits for its quorum. Default 5 s.
     pub push_timeout: Duration,
     /// Period of digest publication and anti-entropy. Default 1 s.
@@ -38,6 +50,7 @@ impl Default for ReplicationConfig {
     fn default() -> Self {
         Self {
             write_quorum: 2,
+            expected_members: 1,
             push_timeout: Duration::from_secs(5),
             anti_entropy_interval: Duration::from_secs(1),
         }
@@ -49,13 +62,18 @@ pub enum WriteError {
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(
-        "the write is stored on this node but only {acked} of the {needed} nodes required by the write quorum confirmed it within {timeout:?}; retry (writes are idempotent)"
+        "the write is stored on this node but only {acked} of the {needed} nodes required by the write quorum {why}; retry (writes are idempotent; it is replicated when peers are reachable)"
     )]
     NotDurable {
         acked: usize,
         needed: usize,
-        timeout: Duration,
+        /// "confirmed it within 5s", or "are reachable" when too few peers are alive to try.
+        why: String,
     },
+    #[error(
+        "only {reachable} of the {needed} nodes required by the write quorum are reachable from this node; nothing was written (retry when peers are back)"
+    )]
+    Unavailable { reachable: usize, needed: usize },
 }
 
 /// The store, shared by the API and replication.
@@ -64,8 +82,11 @@ pub struct Replication {
     endpoint: PeerEndpoint,
     membership: Arc<Membership>,
     config: ReplicationConfig,
-    traffic: SyncTraffic,
+    traffic: Arc<SyncTraffic>,
     changes: tokio::sync::broadcast::Sender<Change>,
+    /// Keys whose refusal from a peer was already logged at warn level (anti-entropy pulls a
+    /// refused entry again every round until its cause goes).
+    refusals_logged: Mutex<std::collections::HashSet<String>>,
 }
 
 /// Bytes of sync payloads this node sent and received (pushes and anti-entropy, both roles).
@@ -73,6 +94,10 @@ pub struct Replication {
 pub struct SyncTraffic {
     pub sent: AtomicU64,
     pub received: AtomicU64,
+    /// Peers' entries this node refused (pushed or pulled).
+    pub entries_refused: AtomicU64,
+    /// Pushes of this node's writes that a peer refused (not counted toward the quorum).
+    pub pushes_refused: AtomicU64,
 }
 
 impl SyncTraffic {
@@ -100,8 +125,9 @@ impl Replication {
             endpoint,
             membership,
             config,
-            traffic: SyncTraffic::default(),
+            traffic: Arc::default(),
             changes: tokio::sync::broadcast::channel(1024).0,
+            refusals_logged: Mutex::new(Default::default()),
         })
     }
 
@@ -113,12 +139,9 @@ impl Replication {
         Ok(())
     }
 
-    /// Sync payload bytes sent and received so far.
-    pub fn traffic(&self) -> (u64, u64) {
-        (
-            self.traffic.sent.load(Ordering::Relaxed),
-            self.traffic.received.load(Ordering::Relaxed),
-        )
+    /// Sync traffic and refusals so far.
+    pub fn traffic(&self) -> &SyncTraffic {
+        &self.traffic
     }
 
     /// Every committed change from now on, local or replicated (for watches). A receiver that
@@ -127,6 +150,8 @@ impl Replication {
         self.changes.subscribe()
     }
 
+    /// Sends committed changes to watchers. Callers hold the store lock that committed them, so
+    /// watchers see changes in commit (resourceVersion) order.
     fn publish(&self, changes: impl IntoIterator<Item = Change>) {
         for change in changes {
             let _ = self.changes.send(change);
@@ -146,61 +171,119 @@ impl Replication {
         mode: WriteMode,
     ) -> Result<(Value, bool), WriteError> {
         let peers = self.live_peers().await;
-        let (written, acks) = {
+        self.check_reachable(peers.len())?;
+        let (written, acks) = on_disk(|| -> Result<_, WriteError> {
             let mut store = self.store.lock().unwrap();
-            match store.stage(object, mode)? {
-                Staged::Unchanged(written) => return Ok((written.object, false)),
+            let (written, acks) = match store.stage(object, mode)? {
+                // Nothing changes here, but the state may be an earlier write of the same
+                // content that missed its quorum (a client retrying after 503): it is pushed
+                // again and acknowledged only at quorum, never on this node's copy alone.
+                Staged::Unchanged(written) => {
+                    let acks = self.push(written.entry.clone(), &store, &peers);
+                    (written, acks)
+                }
                 Staged::Changed(entry) => {
-                    let acks = self.push(entry.clone(), &peers);
+                    let acks = self.push(entry.clone(), &store, &peers);
                     (store.commit_staged(entry)?, acks)
                 }
-            }
-        };
+            };
+            self.publish(written.change.clone());
+            Ok((written, acks))
+        })?;
         let created = written
             .change
             .as_ref()
             .is_some_and(|c| c.event == shoal_state::EventType::Added);
-        self.publish(written.change.clone());
         self.await_quorum(acks, peers.len()).await?;
         Ok((written.object, created))
     }
 
-    /// Deletes an object and waits for the write quorum.
+    /// Deletes an object and waits for the write quorum. Deleting an object already deleted
+    /// here (a retry after 503) pushes its tombstone again and answers "not found" only once
+    /// the quorum holds the delete.
     pub async fn delete(&self, key: &ObjectKey, uid: Option<&str>) -> Result<Value, WriteError> {
         let peers = self.live_peers().await;
-        let written = {
+        self.check_reachable(peers.len())?;
+        let (result, acks) = on_disk(|| {
             let mut store = self.store.lock().unwrap();
-            store.delete(key, uid)?
-        };
-        let acks = self.push(written.entry.clone(), &peers);
-        self.publish(written.change.clone());
+            match store.delete(key, uid) {
+                Ok(written) => {
+                    let acks = self.push(written.entry.clone(), &store, &peers);
+                    self.publish(written.change.clone());
+                    Ok((Ok(written.object), acks))
+                }
+                Err(e @ StoreError::NotFound { .. }) => match store.tombstone(key) {
+                    Some(tombstone) => Ok((Err(e), self.push(tombstone, &store, &peers))),
+                    None => Err(e),
+                },
+                Err(e) => Err(e),
+            }
+        })?;
         self.await_quorum(acks, peers.len()).await?;
-        Ok(written.object)
+        Ok(result?)
     }
 
-    /// Live peers' addresses.
+    /// Live peers' addresses. Also records the cluster's size (see [`Store::note_members`]).
     async fn live_peers(&self) -> Vec<SocketAddr> {
-        self.membership
-            .members()
-            .await
+        let members = self.membership.members().await;
+        self.note_members(members.len());
+        members
             .into_iter()
             .filter(|m| !m.is_self && m.state == MemberState::Alive)
             .map(|m| m.gossip_addr)
             .collect()
     }
 
+    /// Refuses a write up front when fewer nodes than the quorum are reachable: it could not be
+    /// acknowledged, and kept on this node alone it would diverge (a create here would start an
+    /// incarnation that, created later, replaces the one the reachable majority keeps writing).
+    fn check_reachable(&self, peers: usize) -> Result<(), WriteError> {
+        let needed = self.quorum_needed();
+        if peers + 1 < needed {
+            return Err(WriteError::Unavailable {
+                reachable: peers + 1,
+                needed,
+            });
+        }
+        Ok(())
+    }
+
+    fn note_members(&self, members: usize) {
+        if let Err(error) = on_disk(|| self.store.lock().unwrap().note_members(members as u64)) {
+            warn!(%error, "cannot record the cluster size");
+        }
+    }
+
+    /// Nodes, this one included, that must hold a write before it is acknowledged:
+    /// `write_quorum`, capped by the most members this node has known (persisted), never by
+    /// the members alive now.
+    pub fn quorum_needed(&self) -> usize {
+        let peak = self.read(|s| s.peak_members()) as usize;
+        quorum_needed(
+            self.config.write_quorum,
+            peak.max(self.config.expected_members),
+        )
+    }
+
     /// Starts pushing `entry` to `peers`; each push reports whether the peer made it durable.
-    fn push(&self, entry: WireEntry, peers: &[SocketAddr]) -> tokio::sync::mpsc::Receiver<bool> {
+    fn push(
+        &self,
+        entry: WireEntry,
+        store: &Store,
+        peers: &[SocketAddr],
+    ) -> tokio::sync::mpsc::Receiver<bool> {
         let (tx, rx) = tokio::sync::mpsc::channel(peers.len().max(1));
         let payload = Arc::new(
             SyncRequest::Push {
                 entries: vec![entry],
+                last_sync_ms: store.last_sync_ms(),
             }
             .encode(),
         );
         self.traffic.count(payload.len() * peers.len(), 0);
         for &peer in peers {
             let (endpoint, payload, tx) = (self.endpoint.clone(), payload.clone(), tx.clone());
+            let traffic = self.traffic.clone();
             let timeout = self.config.push_timeout;
             // Pushes run to completion even after the quorum is reached.
             tokio::spawn(async move {
@@ -211,7 +294,8 @@ impl Replication {
                     Ok(bytes) => match SyncResponse::decode(&bytes) {
                         Ok(SyncResponse::PushAck) => true,
                         Ok(other) => {
-                            warn!(%peer, response = ?other, "peer did not accept a pushed write");
+                            traffic.pushes_refused.fetch_add(1, Ordering::Relaxed);
+                            warn!(%peer, response = ?other, "peer refused a pushed write; not counted toward the quorum");
                             false
                         }
                         Err(error) => {
@@ -230,14 +314,22 @@ impl Replication {
         rx
     }
 
-    /// Waits until `min(write_quorum, peers + 1)` nodes, this one included, hold the write.
+    /// Waits until [`Self::quorum_needed`] nodes, this one included, hold the write; fails at
+    /// once when fewer peers than that are alive.
     async fn await_quorum(
         &self,
         mut acks: tokio::sync::mpsc::Receiver<bool>,
         peers: usize,
     ) -> Result<(), WriteError> {
-        let needed = self.config.write_quorum.min(peers + 1);
+        let needed = self.quorum_needed();
         let mut acked = 1; // this node: committed and fsync'd
+        if peers + 1 < needed {
+            return Err(WriteError::NotDurable {
+                acked: peers + 1,
+                needed,
+                why: "are reachable".into(),
+            });
+        }
         let deadline = tokio::time::Instant::now() + self.config.push_timeout;
         while acked < needed {
             match tokio::time::timeout_at(deadline, acks.recv()).await {
@@ -252,7 +344,7 @@ impl Replication {
             Err(WriteError::NotDurable {
                 acked,
                 needed,
-                timeout: self.config.push_timeout,
+                why: format!("confirmed it within {:?}", self.config.push_timeout),
             })
         }
     }
@@ -267,12 +359,11 @@ impl Replication {
                 let received = request.payload.len();
                 let response = match SyncRequest::decode(&request.payload) {
                     Ok(req) => {
-                        let (response, outcome) =
-                            sync::serve(&mut this.store.lock().unwrap(), req, now_ms());
-                        for rejected in &outcome.rejected {
-                            warn!(%peer, error = %rejected, "refused an entry from a peer");
-                        }
+                        let mut store = this.store.lock().unwrap();
+                        let (response, outcome) = sync::serve(&mut store, req, now_ms());
                         this.publish(outcome.changes);
+                        drop(store);
+                        this.report_refusals(peer, &outcome.rejected);
                         response
                     }
                     Err(error) => {
@@ -297,6 +388,15 @@ impl Replication {
         loop {
             ticker.tick().await;
             round += 1;
+            let members = self.membership.members().await.len();
+            self.note_members(members);
+            if round % TOMBSTONE_ROUNDS == 1 {
+                match on_disk(|| self.store.lock().unwrap().collect_tombstones(now_ms())) {
+                    Ok(0) => {}
+                    Ok(n) => info!(tombstones = n, "forgot tombstones older than the horizon"),
+                    Err(error) => warn!(%error, "cannot collect tombstones"),
+                }
+            }
             let ours = self.read(|s| s.root_digest());
             self.membership.publish(keys::STORE_DIGEST, &ours).await;
             let peers = self.membership.peer_values(keys::STORE_DIGEST).await;
@@ -310,7 +410,7 @@ impl Replication {
                 }
             }
             if in_sync && differing.is_empty() {
-                let _ = self.store.lock().unwrap().mark_synced(now_ms());
+                let _ = on_disk(|| self.store.lock().unwrap().mark_synced(now_ms()));
                 continue;
             }
             let Some(peer) = differing.get(round % differing.len().max(1)).copied() else {
@@ -324,10 +424,7 @@ impl Replication {
 
     /// One anti-entropy session with `peer`.
     pub async fn sync_with(&self, peer: SocketAddr) -> Result<(), String> {
-        let (mut session, mut request) = {
-            let store = self.store.lock().unwrap();
-            SyncSession::start(&store, now_ms())
-        };
+        let (mut session, mut request) = SyncSession::start();
         let timeout = Duration::from_secs(30);
         loop {
             let payload = request.encode();
@@ -338,12 +435,16 @@ impl Replication {
                 .map_err(|e| e.to_string())?;
             self.traffic.count(payload.len(), bytes.len());
             let response = SyncResponse::decode(&bytes).map_err(|e| e.to_string())?;
-            let step = {
+            let step = on_disk(|| {
                 let mut store = self.store.lock().unwrap();
-                session
+                let step = session
                     .on_response(&mut store, response, now_ms())
-                    .map_err(|e| e.to_string())?
-            };
+                    .map_err(|e| e.to_string())?;
+                if let Step::Done(changes) = &step {
+                    self.publish(changes.iter().cloned());
+                }
+                Ok::<_, String>(step)
+            })?;
             match step {
                 Step::Send(next) => request = next,
                 Step::Done(changes) => {
@@ -353,12 +454,56 @@ impl Replication {
                               "anti-entropy merged changes");
                     }
                     log_changes(&changes);
-                    self.publish(changes);
+                    if session.peer_behind {
+                        info!(%peer, "peer has not synced since deletes this node forgot; not merging from it until it resyncs");
+                    }
+                    self.report_refusals(peer, &session.rejected);
                     return Ok(());
                 }
             }
         }
     }
+}
+
+impl Replication {
+    /// Logs (at warn level once per key) and counts peers' entries this node refused.
+    fn report_refusals(&self, peer: SocketAddr, rejected: &[StoreError]) {
+        if rejected.is_empty() {
+            return;
+        }
+        self.traffic
+            .entries_refused
+            .fetch_add(rejected.len() as u64, Ordering::Relaxed);
+        let mut logged = self.refusals_logged.lock().unwrap();
+        for error in rejected {
+            let key = match error {
+                StoreError::Rejected { key, .. } => key.clone(),
+                other => other.to_string(),
+            };
+            if logged.len() < 10_000 && logged.insert(key) {
+                warn!(%peer, %error, "refused an entry from a peer");
+            } else {
+                debug!(%peer, %error, "refused an entry from a peer (again)");
+            }
+        }
+    }
+}
+
+/// Anti-entropy rounds between two tombstone collections (about a minute at the default 1 s).
+const TOMBSTONE_ROUNDS: usize = 60;
+
+/// Runs store work that may fsync. The async worker running it hands its other tasks (gossip,
+/// QUIC, the API) to another thread meanwhile, so they never wait behind the disk. Store work
+/// answering peers runs on the blocking pool instead (`serve`).
+fn on_disk<T>(work: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(work)
+}
+
+/// Nodes, the writer included, that must hold a write before it is acknowledged: the configured
+/// quorum, capped by the largest cluster this node has known (so a one-node cluster works), and
+/// at least one.
+pub fn quorum_needed(write_quorum: usize, peak_members: usize) -> usize {
+    write_quorum.min(peak_members).max(1)
 }
 
 fn log_changes(changes: &[Change]) {

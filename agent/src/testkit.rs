@@ -279,7 +279,6 @@ impl AgentProcess {
             .with_context(|| format!("kill({pid}, {signal})"))
     }
 
-    /// `kill -9` and reap.
     /// `shoal reset` on this agent's data dir (the agent must be stopped): stops and removes
     /// every container and pod sandbox it left.
     pub fn reset_node(&self) -> anyhow::Result<()> {
@@ -298,6 +297,7 @@ impl AgentProcess {
         Ok(())
     }
 
+    /// `kill -9` and reap.
     pub fn kill(&mut self) -> anyhow::Result<()> {
         if let Some(mut child) = self.child.take() {
             child.kill()?;

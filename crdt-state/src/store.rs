@@ -22,6 +22,8 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const META_SEQ: &str = "seq";
 const META_HLC: &str = "hlc";
 const META_LAST_SYNC_MS: &str = "last-sync-ms";
+const META_PEAK_MEMBERS: &str = "peak-members";
+const META_COLLECTED_THROUGH_MS: &str = "collected-through-ms";
 
 /// Tunables of a store.
 #[derive(Debug, Clone)]
@@ -31,8 +33,9 @@ pub struct StoreConfig {
     pub node: NodeId,
     /// Timestamps further ahead of our wall clock are refused (default 60 s).
     pub max_clock_drift: Duration,
-    /// Deleted objects are forgotten after this long (default 24 h). A node away for longer
-    /// must resync from peers instead of merging its old state (see [`Store::is_stale`]).
+    /// Deleted objects are forgotten after this long (default 24 h). A node that has not synced
+    /// since a delete a peer forgot resyncs from that peer instead of merging its old state (see
+    /// [`Store::behind`]).
     pub tombstone_horizon: Duration,
     /// Changes kept for watches; older resourceVersions get "too old" (default 1,000; the
     /// apiserver's watch cache keeps 100 per resource type).
@@ -150,6 +153,10 @@ pub struct Store {
     hlc: Hlc,
     seq: u64,
     last_sync_ms: u64,
+    /// The latest deletion time (HLC wall ms) of the tombstones this store has forgotten.
+    collected_through_ms: u64,
+    /// The most cluster members this node has known at once (see [`Store::peak_members`]).
+    peak_members: u64,
     entries: BTreeMap<ObjectKey, Entry>,
     digest: BucketDigest,
     changes: VecDeque<Change>,
@@ -214,6 +221,8 @@ impl Store {
         let seq = get(META_SEQ)?;
         let hlc_last = get(META_HLC)?;
         let last_sync_ms = get(META_LAST_SYNC_MS)?;
+        let peak_members = get(META_PEAK_MEMBERS)?;
+        let collected_through_ms = get(META_COLLECTED_THROUGH_MS)?;
         let table = read.open_table(OBJECTS).map_err(|e| storage(&e))?;
         let mut entries = BTreeMap::new();
         let mut digest = BucketDigest::default();
@@ -255,6 +264,8 @@ impl Store {
             hlc,
             seq,
             last_sync_ms,
+            collected_through_ms,
+            peak_members,
             entries,
             digest,
             changes: VecDeque::new(),
@@ -291,14 +302,27 @@ impl Store {
         self.entries.len()
     }
 
-    /// Whether this store was out of contact with peers for longer than the tombstone horizon:
-    /// its deletes may have been forgotten by peers, so it must adopt a peer's state instead of
-    /// merging its own (which could resurrect deleted objects).
-    pub fn is_stale(&self, now_ms: u64) -> bool {
-        !self.entries.is_empty()
-            && self.last_sync_ms > 0
-            && now_ms.saturating_sub(self.last_sync_ms)
-                > self.config.tombstone_horizon.as_millis() as u64
+    /// When this store last completed a sync with a peer (or saw equal digests), in wall ms;
+    /// 0 if never. Persisted at most once a minute, so it may lag by that much (which only makes
+    /// [`Store::behind`] more cautious).
+    pub fn last_sync_ms(&self) -> u64 {
+        self.last_sync_ms
+    }
+
+    /// The latest deletion time among the tombstones this store has forgotten (0: none).
+    pub fn collected_through_ms(&self) -> u64 {
+        self.collected_through_ms
+    }
+
+    /// Whether a store that last synced at `last_sync_ms` may hold objects that a store that
+    /// forgot tombstones through `collected_through_ms` deleted: it has not synced since (with
+    /// the clock-drift bound as a margin). Such a store must not be merged from as it is: it
+    /// resyncs first (`SyncSession` adopts the peer's state), keeping only what it wrote since.
+    pub fn behind(&self, last_sync_ms: u64, collected_through_ms: u64) -> bool {
+        collected_through_ms > 0
+            && last_sync_ms
+                < collected_through_ms
+                    .saturating_add(self.config.max_clock_drift.as_millis() as u64)
     }
 
     fn storage_err(&self, e: impl std::fmt::Display) -> StoreError {
@@ -676,9 +700,9 @@ impl Store {
         })
     }
 
-    /// Records that this store was in contact with, and consistent with, a peer (an
-    /// anti-entropy session, or equal digests): see [`Store::is_stale`]. Persisted at most once
-    /// a minute.
+    /// Records that this store was in contact with, and consistent with, a peer (a completed
+    /// anti-entropy session, or equal digests): see [`Store::behind`]. Persisted at most once a
+    /// minute.
     pub fn mark_synced(&mut self, now_ms: u64) -> Result<(), StoreError> {
         if now_ms < self.last_sync_ms.saturating_add(60_000) && self.last_sync_ms != 0 {
             return Ok(());
@@ -687,7 +711,40 @@ impl Store {
         self.commit(&[], &[(META_LAST_SYNC_MS, now_ms)])
     }
 
-    /// Drops this store's entries in favour of a peer's full state (a stale node rejoining).
+    /// The most cluster members (this node included) this node has ever known at once,
+    /// persisted: the write quorum is capped by this, never by the members alive right now, so a
+    /// node cut off from its peers cannot acknowledge writes alone (0 on a fresh store).
+    pub fn peak_members(&self) -> u64 {
+        self.peak_members
+    }
+
+    /// Records that `members` nodes are known now; persisted (fsync) only when it is a new peak.
+    pub fn note_members(&mut self, members: u64) -> Result<(), StoreError> {
+        if members <= self.peak_members {
+            return Ok(());
+        }
+        self.commit(&[], &[(META_PEAK_MEMBERS, members)])?;
+        self.peak_members = members;
+        Ok(())
+    }
+
+    /// The replicated state of `key` if it is a tombstone (a deleted object not yet collected):
+    /// what a retried delete must make durable again before it answers "not found".
+    pub fn tombstone(&self, key: &ObjectKey) -> Option<WireEntry> {
+        self.entries
+            .get(key)
+            .filter(|e| e.state.is_deleted())
+            .map(|e| WireEntry {
+                key: key.clone(),
+                state: e.state.clone(),
+            })
+    }
+
+    /// Resyncs from a peer's full state (this store is [`Store::behind`] it): entries the peer
+    /// lacks and that nothing touched here since this store's last sync are dropped (the peer
+    /// deleted them and forgot the tombstone; live ones are reported DELETED to watchers); the
+    /// rest — the peer's entries and what was written here since — merge as usual, so writes
+    /// this side made while away are kept.
     pub fn adopt(
         &mut self,
         entries: Vec<WireEntry>,
@@ -695,40 +752,73 @@ impl Store {
     ) -> Result<MergeOutcome, StoreError> {
         let theirs: std::collections::BTreeSet<ObjectKey> =
             entries.iter().map(|e| e.key.clone()).collect();
+        let since = self.last_sync_ms;
         let gone: Vec<ObjectKey> = self
             .entries
-            .keys()
-            .filter(|k| !theirs.contains(*k))
-            .cloned()
+            .iter()
+            .filter(|(k, e)| !theirs.contains(*k) && e.state.max_stamp().time.wall_ms() <= since)
+            .map(|(k, _)| k.clone())
             .collect();
+        let live_gone = gone
+            .iter()
+            .filter(|k| self.entries.get(*k).is_some_and(|e| !e.state.is_deleted()))
+            .count() as u64;
+        self.seq += live_gone;
         let refs: Vec<(&ObjectKey, Option<&StoredEntry>)> =
             gone.iter().map(|k| (k, None)).collect();
-        self.commit(&refs, &[])?;
+        if let Err(e) = self.commit(&refs, &[]) {
+            self.seq -= live_gone;
+            return Err(e);
+        }
+        let mut rv = self.seq - live_gone;
+        let mut deleted = Vec::new();
         for key in &gone {
             if let Some(entry) = self.entries.remove(key) {
                 self.digest.toggle(bucket_of(key), &entry.hash);
+                if !entry.state.is_deleted() {
+                    rv += 1;
+                    let change = Change {
+                        resource_version: rv,
+                        key: key.clone(),
+                        event: EventType::Deleted,
+                        object: Self::present(key, &entry),
+                    };
+                    self.record_change(change.clone());
+                    deleted.push(change);
+                }
             }
         }
-        let outcome = self.merge_remote_at(entries, now_ms)?;
+        let mut outcome = self.merge_remote_at(entries, now_ms)?;
+        deleted.append(&mut outcome.changes);
+        outcome.changes = deleted;
         self.last_sync_ms = 0;
         self.mark_synced(now_ms)?;
         Ok(outcome)
     }
 
-    /// Forgets tombstones older than the horizon; returns how many.
+    /// Forgets tombstones older than the horizon; returns how many. Peers that have not synced
+    /// since the latest of these deletes are then [`Store::behind`] this store.
     pub fn collect_tombstones(&mut self, now_ms: u64) -> Result<usize, StoreError> {
-        let old: Vec<ObjectKey> = self
+        let old: Vec<(ObjectKey, u64)> = self
             .entries
             .iter()
             .filter(|(_, e)| self.is_past_horizon(&e.state, now_ms))
-            .map(|(k, _)| k.clone())
+            .map(|(k, e)| (k.clone(), e.state.deleted.map_or(0, |d| d.time.wall_ms())))
             .collect();
         if old.is_empty() {
             return Ok(0);
         }
-        let refs: Vec<(&ObjectKey, Option<&StoredEntry>)> = old.iter().map(|k| (k, None)).collect();
-        self.commit(&refs, &[])?;
-        for key in &old {
+        let through = old
+            .iter()
+            .map(|(_, at)| *at)
+            .max()
+            .unwrap_or(0)
+            .max(self.collected_through_ms);
+        let refs: Vec<(&ObjectKey, Option<&StoredEntry>)> =
+            old.iter().map(|(k, _)| (k, None)).collect();
+        self.commit(&refs, &[(META_COLLECTED_THROUGH_MS, through)])?;
+        self.collected_through_ms = through;
+        for (key, _) in &old {
             if let Some(entry) = self.entries.remove(key) {
                 self.digest.toggle(bucket_of(key), &entry.hash);
             }
@@ -829,6 +919,9 @@ pub struct MergeOutcome {
     pub rejected: Vec<StoreError>,
 }
 
+/// Writing nodes a peer's entry may count spec writes for (a cluster is far smaller).
+const MAX_WRITERS: usize = 4096;
+
 /// Structural checks on an entry from the network.
 fn validate_remote(key: &ObjectKey, state: &ObjectState) -> Result<(), String> {
     if key.info().is_none() {
@@ -842,6 +935,11 @@ fn validate_remote(key: &ObjectKey, state: &ObjectState) -> Result<(), String> {
     }
     if state.uid.is_empty() || state.uid.len() > 64 {
         return Err("uid must be 1 to 64 characters".into());
+    }
+    if state.spec_writes.iter().count() > MAX_WRITERS {
+        return Err(format!(
+            "spec_writes: more than {MAX_WRITERS} writing nodes"
+        ));
     }
     let size = serde_json::to_vec(&state.render()).map_or(usize::MAX, |v| v.len());
     if size > crate::object::MAX_OBJECT_BYTES {

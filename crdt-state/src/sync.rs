@@ -2,13 +2,21 @@
 //! endpoint's sync channel. Pure types and codecs; the agent moves the bytes.
 //!
 //! - `Push`: a writer sends the full state of the objects it just wrote; the receiver merges,
-//!   persists (fsync) and acknowledges — the write quorum counts these acknowledgements.
+//!   persists (fsync) and acknowledges — the write quorum counts these acknowledgements. A push
+//!   any of whose entries the receiver refuses (clock too far ahead, unknown kind) is answered
+//!   `Refused`, never `PushAck`: an acknowledgement means every pushed entry is durable there.
 //! - `Buckets`, then `Compare`: anti-entropy, as a pull. A node whose gossiped root digest
 //!   differs from a peer's asks for the peer's 256 bucket hashes; for the buckets that differ it
 //!   sends its (key, entry hash) pairs, and the peer answers with its entries that differ or that
 //!   the requester lacks. Bytes on the wire grow with the number of differing entries, not with
 //!   the store. Sessions only pull: the peer sees the same digest difference and pulls in turn,
 //!   which keeps a fresh node from being sent the whole state by every peer at once.
+//! - Tombstones are forgotten after the horizon ([`Store::collect_tombstones`]). So that a node
+//!   that was away cannot bring a forgotten object back, every `Buckets` answer and every push
+//!   carries the sender's last sync time and how far it has collected: a node that has not
+//!   synced since a peer's latest forgotten delete is *behind* it ([`Store::behind`]) — it
+//!   resyncs from that peer (adopting its state, keeping what it wrote since its last sync), and
+//!   until then the peer neither merges from it nor acknowledges its pushes.
 
 use serde::{Deserialize, Serialize};
 
@@ -28,6 +36,8 @@ pub struct WireEntry {
 pub enum SyncRequest {
     Push {
         entries: Vec<WireEntry>,
+        /// The pusher's [`Store::last_sync_ms`].
+        last_sync_ms: u64,
     },
     Buckets,
     /// The requester's (key, entry hash) pairs of `buckets`.
@@ -39,19 +49,18 @@ pub enum SyncRequest {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum SyncResponse {
-    /// The pushed entries are merged and durable on the responder.
+    /// Every pushed entry is merged and durable on the responder.
     PushAck,
     Buckets {
         hashes: Vec<Hash16>,
+        /// The responder's [`Store::last_sync_ms`] and [`Store::collected_through_ms`].
+        last_sync_ms: u64,
+        collected_through_ms: u64,
     },
     /// The responder's entries that differ from or are missing at the requester.
-    Compare {
-        entries: Vec<WireEntry>,
-    },
+    Compare { entries: Vec<WireEntry> },
     /// The request was refused; the message says why.
-    Refused {
-        reason: String,
-    },
+    Refused { reason: String },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -91,12 +100,41 @@ pub fn serve(store: &mut Store, request: SyncRequest, now_ms: u64) -> (SyncRespo
         SyncRequest::Buckets => (
             SyncResponse::Buckets {
                 hashes: store.bucket_hashes(),
+                last_sync_ms: store.last_sync_ms(),
+                collected_through_ms: store.collected_through_ms(),
             },
             MergeOutcome::default(),
         ),
-        SyncRequest::Push { entries } => match store.merge_remote_at(entries, now_ms) {
-            // Acknowledged only once merged and committed (fsync'd).
-            Ok(outcome) => (SyncResponse::PushAck, outcome),
+        SyncRequest::Push { last_sync_ms, .. }
+            if store.behind(last_sync_ms, store.collected_through_ms()) =>
+        {
+            (
+                SyncResponse::Refused {
+                    reason: format!(
+                        "the pusher last synced at {last_sync_ms} ms, before deletes this node has forgotten (through {} ms): it must resync first",
+                        store.collected_through_ms()
+                    ),
+                },
+                MergeOutcome::default(),
+            )
+        }
+        SyncRequest::Push { entries, .. } => match store.merge_remote_at(entries, now_ms) {
+            // Acknowledged only once merged and committed (fsync'd), and only if nothing was
+            // refused: the entries accepted stay merged (and published) either way.
+            Ok(outcome) if outcome.rejected.is_empty() => (SyncResponse::PushAck, outcome),
+            Ok(outcome) => {
+                let reasons: Vec<String> = outcome.rejected.iter().map(|e| e.to_string()).collect();
+                (
+                    SyncResponse::Refused {
+                        reason: format!(
+                            "{} of the pushed entries refused: {}",
+                            reasons.len(),
+                            reasons.join("; ")
+                        ),
+                    },
+                    outcome,
+                )
+            }
             Err(e) => (
                 SyncResponse::Refused {
                     reason: e.to_string(),
@@ -121,14 +159,7 @@ pub fn serve(store: &mut Store, request: SyncRequest, now_ms: u64) -> (SyncRespo
                 .filter(|(key, hash)| theirs.get(key) != Some(&hash))
                 .map(|(key, _)| key)
                 .collect();
-            if let Err(e) = store.mark_synced(now_ms) {
-                return (
-                    SyncResponse::Refused {
-                        reason: e.to_string(),
-                    },
-                    MergeOutcome::default(),
-                );
-            }
+            // Answering teaches the responder nothing: it does not count as a sync here.
             let entries = store.entries_for(&differing);
             (SyncResponse::Compare { entries }, MergeOutcome::default())
         }
@@ -136,14 +167,20 @@ pub fn serve(store: &mut Store, request: SyncRequest, now_ms: u64) -> (SyncRespo
 }
 
 /// One anti-entropy session with one peer, as a state machine: feed it each response, send what
-/// it returns. A stale store (see [`Store::is_stale`]) pulls everything and adopts the peer's
-/// state instead of merging its own.
+/// it returns. A store [`Store::behind`] the peer pulls everything and adopts the peer's state
+/// ([`Store::adopt`]); a peer behind this store is not merged from (it resyncs from us first).
 #[derive(Debug)]
 pub struct SyncSession {
     stale: bool,
+    /// The peer was behind this store: nothing of it was merged.
+    pub peer_behind: bool,
     pending: Vec<u8>,
     collected: Vec<WireEntry>,
     changes: Vec<Change>,
+    /// Entries of the peer this store refused (each names its key and why); the session goes on
+    /// with the others. The caller logs and counts them: refused entries are pulled again by
+    /// every session until their cause goes (a clock back in range, an upgraded node).
+    pub rejected: Vec<StoreError>,
     /// Statistics for benchmarks and logs.
     pub entries_received: usize,
     pub buckets_differing: usize,
@@ -171,12 +208,14 @@ pub enum SessionError {
 
 impl SyncSession {
     /// Starts a session; send the returned request first.
-    pub fn start(store: &Store, now_ms: u64) -> (Self, SyncRequest) {
+    pub fn start() -> (Self, SyncRequest) {
         let session = Self {
-            stale: store.is_stale(now_ms),
+            stale: false,
+            peer_behind: false,
             pending: Vec::new(),
             collected: Vec::new(),
             changes: Vec::new(),
+            rejected: Vec::new(),
             entries_received: 0,
             buckets_differing: 0,
         };
@@ -203,7 +242,16 @@ impl SyncSession {
         match response {
             SyncResponse::Refused { reason } => return Err(SessionError::Refused(reason)),
             SyncResponse::PushAck => return Err(SessionError::Unexpected("PushAck")),
-            SyncResponse::Buckets { hashes } => {
+            SyncResponse::Buckets {
+                hashes,
+                last_sync_ms,
+                collected_through_ms,
+            } => {
+                self.stale = store.behind(store.last_sync_ms(), collected_through_ms);
+                if !self.stale && store.behind(last_sync_ms, store.collected_through_ms()) {
+                    self.peer_behind = true;
+                    return Ok(Step::Done(Vec::new()));
+                }
                 // An all-zero bucket hash is an empty bucket (the XOR of nothing): the peer has
                 // nothing there to give, so it is not compared.
                 self.pending = if self.stale {
@@ -223,8 +271,9 @@ impl SyncSession {
                 if self.stale {
                     self.collected.extend(entries);
                 } else {
-                    let changes = store.merge_remote_at(entries, now_ms)?.changes;
-                    self.changes.extend(changes);
+                    let outcome = store.merge_remote_at(entries, now_ms)?;
+                    self.changes.extend(outcome.changes);
+                    self.rejected.extend(outcome.rejected);
                 }
             }
         }
@@ -233,8 +282,9 @@ impl SyncSession {
         }
         if self.stale {
             let entries = std::mem::take(&mut self.collected);
-            let changes = store.adopt(entries, now_ms)?.changes;
-            self.changes.extend(changes);
+            let outcome = store.adopt(entries, now_ms)?;
+            self.changes.extend(outcome.changes);
+            self.rejected.extend(outcome.rejected);
             self.stale = false;
         } else {
             store.mark_synced(now_ms)?;
@@ -258,6 +308,8 @@ mod tests {
         assert_eq!(SyncRequest::decode(&req.encode()).unwrap(), req);
         let resp = SyncResponse::Buckets {
             hashes: vec![[7; 16]; 3],
+            last_sync_ms: 1,
+            collected_through_ms: 2,
         };
         assert_eq!(SyncResponse::decode(&resp.encode()).unwrap(), resp);
     }
@@ -267,7 +319,7 @@ mod tests {
         fn random_and_truncated_bytes_are_errors_not_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
             let _ = SyncRequest::decode(&bytes);
             let _ = SyncResponse::decode(&bytes);
-            let valid = SyncRequest::Push { entries: vec![] }.encode();
+            let valid = SyncRequest::Push { entries: vec![], last_sync_ms: 0 }.encode();
             let cut = bytes.len() % valid.len();
             prop_assert!(SyncRequest::decode(&valid[..cut]).is_err());
         }

@@ -194,3 +194,76 @@ fn peers_entries_with_unknown_kinds_or_future_clocks_are_refused_by_name() {
         "{reasons:?}"
     );
 }
+
+/// A push acknowledges only what it made durable: one refused entry (a clock an hour ahead)
+/// turns the answer into `Refused` naming it, so the writer cannot count this node toward its
+/// quorum; the accepted entry is merged all the same. Anti-entropy reports the same refusal.
+#[test]
+fn a_push_with_a_refused_entry_is_not_acknowledged_and_sessions_report_refusals() {
+    use shoal_state::sync::{self, Step, SyncRequest, SyncResponse, SyncSession};
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path(), "a", 1);
+    let key =
+        |name: &str| ObjectKey::new(kind::lookup("v1", "ConfigMap").unwrap(), "default", name);
+    let body = serde_json::json!({"metadata": {"name": "x"}});
+    let at = |ms: u64| Stamp {
+        time: Timestamp::new(ms, 0),
+        node: 2,
+    };
+    let good = WireEntry {
+        key: key("ok"),
+        state: ObjectState::create("u1".into(), at(T0), &body),
+    };
+    let late = WireEntry {
+        key: key("late"),
+        state: ObjectState::create("u2".into(), at(T0 + 3_600_000), &body),
+    };
+    let (response, outcome) = sync::serve(
+        &mut store,
+        SyncRequest::Push {
+            entries: vec![good.clone()],
+            last_sync_ms: 0,
+        },
+        T0,
+    );
+    assert_eq!(response, SyncResponse::PushAck);
+    assert_eq!(outcome.changes.len(), 1);
+
+    let mut other = open(dir.path(), "b", 3);
+    let (response, outcome) = sync::serve(
+        &mut other,
+        SyncRequest::Push {
+            entries: vec![good, late.clone()],
+            last_sync_ms: 0,
+        },
+        T0,
+    );
+    match response {
+        SyncResponse::Refused { reason } => {
+            assert!(
+                reason.contains("late") && reason.contains("ahead"),
+                "{reason}"
+            )
+        }
+        other => panic!("a push with a refused entry was answered {other:?}"),
+    }
+    assert_eq!(outcome.changes.len(), 1, "the accepted entry still merges");
+    assert!(other.get(&key("ok")).is_some());
+
+    // Anti-entropy from a peer holding the refused entry: the session names it.
+    let mut holder = open(dir.path(), "c", 4);
+    holder.merge_remote_at(vec![late], T0 + 3_600_000).unwrap();
+    let (mut session, mut request) = SyncSession::start();
+    loop {
+        let (response, _) = sync::serve(&mut holder, request, T0 + 3_600_000);
+        match session.on_response(&mut store, response, T0).unwrap() {
+            Step::Send(next) => request = next,
+            Step::Done(_) => break,
+        }
+    }
+    let reasons: Vec<String> = session.rejected.iter().map(|e| e.to_string()).collect();
+    assert!(
+        reasons.len() == 1 && reasons[0].contains("late"),
+        "{reasons:?}"
+    );
+}

@@ -125,7 +125,7 @@ fn anti_entropy_only_exchanges_differing_entries() {
     // One more write on a: a session exchanges one bucket's entries, not the store.
     a.write_at(config_map("late", &[]), WriteMode::Create, T0 + 600)
         .unwrap();
-    let (mut session, mut request) = shoal_state::sync::SyncSession::start(&b, T0 + 700);
+    let (mut session, mut request) = shoal_state::sync::SyncSession::start();
     loop {
         let (response, _) = shoal_state::sync::serve(&mut a, request, T0 + 700);
         match session.on_response(&mut b, response, T0 + 700).unwrap() {
@@ -145,23 +145,126 @@ fn anti_entropy_only_exchanges_differing_entries() {
     assert_eq!(a.root_digest(), b.root_digest());
 }
 
-#[test]
-fn a_node_away_past_the_tombstone_horizon_adopts_peers_state() {
-    let dir = tempfile::tempdir().unwrap();
-    let day = 24 * 3600 * 1000;
-    let mut a = open(dir.path(), "a", 1);
-    let mut b = open(dir.path(), "b", 2);
+const DAY: u64 = 24 * 3600 * 1000;
+
+/// Two stores that shared object `doomed`; then `b` went away, `a` deleted the object and, a
+/// day later, forgot the tombstone. Returns (a, b, the object's key, a time after that).
+fn forgotten_delete(dir: &std::path::Path) -> (Store, Store, shoal_state::ObjectKey, u64) {
+    let mut a = open(dir, "a", 1);
+    let mut b = open(dir, "b", 2);
     a.write_at(config_map("doomed", &[]), WriteMode::Create, T0)
         .unwrap();
     anti_entropy(&mut b, &mut a, T0 + 10);
-    // b goes away; a deletes the object and, a day later, forgets the tombstone.
     let key = config_map("doomed", &[]).key;
     a.delete_at(&key, None, T0 + 20).unwrap();
-    assert_eq!(a.collect_tombstones(T0 + 20 + day + 1).unwrap(), 1);
-    assert!(b.is_stale(T0 + 20 + day + 100));
+    assert_eq!(a.collect_tombstones(T0 + 20 + DAY + 1).unwrap(), 1);
+    (a, b, key, T0 + 20 + DAY + 100)
+}
+
+#[test]
+fn a_node_away_past_the_tombstone_horizon_adopts_peers_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut a, mut b, key, back) = forgotten_delete(dir.path());
+    assert!(b.behind(b.last_sync_ms(), a.collected_through_ms()));
     // b comes back: it must not resurrect the object.
-    anti_entropy(&mut b, &mut a, T0 + 20 + day + 100);
+    anti_entropy(&mut b, &mut a, back);
     assert!(b.get(&key).is_none());
     assert!(a.get(&key).is_none());
+    assert_eq!(a.root_digest(), b.root_digest());
+}
+
+/// Runs one session of `a` pulling from `b`; returns the session (for its flags).
+fn pull(a: &mut Store, b: &mut Store, now_ms: u64) -> shoal_state::sync::SyncSession {
+    use shoal_state::sync::{self, Step, SyncSession};
+    let (mut session, mut request) = SyncSession::start();
+    loop {
+        let (response, _) = sync::serve(b, request, now_ms);
+        match session.on_response(a, response, now_ms).unwrap() {
+            Step::Send(next) => request = next,
+            Step::Done(_) => return session,
+        }
+    }
+}
+
+/// The other direction of the horizon test: the node that stayed and forgot the tombstone
+/// pulls from the one that was away, and must not take the deleted object back from it. Its
+/// pushes are refused until it has resynced; it keeps what it wrote while away; answering a
+/// peer does not count as a sync; watchers are told of the object it drops.
+#[test]
+fn a_node_behind_forgotten_deletes_is_neither_merged_from_nor_acknowledged_until_it_resyncs() {
+    use shoal_state::sync::{self, SyncRequest, SyncResponse};
+    let dir = tempfile::tempdir().unwrap();
+    let (mut a, mut b, key, back) = forgotten_delete(dir.path());
+    // b wrote while away (its clock said so).
+    let kept = config_map("written-while-away", &[]);
+    b.write_at(kept.clone(), WriteMode::Create, T0 + DAY)
+        .unwrap();
+
+    // a pulls from b first: nothing of b is merged.
+    let session = pull(&mut a, &mut b, back);
+    assert!(a.get(&key).is_none(), "the forgotten object came back");
+    assert!(session.peer_behind);
+    // b answered a: that is no sync for b, which is still behind.
+    assert!(b.behind(b.last_sync_ms(), a.collected_through_ms()));
+    // b's pushes are refused (a write there is not acknowledged by a).
+    let (response, _) = sync::serve(
+        &mut a,
+        SyncRequest::Push {
+            entries: vec![],
+            last_sync_ms: b.last_sync_ms(),
+        },
+        back,
+    );
+    assert!(
+        matches!(response, SyncResponse::Refused { .. }),
+        "{response:?}"
+    );
+
+    // b pulls from a: it adopts a's state, drops the object (telling watchers), keeps its own
+    // write; then a pulls it from b, and the two agree.
+    let rv = b.resource_version();
+    let (mut session, mut request) = shoal_state::sync::SyncSession::start();
+    let changes = loop {
+        let (response, _) = sync::serve(&mut a, request, back);
+        match session.on_response(&mut b, response, back).unwrap() {
+            shoal_state::sync::Step::Send(next) => request = next,
+            shoal_state::sync::Step::Done(changes) => break changes,
+        }
+    };
+    assert!(b.get(&key).is_none());
+    assert!(
+        changes.iter().any(|c| c.key == key
+            && c.event == shoal_state::EventType::Deleted
+            && c.resource_version > rv),
+        "{changes:?}"
+    );
+    assert!(
+        b.get(&kept.key).is_some(),
+        "a write made while away was dropped"
+    );
+    assert!(!b.behind(b.last_sync_ms(), a.collected_through_ms()));
+    let session = pull(&mut a, &mut b, back + 10);
+    assert!(!session.peer_behind);
+    assert!(a.get(&kept.key).is_some());
+    assert!(a.get(&key).is_none());
+    assert_eq!(a.root_digest(), b.root_digest());
+}
+
+/// A whole cluster off for longer than the horizon: nobody forgot anything meanwhile, so the
+/// nodes merge as usual and nothing written on either is dropped.
+#[test]
+fn a_cluster_back_after_the_horizon_merges_as_usual() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = open(dir.path(), "a", 1);
+    let mut b = open(dir.path(), "b", 2);
+    a.write_at(config_map("from-a", &[]), WriteMode::Create, T0)
+        .unwrap();
+    b.write_at(config_map("from-b", &[]), WriteMode::Create, T0)
+        .unwrap();
+    let later = T0 + 3 * DAY;
+    assert_eq!(a.collect_tombstones(later).unwrap(), 0);
+    anti_entropy(&mut a, &mut b, later);
+    anti_entropy(&mut b, &mut a, later);
+    assert_eq!(a.len(), 2);
     assert_eq!(a.root_digest(), b.root_digest());
 }

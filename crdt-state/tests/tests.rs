@@ -29,7 +29,7 @@ pub fn config_map(name: &str, data: &[(&str, &str)]) -> ValidObject {
 
 /// Runs one anti-entropy session: `a` pulls from (and pushes to) `b`.
 pub fn anti_entropy(a: &mut Store, b: &mut Store, now_ms: u64) {
-    let (mut session, mut request) = SyncSession::start(a, now_ms);
+    let (mut session, mut request) = SyncSession::start();
     loop {
         let (response, _) = sync::serve(b, request, now_ms);
         match session.on_response(a, response, now_ms).unwrap() {

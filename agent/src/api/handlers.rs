@@ -76,7 +76,7 @@ fn object_error(kind: &str, name: &str, e: ObjectError) -> ApiError {
 fn write_error(kind: &str, name: &str, e: WriteError) -> ApiError {
     match e {
         WriteError::Store(e) => store_error(kind, name, e),
-        e @ WriteError::NotDurable { .. } => ApiError::new(
+        e @ (WriteError::NotDurable { .. } | WriteError::Unavailable { .. }) => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "ServiceUnavailable",
             e.to_string(),

@@ -243,6 +243,9 @@ async fn metrics_text(state: &ApiState) -> Response {
             .or_default() += 1.0;
     }
     let (objects, rv) = state.replication.read(|s| (s.len(), s.resource_version()));
+    let traffic = state.replication.traffic();
+    let load =
+        |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed) as f64;
     let running: f64 = usage.pods.len() as f64;
     let extra = [
         (
@@ -262,6 +265,21 @@ async fn metrics_text(state: &ApiState) -> Response {
             "shoal_store_resource_version",
             "The store's resourceVersion on this node.",
             vec![(String::new(), rv as f64)],
+        ),
+        (
+            "shoal_store_write_quorum",
+            "Nodes that must hold a write before this node acknowledges it.",
+            vec![(String::new(), state.replication.quorum_needed() as f64)],
+        ),
+        (
+            "shoal_sync_entries_refused_total",
+            "Peers' entries this node refused (clock too far ahead, unknown kind, malformed).",
+            vec![(String::new(), load(&traffic.entries_refused))],
+        ),
+        (
+            "shoal_sync_pushes_refused_total",
+            "Pushes of this node's writes that a peer refused (not counted toward the quorum).",
+            vec![(String::new(), load(&traffic.pushes_refused))],
         ),
         (
             "shoal_pods_running",

@@ -92,7 +92,8 @@ pub fn host_usage() -> Option<(u64, u64)> {
     Some((busy_ns, used))
 }
 
-/// A gauge: name, help text, and (labels, value) series.
+/// A gauge (a counter when its name ends in `_total`): name, help text, and (labels, value)
+/// series.
 pub type Gauge<'a> = (&'a str, &'a str, Vec<(String, f64)>);
 
 /// Prometheus text exposition of a node's usage (cAdvisor's metric names).
@@ -135,7 +136,12 @@ pub fn prometheus(usage: &NodeUsage, extra: &[Gauge]) -> String {
     }
     for (name, help, series) in extra {
         let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} gauge");
+        let kind = if name.ends_with("_total") {
+            "counter"
+        } else {
+            "gauge"
+        };
+        let _ = writeln!(out, "# TYPE {name} {kind}");
         for (labels, value) in series {
             if labels.is_empty() {
                 let _ = writeln!(out, "{name} {value}");

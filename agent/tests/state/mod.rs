@@ -247,17 +247,109 @@ async fn concurrent_patches_of_different_fields_both_survive() {
 async fn a_write_without_its_quorum_is_refused_but_kept() {
     let lab = Lab::new();
     let agents = converged_cluster(&lab, 2, &[]).await;
+    let doomed = config_map("doomed", json!({}));
+    assert_eq!(agents[0].apply(&doomed).await.unwrap().0, 201);
+    wait_for_object(&agents[1], "doomed").await;
     // The peer freezes: it still looks alive for a moment, but cannot acknowledge.
     agents[1].pause().unwrap();
-    let (status, body) = agents[0]
-        .apply(&config_map("lonely", json!({})))
-        .await
-        .unwrap();
+    let lonely = config_map("lonely", json!({}));
+    let first = agents[0].apply(&lonely).await.unwrap();
+    // A client retrying the same write: the writer's copy already holds it, but one copy is
+    // not the quorum, so the retry is refused too (it used to answer 200 at once).
+    let retry = agents[0].apply(&lonely).await.unwrap();
+    // Likewise a retried delete: "not found" would tell the client the delete is done.
+    let delete = || {
+        agents[0].call(
+            hyper::Method::DELETE,
+            "/v1/objects/configmaps/doomed?namespace=default",
+            None,
+        )
+    };
+    let deleted = delete().await.unwrap();
+    let deleted_again = delete().await.unwrap();
     agents[1].resume().unwrap();
-    assert_eq!(status, 503, "{body}");
-    assert_eq!(body["reason"], "NotDurable");
-    // Not lost: the writer has it and replicates it once the peer is back.
+    // The first write (the peer still looks alive) waits for it and is kept; by the later ones
+    // the peer may be seen dead, and they are refused without writing: never acknowledged.
+    assert_eq!(first.0, 503, "{}", first.1);
+    assert_eq!(first.1["reason"], "NotDurable", "{}", first.1);
+    for (status, body) in [&retry, &deleted, &deleted_again] {
+        assert_eq!(*status, 503, "{body}");
+        assert!(
+            body["reason"] == "NotDurable" || body["reason"] == "Unavailable",
+            "{body}"
+        );
+    }
+    // Not lost: the writer has it and replicates it once the peer is back; the retry is then
+    // acknowledged (the peer holds it), and the retried delete too (404 if the first delete
+    // was kept, then replicated).
     wait_for_object(&agents[1], "lonely").await;
+    wait_until("n1 alive again", CONVERGE, || async {
+        alive_count(&agents[0]).await == 2
+    })
+    .await
+    .unwrap();
+    let (status, body) = agents[0].apply(&lonely).await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = delete().await.unwrap();
+    assert!(status == 200 || status == 404, "{body}");
+    assert_eq!(
+        agents[1]
+            .object("configmaps", "default", "doomed")
+            .await
+            .unwrap(),
+        None
+    );
+}
+
+/// A node whose peers are all dead does not acknowledge writes on its own copy: "acknowledged"
+/// means durable on the write quorum (2), whatever the node believes of its peers. Seeing too
+/// few peers to try, it writes nothing (kept alone, a create would start an incarnation that
+/// could replace the one the others keep writing); the quorum is remembered across restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_node_does_not_acknowledge_alone() {
+    let lab = Lab::new();
+    let mut agents = converged_cluster(&lab, 2, &[]).await;
+    wait_until("the cluster size recorded", CONVERGE, || async {
+        agents[0].store_info().await.unwrap().write_quorum == 2
+    })
+    .await
+    .unwrap();
+    agents[1].kill().unwrap();
+    wait_until("n1 seen dead", CONVERGE, || async {
+        matches!(
+            shoal_agent::testkit::state_of(&agents[0], "n1").await,
+            Some((shoal_gossip::MemberState::Dead, _))
+        )
+    })
+    .await
+    .unwrap();
+    let alone = config_map("alone", json!({"k": "v"}));
+    let (status, body) = agents[0].apply(&alone).await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["reason"], "Unavailable", "{body}");
+    assert_eq!(
+        agents[0]
+            .object("configmaps", "default", "alone")
+            .await
+            .unwrap(),
+        None,
+        "nothing was written"
+    );
+    agents[0].kill().unwrap();
+    agents[0].restart().await.unwrap();
+    assert_eq!(agents[0].store_info().await.unwrap().write_quorum, 2);
+    let (status, body) = agents[0].apply(&alone).await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    // With the peer back, the same write is acknowledged and on both.
+    agents[1].restart().await.unwrap();
+    wait_until("n1 alive again", CONVERGE, || async {
+        alive_count(&agents[0]).await == 2
+    })
+    .await
+    .unwrap();
+    let (status, body) = agents[0].apply(&alone).await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    wait_for_object(&agents[1], "alone").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
