@@ -275,6 +275,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         membership.clone(),
         ReplicationConfig {
             write_quorum: config.write_quorum,
+            expected_members: if config.join.is_empty() { 1 } else { 2 },
             anti_entropy_interval: config.anti_entropy_interval,
             ..ReplicationConfig::default()
         },
@@ -379,6 +380,11 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
                 host_paths: crate::runtime::HostPathPolicy {
                     allow: config.host_path_allow.clone(),
                 },
+                allocatable: crate::scheduler::model::Resources::new(
+                    meta.capacity.cpu_millis,
+                    meta.capacity.memory_bytes,
+                    u64::from(meta.capacity.pods),
+                ),
                 ..Default::default()
             },
         );

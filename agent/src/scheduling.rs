@@ -244,6 +244,28 @@ impl Scheduling {
     /// the majority's (its digest equals those of a majority of the membership): until then it
     /// cannot know whether the majority has bound them elsewhere, and starting them again
     /// could run a fenced pod twice.
+    /// Hands a pod back to the auction: its binding is cleared with the epoch raised (so the
+    /// older binding cannot win a merge) and its node stops it. Used for a preemption's victim
+    /// (`preempted_by` names the pod that took its room) and for a pod its node refused at
+    /// admission. Returns whether that was written (false: the pod is not known here yet, or the
+    /// write failed; the kubelet tries again).
+    pub async fn unbind(&self, pod_uid: &str, preempted_by: Option<&str>) -> bool {
+        let epoch = self
+            .state
+            .lock()
+            .unwrap()
+            .pods
+            .get(pod_uid)
+            .map(|p| p.epoch);
+        match epoch {
+            Some(epoch) => {
+                self.write_binding(pod_uid, None, epoch + 1, preempted_by)
+                    .await
+            }
+            None => false,
+        }
+    }
+
     pub fn must_stop_fenced(&self) -> bool {
         let state = self.state.lock().unwrap();
         state.fenced
@@ -480,6 +502,11 @@ impl Scheduling {
         }
         let live_ids: Vec<NodeId> = addresses.keys().copied().collect();
         let majority = partition::has_majority(live_ids.len(), members.len());
+        let settled = partition::membership_settled(
+            self.started.elapsed(),
+            members.iter().filter(|m| m.meta.is_none()).count(),
+            &self.config.fence,
+        );
         if partition::must_stop(
             state.without_majority_since.map(|s| now - s),
             &self.config.fence,
@@ -525,6 +552,8 @@ impl Scheduling {
                         continue;
                     }
                     None if undecided.contains(node) || entry.daemon.is_some() => continue,
+                    // A node absent from an unsettled view is not judged (nor timed) yet.
+                    None if !settled && !dead_since.contains_key(node) => continue,
                     // A dead (or vanished) node: its pods move once the eviction delay passed.
                     None => {
                         let since = *dead_since.entry(node.clone()).or_insert(now);
@@ -645,7 +674,7 @@ impl Scheduling {
                     let preemptor = binding.pod.clone();
                     self.bind(binding).await;
                     for victim in &victims {
-                        self.unbind(victim, &preemptor).await;
+                        self.unbind(victim, Some(&preemptor)).await;
                     }
                 }
                 Output::Unschedulable { pod, message } => {
@@ -685,28 +714,13 @@ impl Scheduling {
             .await;
     }
 
-    /// Preemption's victim: its binding is withdrawn with the next epoch, so it is auctioned
-    /// again (it has no controller to recreate it elsewhere) and its node stops it.
-    async fn unbind(&self, pod_uid: &str, preemptor: &str) {
-        let epoch = self
-            .state
-            .lock()
-            .unwrap()
-            .pods
-            .get(pod_uid)
-            .map(|p| p.epoch);
-        let Some(epoch) = epoch else { return };
-        self.write_binding(pod_uid, None, epoch + 1, Some(preemptor))
-            .await;
-    }
-
     async fn write_binding(
         &self,
         pod_uid: &str,
         node_name: Option<String>,
         epoch: u64,
         preempted_by: Option<&str>,
-    ) {
+    ) -> bool {
         let key = self
             .state
             .lock()
@@ -714,17 +728,17 @@ impl Scheduling {
             .pods
             .get(pod_uid)
             .map(|p| p.key.clone());
-        let Some(key) = key else { return };
+        let Some(key) = key else { return false };
         let pod = self
             .replication
             .read(|s| s.get(&key))
             .filter(|p| p["metadata"]["uid"] == pod_uid);
-        let Some(mut pod) = pod else { return };
+        let Some(mut pod) = pod else { return false };
         let annotations_ok =
             pod["metadata"]["annotations"].is_object() || pod["metadata"]["annotations"].is_null();
         if !pod["spec"].is_object() || !annotations_ok {
             warn!(pod = %key, "pod has a malformed spec or annotations; not bound");
-            return;
+            return false;
         }
         match &node_name {
             Some(node) => pod["spec"]["nodeName"] = json!(node),
@@ -745,15 +759,21 @@ impl Scheduling {
             Ok(v) => v,
             Err(e) => {
                 warn!(pod = %key, error = %e, "binding not written");
-                return;
+                return false;
             }
         };
         match self.replication.write(valid, WriteMode::Update).await {
-            Ok(_) => match &node_name {
-                Some(node) => info!(pod = %key, node = %node, epoch, "pod bound"),
-                None => info!(pod = %key, epoch, "pod preempted: auctioned again"),
-            },
-            Err(e) => debug!(pod = %key, error = %e, "binding not written"),
+            Ok(_) => {
+                match &node_name {
+                    Some(node) => info!(pod = %key, node = %node, epoch, "pod bound"),
+                    None => info!(pod = %key, epoch, "pod unbound: auctioned again"),
+                }
+                true
+            }
+            Err(e) => {
+                debug!(pod = %key, error = %e, "binding not written");
+                false
+            }
         }
     }
 }

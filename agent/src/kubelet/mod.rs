@@ -1,4 +1,5 @@
 //! The kubelet: runs the pods bound to this node (DESIGN.md §8).
+pub mod admission;
 pub mod container;
 pub mod image_puller;
 pub mod logs;
@@ -39,6 +40,8 @@ pub struct KubeletConfig {
     pub pod_pids_limit: Option<u64>,
     /// Which host paths `hostPath` volumes may name (`--host-path-allow`).
     pub host_paths: crate::runtime::HostPathPolicy,
+    /// What pods may request in all on this node (its capacity, as gossiped to bidders).
+    pub allocatable: crate::scheduler::model::Resources,
 }
 
 impl Default for KubeletConfig {
@@ -49,6 +52,7 @@ impl Default for KubeletConfig {
             allow_privileged: false,
             pod_pids_limit: Some(4096),
             host_paths: Default::default(),
+            allocatable: crate::scheduler::model::Resources::new(u64::MAX, u64::MAX, u64::MAX),
         }
     }
 }
@@ -265,6 +269,7 @@ impl Kubelet {
         }
         info!(node = %self.node_name, runtime = %self.runtime.runtime_version(), "kubelet started");
         let mut busy = false;
+        let mut admission = admission::Admission::default();
         let mut sampler = metrics::Sampler::default();
         let mut last_sample = 0u64;
         loop {
@@ -301,7 +306,14 @@ impl Kubelet {
                     worker.pre_stop_done(&name, attempt);
                 }
             }
-            busy = self.sync(&handle, &mut workers, &mut published, &probe_tx, &hook_tx);
+            busy = self.sync(
+                &handle,
+                &mut workers,
+                &mut published,
+                &mut admission,
+                &probe_tx,
+                &hook_tx,
+            );
             let now = now_ms();
             if now >= last_sample + 1_000 {
                 last_sample = now;
@@ -315,6 +327,7 @@ impl Kubelet {
         handle: &tokio::runtime::Handle,
         workers: &mut HashMap<String, PodWorker>,
         published: &mut HashMap<String, String>,
+        admission: &mut admission::Admission,
         probe_tx: &mpsc::Sender<ProbeResult>,
         hook_tx: &mpsc::Sender<HookDone>,
     ) -> bool {
@@ -347,13 +360,21 @@ impl Kubelet {
                 Err(error) => warn!(pod = %uid, %error, "removing the pod's old sandbox"),
             }
         }
+        let refused = self.admit(handle, admission, &bound, &observed, workers);
         let uids: HashSet<String> = bound
             .keys()
             .chain(observed.keys())
             .chain(workers.keys())
+            .filter(|uid| !refused.contains_key(*uid))
             .cloned()
             .collect();
         let mut statuses: HashMap<String, Option<String>> = HashMap::new();
+        for (uid, refusal) in &refused {
+            if let Some(pod) = bound.get(uid) {
+                let status = json!({"phase": "Pending", "reason": refusal.reason, "message": refusal.message});
+                statuses.insert(uid.clone(), Some(report(&pod.object, status)));
+            }
+        }
         let mut busy = observed.values().any(|p| {
             p.containers
                 .iter()
@@ -453,6 +474,63 @@ impl Kubelet {
             };
         }
         busy
+    }
+
+    /// Node admission ([`admission`]): pods running here (or with a worker) keep their place;
+    /// bound pods new to this node are admitted oldest first while they fit. A refused pod is
+    /// not started and, unless a DaemonSet owns it (it belongs to this node), is handed back to
+    /// the auction (its binding cleared, epoch + 1). Returns the refused pods.
+    fn admit(
+        &self,
+        handle: &tokio::runtime::Handle,
+        admission: &mut admission::Admission,
+        bound: &HashMap<String, Arc<BoundPod>>,
+        observed: &HashMap<String, ObservedPod>,
+        workers: &HashMap<String, PodWorker>,
+    ) -> HashMap<String, admission::Refusal> {
+        use crate::scheduler::model::{PodRequest, Resources};
+        admission.retain(|uid| bound.contains_key(uid) || observed.contains_key(uid));
+        let mut new: Vec<(&String, &Arc<BoundPod>)> = bound
+            .iter()
+            .filter(|(uid, _)| !admission.is_admitted(uid))
+            .collect();
+        new.sort_by(|a, b| {
+            let created = |p: &BoundPod| {
+                p.object["metadata"]["creationTimestamp"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            (created(a.1), a.0).cmp(&(created(b.1), b.0))
+        });
+        let mut refused = HashMap::new();
+        for (uid, pod) in new {
+            let requests =
+                PodRequest::from_pod(&pod.object).map_or(Resources::new(0, 0, 1), |r| r.requests);
+            if observed.contains_key(uid) || workers.contains_key(uid) {
+                admission.keep(uid, requests);
+                continue;
+            }
+            let Err(refusal) = admission.admit(self.config.allocatable, uid, requests) else {
+                continue;
+            };
+            let daemon = pod.object["metadata"]["ownerReferences"]
+                .as_array()
+                .is_some_and(|refs| refs.iter().any(|r| r["kind"] == "DaemonSet"));
+            if admission.first_refusal(uid) {
+                warn!(pod = %uid, reason = refusal.reason, message = %refusal.message,
+                      "pod refused at admission{}", if daemon { "" } else { "; auctioned again" });
+            }
+            // Until the cleared binding is written (the scheduler may not know the pod yet).
+            if !daemon
+                && !admission.is_handed_back(uid)
+                && handle.block_on(self.scheduling.unbind(uid, None))
+            {
+                admission.handed_back(uid);
+            }
+            refused.insert(uid.clone(), refusal);
+        }
+        refused
     }
 
     fn sandbox_spec(&self, plan: &pod::PodPlan) -> SandboxSpec {

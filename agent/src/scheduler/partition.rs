@@ -98,11 +98,44 @@ pub fn may_replace(
     }
 }
 
+/// Whether this node's view of the membership is settled enough to judge the nodes it does not
+/// see: it has run for at least the detection bound (every node alive when it started has had
+/// time to be heard from, or to be declared dead), and every member it knows of has sent its
+/// metadata (a member without it cannot be matched to the pods bound to it by name). Until then
+/// a node named by a binding but absent from the view is not taken for dead: a freshly
+/// restarted agent would otherwise re-auction the pods of every node it had not heard from yet.
+pub fn membership_settled(
+    running_for: Duration,
+    members_without_meta: usize,
+    config: &FenceConfig,
+) -> bool {
+    running_for >= config.detection_bound && members_without_meta == 0
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn a_fresh_or_incomplete_view_judges_no_absent_node() {
+        let config = FenceConfig::new(Duration::from_secs(4), Duration::from_secs(5));
+        let cases = [
+            (Duration::from_millis(100), 0, false),
+            (Duration::from_secs(3), 0, false),
+            (Duration::from_secs(4), 2, false),
+            (Duration::from_secs(4), 0, true),
+            (Duration::from_secs(600), 1, false),
+        ];
+        for (running_for, without_meta, settled) in cases {
+            assert_eq!(
+                membership_settled(running_for, without_meta, &config),
+                settled,
+                "{running_for:?}, {without_meta} without metadata"
+            );
+        }
+    }
 
     #[test]
     fn majorities() {

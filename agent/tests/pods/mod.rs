@@ -628,3 +628,71 @@ spec:
     let message = container_status(&pod, "c")["state"]["waiting"]["message"].to_string();
     assert!(message.contains("shoal.local/none:1"), "{message}");
 }
+
+/// Issue #14, live overcommit: a pod bound straight to a node that lacks the room (here by
+/// `spec.nodeName`, as two auctions with different views or a partition's merged bindings can
+/// do) is refused by the node with the kubelet's reason, never started, and handed back to the
+/// auction, which finds no node with room and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_refuses_pods_beyond_its_allocatable_and_they_are_auctioned_again() {
+    let api = ApiLab::start_with(1, |_| Vec::new()).await;
+    import_image(
+        &api,
+        0,
+        &crate::runtime::test_images().join("busybox-1.oci.tar"),
+        None,
+    );
+    // The node has as many CPUs as this machine: the first pod takes three quarters of them.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let pod = |name: &str, millis: u64| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  nodeName: n0\n  containers:\n  - name: c\n    image: shoal.local/busybox:1\n    command: [sleep, \"3600\"]\n    resources: {{requests: {{cpu: {millis}m}}}}\n"
+        )
+    };
+    let big = api.manifest("big.yaml", &pod("big", cpus * 750));
+    api.ok(0, &["apply", "-f", &big]);
+    wait_pod(&api, 0, "big", "big running", |p| {
+        p["status"]["phase"] == "Running"
+    })
+    .await;
+    let late = api.manifest("late.yaml", &pod("late", cpus * 500));
+    api.ok(0, &["apply", "-f", &late]);
+    let refused = wait_pod(
+        &api,
+        0,
+        "late",
+        "late auctioned again and unschedulable",
+        |p| {
+            p["spec"]["nodeName"].is_null()
+                && p["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| {
+                        c["type"] == "PodScheduled"
+                            && c["status"] == "False"
+                            && c["message"]
+                                .as_str()
+                                .is_some_and(|m| m.contains("Insufficient cpu"))
+                    })
+        },
+    )
+    .await;
+    assert!(
+        refused["metadata"]["annotations"]["shoal.io/binding-epoch"]
+            .as_str()
+            .and_then(|e| e.parse::<u64>().ok())
+            .is_some_and(|e| e >= 1),
+        "the binding's epoch was raised: {refused}"
+    );
+    let log = api.agents[0].log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("pod refused at admission") && l.contains("OutOfcpu")),
+        "{log}"
+    );
+    // Evidence that it never ran: its node made a sandbox (the pod's directory, made before any
+    // container starts) for one pod only.
+    assert_eq!(sandboxes(&api, 0), 1);
+    assert_eq!(pod_json(&api, 0, "big")["status"]["phase"], "Running");
+}
