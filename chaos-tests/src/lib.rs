@@ -1,7 +1,13 @@
 //! `shoal-chaos`: the network-namespace lab ([`lab::NetLab`]) that puts real `shoal` agents on
-//! real, breakable networks, and the benchmarks that drive real agents (`src/bin`).
+//! real, breakable networks, the recorded histories and invariant checkers chaos runs are
+//! judged by ([`history`], [`checker`]), and the benchmarks that drive real agents (`src/bin`).
 
+pub mod checker;
+pub mod history;
 pub mod lab;
+pub mod report;
+pub mod run;
+pub mod scenario;
 
 /// The `shoal` binary of this build (`target/<profile>/shoal`, next to the test or bench
 /// executable's `deps/` directory), or `$SHOAL_BIN`.
@@ -59,22 +65,47 @@ pub async fn start_cluster(
     n: usize,
     flags: &[&str],
 ) -> anyhow::Result<(tempfile::TempDir, Vec<shoal_agent::testkit::AgentProcess>)> {
+    let root = tempfile::tempdir()?;
+    let agents = start_agents(root.path(), lab, n, flags, false).await?;
+    Ok((root, agents))
+}
+
+/// Like [`start_cluster`], with the data dirs under `root`, and every agent (host 0 too, through
+/// host 1) started with `--join`, as an operator lists seeds on every node: a host whose data
+/// dir is wiped rejoins the cluster instead of starting a new one.
+pub async fn start_cluster_in(
+    root: &std::path::Path,
+    lab: &lab::NetLab,
+    n: usize,
+    flags: &[&str],
+) -> anyhow::Result<Vec<shoal_agent::testkit::AgentProcess>> {
+    start_agents(root, lab, n, flags, true).await
+}
+
+async fn start_agents(
+    root: &std::path::Path,
+    lab: &lab::NetLab,
+    n: usize,
+    flags: &[&str],
+    seed_joins: bool,
+) -> anyhow::Result<Vec<shoal_agent::testkit::AgentProcess>> {
     use shoal_agent::testkit::{AgentProcess, AgentSpec, alive_count, init_secret, wait_until};
     let binary = shoal_binary()?;
-    let root = tempfile::tempdir()?;
-    let secret = root.path().join("secret");
+    let secret = root.join("secret");
     init_secret(&binary, &secret)?;
-    let seed = std::net::SocketAddr::new(lab.address(0), 7600);
+    let addr = |i: usize| std::net::SocketAddr::new(lab.address(i), 7600);
     let mut agents = Vec::new();
     for i in 0..n {
-        let mut spec = AgentSpec::new(&binary, root.path(), &format!("n{i}"), &secret)
-            .bind(std::net::SocketAddr::new(lab.address(i), 7600))
+        let mut spec = AgentSpec::new(&binary, root, &format!("n{i}"), &secret)
+            .bind(addr(i))
             .netns(&lab.host(i));
         for flag in flags {
             spec = spec.arg(*flag);
         }
         if i > 0 {
-            spec = spec.join(seed);
+            spec = spec.join(addr(0));
+        } else if seed_joins && n > 1 {
+            spec = spec.join(addr(1));
         }
         agents.push(AgentProcess::start(spec).await?);
     }
@@ -84,5 +115,5 @@ pub async fn start_cluster(
         })
         .await?;
     }
-    Ok((root, agents))
+    Ok(agents)
 }

@@ -1,0 +1,81 @@
+//! Chaos benchmark: every named scenario (or those given) over several seeds on a lab of real
+//! agents, through the same `shoal-chaos` run as the CI profile. Reports per scenario the
+//! convergence time after the last heal (p50 / max over the seeds), acknowledged operations per
+//! second while faults were active, the share of operations acknowledged, and violations.
+//!
+//! Usage (root): cargo run -p shoal-chaos --bin chaos-bench -- --seeds 3 --duration 30s
+
+use std::time::Duration;
+
+use clap::Parser;
+use shoal_chaos::history::Outcome;
+use shoal_chaos::run::{RunConfig, run};
+use shoal_chaos::scenario::{SCENARIOS, scenario};
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long, default_value_t = 5)]
+    nodes: usize,
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    #[arg(long, default_value_t = 3)]
+    seeds: u64,
+    /// Scenarios to run (default: every named one but `random`).
+    scenarios: Vec<String>,
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let names: Vec<String> = if args.scenarios.is_empty() {
+        SCENARIOS
+            .iter()
+            .filter(|s| s.name != "random")
+            .map(|s| s.name.to_owned())
+            .collect()
+    } else {
+        args.scenarios.clone()
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    println!(
+        "| scenario | runs | faults | convergence p50 / max (ms) | acked ops/s during faults | acknowledged / failed / unknown | violations |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for name in &names {
+        let Some(s) = scenario(name) else {
+            anyhow::bail!("no scenario {name:?}");
+        };
+        let mut convergence = Vec::new();
+        let mut rates = Vec::new();
+        let (mut faults, mut ok, mut fail, mut unknown, mut violations) = (0, 0, 0, 0, 0);
+        for seed in 1..=args.seeds {
+            let report =
+                runtime.block_on(run(RunConfig::new(s, args.nodes, args.duration, seed)))?;
+            convergence.push(report.convergence_ms.unwrap_or(u64::MAX));
+            rates.push(report.acked_per_second_during_faults());
+            faults += report.steps.len();
+            ok += report.history.count(Outcome::Ok);
+            fail += report.history.count(Outcome::Fail);
+            unknown += report.history.count(Outcome::Unknown);
+            violations += report.violations.len();
+        }
+        convergence.sort_unstable();
+        let rate = rates.iter().sum::<f64>() / rates.len().max(1) as f64;
+        println!(
+            "| {name} | {} | {faults} | {} / {} | {rate:.1} | {ok} / {fail} / {unknown} | {violations} |",
+            args.seeds,
+            percentile(&convergence, 0.5),
+            convergence.last().copied().unwrap_or(0),
+        );
+    }
+    Ok(())
+}

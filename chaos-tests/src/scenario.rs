@@ -1,0 +1,413 @@
+//! Named fault scenarios and the seeded generator that turns one into a schedule. Pure: the same
+//! (scenario, nodes, duration, seed) always gives the same schedule, so a failing run replays
+//! from the seed it printed.
+
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{RngExt, SeedableRng};
+use serde::Serialize;
+
+/// One fault, on lab host indices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "fault", rename_all = "kebab-case")]
+pub enum Fault {
+    /// Groups that cannot reach each other at all.
+    Partition { groups: Vec<Vec<usize>> },
+    /// Packets from `from` to `to` are dropped; the other direction flows.
+    OneWay { from: Vec<usize>, to: Vec<usize> },
+    /// `middle` reaches everyone; `left` and `right` do not reach each other.
+    Bridge {
+        middle: usize,
+        left: Vec<usize>,
+        right: Vec<usize>,
+    },
+    /// A fraction of the packets `node` receives is dropped.
+    Loss { node: usize, percent: u8 },
+    /// `kill -9`; started again (same data dir) when the fault ends.
+    Kill { node: usize },
+    /// SIGSTOP: silent, sockets open; SIGCONT when the fault ends.
+    Pause { node: usize },
+    /// SIGTERM and a clean start at once.
+    Restart { node: usize },
+    /// `kill -9`, the data dir wiped, started again as a new node when the fault ends.
+    Wipe { node: usize },
+    /// A partition with the minority's first node killed as well.
+    PartitionAndKill {
+        groups: Vec<Vec<usize>>,
+        node: usize,
+    },
+}
+
+impl Fault {
+    /// The hosts the fault touches (for the timeline).
+    pub fn nodes(&self) -> Vec<usize> {
+        match self {
+            Fault::Partition { groups } => {
+                // The smaller side is the one shown as faulty.
+                groups
+                    .iter()
+                    .min_by_key(|g| g.len())
+                    .cloned()
+                    .unwrap_or_default()
+            }
+            Fault::OneWay { to, .. } => to.clone(),
+            Fault::Bridge { left, right, .. } => left.iter().chain(right).copied().collect(),
+            Fault::PartitionAndKill { groups, node } => {
+                let mut nodes = groups
+                    .iter()
+                    .min_by_key(|g| g.len())
+                    .cloned()
+                    .unwrap_or_default();
+                if !nodes.contains(node) {
+                    nodes.push(*node);
+                }
+                nodes
+            }
+            Fault::Loss { node, .. }
+            | Fault::Kill { node }
+            | Fault::Pause { node }
+            | Fault::Restart { node }
+            | Fault::Wipe { node } => vec![*node],
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Fault::Partition { .. } => "partition",
+            Fault::OneWay { .. } => "one-way",
+            Fault::Bridge { .. } => "bridge",
+            Fault::Loss { .. } => "loss",
+            Fault::Kill { .. } => "kill",
+            Fault::Pause { .. } => "pause",
+            Fault::Restart { .. } => "restart",
+            Fault::Wipe { .. } => "wipe",
+            Fault::PartitionAndKill { .. } => "partition+kill",
+        }
+    }
+}
+
+/// A fault active from `start_ms` to `end_ms` (milliseconds since the run started).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Step {
+    pub start_ms: u64,
+    pub end_ms: u64,
+    #[serde(flatten)]
+    pub fault: Fault,
+}
+
+/// A named family of faults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scenario {
+    pub name: &'static str,
+    pub about: &'static str,
+    kinds: &'static [Kind],
+    /// How long each fault lasts, in ms (inclusive range).
+    fault_ms: (u64, u64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Partition,
+    OneWay,
+    Bridge,
+    Loss,
+    Kill,
+    Pause,
+    Restart,
+    Wipe,
+    PartitionAndKill,
+}
+
+const ALL: &[Kind] = &[
+    Kind::Partition,
+    Kind::OneWay,
+    Kind::Bridge,
+    Kind::Loss,
+    Kind::Kill,
+    Kind::Pause,
+    Kind::Restart,
+    Kind::Wipe,
+    Kind::PartitionAndKill,
+];
+
+pub const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "partition",
+        about: "symmetric partitions of random shapes (majority/minority, three ways)",
+        kinds: &[Kind::Partition],
+        fault_ms: (4_000, 10_000),
+    },
+    Scenario {
+        name: "one-way",
+        about: "one-way partitions: a group's packets to the others are dropped, not theirs",
+        kinds: &[Kind::OneWay],
+        fault_ms: (4_000, 10_000),
+    },
+    Scenario {
+        name: "bridge",
+        about: "bridge partitions: one node sees both halves, the halves do not see each other",
+        kinds: &[Kind::Bridge],
+        fault_ms: (4_000, 10_000),
+    },
+    Scenario {
+        name: "loss",
+        about: "random packet loss (20-60%) into one node",
+        kinds: &[Kind::Loss],
+        fault_ms: (4_000, 10_000),
+    },
+    Scenario {
+        name: "kill",
+        about: "kill -9 of one node, started again with its data dir",
+        kinds: &[Kind::Kill],
+        fault_ms: (2_000, 8_000),
+    },
+    Scenario {
+        name: "pause",
+        about: "SIGSTOP of one node (silent, sockets open), then SIGCONT",
+        kinds: &[Kind::Pause],
+        fault_ms: (2_000, 8_000),
+    },
+    Scenario {
+        name: "restart",
+        about: "graceful restarts, and restarts with the data dir wiped",
+        kinds: &[Kind::Restart, Kind::Wipe],
+        fault_ms: (2_000, 6_000),
+    },
+    Scenario {
+        name: "partition-kill",
+        about: "a partition with a node of the minority killed too",
+        kinds: &[Kind::PartitionAndKill],
+        fault_ms: (4_000, 10_000),
+    },
+    Scenario {
+        name: "random",
+        about: "any of the above, one at a time, for soaks",
+        kinds: ALL,
+        fault_ms: (2_000, 10_000),
+    },
+];
+
+pub fn scenario(name: &str) -> Option<&'static Scenario> {
+    SCENARIOS.iter().find(|s| s.name == name)
+}
+
+/// Quiet time at the start (the workload warms up) and at the end (faults healed; the run
+/// then measures convergence).
+pub const WARMUP_MS: u64 = 2_000;
+pub const COOLDOWN_MS: u64 = 2_000;
+
+/// The schedule of `scenario` for `nodes` hosts over `duration_ms`, from `seed`: faults one at a
+/// time, each for a random span of the scenario's range, with 1-3 s of quiet between them, the
+/// last healed `COOLDOWN_MS` before the end. A named scenario of several kinds takes them in
+/// turn (so a short run has each); `random` draws each fault's kind.
+pub fn schedule(scenario: &Scenario, nodes: usize, duration_ms: u64, seed: u64) -> Vec<Step> {
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+    let mut steps = Vec::new();
+    let mut at = WARMUP_MS;
+    let end = duration_ms.saturating_sub(COOLDOWN_MS);
+    if nodes < 3 {
+        return steps;
+    }
+    let first = rng.random_range(0..scenario.kinds.len());
+    loop {
+        let length = rng.random_range(scenario.fault_ms.0..=scenario.fault_ms.1);
+        if at + length > end {
+            break;
+        }
+        let kind = if scenario.name == "random" {
+            scenario.kinds[rng.random_range(0..scenario.kinds.len())]
+        } else {
+            scenario.kinds[(first + steps.len()) % scenario.kinds.len()]
+        };
+        steps.push(Step {
+            start_ms: at,
+            end_ms: at + length,
+            fault: fault(kind, nodes, &mut rng),
+        });
+        at += length + rng.random_range(1_000..=3_000);
+    }
+    steps
+}
+
+/// `nodes` indices shuffled.
+fn shuffled(nodes: usize, rng: &mut Xoshiro256PlusPlus) -> Vec<usize> {
+    let mut all: Vec<usize> = (0..nodes).collect();
+    for i in (1..all.len()).rev() {
+        all.swap(i, rng.random_range(0..=i));
+    }
+    all
+}
+
+fn sorted(mut v: Vec<usize>) -> Vec<usize> {
+    v.sort_unstable();
+    v
+}
+
+/// A random split into a majority and a minority (or, one time in four with 5+ nodes, three
+/// groups none of which is a majority).
+fn groups(nodes: usize, rng: &mut Xoshiro256PlusPlus) -> Vec<Vec<usize>> {
+    let order = shuffled(nodes, rng);
+    if nodes >= 5 && rng.random_range(0..4) == 0 {
+        let a = nodes / 3;
+        let b = (nodes - a) / 2;
+        return vec![
+            sorted(order[..a].to_vec()),
+            sorted(order[a..a + b].to_vec()),
+            sorted(order[a + b..].to_vec()),
+        ];
+    }
+    let minority = rng.random_range(1..=(nodes - 1) / 2);
+    vec![
+        sorted(order[minority..].to_vec()),
+        sorted(order[..minority].to_vec()),
+    ]
+}
+
+fn fault(kind: Kind, nodes: usize, rng: &mut Xoshiro256PlusPlus) -> Fault {
+    let node = rng.random_range(0..nodes);
+    match kind {
+        Kind::Partition => Fault::Partition {
+            groups: groups(nodes, rng),
+        },
+        Kind::OneWay => {
+            let g = groups(nodes, rng);
+            // Either direction: the minority deaf or the minority mute.
+            let (a, b) = (g[0].clone(), g[1..].concat());
+            if rng.random_range(0..2) == 0 {
+                Fault::OneWay {
+                    from: a,
+                    to: sorted(b),
+                }
+            } else {
+                Fault::OneWay {
+                    from: sorted(b),
+                    to: a,
+                }
+            }
+        }
+        Kind::Bridge => {
+            let order = shuffled(nodes, rng);
+            let half = (nodes - 1) / 2;
+            Fault::Bridge {
+                middle: order[0],
+                left: sorted(order[1..1 + half].to_vec()),
+                right: sorted(order[1 + half..].to_vec()),
+            }
+        }
+        Kind::Loss => Fault::Loss {
+            node,
+            percent: rng.random_range(20..=60),
+        },
+        Kind::Kill => Fault::Kill { node },
+        Kind::Pause => Fault::Pause { node },
+        Kind::Restart => Fault::Restart { node },
+        Kind::Wipe => Fault::Wipe { node },
+        Kind::PartitionAndKill => {
+            let groups = groups(nodes, rng);
+            let minority = groups.iter().min_by_key(|g| g.len()).expect("two groups");
+            let node = minority[rng.random_range(0..minority.len())];
+            Fault::PartitionAndKill { groups, node }
+        }
+    }
+}
+
+/// The (from, to) host pairs whose packets a network fault drops. Empty for process faults.
+pub fn blocked_pairs(fault: &Fault) -> Vec<(usize, usize)> {
+    let between = |a: &[usize], b: &[usize]| -> Vec<(usize, usize)> {
+        a.iter()
+            .flat_map(|x| b.iter().map(move |y| (*x, *y)))
+            .collect()
+    };
+    match fault {
+        Fault::Partition { groups } | Fault::PartitionAndKill { groups, .. } => {
+            let mut pairs = Vec::new();
+            for (i, a) in groups.iter().enumerate() {
+                for (j, b) in groups.iter().enumerate() {
+                    if i != j {
+                        pairs.extend(between(a, b));
+                    }
+                }
+            }
+            pairs
+        }
+        Fault::OneWay { from, to } => between(from, to),
+        Fault::Bridge { left, right, .. } => {
+            let mut pairs = between(left, right);
+            pairs.extend(between(right, left));
+            pairs
+        }
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_gives_one_schedule() {
+        let s = scenario("random").unwrap();
+        let a = schedule(s, 5, 120_000, 42);
+        assert_eq!(a, schedule(s, 5, 120_000, 42));
+        assert_ne!(a, schedule(s, 5, 120_000, 43));
+        assert!(a.len() >= 8, "{a:?}");
+    }
+
+    #[test]
+    fn a_short_run_of_a_named_scenario_has_each_of_its_faults() {
+        let steps = schedule(scenario("restart").unwrap(), 5, 24_000, 20261201);
+        let names: std::collections::BTreeSet<&str> =
+            steps.iter().map(|s| s.fault.name()).collect();
+        assert_eq!(names, ["restart", "wipe"].into(), "{steps:?}");
+    }
+
+    #[test]
+    fn faults_come_one_at_a_time_inside_the_run() {
+        for scenario in SCENARIOS {
+            for seed in 0..50 {
+                let steps = schedule(scenario, 5, 60_000, seed);
+                assert!(!steps.is_empty(), "{}", scenario.name);
+                let mut previous_end = WARMUP_MS;
+                for step in &steps {
+                    assert!(step.start_ms >= previous_end, "{step:?}");
+                    assert!(step.end_ms > step.start_ms);
+                    assert!(step.end_ms <= 60_000 - COOLDOWN_MS, "{step:?}");
+                    previous_end = step.end_ms;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn partitions_cover_every_node_once_and_block_both_ways() {
+        for seed in 0..200 {
+            let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+            let g = groups(5, &mut rng);
+            let mut all: Vec<usize> = g.concat();
+            all.sort_unstable();
+            assert_eq!(all, [0, 1, 2, 3, 4], "{g:?}");
+            assert!(g.iter().all(|x| !x.is_empty()), "{g:?}");
+            let pairs = blocked_pairs(&Fault::Partition { groups: g.clone() });
+            for (a, b) in &pairs {
+                assert!(pairs.contains(&(*b, *a)));
+                assert!(!g.iter().any(|x| x.contains(a) && x.contains(b)));
+            }
+        }
+    }
+
+    #[test]
+    fn a_bridge_keeps_the_middle_connected_and_a_one_way_partition_one_direction() {
+        let bridge = Fault::Bridge {
+            middle: 0,
+            left: vec![1, 2],
+            right: vec![3, 4],
+        };
+        let pairs = blocked_pairs(&bridge);
+        assert_eq!(pairs.len(), 8);
+        assert!(pairs.iter().all(|(a, b)| *a != 0 && *b != 0));
+        let one_way = Fault::OneWay {
+            from: vec![0],
+            to: vec![1, 2],
+        };
+        assert_eq!(blocked_pairs(&one_way), [(0, 1), (0, 2)]);
+    }
+}

@@ -1,0 +1,49 @@
+//! The `shoal-chaos` CI profile: each named scenario on five real agents, on a short schedule,
+//! must pass every checker. The seeds are fixed (override with `SHOAL_CHAOS_SEED`) so a failure
+//! replays with `shoal-chaos run --scenario NAME --seed N`; reports go to
+//! `target/chaos-reports/<scenario>/`. Needs root, like the other chaos tests.
+
+use std::time::Duration;
+
+use shoal_chaos::report::markdown;
+use shoal_chaos::run::{RunConfig, run};
+use shoal_chaos::scenario::scenario;
+
+const PROFILE: &[&str] = &[
+    "partition",
+    "one-way",
+    "bridge",
+    "loss",
+    "kill",
+    "pause",
+    "restart",
+    "partition-kill",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_named_scenario_passes_every_checker() {
+    let seed: u64 = std::env::var("SHOAL_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20261201);
+    let reports = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/chaos-reports");
+    let mut failures = Vec::new();
+    for name in PROFILE {
+        let mut config = RunConfig::new(scenario(name).unwrap(), 5, Duration::from_secs(24), seed);
+        config.report_dir = Some(reports.join(name));
+        let report = run(config)
+            .await
+            .unwrap_or_else(|e| panic!("scenario {name}, seed {seed}: the harness failed: {e:#}"));
+        eprintln!(
+            "{name}: {} ops ({} acknowledged), converged {:?} ms after the last heal, {} violations",
+            report.history.ops.len(),
+            report.history.count(shoal_chaos::history::Outcome::Ok),
+            report.convergence_ms,
+            report.violations.len()
+        );
+        if !report.passed() {
+            failures.push(markdown(&report));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
