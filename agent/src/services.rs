@@ -163,7 +163,7 @@ pub fn start(
     // reply to a ClusterIP connection would skip its un-DNAT.
     let _ = std::fs::write("/proc/sys/net/bridge/bridge-nf-call-iptables", "1");
     let task = tokio::spawn(async move {
-        let mut applied: Option<String> = None;
+        let mut applied: Option<(ipnet::Ipv4Net, Vec<shoal_net::nft::ServicePort>)> = None;
         let (tx, rx) = tokio::sync::watch::channel(Arc::new(Records::build(&domain, &[])));
         let upstreams = shoal_net::dns::upstreams(
             &std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
@@ -178,13 +178,27 @@ pub fn start(
                 .iter()
                 .flat_map(|(s, b)| service_ports(s, b))
                 .collect();
-            let script = shoal_net::nft::ruleset(&table, cluster, &ports);
-            if applied.as_ref() != Some(&script) {
-                let attempt = script.clone();
-                match tokio::task::spawn_blocking(move || shoal_net::nft::apply(&attempt)).await {
+            let wanted = (cluster, ports.clone());
+            if applied.as_ref() != Some(&wanted) {
+                let (table_name, previous) = (table.clone(), applied.clone());
+                let attempt = ports.clone();
+                let loaded = tokio::task::spawn_blocking(move || {
+                    // Clients pinned by ClientIP affinity keep their endpoints across the rebuild.
+                    let affinity = previous
+                        .map(|(_, old)| shoal_net::nft::current_affinity(&table_name, &old))
+                        .unwrap_or_default();
+                    shoal_net::nft::apply(&shoal_net::nft::ruleset(
+                        &table_name,
+                        cluster,
+                        &attempt,
+                        &affinity,
+                    ))
+                })
+                .await;
+                match loaded {
                     Ok(Ok(())) => {
                         tracing::debug!(table = %table, ports = ports.len(), "service rules loaded");
-                        applied = Some(script);
+                        applied = Some(wanted);
                     }
                     Ok(Err(e)) => {
                         warn!(table = %table, error = %e, "service rules not loaded; retrying");

@@ -5,9 +5,13 @@
 //!
 //! The ruleset is generated whole ([`ruleset`], pure) and loaded with `nft -f -`, which
 //! applies a file as one transaction: the table is replaced atomically, never seen half made.
+//! The clients that `sessionAffinity: ClientIP` pinned to an endpoint live in the table's sets;
+//! a rebuild reads them first ([`current_affinity`]) and declares them again with the time they
+//! had left, so a change to any Service does not reshuffle the clients of the others.
 //! (The `nftables` crate wraps the same `nft` binary with JSON; the native syntax is shorter
 //! to generate and to read back with `nft list table`.)
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::Ipv4Addr;
@@ -35,19 +39,41 @@ pub struct ServicePort {
 /// The packet mark of connections masqueraded on the way out (NodePort, hairpin).
 pub const NODE_PORT_MARK: u32 = 0x5348_0000;
 
+/// An endpoint of a ClusterIP port: (ClusterIP, port, protocol, (pod IP, target port)).
+pub type EndpointKey = (Ipv4Addr, u16, String, (Ipv4Addr, u16));
+
+/// The clients pinned to each endpoint by ClientIP affinity, with the seconds each has left.
+pub type Affinity = BTreeMap<EndpointKey, Vec<(Ipv4Addr, u64)>>;
+
+/// The ports a ruleset serves, in its order (set and chain names are indices into this).
+fn served(ports: &[ServicePort]) -> Vec<&ServicePort> {
+    let mut ports: Vec<&ServicePort> = ports
+        .iter()
+        .filter(|p| matches!(p.protocol.as_str(), "tcp" | "udp"))
+        .collect();
+    ports.sort();
+    ports
+}
+
+fn endpoint_key(p: &ServicePort, endpoint: (Ipv4Addr, u16)) -> EndpointKey {
+    (p.cluster_ip, p.port, p.protocol.clone(), endpoint)
+}
+
 /// The agent's table name.
 pub fn table_name(scope: &str) -> String {
     format!("shoal_{scope}")
 }
 
 /// The whole table for `ports` (pods' block `cluster`), as an `nft -f` script that replaces the
-/// table in one transaction.
-pub fn ruleset(table: &str, cluster: Ipv4Net, ports: &[ServicePort]) -> String {
-    let mut ports: Vec<&ServicePort> = ports
-        .iter()
-        .filter(|p| matches!(p.protocol.as_str(), "tcp" | "udp"))
-        .collect();
-    ports.sort();
+/// table in one transaction; `affinity` holds the clients pinned so far (they keep their
+/// endpoint if it is still there).
+pub fn ruleset(
+    table: &str,
+    cluster: Ipv4Net,
+    ports: &[ServicePort],
+    affinity: &Affinity,
+) -> String {
+    let ports = served(ports);
     let mut s = String::new();
     // Declare (so the delete cannot fail), delete, define: one atomic replacement.
     let _ = writeln!(
@@ -105,11 +131,28 @@ pub fn ruleset(table: &str, cluster: Ipv4Net, ports: &[ServicePort]) -> String {
         if let Some(timeout) = p.affinity_seconds {
             // A client seen lately goes to the endpoint it went to (kube-proxy's shape: one
             // set of recent clients per endpoint, refreshed on every new connection).
-            for j in 0..n {
-                let _ = writeln!(
+            for (j, endpoint) in p.endpoints.iter().enumerate() {
+                let _ = write!(
                     s,
-                    "  set svc_{i}_ep_{j}_clients {{\n    type ipv4_addr; flags dynamic,timeout; timeout {timeout}s;\n  }}"
+                    "  set svc_{i}_ep_{j}_clients {{\n    type ipv4_addr; flags dynamic,timeout; timeout {timeout}s;\n"
                 );
+                let clients = affinity
+                    .get(&endpoint_key(p, *endpoint))
+                    .map(Vec::as_slice)
+                    .unwrap_or_default();
+                if !clients.is_empty() {
+                    let elements: Vec<String> = clients
+                        .iter()
+                        .map(|(ip, left)| {
+                            format!(
+                                "{ip} timeout {timeout}s expires {}s",
+                                (*left).clamp(1, u64::from(timeout))
+                            )
+                        })
+                        .collect();
+                    let _ = writeln!(s, "    elements = {{ {} }}", elements.join(", "));
+                }
+                s.push_str("  }\n");
             }
             let _ = writeln!(s, "  chain svc_{i}_affinity {{");
             for j in 0..n {
@@ -180,6 +223,68 @@ fn nft(script: &str) -> Result<(), NetError> {
     Ok(())
 }
 
+/// The pinned clients in `json` (`nft -j list table` of a table made by [`ruleset`] for
+/// `ports`), by endpoint. Sets it does not know, or malformed entries, are skipped.
+pub fn affinity_from_json(json: &str, ports: &[ServicePort]) -> Affinity {
+    let ports = served(ports);
+    let mut affinity = Affinity::new();
+    let Ok(doc) = serde_json::from_str::<serde_json::Value>(json) else {
+        return affinity;
+    };
+    let items = doc["nftables"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    for set in items.iter().filter_map(|item| item.get("set")) {
+        let Some(name) = set["name"].as_str() else {
+            continue;
+        };
+        // svc_<i>_ep_<j>_clients
+        let parts: Vec<&str> = name.split('_').collect();
+        let (Some(i), Some(j)) = (
+            parts.get(1).and_then(|v| v.parse::<usize>().ok()),
+            parts.get(3).and_then(|v| v.parse::<usize>().ok()),
+        ) else {
+            continue;
+        };
+        if parts.len() != 5 || parts[0] != "svc" || parts[2] != "ep" || parts[4] != "clients" {
+            continue;
+        }
+        let Some(endpoint) = ports.get(i).and_then(|p| Some((*p, *p.endpoints.get(j)?))) else {
+            continue;
+        };
+        let clients: Vec<(Ipv4Addr, u64)> = set["elem"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| {
+                let elem = &e["elem"];
+                let ip = elem["val"].as_str()?.parse().ok()?;
+                Some((ip, elem["expires"].as_u64()?))
+            })
+            .collect();
+        if !clients.is_empty() {
+            affinity.insert(endpoint_key(endpoint.0, endpoint.1), clients);
+        }
+    }
+    affinity
+}
+
+/// The clients pinned in `table` as loaded now, which was made for `ports` (empty if it cannot
+/// be read).
+pub fn current_affinity(table: &str, ports: &[ServicePort]) -> Affinity {
+    match Command::new("nft")
+        .args(["-j", "list", "table", "ip", table])
+        .stderr(Stdio::null())
+        .output()
+    {
+        Ok(out) if out.status.success() => {
+            affinity_from_json(&String::from_utf8_lossy(&out.stdout), ports)
+        }
+        _ => Affinity::new(),
+    }
+}
+
 /// Loads a ruleset made by [`ruleset`].
 pub fn apply(script: &str) -> Result<(), NetError> {
     nft(script)
@@ -225,7 +330,12 @@ mod tests {
                 affinity_seconds: None,
             },
         ];
-        let s = ruleset("shoal_t", "10.88.0.0/16".parse().unwrap(), &ports);
+        let s = ruleset(
+            "shoal_t",
+            "10.88.0.0/16".parse().unwrap(),
+            &ports,
+            &Affinity::new(),
+        );
         assert!(s.starts_with("table ip shoal_t {}\ndelete table ip shoal_t\n"));
         assert!(s.contains("ip daddr 10.96.0.20 tcp dport 80 goto svc_0"));
         assert!(
@@ -252,8 +362,55 @@ mod tests {
         assert!(s.contains("ip saddr 10.88.0.0/16 ip daddr != 10.88.0.0/16 masquerade"));
         assert_eq!(
             s,
-            ruleset("shoal_t", "10.88.0.0/16".parse().unwrap(), &ports),
+            ruleset(
+                "shoal_t",
+                "10.88.0.0/16".parse().unwrap(),
+                &ports,
+                &Affinity::new()
+            ),
             "deterministic"
         );
+    }
+
+    fn affine(endpoints: &[(&str, u16)]) -> ServicePort {
+        ServicePort {
+            cluster_ip: "10.96.0.20".parse().unwrap(),
+            port: 80,
+            protocol: "tcp".into(),
+            endpoints: endpoints
+                .iter()
+                .map(|(ip, port)| (ip.parse().unwrap(), *port))
+                .collect(),
+            node_port: None,
+            affinity_seconds: Some(100),
+        }
+    }
+
+    /// A rebuild keeps the clients pinned to endpoints that remain, under the endpoints' new
+    /// positions, with the time they had left (nft's JSON as `nft -j list table` prints it).
+    #[test]
+    fn pinned_clients_survive_a_rebuild() {
+        let before = vec![affine(&[("10.88.1.2", 8080), ("10.88.2.3", 8080)])];
+        let json = r#"{"nftables": [{"metainfo": {"version": "1.0.6"}},
+            {"set": {"family": "ip", "name": "svc_0_ep_1_clients", "table": "shoal_t", "type": "ipv4_addr",
+                     "flags": ["timeout"], "timeout": 100, "elem": [{"elem": {"val": "10.88.0.9", "expires": 42}}]}},
+            {"set": {"family": "ip", "name": "svc_0_ep_0_clients", "table": "shoal_t", "type": "ipv4_addr"}},
+            {"set": {"family": "ip", "name": "svc_7_ep_0_clients", "table": "shoal_t", "type": "ipv4_addr",
+                     "elem": [{"elem": {"val": "10.88.0.8", "expires": 5}}]}}]}"#;
+        let affinity = affinity_from_json(json, &before);
+        assert_eq!(affinity.len(), 1, "{affinity:?}");
+        // The first endpoint goes: 10.88.2.3 is now endpoint 0, and its client stays on it.
+        let after = vec![affine(&[("10.88.2.3", 8080)])];
+        let s = ruleset(
+            "shoal_t",
+            "10.88.0.0/16".parse().unwrap(),
+            &after,
+            &affinity,
+        );
+        assert!(
+            s.contains("set svc_0_ep_0_clients {\n    type ipv4_addr; flags dynamic,timeout; timeout 100s;\n    elements = { 10.88.0.9 timeout 100s expires 42s }\n  }"),
+            "{s}"
+        );
+        assert!(affinity_from_json("not json", &before).is_empty());
     }
 }

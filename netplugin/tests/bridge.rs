@@ -161,8 +161,45 @@ fn pods_on_one_bridge_reach_each_other_and_nothing_is_left() {
             },
         ];
         let table = nft::table_name(&tag);
-        let rules = nft::ruleset(&table, "10.250.0.0/16".parse().unwrap(), &ports);
+        let cluster = "10.250.0.0/16".parse().unwrap();
+        let rules = nft::ruleset(&table, cluster, &ports, &nft::Affinity::new());
         nft::apply(&rules).unwrap();
+        nft::apply(&rules).unwrap();
+        // Clients pinned by ClientIP affinity are read back from the loaded table and kept by a
+        // rebuild (here one that drops endpoint a: b's client stays on b).
+        let client: std::net::Ipv4Addr = "10.250.9.9".parse().unwrap();
+        let pinned: nft::Affinity = [(
+            (
+                "10.96.0.20".parse().unwrap(),
+                80,
+                "tcp".to_owned(),
+                (b.ip, 8080),
+            ),
+            vec![(client, 50)],
+        )]
+        .into();
+        nft::apply(&nft::ruleset(&table, cluster, &ports, &pinned)).unwrap();
+        let read = nft::current_affinity(&table, &ports);
+        let left = read
+            .values()
+            .next()
+            .and_then(|c| c.first())
+            .map(|(ip, s)| (*ip, *s));
+        assert!(
+            read.len() == 1 && left.is_some_and(|(ip, s)| ip == client && s <= 50 && s > 40),
+            "{read:?}"
+        );
+        let mut fewer = ports.clone();
+        fewer[0].endpoints.retain(|(ip, _)| *ip == b.ip);
+        nft::apply(&nft::ruleset(&table, cluster, &fewer, &read)).unwrap();
+        assert_eq!(
+            nft::current_affinity(&table, &fewer)
+                .values()
+                .flatten()
+                .map(|(ip, _)| *ip)
+                .collect::<Vec<_>>(),
+            [client]
+        );
         nft::apply(&rules).unwrap();
         let listed = String::from_utf8(
             std::process::Command::new("nft")
