@@ -489,8 +489,8 @@ fn table(rows: &[Vec<String>]) -> String {
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
-        // Store work that fsyncs runs off the async workers (`replication::on_disk` and the
-        // blocking pool); a few blocking threads suffice, and each extra one costs a malloc arena.
+        // Bulk store work runs off the async workers (`replication::on_disk` and the blocking
+        // pool); a few blocking threads suffice, and each extra one costs a malloc arena.
         .max_blocking_threads(4)
         .enable_all()
         .build()
