@@ -146,7 +146,7 @@ pub fn ruleset(
                         .map(|(ip, left)| {
                             format!(
                                 "{ip} timeout {timeout}s expires {}s",
-                                (*left).clamp(1, u64::from(timeout))
+                                (*left).min(u64::from(timeout)).max(1)
                             )
                         })
                         .collect();
