@@ -173,7 +173,7 @@ impl Replication {
         let peers = self.live_peers().await;
         self.check_reachable(peers.len())?;
         // One object's commit (a single fsync) runs here, not through `on_disk`: the hand-off
-        // to another thread cost ~1 ms of the ~2.3 ms acknowledgement and 15-25% of the
+        // to another thread cost ~1 ms of the ~2.3 ms acknowledgement and 12-16% of the
         // throughput (state-bench, BENCHMARKS.md). Bulk merges go through `on_disk`.
         let (written, acks) = {
             let mut store = self.store.lock().unwrap();
