@@ -7,6 +7,7 @@ mod discovery;
 mod handlers;
 mod observed;
 mod patch;
+mod protobuf;
 mod resources;
 mod selector;
 mod status;
@@ -97,8 +98,92 @@ pub fn router(state: ApiState) -> Router {
         .layer(axum::extract::DefaultBodyLimit::max(
             2 * shoal_state::object::MAX_OBJECT_BYTES,
         ))
+        .layer(middleware::from_fn(protobuf_bodies))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .with_state(state)
+}
+
+/// Protobuf bodies at the edge (`protobuf.rs`): a protobuf request body is handed on as the
+/// JSON it stands for, and a JSON answer to a client that asks for protobuf first goes back as
+/// protobuf when the server has the kind's schema (watches stay JSON, which client-go decodes by
+/// the answer's Content-Type).
+async fn protobuf_bodies(request: Request, next: Next) -> Response {
+    let header_text = |r: &Request, name: header::HeaderName| {
+        r.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    let wants_protobuf = protobuf::prefers_protobuf(&header_text(&request, header::ACCEPT))
+        && !request
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+    let request = if header_text(&request, header::CONTENT_TYPE).starts_with(protobuf::MEDIA_TYPE) {
+        let (mut parts, body) = request.into_parts();
+        let limit = 2 * shoal_state::object::MAX_OBJECT_BYTES;
+        let bytes = match axum::body::to_bytes(body, limit).await {
+            Ok(b) => b,
+            Err(e) => {
+                return ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "RequestEntityTooLarge",
+                    format!("the request body could not be read (at most {limit} bytes): {e}"),
+                )
+                .into_response();
+            }
+        };
+        let object = match protobuf::decode(&bytes) {
+            Ok(o) => o,
+            Err(e) => {
+                return ApiError::bad_request(format!("the protobuf body does not decode: {e}"))
+                    .into_response();
+            }
+        };
+        parts.headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        parts.headers.remove(header::CONTENT_LENGTH);
+        Request::from_parts(parts, axum::body::Body::from(object.to_string()))
+    } else {
+        request
+    };
+    let response = next.run(request).await;
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes() == b"application/json");
+    if !wants_protobuf || !is_json {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    let encoded = serde_json::from_slice::<Value>(&bytes)
+        .ok()
+        .filter(|v| {
+            let text = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("");
+            protobuf::knows(text("apiVersion"), text("kind"))
+        })
+        .map(|v| protobuf::encode(&v));
+    match encoded {
+        Some(Ok(body)) => {
+            parts.headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(protobuf::MEDIA_TYPE),
+            );
+            parts.headers.remove(header::CONTENT_LENGTH);
+            Response::from_parts(parts, axum::body::Body::from(body))
+        }
+        Some(Err(e)) => {
+            warn!(error = %e, "an answer could not be encoded as protobuf; sent as JSON");
+            Response::from_parts(parts, axum::body::Body::from(bytes))
+        }
+        None => Response::from_parts(parts, axum::body::Body::from(bytes)),
+    }
 }
 
 fn json(value: &Value) -> Response {

@@ -114,7 +114,11 @@ cases = [
     ("PATCH", D + "/scaled", {"spec": {"template": {"spec": {"containers": [{"image": "x"}]}}}}, "application/strategic-merge-patch+json", True, 422, "merge key"),
     ("PATCH", C + "/exists", "a: [b", "application/apply-patch+yaml", True, 400, "not valid YAML"),
     ("PUT", C + "/exists", cm("other-name"), "application/json", True, 400, "does not match the name"),
-    ("POST", C, b"k8s\x00\x0a", "application/vnd.kubernetes.protobuf", True, 415, "unknown format"),
+    ("POST", C, b"k8s\x00\x0a", "application/vnd.kubernetes.protobuf", True, 400, "protobuf body does not decode"),
+    ("POST", C, b"{}", "application/vnd.kubernetes.protobuf", True, 400, "magic"),
+    # typeMeta {apiVersion "example.com/v1", kind "Widget"}: a kind without a schema.
+    ("POST", C, b"k8s\x00\x0a\x18\x0a\x0eexample.com/v1\x12\x06Widget", "application/vnd.kubernetes.protobuf", True, 400, "no protobuf schema for example.com/v1/Widget"),
+    ("POST", C, b"\xa0", "application/cbor", True, 415, "unknown format"),
     ("GET", C + "?watch=true&resourceVersion=abc", None, "application/json", True, 400, "resourceVersion"),
     ("DELETE", C + "/exists?propagationPolicy=Sometimes", None, "application/json", True, 422, "propagationPolicy"),
     ("POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "fake"}}, "application/json", True, 405, "observed"),

@@ -340,3 +340,189 @@ async fn bad_requests_get_clear_4xx_errors() {
     // The agent is still healthy after all of it.
     assert!(api.agents[0].members().await.is_ok());
 }
+
+/// Whether `stored` holds every field of `sent` with the same value (the server may add defaults).
+fn holds(stored: &serde_json::Value, sent: &serde_json::Value, path: &str) -> Result<(), String> {
+    use serde_json::Value;
+    match (sent, stored) {
+        (Value::Object(want), Value::Object(have)) => want.iter().try_for_each(|(k, v)| {
+            let here = format!("{path}.{k}");
+            match (v, have.get(k)) {
+                // Client-side placeholders the server fills in.
+                (Value::Null, _) => Ok(()),
+                (Value::Object(o), None) if o.is_empty() => Ok(()),
+                (_, None) => Err(format!("{here} was sent as {v} and is not stored")),
+                (_, Some(h)) => holds(h, v, &here),
+            }
+        }),
+        (Value::Array(want), Value::Array(have)) if want.len() == have.len() => want
+            .iter()
+            .zip(have)
+            .enumerate()
+            .try_for_each(|(i, (w, h))| holds(h, w, &format!("{path}[{i}]"))),
+        _ if sent == stored => Ok(()),
+        _ => Err(format!(
+            "{path} was sent as {sent} and is stored as {stored}"
+        )),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_typed_generators_send_protobuf_and_every_field_they_send_is_stored() {
+    let api = ApiLab::start(2).await;
+    // What kubectl's typed generators build; each goes over the wire as protobuf (checked from
+    // kubectl's own request log), and the object read back as JSON must hold all of it.
+    // (arguments, object, whether kubectl 1.37 sends it as protobuf: `run` and `expose` send JSON).
+    let cases: &[(&[&str], &str, bool)] = &[
+        (&["create", "namespace", "team-a"], "namespace/team-a", true),
+        (
+            &[
+                "create",
+                "deployment",
+                "web",
+                "--image=busybox:1.36",
+                "--replicas=0",
+                "--port=80",
+            ],
+            "deployment/web",
+            true,
+        ),
+        (
+            &[
+                "create",
+                "configmap",
+                "cfg",
+                "--from-literal=a=1",
+                "--from-literal=empty=",
+            ],
+            "configmap/cfg",
+            true,
+        ),
+        (
+            &["create", "secret", "generic", "s", "--from-literal=k=v"],
+            "secret/s",
+            true,
+        ),
+        (
+            &["create", "service", "clusterip", "svc", "--tcp=80:8080"],
+            "service/svc",
+            true,
+        ),
+        (
+            &["create", "job", "j", "--image=busybox:1.36", "--", "true"],
+            "job/j",
+            true,
+        ),
+        (
+            &[
+                "create",
+                "cronjob",
+                "cj",
+                "--image=busybox:1.36",
+                "--schedule=*/5 * * * *",
+                "--",
+                "true",
+            ],
+            "cronjob/cj",
+            true,
+        ),
+        (
+            &[
+                "run",
+                "solo",
+                "--image=busybox:1.36",
+                "--restart=Never",
+                "--labels=app=solo",
+                "--env=A=1",
+            ],
+            "pod/solo",
+            false,
+        ),
+        (
+            &[
+                "expose",
+                "deployment",
+                "web",
+                "--name=web-svc",
+                "--port=80",
+                "--target-port=8080",
+            ],
+            "service/web-svc",
+            false,
+        ),
+        (
+            &[
+                "autoscale",
+                "deployment",
+                "web",
+                "--min=1",
+                "--max=3",
+                "--cpu-percent=80",
+            ],
+            "horizontalpodautoscaler.autoscaling/web",
+            true,
+        ),
+    ];
+    for (i, (args, object, protobuf)) in cases.iter().enumerate() {
+        let agent = i % 2;
+        // Flags go before `--` (what follows is the container's command).
+        let with = |flags: &[&'static str]| {
+            let at = args.iter().position(|a| *a == "--").unwrap_or(args.len());
+            let mut v = args[..at].to_vec();
+            v.extend_from_slice(flags);
+            v.extend_from_slice(&args[at..]);
+            v
+        };
+        let dry = with(&["--dry-run=client", "-o", "json"]);
+        let printed = api.ok(agent, &dry);
+        let sent: serde_json::Value = serde_json::from_str(&printed)
+            .unwrap_or_else(|e| panic!("kubectl {dry:?} printed no JSON ({e}): {printed}"));
+        let real = with(&["-v=8"]);
+        let (ok, out, log) = api.kubectl(agent, &real);
+        assert!(ok, "kubectl {real:?} failed:\n{log}\n{out}");
+        assert!(
+            out.contains("created") || out.contains("exposed") || out.contains("autoscaled"),
+            "{args:?}: {out}"
+        );
+        assert!(
+            !protobuf
+                || log.contains("Content-Type: application/vnd.kubernetes.protobuf")
+                || log.contains("\"Content-Type\"=\"application/vnd.kubernetes.protobuf\""),
+            "kubectl {args:?} did not send protobuf, so this test proves nothing:\n{log}"
+        );
+        // The answer came back as protobuf too (kubectl logs request and response headers).
+        let protobuf_headers = log
+            .lines()
+            .filter(|l| {
+                l.contains("Content-Type") && l.contains("application/vnd.kubernetes.protobuf")
+            })
+            .count();
+        assert!(
+            !protobuf || protobuf_headers >= 2,
+            "{args:?}: the answer was not protobuf:\n{log}"
+        );
+        let stored: serde_json::Value =
+            serde_json::from_str(&api.ok(1 - agent, &["get", object, "-o", "json"])).unwrap();
+        if let Err(e) = holds(&stored, &sent, "") {
+            panic!("kubectl {args:?}: {e}\nsent: {sent}\nstored: {stored}");
+        }
+    }
+    // `--replicas=0` is a pointer zero that must survive protobuf (Go writes non-pointer zeros
+    // too, which decode as absent).
+    assert_eq!(
+        api.ok(
+            0,
+            &["get", "deploy", "web", "-o", "jsonpath={.spec.replicas}"]
+        ),
+        "0"
+    );
+    assert_eq!(
+        api.ok(1, &["get", "cm", "cfg", "-o", "jsonpath={.data.empty}"]),
+        ""
+    );
+    assert_eq!(
+        api.ok(1, &["get", "secret", "s", "-o", "jsonpath={.data.k}"]),
+        "dg==",
+        "a Secret's bytes are base64 in JSON"
+    );
+}

@@ -1,0 +1,849 @@
+//! `application/vnd.kubernetes.protobuf` bodies, converted to and from the JSON object model at
+//! the API's edge, so every handler keeps working on JSON.
+//!
+//! The wire format is the apiserver's: the magic `k8s\0`, then a `runtime.Unknown` whose
+//! `typeMeta` names apiVersion and kind and whose `raw` is the object's message. The messages
+//! are described by Kubernetes' own `.proto` files (release 1.35), compiled into
+//! `agent/proto/k8s.fds` (`agent/proto/generate.sh`) and read with `prost-reflect`; no message
+//! is written by hand. What the descriptors cannot say, this module says, each in one table:
+//! - the types whose JSON form is not their message's (`Time` is an RFC 3339 string,
+//!   `IntOrString` a number or a string, `Quantity` a string, `RawExtension` embedded JSON);
+//! - the Go structs embedded inline in their parent's JSON (`Probe.handler`, `Volume.volumeSource`,
+//!   the `LocalObjectReference` of key selectors);
+//! - the Go pointer fields whose zero value means something (`replicas: 0`, `runAsUser: 0`):
+//!   Go's encoder writes every non-pointer field, zero or not, and the apiserver cannot tell a
+//!   zero from an absent field either, so a zero scalar decodes to an absent JSON field unless
+//!   the field is a pointer.
+//!
+//! A field a newer client knows and this schema does not is refused with the message and field
+//! number, unless its value is zero (a newer Go encoder writes its new non-pointer fields on
+//! every request); nothing a client sent is dropped silently.
+
+use std::sync::LazyLock;
+use std::time::{Duration, SystemTime};
+
+use base64::Engine as _;
+use prost::Message as _;
+use prost_reflect::{
+    DescriptorPool, DynamicMessage, FieldDescriptor, Kind, MapKey, MessageDescriptor,
+    ReflectMessage, Value as PValue,
+};
+use serde_json::{Map, Value, json};
+
+/// The media type.
+pub const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
+/// What starts every body.
+const MAGIC: &[u8; 4] = b"k8s\0";
+
+static POOL: LazyLock<DescriptorPool> = LazyLock::new(|| {
+    DescriptorPool::decode(&include_bytes!("../../proto/k8s.fds")[..])
+        .expect("the committed descriptor set decodes (agent/proto/generate.sh)")
+});
+
+const META: &str = "apimachinery.pkg.apis.meta.v1";
+const UNKNOWN: &str = "apimachinery.pkg.runtime.Unknown";
+
+/// A body this module cannot convert, with the field path it stopped at.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtoError {
+    #[error("the body does not start with the protobuf magic \"k8s\\0\"")]
+    NoMagic,
+    #[error("the protobuf envelope does not decode: {0}")]
+    Envelope(String),
+    #[error("no protobuf schema for {api_version}/{kind}")]
+    UnknownKind { api_version: String, kind: String },
+    #[error("{kind}: the protobuf message does not decode: {reason}")]
+    Decode { kind: String, reason: String },
+    #[error("{path}: {reason}")]
+    Field { path: String, reason: String },
+}
+
+fn field_error(path: &str, reason: impl Into<String>) -> ProtoError {
+    ProtoError::Field {
+        path: if path.is_empty() {
+            "<root>".into()
+        } else {
+            path.into()
+        },
+        reason: reason.into(),
+    }
+}
+
+/// The message of a kind: `metav1` kinds under any group (clients send `DeleteOptions` in the
+/// group of the resource), the rest by group and version.
+fn message_for(api_version: &str, kind: &str) -> Option<MessageDescriptor> {
+    const META_KINDS: &[&str] = &[
+        "Status",
+        "DeleteOptions",
+        "CreateOptions",
+        "UpdateOptions",
+        "PatchOptions",
+        "GetOptions",
+        "ListOptions",
+        "WatchEvent",
+        "APIResourceList",
+        "APIGroupList",
+        "APIGroup",
+        "APIVersions",
+        "Table",
+        "PartialObjectMetadata",
+        "PartialObjectMetadataList",
+    ];
+    if META_KINDS.contains(&kind) {
+        return POOL.get_message_by_name(&format!("{META}.{kind}"));
+    }
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let package = match group {
+        "" => "api.core",
+        "apps" => "api.apps",
+        "batch" => "api.batch",
+        "autoscaling" => "api.autoscaling",
+        "discovery.k8s.io" => "api.discovery",
+        "events.k8s.io" => "api.events",
+        "policy" => "api.policy",
+        "meta.k8s.io" => "apimachinery.pkg.apis.meta",
+        _ => return None,
+    };
+    if version.is_empty() || !version.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return None;
+    }
+    POOL.get_message_by_name(&format!("{package}.{version}.{kind}"))
+}
+
+/// Whether the server has a schema for this kind (responses of other kinds stay JSON).
+pub fn knows(api_version: &str, kind: &str) -> bool {
+    message_for(api_version, kind).is_some()
+}
+
+/// Go structs embedded in their parent's JSON (`json:",inline"`) that the `.proto` files give a
+/// field of their own.
+const INLINE: &[&str] = &[
+    "api.core.v1.Probe.handler",
+    "api.core.v1.Volume.volumeSource",
+    "api.core.v1.PersistentVolumeSpec.persistentVolumeSource",
+    "api.core.v1.EphemeralContainer.ephemeralContainerCommon",
+    "api.core.v1.ConfigMapEnvSource.localObjectReference",
+    "api.core.v1.ConfigMapKeySelector.localObjectReference",
+    "api.core.v1.ConfigMapProjection.localObjectReference",
+    "api.core.v1.ConfigMapVolumeSource.localObjectReference",
+    "api.core.v1.SecretEnvSource.localObjectReference",
+    "api.core.v1.SecretKeySelector.localObjectReference",
+    "api.core.v1.SecretProjection.localObjectReference",
+];
+
+/// Go pointer fields of scalar or `IntOrString` type whose zero value is a value: decoded as
+/// written, where other zero scalars decode as absent (see the module's doc).
+const POINTERS: &[&str] = &[
+    "api.core.v1.PodSpec.terminationGracePeriodSeconds",
+    "api.core.v1.PodSpec.activeDeadlineSeconds",
+    "api.core.v1.PodSpec.automountServiceAccountToken",
+    "api.core.v1.PodSpec.shareProcessNamespace",
+    "api.core.v1.PodSpec.priority",
+    "api.core.v1.PodSpec.enableServiceLinks",
+    "api.core.v1.PodSpec.hostUsers",
+    "api.core.v1.PodSpec.setHostnameAsFQDN",
+    "api.core.v1.SecurityContext.privileged",
+    "api.core.v1.SecurityContext.runAsUser",
+    "api.core.v1.SecurityContext.runAsGroup",
+    "api.core.v1.SecurityContext.runAsNonRoot",
+    "api.core.v1.SecurityContext.readOnlyRootFilesystem",
+    "api.core.v1.SecurityContext.allowPrivilegeEscalation",
+    "api.core.v1.PodSecurityContext.runAsUser",
+    "api.core.v1.PodSecurityContext.runAsGroup",
+    "api.core.v1.PodSecurityContext.runAsNonRoot",
+    "api.core.v1.PodSecurityContext.fsGroup",
+    "api.core.v1.Probe.terminationGracePeriodSeconds",
+    "api.core.v1.ConfigMapKeySelector.optional",
+    "api.core.v1.SecretKeySelector.optional",
+    "api.core.v1.ConfigMapEnvSource.optional",
+    "api.core.v1.SecretEnvSource.optional",
+    "api.core.v1.ConfigMapVolumeSource.defaultMode",
+    "api.core.v1.ConfigMapVolumeSource.optional",
+    "api.core.v1.SecretVolumeSource.defaultMode",
+    "api.core.v1.SecretVolumeSource.optional",
+    "api.core.v1.ConfigMapProjection.optional",
+    "api.core.v1.SecretProjection.optional",
+    "api.core.v1.ProjectedVolumeSource.defaultMode",
+    "api.core.v1.DownwardAPIVolumeSource.defaultMode",
+    "api.core.v1.KeyToPath.mode",
+    "api.core.v1.DownwardAPIVolumeFile.mode",
+    "api.core.v1.ServiceAccountTokenProjection.expirationSeconds",
+    "api.core.v1.ServiceSpec.allocateLoadBalancerNodePorts",
+    "api.core.v1.ClientIPConfig.timeoutSeconds",
+    "api.core.v1.ConfigMap.immutable",
+    "api.core.v1.Secret.immutable",
+    "api.core.v1.ContainerStatus.started",
+    "api.apps.v1.DeploymentSpec.replicas",
+    "api.apps.v1.DeploymentSpec.revisionHistoryLimit",
+    "api.apps.v1.DeploymentSpec.progressDeadlineSeconds",
+    "api.apps.v1.ReplicaSetSpec.replicas",
+    "api.apps.v1.DaemonSetSpec.revisionHistoryLimit",
+    "api.apps.v1.StatefulSetSpec.replicas",
+    "api.apps.v1.StatefulSetSpec.revisionHistoryLimit",
+    "api.apps.v1.RollingUpdateDeployment.maxSurge",
+    "api.apps.v1.RollingUpdateDeployment.maxUnavailable",
+    "api.apps.v1.RollingUpdateDaemonSet.maxSurge",
+    "api.apps.v1.RollingUpdateDaemonSet.maxUnavailable",
+    "api.apps.v1.RollingUpdateStatefulSetStrategy.partition",
+    "api.apps.v1.RollingUpdateStatefulSetStrategy.maxUnavailable",
+    "api.apps.v1.DeploymentStatus.collisionCount",
+    "api.apps.v1.DaemonSetStatus.collisionCount",
+    "api.batch.v1.JobSpec.parallelism",
+    "api.batch.v1.JobSpec.completions",
+    "api.batch.v1.JobSpec.activeDeadlineSeconds",
+    "api.batch.v1.JobSpec.backoffLimit",
+    "api.batch.v1.JobSpec.backoffLimitPerIndex",
+    "api.batch.v1.JobSpec.maxFailedIndexes",
+    "api.batch.v1.JobSpec.ttlSecondsAfterFinished",
+    "api.batch.v1.JobSpec.suspend",
+    "api.batch.v1.JobSpec.manualSelector",
+    "api.batch.v1.JobStatus.ready",
+    "api.batch.v1.JobStatus.terminating",
+    "api.batch.v1.CronJobSpec.startingDeadlineSeconds",
+    "api.batch.v1.CronJobSpec.suspend",
+    "api.batch.v1.CronJobSpec.successfulJobsHistoryLimit",
+    "api.batch.v1.CronJobSpec.failedJobsHistoryLimit",
+    "api.autoscaling.v1.HorizontalPodAutoscalerSpec.minReplicas",
+    "api.autoscaling.v1.HorizontalPodAutoscalerSpec.targetCPUUtilizationPercentage",
+    "api.autoscaling.v2.HorizontalPodAutoscalerSpec.minReplicas",
+    "api.autoscaling.v2.MetricTarget.averageUtilization",
+    "api.autoscaling.v2.HPAScalingRules.stabilizationWindowSeconds",
+    "api.discovery.v1.EndpointConditions.ready",
+    "api.discovery.v1.EndpointConditions.serving",
+    "api.discovery.v1.EndpointConditions.terminating",
+    "api.discovery.v1.EndpointPort.port",
+    "api.policy.v1.PodDisruptionBudgetSpec.minAvailable",
+    "api.policy.v1.PodDisruptionBudgetSpec.maxUnavailable",
+    "apimachinery.pkg.apis.meta.v1.ObjectMeta.deletionGracePeriodSeconds",
+    "apimachinery.pkg.apis.meta.v1.OwnerReference.controller",
+    "apimachinery.pkg.apis.meta.v1.OwnerReference.blockOwnerDeletion",
+    "apimachinery.pkg.apis.meta.v1.DeleteOptions.gracePeriodSeconds",
+    "apimachinery.pkg.apis.meta.v1.DeleteOptions.orphanDependents",
+    "apimachinery.pkg.apis.meta.v1.ListMeta.remainingItemCount",
+];
+
+fn listed(table: &[&str], field: &FieldDescriptor) -> bool {
+    table.contains(&field.full_name())
+}
+
+/// Types whose JSON form is not their message's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Special {
+    Time,
+    MicroTime,
+    Duration,
+    Quantity,
+    IntOrString,
+    RawExtension,
+    FieldsV1,
+    Verbs,
+}
+
+fn special(message: &MessageDescriptor) -> Option<Special> {
+    Some(match message.full_name() {
+        "apimachinery.pkg.apis.meta.v1.Time" => Special::Time,
+        "apimachinery.pkg.apis.meta.v1.MicroTime" => Special::MicroTime,
+        "apimachinery.pkg.apis.meta.v1.Duration" => Special::Duration,
+        "apimachinery.pkg.api.resource.Quantity" => Special::Quantity,
+        "apimachinery.pkg.util.intstr.IntOrString" => Special::IntOrString,
+        "apimachinery.pkg.runtime.RawExtension" => Special::RawExtension,
+        "apimachinery.pkg.apis.meta.v1.FieldsV1" => Special::FieldsV1,
+        "apimachinery.pkg.apis.meta.v1.Verbs" => Special::Verbs,
+        _ => return None,
+    })
+}
+
+// ---- decoding: protobuf -> JSON ----
+
+/// Decodes a request body into the JSON object it stands for, `apiVersion` and `kind` included.
+pub fn decode(body: &[u8]) -> Result<Value, ProtoError> {
+    let raw = body.strip_prefix(&MAGIC[..]).ok_or(ProtoError::NoMagic)?;
+    let unknown_desc = POOL
+        .get_message_by_name(UNKNOWN)
+        .expect("runtime.Unknown is in the descriptor set");
+    let envelope = DynamicMessage::decode(unknown_desc, raw)
+        .map_err(|e| ProtoError::Envelope(e.to_string()))?;
+    let text = |m: &DynamicMessage, name: &str| {
+        m.get_field_by_name(name)
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default()
+    };
+    let type_meta = envelope
+        .get_field_by_name("typeMeta")
+        .and_then(|v| v.as_message().cloned())
+        .ok_or_else(|| ProtoError::Envelope("no typeMeta".into()))?;
+    let (api_version, kind) = (text(&type_meta, "apiVersion"), text(&type_meta, "kind"));
+    let encoding = text(&envelope, "contentEncoding");
+    if !encoding.is_empty() {
+        return Err(ProtoError::Envelope(format!(
+            "contentEncoding {encoding:?} is not supported"
+        )));
+    }
+    let payload = envelope
+        .get_field_by_name("raw")
+        .and_then(|v| v.as_bytes().cloned())
+        .unwrap_or_default();
+    let desc = message_for(&api_version, &kind).ok_or_else(|| ProtoError::UnknownKind {
+        api_version: api_version.clone(),
+        kind: kind.clone(),
+    })?;
+    let message = DynamicMessage::decode(desc, payload).map_err(|e| ProtoError::Decode {
+        kind: kind.clone(),
+        reason: e.to_string(),
+    })?;
+    let mut object = message_to_json(&message, "")?;
+    if let Value::Object(map) = &mut object {
+        // apiVersion and kind first, as a JSON client writes them.
+        let mut out = Map::new();
+        out.insert("apiVersion".into(), Value::String(api_version));
+        out.insert("kind".into(), Value::String(kind));
+        out.append(map);
+        object = Value::Object(out);
+    }
+    Ok(object)
+}
+
+fn join(path: &str, name: &str) -> String {
+    if path.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{path}.{name}")
+    }
+}
+
+/// Refuses fields this schema does not know, unless their value is zero (see the module doc).
+fn check_unknown(message: &DynamicMessage, path: &str) -> Result<(), ProtoError> {
+    for field in message.unknown_fields() {
+        let mut bytes = Vec::new();
+        field.encode(&mut bytes);
+        // Skip the tag (a varint), then a zero value is all zero bytes: a varint 0, a length 0,
+        // or a fixed-width 0.
+        let tag_len = bytes
+            .iter()
+            .position(|b| b & 0x80 == 0)
+            .map_or(0, |i| i + 1);
+        if bytes[tag_len..].iter().any(|&b| b != 0) {
+            return Err(field_error(
+                path,
+                format!(
+                    "field number {} of {} is newer than this server's schema (Kubernetes 1.35)",
+                    field.number(),
+                    message.descriptor().full_name()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn message_to_json(message: &DynamicMessage, path: &str) -> Result<Value, ProtoError> {
+    check_unknown(message, path)?;
+    let mut out = Map::new();
+    for (field, value) in message.fields() {
+        let name = field.name();
+        let here = join(path, name);
+        if listed(INLINE, &field) {
+            if let PValue::Message(inner) = value
+                && let Value::Object(fields) = message_to_json(inner, path)?
+            {
+                out.extend(fields);
+            }
+            continue;
+        }
+        if let Some(v) = field_to_json(&field, value, &here)? {
+            out.insert(name.to_owned(), v);
+        }
+    }
+    Ok(Value::Object(out))
+}
+
+/// A field's JSON value, or None when JSON leaves it out (zero non-pointer scalars, empty
+/// lists and maps, zero times).
+fn field_to_json(
+    field: &FieldDescriptor,
+    value: &PValue,
+    path: &str,
+) -> Result<Option<Value>, ProtoError> {
+    let keep_zero = listed(POINTERS, field);
+    match value {
+        PValue::List(items) => {
+            if items.is_empty() {
+                return Ok(None);
+            }
+            let mut out = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                out.push(
+                    value_to_json(item, &format!("{path}[{i}]"), true)?.unwrap_or(Value::Null),
+                );
+            }
+            Ok(Some(Value::Array(out)))
+        }
+        PValue::Map(entries) => {
+            if entries.is_empty() {
+                return Ok(None);
+            }
+            let mut out = Map::new();
+            for (key, item) in entries {
+                let key = match key {
+                    MapKey::String(s) => s.clone(),
+                    other => map_key_text(other),
+                };
+                let v =
+                    value_to_json(item, &format!("{path}[{key}]"), true)?.unwrap_or(Value::Null);
+                out.insert(key, v);
+            }
+            Ok(Some(Value::Object(out)))
+        }
+        other => value_to_json(other, path, keep_zero),
+    }
+}
+
+fn map_key_text(key: &MapKey) -> String {
+    match key {
+        MapKey::Bool(b) => b.to_string(),
+        MapKey::I32(n) => n.to_string(),
+        MapKey::I64(n) => n.to_string(),
+        MapKey::U32(n) => n.to_string(),
+        MapKey::U64(n) => n.to_string(),
+        MapKey::String(s) => s.clone(),
+    }
+}
+
+fn value_to_json(value: &PValue, path: &str, keep_zero: bool) -> Result<Option<Value>, ProtoError> {
+    let zero = |is_zero: bool, v: Value| (keep_zero || !is_zero).then_some(v);
+    Ok(match value {
+        PValue::Bool(b) => zero(!b, json!(b)),
+        PValue::I32(n) => zero(*n == 0, json!(n)),
+        PValue::I64(n) => zero(*n == 0, json!(n)),
+        PValue::U32(n) => zero(*n == 0, json!(n)),
+        PValue::U64(n) => zero(*n == 0, json!(n)),
+        PValue::F32(n) => zero(*n == 0.0, json!(n)),
+        PValue::F64(n) => zero(*n == 0.0, json!(n)),
+        PValue::EnumNumber(n) => zero(*n == 0, json!(n)),
+        PValue::String(s) => zero(s.is_empty(), json!(s)),
+        PValue::Bytes(b) => zero(
+            b.is_empty(),
+            json!(base64::engine::general_purpose::STANDARD.encode(b)),
+        ),
+        PValue::Message(m) => match special(&m.descriptor()) {
+            Some(kind) => special_to_json(kind, m, path, keep_zero)?,
+            None => Some(message_to_json(m, path)?),
+        },
+        PValue::List(_) | PValue::Map(_) => {
+            return Err(field_error(
+                path,
+                "a list or map where a value was expected",
+            ));
+        }
+    })
+}
+
+fn int_field(m: &DynamicMessage, name: &str) -> i64 {
+    m.get_field_by_name(name)
+        .and_then(|v| v.as_i64().or_else(|| v.as_i32().map(i64::from)))
+        .unwrap_or(0)
+}
+
+fn str_field(m: &DynamicMessage, name: &str) -> String {
+    m.get_field_by_name(name)
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn bytes_field(m: &DynamicMessage, name: &str) -> Vec<u8> {
+    m.get_field_by_name(name)
+        .and_then(|v| v.as_bytes().map(|b| b.to_vec()))
+        .unwrap_or_default()
+}
+
+fn time_of(seconds: i64, nanos: i64, path: &str) -> Result<SystemTime, ProtoError> {
+    let nanos = u32::try_from(nanos)
+        .ok()
+        .filter(|n| *n < 1_000_000_000)
+        .ok_or_else(|| field_error(path, "nanos out of range"))?;
+    let t = if seconds >= 0 {
+        SystemTime::UNIX_EPOCH.checked_add(Duration::new(seconds.unsigned_abs(), nanos))
+    } else {
+        SystemTime::UNIX_EPOCH
+            .checked_sub(Duration::from_secs(seconds.unsigned_abs()))
+            .and_then(|t| t.checked_add(Duration::from_nanos(u64::from(nanos))))
+    };
+    t.ok_or_else(|| field_error(path, "time out of range"))
+}
+
+fn special_to_json(
+    kind: Special,
+    m: &DynamicMessage,
+    path: &str,
+    keep_zero: bool,
+) -> Result<Option<Value>, ProtoError> {
+    let empty = m.fields().next().is_none();
+    Ok(match kind {
+        // Go writes a zero time as an empty message, and decodes one as the zero time, which
+        // JSON writes as null.
+        Special::Time | Special::MicroTime if empty => None,
+        Special::Time => {
+            let t = time_of(int_field(m, "seconds"), 0, path)?;
+            // humantime cannot print times before 1970 (the zero Go time is year 1).
+            Some(json!(
+                humantime::format_rfc3339_seconds(t.max(SystemTime::UNIX_EPOCH)).to_string()
+            ))
+        }
+        Special::MicroTime => {
+            let t = time_of(int_field(m, "seconds"), int_field(m, "nanos"), path)?;
+            Some(json!(
+                humantime::format_rfc3339_micros(t.max(SystemTime::UNIX_EPOCH)).to_string()
+            ))
+        }
+        Special::Duration => {
+            let nanos = int_field(m, "duration");
+            (keep_zero || nanos != 0).then(|| json!(go_duration(nanos)))
+        }
+        Special::Quantity => Some(json!(str_field(m, "string"))),
+        Special::IntOrString => {
+            let value = if int_field(m, "type") == 1 {
+                json!(str_field(m, "strVal"))
+            } else {
+                json!(int_field(m, "intVal"))
+            };
+            (keep_zero || !empty && value != json!(0) && value != json!("")).then_some(value)
+        }
+        Special::RawExtension | Special::FieldsV1 => {
+            let raw = bytes_field(m, raw_name(kind));
+            if raw.is_empty() {
+                None
+            } else {
+                Some(
+                    serde_json::from_slice(&raw).map_err(|e| {
+                        field_error(path, format!("embedded object is not JSON: {e}"))
+                    })?,
+                )
+            }
+        }
+        Special::Verbs => Some(
+            m.get_field_by_name("items")
+                .and_then(|v| v.as_list().map(<[PValue]>::to_vec))
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|v| v.as_str().map(|s| json!(s)))
+                .collect(),
+        ),
+    })
+}
+
+/// The bytes field of an embedded-JSON type (`FieldsV1`'s is capitalised upstream).
+fn raw_name(kind: Special) -> &'static str {
+    if kind == Special::FieldsV1 {
+        "Raw"
+    } else {
+        "raw"
+    }
+}
+
+/// Go's `time.Duration.String()` for the durations the API carries (`1h2m3s`, `1.5s`, `0s`).
+fn go_duration(nanos: i64) -> String {
+    if nanos == 0 {
+        return "0s".into();
+    }
+    let sign = if nanos < 0 { "-" } else { "" };
+    let n = nanos.unsigned_abs();
+    if n < 1_000_000_000 {
+        let (unit, div) = if n < 1_000 {
+            ("ns", 1)
+        } else if n < 1_000_000 {
+            ("µs", 1_000)
+        } else {
+            ("ms", 1_000_000)
+        };
+        return format!("{sign}{}{unit}", fraction(n, div));
+    }
+    let (h, rest) = (n / 3_600_000_000_000, n % 3_600_000_000_000);
+    let (m, s) = (rest / 60_000_000_000, rest % 60_000_000_000);
+    let secs = fraction(s, 1_000_000_000);
+    match (h, m) {
+        (0, 0) => format!("{sign}{secs}s"),
+        (0, m) => format!("{sign}{m}m{secs}s"),
+        (h, m) => format!("{sign}{h}h{m}m{secs}s"),
+    }
+}
+
+fn fraction(n: u64, div: u64) -> String {
+    let (whole, frac) = (n / div, n % div);
+    if frac == 0 {
+        return whole.to_string();
+    }
+    let width = div.to_string().len() - 1;
+    let digits = format!("{frac:0width$}");
+    format!("{whole}.{}", digits.trim_end_matches('0'))
+}
+
+// ---- encoding: JSON -> protobuf ----
+
+/// Encodes a JSON object (with `apiVersion` and `kind`) as a protobuf body.
+pub fn encode(object: &Value) -> Result<Vec<u8>, ProtoError> {
+    let text = |name: &str| object.get(name).and_then(Value::as_str).unwrap_or("");
+    let (api_version, kind) = (text("apiVersion"), text("kind"));
+    let desc = message_for(api_version, kind).ok_or_else(|| ProtoError::UnknownKind {
+        api_version: api_version.to_owned(),
+        kind: kind.to_owned(),
+    })?;
+    let message = json_to_message(&desc, object, "")?;
+    let unknown_desc = POOL
+        .get_message_by_name(UNKNOWN)
+        .expect("runtime.Unknown is in the descriptor set");
+    let type_meta_field = unknown_desc
+        .get_field_by_name("typeMeta")
+        .expect("runtime.Unknown has typeMeta");
+    let Kind::Message(type_meta_desc) = type_meta_field.kind() else {
+        unreachable!("typeMeta is a message")
+    };
+    let mut type_meta = DynamicMessage::new(type_meta_desc);
+    type_meta.set_field_by_name("apiVersion", PValue::String(api_version.to_owned()));
+    type_meta.set_field_by_name("kind", PValue::String(kind.to_owned()));
+    let mut envelope = DynamicMessage::new(unknown_desc);
+    envelope.set_field(&type_meta_field, PValue::Message(type_meta));
+    envelope.set_field_by_name("raw", PValue::Bytes(message.encode_to_vec().into()));
+    envelope.set_field_by_name("contentEncoding", PValue::String(String::new()));
+    envelope.set_field_by_name("contentType", PValue::String(String::new()));
+    let mut out = MAGIC.to_vec();
+    envelope
+        .encode(&mut out)
+        .map_err(|e| ProtoError::Envelope(e.to_string()))?;
+    Ok(out)
+}
+
+/// The inline fields of a message, with the JSON names each takes.
+fn inline_fields(desc: &MessageDescriptor) -> Vec<(FieldDescriptor, MessageDescriptor)> {
+    desc.fields()
+        .filter(|f| listed(INLINE, f))
+        .filter_map(|f| match f.kind() {
+            Kind::Message(m) => Some((f, m)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Whether a JSON name belongs to a message, directly or through its inline fields.
+fn owns_name(desc: &MessageDescriptor, name: &str) -> bool {
+    desc.get_field_by_name(name).is_some()
+        || inline_fields(desc)
+            .iter()
+            .any(|(_, inner)| owns_name(inner, name))
+}
+
+fn json_to_message(
+    desc: &MessageDescriptor,
+    value: &Value,
+    path: &str,
+) -> Result<DynamicMessage, ProtoError> {
+    let Value::Object(map) = value else {
+        return Err(field_error(path, "expected an object"));
+    };
+    let mut message = DynamicMessage::new(desc.clone());
+    let inline = inline_fields(desc);
+    let mut inline_parts: Vec<Map<String, Value>> = vec![Map::new(); inline.len()];
+    for (name, v) in map {
+        if v.is_null() {
+            continue;
+        }
+        if let Some(field) = desc.get_field_by_name(name)
+            && !listed(INLINE, &field)
+        {
+            let here = join(path, name);
+            message.set_field(&field, json_to_field(&field, v, &here)?);
+        } else if let Some(i) = inline.iter().position(|(_, inner)| owns_name(inner, name)) {
+            inline_parts[i].insert(name.clone(), v.clone());
+        }
+        // Anything else (apiVersion and kind, which the envelope carries, or a field this
+        // schema lacks) is not written, as a Go client would drop it.
+    }
+    for ((field, inner), part) in inline.iter().zip(inline_parts) {
+        if !part.is_empty() {
+            let m = json_to_message(inner, &Value::Object(part), path)?;
+            message.set_field(field, PValue::Message(m));
+        }
+    }
+    Ok(message)
+}
+
+fn json_to_field(field: &FieldDescriptor, v: &Value, path: &str) -> Result<PValue, ProtoError> {
+    if field.is_map() {
+        let Value::Object(entries) = v else {
+            return Err(field_error(path, "expected an object"));
+        };
+        let Kind::Message(entry) = field.kind() else {
+            unreachable!("a map field's kind is its entry message")
+        };
+        let value_kind = entry.map_entry_value_field().kind();
+        let mut out = std::collections::HashMap::new();
+        for (key, item) in entries {
+            if item.is_null() {
+                continue;
+            }
+            out.insert(
+                MapKey::String(key.clone()),
+                json_to_value(&value_kind, item, &format!("{path}[{key}]"))?,
+            );
+        }
+        return Ok(PValue::Map(out));
+    }
+    if field.is_list() {
+        let Value::Array(items) = v else {
+            return Err(field_error(path, "expected a list"));
+        };
+        let kind = field.kind();
+        return items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| json_to_value(&kind, item, &format!("{path}[{i}]")))
+            .collect::<Result<Vec<_>, _>>()
+            .map(PValue::List);
+    }
+    json_to_value(&field.kind(), v, path)
+}
+
+fn json_to_value(kind: &Kind, v: &Value, path: &str) -> Result<PValue, ProtoError> {
+    let int = |min: i64, max: i64| -> Result<i64, ProtoError> {
+        v.as_i64()
+            .filter(|n| (min..=max).contains(n))
+            .ok_or_else(|| field_error(path, format!("expected an integer in {min}..={max}")))
+    };
+    Ok(match kind {
+        Kind::Bool => PValue::Bool(
+            v.as_bool()
+                .ok_or_else(|| field_error(path, "expected a boolean"))?,
+        ),
+        Kind::Int32 | Kind::Sint32 | Kind::Sfixed32 => {
+            PValue::I32(int(i32::MIN.into(), i32::MAX.into())? as i32)
+        }
+        Kind::Int64 | Kind::Sint64 | Kind::Sfixed64 => PValue::I64(int(i64::MIN, i64::MAX)?),
+        Kind::Uint32 | Kind::Fixed32 => PValue::U32(int(0, u32::MAX.into())? as u32),
+        Kind::Uint64 | Kind::Fixed64 => PValue::U64(
+            v.as_u64()
+                .ok_or_else(|| field_error(path, "expected a non-negative integer"))?,
+        ),
+        Kind::Double => PValue::F64(
+            v.as_f64()
+                .ok_or_else(|| field_error(path, "expected a number"))?,
+        ),
+        Kind::Float => PValue::F32(
+            v.as_f64()
+                .ok_or_else(|| field_error(path, "expected a number"))? as f32,
+        ),
+        Kind::String => PValue::String(
+            v.as_str()
+                .ok_or_else(|| field_error(path, "expected a string"))?
+                .to_owned(),
+        ),
+        Kind::Bytes => {
+            let text = v
+                .as_str()
+                .ok_or_else(|| field_error(path, "expected a base64 string"))?;
+            PValue::Bytes(
+                base64::engine::general_purpose::STANDARD
+                    .decode(text)
+                    .map_err(|e| field_error(path, format!("not base64: {e}")))?
+                    .into(),
+            )
+        }
+        Kind::Enum(_) => PValue::EnumNumber(int(i32::MIN.into(), i32::MAX.into())? as i32),
+        Kind::Message(desc) => match special(desc) {
+            Some(s) => PValue::Message(special_from_json(s, desc, v, path)?),
+            None => PValue::Message(json_to_message(desc, v, path)?),
+        },
+    })
+}
+
+fn special_from_json(
+    kind: Special,
+    desc: &MessageDescriptor,
+    v: &Value,
+    path: &str,
+) -> Result<DynamicMessage, ProtoError> {
+    let mut m = DynamicMessage::new(desc.clone());
+    let since_epoch = |text: &str| -> Result<Duration, ProtoError> {
+        humantime::parse_rfc3339(text)
+            .map_err(|e| field_error(path, format!("{text:?} is not an RFC 3339 UTC time: {e}")))?
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_err(|_| field_error(path, "a time before 1970"))
+    };
+    let text = || {
+        v.as_str()
+            .ok_or_else(|| field_error(path, "expected a string"))
+    };
+    match kind {
+        Special::Time => {
+            let d = since_epoch(text()?)?;
+            m.set_field_by_name("seconds", PValue::I64(d.as_secs() as i64));
+        }
+        Special::MicroTime => {
+            let d = since_epoch(text()?)?;
+            m.set_field_by_name("seconds", PValue::I64(d.as_secs() as i64));
+            m.set_field_by_name("nanos", PValue::I32(d.subsec_nanos() as i32));
+        }
+        Special::Duration => {
+            let d = humantime::parse_duration(text()?)
+                .map_err(|e| field_error(path, format!("not a duration: {e}")))?;
+            let nanos = i64::try_from(d.as_nanos())
+                .map_err(|_| field_error(path, "duration out of range"))?;
+            m.set_field_by_name("duration", PValue::I64(nanos));
+        }
+        Special::Quantity => {
+            let q = match v {
+                Value::String(s) => s.clone(),
+                Value::Number(n) => n.to_string(),
+                _ => return Err(field_error(path, "expected a quantity")),
+            };
+            m.set_field_by_name("string", PValue::String(q));
+        }
+        Special::IntOrString => match v {
+            Value::String(s) => {
+                m.set_field_by_name("type", PValue::I64(1));
+                m.set_field_by_name("strVal", PValue::String(s.clone()));
+            }
+            Value::Number(_) => {
+                let n = v
+                    .as_i64()
+                    .and_then(|n| i32::try_from(n).ok())
+                    .ok_or_else(|| field_error(path, "expected a 32-bit integer"))?;
+                m.set_field_by_name("type", PValue::I64(0));
+                m.set_field_by_name("intVal", PValue::I32(n));
+            }
+            _ => return Err(field_error(path, "expected an integer or a string")),
+        },
+        Special::RawExtension | Special::FieldsV1 => {
+            m.set_field_by_name(
+                raw_name(kind),
+                PValue::Bytes(v.to_string().into_bytes().into()),
+            );
+        }
+        Special::Verbs => {
+            let Value::Array(items) = v else {
+                return Err(field_error(path, "expected a list of strings"));
+            };
+            let verbs = items
+                .iter()
+                .map(|i| {
+                    i.as_str()
+                        .map(|s| PValue::String(s.to_owned()))
+                        .ok_or_else(|| field_error(path, "expected a list of strings"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            m.set_field_by_name("items", PValue::List(verbs));
+        }
+    }
+    Ok(m)
+}
+
+/// Whether a client asks for protobuf first (client-go's typed clients send
+/// `application/vnd.kubernetes.protobuf, */*`; a JSON-first client gets JSON).
+pub fn prefers_protobuf(accept: &str) -> bool {
+    accept
+        .split(',')
+        .next()
+        .map(|first| first.split(';').next().unwrap_or("").trim())
+        .is_some_and(|t| t == MEDIA_TYPE)
+}
+
+#[cfg(test)]
+mod tests;
