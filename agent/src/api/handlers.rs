@@ -115,10 +115,10 @@ fn store_error(kind: &str, name: &str, e: StoreError) -> ApiError {
     }
 }
 
-fn selectors(query: &Query) -> Result<(LabelSelector, FieldSelector), ApiError> {
+fn selectors(query: &Query, kind: &str) -> Result<(LabelSelector, FieldSelector), ApiError> {
     let labels = LabelSelector::parse(query.get("labelSelector").map_or("", String::as_str))
         .map_err(|e| ApiError::bad_request(format!("labelSelector: {e}")))?;
-    let fields = FieldSelector::parse(query.get("fieldSelector").map_or("", String::as_str))
+    let fields = FieldSelector::parse(query.get("fieldSelector").map_or("", String::as_str), kind)
         .map_err(|e| ApiError::bad_request(format!("fieldSelector: {e}")))?;
     Ok((labels, fields))
 }
@@ -213,7 +213,7 @@ pub async fn list(request: &Request<'_>) -> Result<Response, ApiError> {
     if matches!(query.get("watch").map(String::as_str), Some("true" | "1")) {
         return watch(request).await;
     }
-    let (labels, fields) = selectors(query)?;
+    let (labels, fields) = selectors(query, resource.kind)?;
     let (items, rv) = list_objects(state, resource, namespace).await;
     let mut items: Vec<Value> = items
         .into_iter()
@@ -1016,7 +1016,7 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
             ))),
         };
     };
-    let (labels, fields) = selectors(query)?;
+    let (labels, fields) = selectors(query, resource.kind)?;
     let table_kind = table::wants_table(accept(headers)).then_some(resource.kind);
     // Subscribe before reading the store, so no change falls between the two.
     let changes = state.replication.subscribe();
@@ -1029,12 +1029,19 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
     let namespace = namespace.map(str::to_owned);
     let matches = {
         let namespace = namespace.clone();
+        // A selector on status fields reads the observed status, as a list does.
+        let status_view = fields.reads_status().then(|| state.clone());
         move |key: &ObjectKey, object: &Value| {
             key.group == info.group
                 && key.kind == info.kind
                 && namespace.as_deref().is_none_or(|ns| key.namespace == ns)
                 && labels.matches(&object["metadata"]["labels"])
-                && fields.matches(object)
+                && match &status_view {
+                    Some(api) => {
+                        fields.matches(&observed::with_status(api, info.kind, object.clone()))
+                    }
+                    None => fields.matches(object),
+                }
         }
     };
     match rv {
@@ -1259,7 +1266,7 @@ async fn derived_watch(request: &Request<'_>) -> Result<Response, ApiError> {
         headers,
         ..
     } = *request;
-    let (labels, fields) = selectors(query)?;
+    let (labels, fields) = selectors(query, resource.kind)?;
     let table_kind = table::wants_table(accept(headers)).then_some(resource.kind);
     let announce = query.get("sendInitialEvents").is_some_and(|v| v == "true")
         || query

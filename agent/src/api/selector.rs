@@ -1,5 +1,6 @@
-//! Label selectors (`app=web,tier!=db,env in (a,b),!legacy`) and the field selectors the API
-//! supports (`metadata.name`, `metadata.namespace`).
+//! Label selectors (`app=web,tier!=db,env in (a,b),!legacy`) and field selectors
+//! (`spec.nodeName=n1,status.phase!=Succeeded`) over the fields each kind offers, as the
+//! apiserver's.
 
 use serde_json::Value;
 
@@ -97,12 +98,60 @@ impl LabelSelector {
     }
 }
 
-/// A field selector over `metadata.name` / `metadata.namespace`.
+/// The fields a kind can be selected by, as the apiserver offers them (every kind has
+/// `metadata.name` and `metadata.namespace`), each with the value an absent field reads as.
+fn selectable(kind: &str) -> &'static [(&'static str, &'static str)] {
+    match kind {
+        "Pod" => &[
+            ("spec.nodeName", ""),
+            ("spec.restartPolicy", ""),
+            ("spec.schedulerName", ""),
+            ("spec.serviceAccountName", ""),
+            ("spec.hostNetwork", "false"),
+            ("status.phase", ""),
+            ("status.podIP", ""),
+            ("status.nominatedNodeName", ""),
+        ],
+        "Event" => &[
+            ("involvedObject.kind", ""),
+            ("involvedObject.namespace", ""),
+            ("involvedObject.name", ""),
+            ("involvedObject.uid", ""),
+            ("involvedObject.apiVersion", ""),
+            ("involvedObject.resourceVersion", ""),
+            ("involvedObject.fieldPath", ""),
+            ("reason", ""),
+            ("reportingComponent", ""),
+            ("source", ""),
+            ("type", ""),
+        ],
+        "Node" => &[("spec.unschedulable", "false")],
+        "Secret" => &[("type", "")],
+        "Namespace" => &[("status.phase", "")],
+        "ReplicaSet" => &[("status.replicas", "0")],
+        "Job" => &[("status.successful", "0")],
+        "Service" => &[("spec.clusterIP", ""), ("spec.type", "")],
+        _ => &[],
+    }
+}
+
+/// One requirement of a field selector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FieldRequirement {
+    field: String,
+    equal: bool,
+    value: String,
+    /// What the field reads as when the object lacks it.
+    absent: &'static str,
+}
+
+/// A field selector (`spec.nodeName=n1,status.phase!=Succeeded`) over the fields the kind
+/// offers; any other field is refused, naming the ones that are.
 #[derive(Debug, Clone, Default)]
-pub struct FieldSelector(Vec<(String, bool, String)>);
+pub struct FieldSelector(Vec<FieldRequirement>);
 
 impl FieldSelector {
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str, kind: &str) -> Result<Self, String> {
         let mut reqs = Vec::new();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (field, equal, value) = if let Some((f, v)) = part.split_once("!=") {
@@ -112,22 +161,55 @@ impl FieldSelector {
             } else {
                 return Err(format!("invalid selector: {part:?}; expected field=value"));
             };
-            if !matches!(field.trim(), "metadata.name" | "metadata.namespace") {
-                return Err(format!("field label not supported: {}", field.trim()));
-            }
-            reqs.push((field.trim().to_owned(), equal, value.trim().to_owned()));
+            let field = field.trim();
+            let absent = match field {
+                "metadata.name" | "metadata.namespace" => "",
+                other => selectable(kind)
+                    .iter()
+                    .find(|(f, _)| *f == other)
+                    .map(|(_, absent)| *absent)
+                    .ok_or_else(|| {
+                        let known: Vec<&str> = ["metadata.name", "metadata.namespace"]
+                            .into_iter()
+                            .chain(selectable(kind).iter().map(|(f, _)| *f))
+                            .collect();
+                        format!(
+                            "field label not supported: {other} (the fields of {kind} are {})",
+                            known.join(", ")
+                        )
+                    })?,
+            };
+            reqs.push(FieldRequirement {
+                field: field.to_owned(),
+                equal,
+                value: value.trim().to_owned(),
+                absent,
+            });
         }
         Ok(Self(reqs))
     }
 
+    /// Whether a requirement reads the object's status (observed state, not the stored object).
+    pub fn reads_status(&self) -> bool {
+        self.0.iter().any(|r| r.field.starts_with("status."))
+    }
+
     pub fn matches(&self, object: &Value) -> bool {
-        self.0.iter().all(|(field, equal, value)| {
-            let actual = match field.as_str() {
-                "metadata.name" => object["metadata"]["name"].as_str(),
-                _ => object["metadata"]["namespace"].as_str(),
-            }
-            .unwrap_or("");
-            (actual == value) == *equal
+        self.0.iter().all(|r| {
+            // An Event's `source` is its source's component, as the apiserver reads it.
+            let path = if r.field == "source" {
+                "source.component"
+            } else {
+                r.field.as_str()
+            };
+            let found = path.split('.').try_fold(object, |v, k| v.get(k));
+            let actual = match found {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Bool(b)) => b.to_string(),
+                Some(Value::Number(n)) => n.to_string(),
+                _ => r.absent.to_owned(),
+            };
+            (actual == r.value) == r.equal
         })
     }
 }
@@ -156,16 +238,39 @@ mod tests {
     #[test]
     fn field_selectors() {
         let o = json!({"metadata": {"name": "a", "namespace": "ns"}});
-        assert!(FieldSelector::parse("metadata.name=a").unwrap().matches(&o));
-        assert!(
-            !FieldSelector::parse("metadata.namespace!=ns")
-                .unwrap()
-                .matches(&o)
+        let ok = |s: &str, kind: &str, o: &Value| FieldSelector::parse(s, kind).unwrap().matches(o);
+        assert!(ok("metadata.name=a", "ConfigMap", &o));
+        assert!(!ok("metadata.namespace!=ns", "ConfigMap", &o));
+        let err = FieldSelector::parse("spec.nodeName=x", "ConfigMap").unwrap_err();
+        assert_eq!(
+            err,
+            "field label not supported: spec.nodeName (the fields of ConfigMap are metadata.name, metadata.namespace)"
         );
-        assert!(
-            FieldSelector::parse("spec.nodeName=x")
-                .unwrap_err()
-                .contains("not supported")
-        );
+        let pod = json!({
+            "metadata": {"name": "p", "namespace": "default"},
+            "spec": {"nodeName": "n1", "restartPolicy": "Always"},
+            "status": {"phase": "Running", "podIP": "10.88.1.5"},
+        });
+        assert!(ok("spec.nodeName=n1", "Pod", &pod));
+        assert!(ok("spec.nodeName=n1,status.phase!=Succeeded,status.phase!=Failed", "Pod", &pod));
+        assert!(!ok("spec.nodeName==n2", "Pod", &pod));
+        assert!(ok("spec.hostNetwork=false", "Pod", &pod), "absent reads as false");
+        assert!(ok("status.nominatedNodeName=", "Pod", &pod), "absent reads as empty");
+        assert!(ok("status.podIP=10.88.1.5", "Pod", &pod));
+        assert!(FieldSelector::parse("status.phase=Running", "Pod").unwrap().reads_status());
+        assert!(!FieldSelector::parse("spec.nodeName=n1", "Pod").unwrap().reads_status());
+        let node = json!({"metadata": {"name": "n1"}, "spec": {"unschedulable": true}});
+        assert!(ok("spec.unschedulable=true", "Node", &node));
+        assert!(ok("spec.unschedulable=false", "Node", &json!({"metadata": {"name": "n2"}})));
+        let event = json!({
+            "metadata": {"name": "e", "namespace": "default"},
+            "involvedObject": {"kind": "Pod", "name": "p", "namespace": "default"},
+            "reason": "Scheduled", "type": "Normal", "source": {"component": "shoal-scheduler"},
+        });
+        assert!(ok("involvedObject.name=p,involvedObject.kind=Pod,type=Normal", "Event", &event));
+        assert!(ok("source=shoal-scheduler,reason=Scheduled", "Event", &event));
+        assert!(ok("type=Opaque", "Secret", &json!({"type": "Opaque"})));
+        assert!(ok("status.replicas=0", "ReplicaSet", &json!({"status": {}})));
+        assert!(FieldSelector::parse("spec.nodeName", "Pod").unwrap_err().contains("expected field=value"));
     }
 }

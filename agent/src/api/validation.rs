@@ -285,8 +285,24 @@ fn default_field(map: &mut Value, key: &str, value: Value) {
     }
 }
 
+/// A probe's defaults (`kubectl describe` shows them; the kubelet applies the same ones).
+fn default_probe(probe: &mut Value) {
+    if !probe.is_object() {
+        return;
+    }
+    default_field(probe, "timeoutSeconds", json!(1));
+    default_field(probe, "periodSeconds", json!(10));
+    default_field(probe, "successThreshold", json!(1));
+    default_field(probe, "failureThreshold", json!(3));
+    if probe["httpGet"].is_object() {
+        default_field(&mut probe["httpGet"], "path", json!("/"));
+        default_field(&mut probe["httpGet"], "scheme", json!("HTTP"));
+    }
+}
+
 fn default_pod_spec(spec: &mut Value) {
     default_field(spec, "restartPolicy", json!("Always"));
+    default_field(spec, "enableServiceLinks", json!(true));
     default_field(spec, "terminationGracePeriodSeconds", json!(30));
     default_field(spec, "dnsPolicy", json!("ClusterFirst"));
     default_field(spec, "schedulerName", json!("default-scheduler"));
@@ -307,6 +323,23 @@ fn default_pod_spec(spec: &mut Value) {
             for p in c["ports"].as_array_mut().into_iter().flatten() {
                 default_field(p, "protocol", json!("TCP"));
             }
+            for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
+                if let Some(p) = c.get_mut(probe) {
+                    default_probe(p);
+                }
+            }
+            for e in c["env"].as_array_mut().into_iter().flatten() {
+                if e["valueFrom"]["fieldRef"].is_object() {
+                    default_field(&mut e["valueFrom"]["fieldRef"], "apiVersion", json!("v1"));
+                }
+            }
+        }
+    }
+    for v in spec["volumes"].as_array_mut().into_iter().flatten() {
+        for source in ["configMap", "secret", "projected", "downwardAPI"] {
+            if v[source].is_object() {
+                default_field(&mut v[source], "defaultMode", json!(0o644));
+            }
         }
     }
 }
@@ -322,6 +355,13 @@ pub fn default(kind: &str, object: &mut Value) {
                 default_field(spec, "replicas", json!(1));
             }
             default_field(spec, "revisionHistoryLimit", json!(10));
+            if kind == "DaemonSet" {
+                default_field(
+                    spec,
+                    "updateStrategy",
+                    json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}),
+                );
+            }
             if kind == "Deployment" {
                 default_field(spec, "progressDeadlineSeconds", json!(600));
                 default_field(
@@ -350,6 +390,8 @@ pub fn default(kind: &str, object: &mut Value) {
                 default_field(spec, "completions", json!(1));
                 default_field(spec, "parallelism", json!(1));
                 default_field(spec, "backoffLimit", json!(6));
+                default_field(spec, "completionMode", json!("NonIndexed"));
+                default_field(spec, "suspend", json!(false));
                 if let Some(m) = spec.as_object_mut() {
                     m.remove("revisionHistoryLimit");
                 }
@@ -381,6 +423,7 @@ pub fn default(kind: &str, object: &mut Value) {
             let spec = &mut object["spec"];
             default_field(spec, "type", json!("ClusterIP"));
             default_field(spec, "sessionAffinity", json!("None"));
+            default_field(spec, "internalTrafficPolicy", json!("Cluster"));
             for p in spec["ports"].as_array_mut().into_iter().flatten() {
                 default_field(p, "protocol", json!("TCP"));
                 let port = p["port"].clone();
@@ -445,5 +488,27 @@ mod tests {
         let mut s = json!({"spec": {"ports": [{"port": 80}]}});
         default("Service", &mut s);
         assert_eq!(s["spec"]["ports"][0]["targetPort"], 80);
+        // Probes are stored with their defaults, so kubectl describe shows what runs; what a
+        // user set is kept.
+        let mut p = json!({"spec": {
+            "containers": [{"name": "c", "image": "i",
+                "livenessProbe": {"httpGet": {"port": 80}},
+                "readinessProbe": {"exec": {"command": ["true"]}, "periodSeconds": 2},
+                "env": [{"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]}],
+            "volumes": [{"name": "v", "configMap": {"name": "cm"}}],
+        }});
+        default("Pod", &mut p);
+        let c = &p["spec"]["containers"][0];
+        assert_eq!(
+            c["livenessProbe"],
+            json!({"httpGet": {"port": 80, "path": "/", "scheme": "HTTP"}, "timeoutSeconds": 1,
+                   "periodSeconds": 10, "successThreshold": 1, "failureThreshold": 3})
+        );
+        assert_eq!(c["readinessProbe"]["periodSeconds"], 2);
+        assert_eq!(c["readinessProbe"]["failureThreshold"], 3);
+        assert!(c.get("startupProbe").is_none(), "no probe is invented");
+        assert_eq!(c["env"][0]["valueFrom"]["fieldRef"]["apiVersion"], "v1");
+        assert_eq!(p["spec"]["volumes"][0]["configMap"]["defaultMode"], 420);
+        assert_eq!(p["spec"]["enableServiceLinks"], true);
     }
 }

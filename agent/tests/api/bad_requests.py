@@ -101,7 +101,7 @@ cases = [
     ("POST", C, cm(big="x" * (2 << 20)), "application/json", True, 413, "limit"),
     ("GET", P + "?labelSelector=a%20b%20c", None, "application/json", True, 400, "labelSelector"),
     ("GET", P + "?labelSelector=x%20in%20a", None, "application/json", True, 400, "labelSelector"),
-    ("GET", P + "?fieldSelector=spec.nodeName%3Dx", None, "application/json", True, 400, "field label not supported"),
+    ("GET", P + "?fieldSelector=spec.bogus%3Dx", None, "application/json", True, 400, "field label not supported: spec.bogus"),
     ("PUT", C + "/exists", stale, "application/json", True, 409, "has been modified"),
     ("POST", C, cm("exists"), "application/json", True, 409, "already exists"),
     ("GET", P + "/nope", None, "application/json", True, 404, "not found"),

@@ -167,6 +167,16 @@ async fn a_pod_runs_reports_ready_and_serves_logs_from_any_agent() {
     );
     assert!(container_status(&pod, "web")["state"]["running"]["startedAt"].is_string());
     assert_eq!(container_status(&pod, "client")["restartCount"], 0);
+    // Field selectors as kubectl describe node and drain use them (the phase is observed state).
+    let names = |agent: usize, selector: &str| {
+        api.ok(agent, &["get", "pods", "-A", "--field-selector", selector, "-o", "name"])
+    };
+    assert_eq!(names(0, "spec.nodeName=n1"), "pod/demo\n");
+    assert_eq!(names(1, "spec.nodeName=n2"), "");
+    assert_eq!(names(2, "spec.nodeName=n1,status.phase!=Succeeded,status.phase!=Failed"), "pod/demo\n");
+    assert_eq!(names(0, "status.phase=Pending"), "");
+    let (ok, _, err) = api.kubectl(0, &["get", "pods", "--field-selector", "spec.image=x"]);
+    assert!(!ok && err.contains("field label not supported: spec.image"), "{err}");
 
     // Logs read through agent 0 come from n1 over QUIC.
     let logs = wait_until("client logs", LIMIT, || async {
