@@ -132,6 +132,49 @@ impl NamespacePods {
     }
 }
 
+/// Pods whose controller is an incarnation that another object of the same kind and name
+/// replaced (two owners created it on both sides of a partition, or one died while its create
+/// was still spreading; the later-created one won the merge) count as orphans: the surviving
+/// incarnation adopts them if they match it, and its surplus removal keeps the count exact.
+/// Only a replacement releases a pod, never an owner merely absent here (that may be a write
+/// not yet replicated; deletion takes its pods with it).
+pub fn release_replaced_owners(views: &mut [PodView], owners: &[(&str, &[Value])]) {
+    let live: std::collections::HashMap<(&str, &str, &str), &str> = owners
+        .iter()
+        .flat_map(|(kind, objects)| {
+            objects.iter().map(move |o| {
+                (
+                    (
+                        *kind,
+                        namespace_of(o),
+                        o["metadata"]["name"].as_str().unwrap_or(""),
+                    ),
+                    uid_of(o),
+                )
+            })
+        })
+        .collect();
+    for view in views.iter_mut() {
+        let Some(reference) = view.object["metadata"]["ownerReferences"]
+            .as_array()
+            .and_then(|refs| refs.iter().find(|r| r["controller"] == true))
+        else {
+            continue;
+        };
+        let (kind, name, uid) = (
+            reference["kind"].as_str().unwrap_or(""),
+            reference["name"].as_str().unwrap_or(""),
+            reference["uid"].as_str().unwrap_or(""),
+        );
+        if live
+            .get(&(kind, view.namespace.as_str(), name))
+            .is_some_and(|current| *current != uid)
+        {
+            view.controller_uid = None;
+        }
+    }
+}
+
 impl Snapshot {
     /// Reads the store and the pod statuses.
     pub fn read(replication: &Replication, statuses: &PodStatusCache) -> Self {
@@ -144,13 +187,14 @@ impl Snapshot {
                 s.list("", "Pod", None),
             )
         });
-        let views = pods
+        let mut views: Vec<PodView> = pods
             .into_iter()
             .map(|pod| {
                 let status = statuses.status_of(&pod);
                 PodView::from_object(pod, status.as_ref())
             })
             .collect();
+        release_replaced_owners(&mut views, &[("ReplicaSet", &replica_sets), ("Job", &jobs)]);
         let by_namespace = Self::group(views);
         Self {
             deployments,
@@ -540,6 +584,49 @@ mod tests {
             meta["ownerReferences"] = serde_json::json!([{"uid": uid, "controller": true}]);
         }
         PodView::new(&serde_json::json!({"metadata": meta}), None)
+    }
+
+    #[test]
+    fn pods_of_a_replaced_incarnation_are_orphans_and_pods_of_an_absent_owner_are_not() {
+        let owned = |name: &str, rs: &str, uid: &str| {
+            PodView::new(
+                &serde_json::json!({"metadata": {"name": name, "namespace": "default", "uid": name, "labels": {"app": "web"},
+                    "ownerReferences": [{"kind": "ReplicaSet", "name": rs, "uid": uid, "controller": true}]}}),
+                None,
+            )
+        };
+        let mut views = vec![
+            owned("current", "web-1", "uid-new"),
+            owned("stray", "web-1", "uid-old"),
+            owned("not-yet-here", "web-2", "uid-x"),
+        ];
+        let sets = vec![
+            serde_json::json!({"metadata": {"name": "web-1", "namespace": "default", "uid": "uid-new"}}),
+        ];
+        release_replaced_owners(&mut views, &[("ReplicaSet", &sets), ("Job", &[])]);
+        let owners: Vec<Option<&str>> = views.iter().map(|v| v.controller_uid.as_deref()).collect();
+        assert_eq!(owners, [Some("uid-new"), None, Some("uid-x")]);
+        // The surviving incarnation adopts the stray (it matches) and keeps the count exact.
+        let rs = serde_json::json!({
+            "metadata": {"name": "web-1", "namespace": "default", "uid": "uid-new"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}}, "template": {"metadata": {"labels": {"app": "web"}}}},
+        });
+        let grouped = Snapshot::group(views);
+        let pods: Vec<&PodView> = grouped["default"]
+            .owned_by("uid-new")
+            .iter()
+            .chain(grouped["default"].orphans())
+            .collect();
+        let actions = replica_set::reconcile(&rs, pods, &mut || 7);
+        let adopted = actions
+            .iter()
+            .filter(|a| matches!(a, workload::Action::Update(_)))
+            .count();
+        let deleted = actions
+            .iter()
+            .filter(|a| matches!(a, workload::Action::Delete { .. }))
+            .count();
+        assert_eq!((adopted, deleted), (1, 1), "{actions:?}");
     }
 
     #[test]
