@@ -297,6 +297,16 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     } else {
         None
     };
+    let events = Arc::new(crate::events::Recorder::new(
+        &config.name,
+        config.event_ttl,
+        crate::events::MAX_PER_NAMESPACE,
+    ));
+    tokio::spawn(crate::events::follow_nodes(
+        events.clone(),
+        membership.clone(),
+        config.name.clone(),
+    ));
     let scheduling = crate::scheduling::Scheduling::new(
         node.numeric_id(),
         replication.clone(),
@@ -311,6 +321,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             ),
             ..Default::default()
         },
+        events.clone(),
     );
     scheduling.start()?;
 
@@ -370,6 +381,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             scheduling.clone(),
             pod_statuses.clone(),
             puller,
+            events.clone(),
             crate::kubelet::KubeletConfig {
                 worker: crate::kubelet::worker::WorkerConfig {
                     backoff_base_ms: config.restart_backoff.as_millis() as u64,
@@ -400,6 +412,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         membership.clone(),
         endpoint.clone(),
         config.name.clone(),
+        events.clone(),
     );
     logs.start()?;
 

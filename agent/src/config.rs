@@ -69,6 +69,10 @@ pub struct AgentFlags {
     /// (CrashLoopBackOff), e.g. `10s`.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub restart_backoff: Option<Duration>,
+    /// How long this node keeps the events it records (default 1h, as the apiserver's
+    /// --event-ttl).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub event_ttl: Option<Duration>,
     /// Do not run pods on this node (no container runtime); it still gossips, stores,
     /// schedules and serves the API.
     #[arg(long)]
@@ -189,6 +193,8 @@ pub struct AgentFile {
 pub struct KubeletFile {
     #[serde(default, with = "humantime_serde")]
     pub restart_backoff: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub event_ttl: Option<Duration>,
     #[serde(default)]
     pub no_runtime: Option<bool>,
     #[serde(default)]
@@ -247,6 +253,8 @@ pub struct AgentConfig {
     pub fence_timeout: Duration,
     /// Default 10 s.
     pub restart_backoff: Duration,
+    /// Default 1 h.
+    pub event_ttl: Duration,
     /// Default false: pods run in containers.
     pub no_runtime: bool,
     /// Default false: extra capabilities, hostPID and hostIPC are refused.
@@ -392,6 +400,10 @@ impl AgentConfig {
                 .restart_backoff
                 .or(file.kubelet.restart_backoff)
                 .unwrap_or(Duration::from_secs(10)),
+            event_ttl: flags
+                .event_ttl
+                .or(file.kubelet.event_ttl)
+                .unwrap_or(Duration::from_secs(3600)),
             no_runtime: flags.no_runtime || file.kubelet.no_runtime.unwrap_or(false),
             allow_privileged: flags.allow_privileged
                 || file.kubelet.allow_privileged.unwrap_or(false),

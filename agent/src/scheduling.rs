@@ -14,6 +14,8 @@ use shoal_gossip::{Channel, IncomingFrames, MemberState, Membership, PeerEndpoin
 use shoal_state::{ObjectKey, WriteMode, kind};
 use tracing::{debug, info, warn};
 
+use crate::events::{self, EventType, NewEvent, ObjectRef, Recorder};
+
 use crate::replication::Replication;
 use crate::scheduler::auction::{
     AuctionConfig, Binding, Message, NodeId, Output, Scheduler, World, auctioneer,
@@ -66,6 +68,8 @@ pub struct Scheduling {
     config: SchedulingConfig,
     started: Instant,
     state: Mutex<State>,
+    /// Scheduled, FailedScheduling and Preempted, about the pods this node auctions.
+    events: Arc<Recorder>,
     /// Wakes the loop before its tick when a pod needs an auction.
     wake: tokio::sync::Notify,
 }
@@ -153,6 +157,7 @@ impl Scheduling {
         membership: Arc<Membership>,
         endpoint: PeerEndpoint,
         config: SchedulingConfig,
+        events: Arc<Recorder>,
     ) -> Arc<Self> {
         let scheduler = Scheduler::new(self_id, config.auction.clone());
         Arc::new(Self {
@@ -161,6 +166,7 @@ impl Scheduling {
             membership,
             endpoint,
             config,
+            events,
             started: Instant::now(),
             wake: tokio::sync::Notify::new(),
             state: Mutex::new(State {
@@ -387,7 +393,20 @@ impl Scheduling {
                 }
                 match shoal_state::validate(candidate, &namespace) {
                     Ok(valid) => match self.replication.write(valid, WriteMode::Create).await {
-                        Ok(_) => info!(pod = %key, "claimed a DaemonSet pod"),
+                        Ok((pod, _)) => {
+                            info!(pod = %key, "claimed a DaemonSet pod");
+                            let uid = pod["metadata"]["uid"].as_str().unwrap_or("");
+                            self.events.record(NewEvent::new(
+                                ObjectRef::pod(&key.namespace, &key.name, uid),
+                                EventType::Normal,
+                                "Scheduled",
+                                format!(
+                                    "Successfully assigned {}/{} to {}",
+                                    key.namespace, key.name, this.name
+                                ),
+                                events::SCHEDULER,
+                            ));
+                        }
                         Err(e) => debug!(pod = %key, error = %e, "DaemonSet pod not created"),
                     },
                     Err(e) => {
@@ -466,6 +485,8 @@ impl Scheduling {
             .iter()
             .filter(|p| matches!(&p.value, Some(Ok(d)) if *d == ours))
             .count();
+        // Labels, taints and cordons users set through the API (read before the lock).
+        let settings = self.replication.read(crate::node_settings::stored);
         let mut state = self.state.lock().unwrap();
         let now = Instant::now();
         let mut cluster = ClusterView::default();
@@ -488,11 +509,16 @@ impl Scheduling {
             }
             addresses.insert(id, (meta.name.clone(), m.gossip_addr));
             live_names.insert(meta.name.clone(), id);
+            let (labels, taints) = crate::node_settings::effective(
+                &meta.labels,
+                &meta.taints,
+                settings.get(&meta.name),
+            );
             cluster.add_node(NodeView {
                 id,
                 name: meta.name.clone(),
-                labels: meta.labels.clone(),
-                taints: meta.taints.iter().filter_map(to_taint).collect(),
+                labels,
+                taints: taints.iter().filter_map(to_taint).collect(),
                 allocatable: Resources::new(
                     meta.capacity.cpu_millis,
                     meta.capacity.memory_bytes,
@@ -678,6 +704,22 @@ impl Scheduling {
                     }
                 }
                 Output::Unschedulable { pod, message } => {
+                    let key = self
+                        .state
+                        .lock()
+                        .unwrap()
+                        .pods
+                        .get(&pod)
+                        .map(|p| p.key.clone());
+                    if let Some(key) = key {
+                        self.events.record(NewEvent::new(
+                            ObjectRef::pod(&key.namespace, &key.name, &pod),
+                            EventType::Warning,
+                            "FailedScheduling",
+                            message.clone(),
+                            events::SCHEDULER,
+                        ));
+                    }
                     let map = {
                         let mut state = self.state.lock().unwrap();
                         state.unschedulable.insert(pod.clone(), message.clone());
@@ -764,9 +806,32 @@ impl Scheduling {
         };
         match self.replication.write(valid, WriteMode::Update).await {
             Ok(_) => {
-                match &node_name {
-                    Some(node) => info!(pod = %key, node = %node, epoch, "pod bound"),
-                    None => info!(pod = %key, epoch, "pod unbound: auctioned again"),
+                let pod_ref = ObjectRef::pod(&key.namespace, &key.name, pod_uid);
+                match (&node_name, preempted_by) {
+                    (Some(node), _) => {
+                        info!(pod = %key, node = %node, epoch, "pod bound");
+                        self.events.record(NewEvent::new(
+                            pod_ref,
+                            EventType::Normal,
+                            "Scheduled",
+                            format!(
+                                "Successfully assigned {}/{} to {node}",
+                                key.namespace, key.name
+                            ),
+                            events::SCHEDULER,
+                        ));
+                    }
+                    (None, Some(preemptor)) => {
+                        info!(pod = %key, epoch, "pod preempted: auctioned again");
+                        self.events.record(NewEvent::new(
+                            pod_ref,
+                            EventType::Normal,
+                            "Preempted",
+                            format!("Preempted by pod {preemptor}"),
+                            events::SCHEDULER,
+                        ));
+                    }
+                    (None, None) => info!(pod = %key, epoch, "pod unbound: auctioned again"),
                 }
                 true
             }
@@ -779,9 +844,30 @@ impl Scheduling {
 }
 
 /// The pod DaemonSet `ds` runs on node `node_name` (`<daemonset>-<node>`), before binding.
+/// The tolerations Kubernetes' DaemonSet controller adds to its pods: a daemon keeps running
+/// on a cordoned node (`kubectl drain --ignore-daemonsets` leaves it there).
+const DAEMON_TOLERATIONS: &[(&str, &str)] = &[
+    ("node.kubernetes.io/unschedulable", "NoSchedule"),
+    ("node.kubernetes.io/not-ready", "NoExecute"),
+    ("node.kubernetes.io/unreachable", "NoExecute"),
+];
+
 fn daemon_pod(ds: &Value, node_name: &str) -> Value {
     let ds_name = ds["metadata"]["name"].as_str().unwrap_or_default();
     let template = &ds["spec"]["template"];
+    let mut spec = template["spec"].clone();
+    if spec.is_object() {
+        let mut tolerations = spec["tolerations"].as_array().cloned().unwrap_or_default();
+        for (key, effect) in DAEMON_TOLERATIONS {
+            if !tolerations
+                .iter()
+                .any(|t| t["key"] == *key && t["effect"] == *effect)
+            {
+                tolerations.push(json!({"key": key, "operator": "Exists", "effect": effect}));
+            }
+        }
+        spec["tolerations"] = Value::Array(tolerations);
+    }
     json!({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -795,6 +881,6 @@ fn daemon_pod(ds: &Value, node_name: &str) -> Value {
                 "uid": ds["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true,
             }],
         },
-        "spec": template["spec"],
+        "spec": spec,
     })
 }

@@ -64,6 +64,16 @@ pub const KINDS: &[KindInfo] = &[
         true,
         &["hpa"],
     ),
+    // What users changed on a Node through the API: labels, annotations, taints, cordon
+    // (one object per node name; the agent's `node_settings` module).
+    kind(
+        "node.shoal.io",
+        "v1",
+        "NodeSettings",
+        "nodesettings",
+        false,
+        &[],
+    ),
     // Which node holds which block of the cluster CIDR (one object per block; shoal-net's
     // `lease` module).
     kind(

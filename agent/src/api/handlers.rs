@@ -123,6 +123,40 @@ fn selectors(query: &Query, kind: &str) -> Result<(LabelSelector, FieldSelector)
     Ok((labels, fields))
 }
 
+/// A Node edited through the API (`kubectl label|annotate|taint|cordon|uncordon`): the edit
+/// becomes the node's stored NodeSettings; the answer is the Node as it now is.
+async fn edit_node(
+    state: &ApiState,
+    resource: &ApiResource,
+    name: &str,
+    before: Value,
+    after: Value,
+    query: &Query,
+) -> Result<Response, ApiError> {
+    let settings = crate::node_settings::from_edit(&before, &after)
+        .map_err(|e| ApiError::invalid("Node", name, &e.field, &e.detail))?;
+    if !dry_run(query) {
+        let info = shoal_state::kind::lookup(
+            &format!("{}/v1", crate::node_settings::GROUP),
+            crate::node_settings::KIND,
+        )
+        .expect("NodeSettings is a stored kind");
+        let valid = shoal_state::validate(settings.to_object(name), "")
+            .map_err(|e| object_error(info.kind, name, e))?;
+        state
+            .replication
+            .write(valid, WriteMode::Upsert)
+            .await
+            .map_err(|e| write_error(info.plural, name, e))?;
+    }
+    let view = if dry_run(query) {
+        after
+    } else {
+        get_object(state, resource, None, name).await?
+    };
+    Ok(json_response(StatusCode::OK, &view))
+}
+
 /// Objects of a resource, with observed status, and the list's resourceVersion.
 pub async fn list_objects(
     state: &ApiState,
@@ -148,15 +182,38 @@ pub async fn list_objects(
             let now = now_rfc3339();
             let members = state.membership.members().await;
             let blocks = crate::network::blocks_by_node(&state.replication, None);
+            let settings = state.replication.read(crate::node_settings::stored);
             (
                 members
                     .iter()
-                    .map(|m| observed::node(m, &now, blocks.get(&m.node_id).copied()))
+                    .map(|m| {
+                        observed::node(
+                            m,
+                            &now,
+                            blocks.get(&m.node_id).copied(),
+                            settings.get(m.name()),
+                        )
+                    })
                     .collect(),
                 state.replication.read(|s| s.resource_version()),
             )
         }
-        Source::Events => (Vec::new(), state.replication.read(|s| s.resource_version())),
+        Source::Events => {
+            let view = if resource.group == "events.k8s.io" {
+                crate::events::events_v1
+            } else {
+                crate::events::core_v1
+            };
+            let items = state
+                .logs
+                .cluster_events()
+                .await
+                .iter()
+                .filter(|r| namespace.is_none_or(|ns| r.namespace() == ns))
+                .map(view)
+                .collect();
+            (items, state.replication.read(|s| s.resource_version()))
+        }
         Source::PodMetrics | Source::NodeMetrics => {
             let usage = state.logs.cluster_usage().await;
             let items = if resource.source == Source::PodMetrics {
@@ -198,6 +255,96 @@ async fn get_object(
             .find(|o| o["metadata"]["name"] == name),
     };
     found.ok_or_else(|| ApiError::not_found(resource.plural, name))
+}
+
+/// POST of an Event (client-go's event recorders, `kubectl create -f`): recorded in this
+/// node's event log, aggregated with its repeats like the events Shoal records itself.
+fn create_event(
+    state: &ApiState,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+    object: Value,
+) -> Result<Response, ApiError> {
+    use crate::events::{EventType, NewEvent, ObjectRef};
+    let v1 = resource.group == "events.k8s.io";
+    let name = object["metadata"]["name"].as_str().unwrap_or("");
+    let invalid = |field: &str, detail: &str| ApiError::invalid("Event", name, field, detail);
+    let text = |v: &Value| v.as_str().unwrap_or("").to_owned();
+    let (regarding_field, message_field, component) = if v1 {
+        ("regarding", "note", text(&object["reportingController"]))
+    } else {
+        let c = text(&object["source"]["component"]);
+        let c = if c.is_empty() {
+            text(&object["reportingComponent"])
+        } else {
+            c
+        };
+        ("involvedObject", "message", c)
+    };
+    let r = &object[regarding_field];
+    let regarding = ObjectRef {
+        api_version: text(&r["apiVersion"]),
+        kind: text(&r["kind"]),
+        namespace: text(&r["namespace"]),
+        name: text(&r["name"]),
+        uid: text(&r["uid"]),
+        field_path: text(&r["fieldPath"]),
+    };
+    if regarding.kind.is_empty() || regarding.name.is_empty() {
+        return Err(invalid(
+            &format!("{regarding_field}.name"),
+            "Required value: the object the event is about",
+        ));
+    }
+    let event_namespace = namespace.unwrap_or("default");
+    if let Some(ns) = object["metadata"]["namespace"].as_str()
+        && ns != event_namespace
+    {
+        return Err(ApiError::bad_request(format!(
+            "the namespace of the provided object ({ns}) does not match the namespace sent on the request ({event_namespace})"
+        )));
+    }
+    if !regarding.namespace.is_empty() && regarding.namespace != event_namespace {
+        return Err(invalid(
+            &format!("{regarding_field}.namespace"),
+            &format!(
+                "Invalid value: {:?}: does not match event.namespace",
+                regarding.namespace
+            ),
+        ));
+    }
+    let event_type = match object["type"].as_str() {
+        Some("Normal") | None => EventType::Normal,
+        Some("Warning") => EventType::Warning,
+        Some(other) => {
+            return Err(invalid(
+                "type",
+                &format!("Unsupported value: {other:?}: supported values: \"Normal\", \"Warning\""),
+            ));
+        }
+    };
+    let reason = text(&object["reason"]);
+    if reason.is_empty() {
+        return Err(invalid("reason", "Required value"));
+    }
+    let component = if component.is_empty() {
+        "unknown".to_owned()
+    } else {
+        component
+    };
+    let record = state.logs.events().record(NewEvent::new(
+        regarding,
+        event_type,
+        &reason,
+        text(&object[message_field]),
+        &component,
+    ));
+    let view = if v1 {
+        crate::events::events_v1(&record)
+    } else {
+        crate::events::core_v1(&record)
+    };
+    Ok(json_response(StatusCode::CREATED, &view))
 }
 
 /// GET of a collection: list, or watch with `?watch=true`.
@@ -384,6 +531,9 @@ pub async fn create(request: &Request<'_>) -> Result<Response, ApiError> {
         body,
     } = *request;
     let mut object = parse_body(headers, body)?;
+    if resource.source == Source::Events {
+        return create_event(state, resource, namespace, object);
+    }
     if object["metadata"]["name"]
         .as_str()
         .is_none_or(str::is_empty)
@@ -413,6 +563,11 @@ pub async fn update(request: &Request<'_>, name: &str) -> Result<Response, ApiEr
         headers,
         body,
     } = *request;
+    if resource.source == Source::Nodes {
+        let before = get_object(state, resource, None, name).await?;
+        let after = parse_body(headers, body)?;
+        return edit_node(state, resource, name, before, after, query).await;
+    }
     let valid = prepare(
         resource,
         namespace,
@@ -438,6 +593,36 @@ fn strip_server_fields(mut object: Value) -> Value {
     object
 }
 
+/// Applies a patch body of content type `ct` to `target`.
+fn apply_patch(ct: &str, body: &Bytes, target: &mut Value) -> Result<(), ApiError> {
+    let patch_err =
+        |e: PatchError| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", e.to_string());
+    if ct.starts_with("application/json-patch+json") {
+        let ops: Value = parse_json_patch(body)?;
+        patch::json_patch(target, &ops).map_err(patch_err)?;
+    } else if ct.starts_with("application/merge-patch+json") {
+        let p: Value = parse_json_patch(body)?;
+        patch::merge_patch(target, &p);
+    } else if ct.starts_with("application/strategic-merge-patch+json") {
+        let p: Value = parse_json_patch(body)?;
+        patch::strategic_merge_patch(target, &p).map_err(patch_err)?;
+    } else if ct.starts_with("application/apply-patch") {
+        let p: Value = serde_yaml_ng::from_slice(body).map_err(|e| {
+            ApiError::bad_request(format!("the apply configuration is not valid YAML: {e}"))
+        })?;
+        patch::strategic_merge_patch(target, &p).map_err(patch_err)?;
+    } else {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {ct:?})"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// PATCH of an object (merge, JSON, strategic merge, server-side apply).
 pub async fn patch(request: &Request<'_>, name: &str) -> Result<Response, ApiError> {
     let Request {
@@ -449,6 +634,12 @@ pub async fn patch(request: &Request<'_>, name: &str) -> Result<Response, ApiErr
         body,
     } = *request;
     let ct = content_type(headers).to_owned();
+    if resource.source == Source::Nodes {
+        let before = get_object(state, resource, None, name).await?;
+        let mut after = before.clone();
+        apply_patch(&ct, body, &mut after)?;
+        return edit_node(state, resource, name, before, after, query).await;
+    }
     let current = get_object(state, resource, namespace, name).await;
     let apply = ct.starts_with("application/apply-patch");
     let (mut target, existed) = match current {
@@ -456,31 +647,7 @@ pub async fn patch(request: &Request<'_>, name: &str) -> Result<Response, ApiErr
         Err(e) if apply && e.code == StatusCode::NOT_FOUND => (json!({}), false),
         Err(e) => return Err(e),
     };
-    let patch_err =
-        |e: PatchError| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", e.to_string());
-    if ct.starts_with("application/json-patch+json") {
-        let ops: Value = parse_json_patch(body)?;
-        patch::json_patch(&mut target, &ops).map_err(patch_err)?;
-    } else if ct.starts_with("application/merge-patch+json") {
-        let p: Value = parse_json_patch(body)?;
-        patch::merge_patch(&mut target, &p);
-    } else if ct.starts_with("application/strategic-merge-patch+json") {
-        let p: Value = parse_json_patch(body)?;
-        patch::strategic_merge_patch(&mut target, &p).map_err(patch_err)?;
-    } else if apply {
-        let p: Value = serde_yaml_ng::from_slice(body).map_err(|e| {
-            ApiError::bad_request(format!("the apply configuration is not valid YAML: {e}"))
-        })?;
-        patch::strategic_merge_patch(&mut target, &p).map_err(patch_err)?;
-    } else {
-        return Err(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "UnsupportedMediaType",
-            format!(
-                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {ct:?})"
-            ),
-        ));
-    }
+    apply_patch(&ct, body, &mut target)?;
     // A patch that does not name a resourceVersion is not a precondition.
     let mut valid = prepare(resource, namespace, Some(name), target, query)?;
     if valid.resource_version.is_some() && existed {
@@ -936,6 +1103,32 @@ pub async fn subresource(
             ))
         }
         ("log", &Method::GET) => pod_log(state, resource, namespace, name, query).await,
+        // `kubectl drain` evicts: the pod is deleted with the Eviction's DeleteOptions (no
+        // PodDisruptionBudgets are served, so no eviction is refused for one).
+        ("eviction", &Method::POST) => {
+            let eviction = parse_body(headers, body)?;
+            if let Some(named) = eviction["metadata"]["name"].as_str()
+                && named != name
+            {
+                return Err(ApiError::bad_request(format!(
+                    "name in URL does not match name in Eviction object ({named:?} is not {name:?})"
+                )));
+            }
+            let options = eviction.get("deleteOptions").cloned().unwrap_or(json!({}));
+            let options = Bytes::from(options.to_string());
+            delete(
+                &Request {
+                    body: &options,
+                    ..*request
+                },
+                name,
+            )
+            .await?;
+            Ok(json_response(
+                StatusCode::CREATED,
+                &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+            ))
+        }
         _ => Err(ApiError::method_not_allowed(format!(
             "{method} is not supported on {sub}"
         ))),
@@ -1007,7 +1200,7 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
     } = *request;
     let Source::Stored(info) = resource.source else {
         return match resource.source {
-            Source::Nodes | Source::Endpoints | Source::EndpointSlices => {
+            Source::Nodes | Source::Endpoints | Source::EndpointSlices | Source::Events => {
                 derived_watch(request).await
             }
             _ => Err(ApiError::method_not_allowed(format!(
@@ -1304,7 +1497,13 @@ async fn derived_watch(request: &Request<'_>) -> Result<Response, ApiError> {
             pending.push_back(event_line("ADDED", o, table_kind));
         }
     }
-    let mut ticker = tokio::time::interval(Duration::from_millis(250));
+    // Events are gathered from every node over QUIC: looked at once a second, not four times.
+    let period = if resource.source == Source::Events {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_millis(250)
+    };
+    let mut ticker = tokio::time::interval(period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let stream = futures_util::stream::unfold(
         (sent, pending, ticker),

@@ -124,7 +124,20 @@ pub fn service_endpoints(state: &ApiState, namespace: Option<&str>, slices: bool
 }
 
 /// A Node object for one member, from what it gossips about itself.
-pub fn node(member: &Member, now_rfc3339: &str, pod_cidr: Option<ipnet::Ipv4Net>) -> Value {
+pub fn node(
+    member: &Member,
+    now_rfc3339: &str,
+    pod_cidr: Option<ipnet::Ipv4Net>,
+    settings: Option<&crate::node_settings::Settings>,
+) -> Value {
+    let mut node = observed_node(member, now_rfc3339, pod_cidr);
+    let agent_taints = member.meta.as_ref().map_or(&[][..], |m| &m.taints[..]);
+    crate::node_settings::apply_to_node(&mut node, agent_taints, settings);
+    node
+}
+
+/// The Node as membership shows it, before the settings users made through the API.
+fn observed_node(member: &Member, now_rfc3339: &str, pod_cidr: Option<ipnet::Ipv4Net>) -> Value {
     let meta = member.meta.as_ref();
     let info = meta.and_then(|m| m.info.clone()).unwrap_or_default();
     let cap = meta.map(|m| m.capacity);

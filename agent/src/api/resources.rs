@@ -9,7 +9,8 @@ pub enum Source {
     Stored(&'static KindInfo),
     /// Membership (one Node per member).
     Nodes,
-    /// Events (none are recorded yet: always empty).
+    /// Events: each node's own (scheduler, kubelet, node lifecycle, clients' creates),
+    /// gathered from every live node when read (`crate::events`).
     Events,
     /// Endpoints, derived from Services and the pods observed ready.
     Endpoints,
@@ -44,7 +45,10 @@ impl std::ops::Deref for ApiResource {
     }
 }
 
-const READ_VERBS: &[&str] = &["get", "list"];
+const READ_VERBS: &[&str] = &["get", "list", "watch"];
+const EVENT_VERBS: &[&str] = &["create", "get", "list", "watch"];
+/// Nodes are observed; their labels, annotations, taints and cordon are edited (NodeSettings).
+const NODE_VERBS: &[&str] = &["get", "list", "patch", "update", "watch"];
 const WRITE_VERBS: &[&str] = &[
     "create", "delete", "get", "list", "patch", "update", "watch",
 ];
@@ -52,6 +56,7 @@ const WRITE_VERBS: &[&str] = &[
 /// Kinds the API serves from observation rather than from the store.
 const NODE: KindInfo = kind::kind("", "v1", "Node", "nodes", false, &["no"]);
 const EVENT: KindInfo = kind::kind("", "v1", "Event", "events", true, &["ev"]);
+const EVENTS_V1: KindInfo = kind::kind("events.k8s.io", "v1", "Event", "events", true, &[]);
 const ENDPOINTS: KindInfo = kind::kind("", "v1", "Endpoints", "endpoints", true, &["ep"]);
 const ENDPOINT_SLICES: KindInfo = kind::kind(
     "discovery.k8s.io",
@@ -80,6 +85,9 @@ impl ApiResource {
     pub fn verbs(&self) -> &'static [&'static str] {
         match self.source {
             Source::Stored(_) => WRITE_VERBS,
+            Source::Events => EVENT_VERBS,
+            Source::Nodes => NODE_VERBS,
+            Source::PodMetrics | Source::NodeMetrics => &["get", "list"],
             _ => READ_VERBS,
         }
     }
@@ -102,7 +110,11 @@ impl ApiResource {
             &["get", "patch", "update"][..],
         );
         match self.kind {
-            "Pod" => vec![status, ("log", ("", "v1", "Pod"), &["get"][..])],
+            "Pod" => vec![
+                status,
+                ("log", ("", "v1", "Pod"), &["get"][..]),
+                ("eviction", ("policy", "v1", "Eviction"), &["create"][..]),
+            ],
             "Deployment" | "ReplicaSet" => vec![
                 status,
                 (
@@ -141,6 +153,10 @@ pub fn all() -> Vec<ApiResource> {
             },
             ApiResource {
                 info: &EVENT,
+                source: Source::Events,
+            },
+            ApiResource {
+                info: &EVENTS_V1,
                 source: Source::Events,
             },
             ApiResource {

@@ -252,25 +252,63 @@ mod tests {
             "status": {"phase": "Running", "podIP": "10.88.1.5"},
         });
         assert!(ok("spec.nodeName=n1", "Pod", &pod));
-        assert!(ok("spec.nodeName=n1,status.phase!=Succeeded,status.phase!=Failed", "Pod", &pod));
+        assert!(ok(
+            "spec.nodeName=n1,status.phase!=Succeeded,status.phase!=Failed",
+            "Pod",
+            &pod
+        ));
         assert!(!ok("spec.nodeName==n2", "Pod", &pod));
-        assert!(ok("spec.hostNetwork=false", "Pod", &pod), "absent reads as false");
-        assert!(ok("status.nominatedNodeName=", "Pod", &pod), "absent reads as empty");
+        assert!(
+            ok("spec.hostNetwork=false", "Pod", &pod),
+            "absent reads as false"
+        );
+        assert!(
+            ok("status.nominatedNodeName=", "Pod", &pod),
+            "absent reads as empty"
+        );
         assert!(ok("status.podIP=10.88.1.5", "Pod", &pod));
-        assert!(FieldSelector::parse("status.phase=Running", "Pod").unwrap().reads_status());
-        assert!(!FieldSelector::parse("spec.nodeName=n1", "Pod").unwrap().reads_status());
+        assert!(
+            FieldSelector::parse("status.phase=Running", "Pod")
+                .unwrap()
+                .reads_status()
+        );
+        assert!(
+            !FieldSelector::parse("spec.nodeName=n1", "Pod")
+                .unwrap()
+                .reads_status()
+        );
         let node = json!({"metadata": {"name": "n1"}, "spec": {"unschedulable": true}});
         assert!(ok("spec.unschedulable=true", "Node", &node));
-        assert!(ok("spec.unschedulable=false", "Node", &json!({"metadata": {"name": "n2"}})));
+        assert!(ok(
+            "spec.unschedulable=false",
+            "Node",
+            &json!({"metadata": {"name": "n2"}})
+        ));
         let event = json!({
             "metadata": {"name": "e", "namespace": "default"},
             "involvedObject": {"kind": "Pod", "name": "p", "namespace": "default"},
             "reason": "Scheduled", "type": "Normal", "source": {"component": "shoal-scheduler"},
         });
-        assert!(ok("involvedObject.name=p,involvedObject.kind=Pod,type=Normal", "Event", &event));
-        assert!(ok("source=shoal-scheduler,reason=Scheduled", "Event", &event));
+        assert!(ok(
+            "involvedObject.name=p,involvedObject.kind=Pod,type=Normal",
+            "Event",
+            &event
+        ));
+        assert!(ok(
+            "source=shoal-scheduler,reason=Scheduled",
+            "Event",
+            &event
+        ));
         assert!(ok("type=Opaque", "Secret", &json!({"type": "Opaque"})));
-        assert!(ok("status.replicas=0", "ReplicaSet", &json!({"status": {}})));
-        assert!(FieldSelector::parse("spec.nodeName", "Pod").unwrap_err().contains("expected field=value"));
+        assert!(ok(
+            "status.replicas=0",
+            "ReplicaSet",
+            &json!({"status": {}})
+        ));
+        assert!(
+            FieldSelector::parse("spec.nodeName", "Pod")
+                .unwrap_err()
+                .contains("expected field=value")
+        );
     }
 }

@@ -279,7 +279,12 @@ fn columns(kind: &str) -> Vec<Column> {
                 let ready = containers(o, "/status/conditions")
                     .iter()
                     .any(|c| c["type"] == "Ready" && c["status"] == "True");
-                json!(if ready { "Ready" } else { "NotReady" })
+                let status = if ready { "Ready" } else { "NotReady" };
+                if o["spec"]["unschedulable"] == true {
+                    json!(format!("{status},SchedulingDisabled"))
+                } else {
+                    json!(status)
+                }
             }),
             col("Roles", "string", 0, |_| json!("<none>")),
             col("Age", "string", 0, age),
@@ -306,6 +311,61 @@ fn columns(kind: &str) -> Vec<Column> {
                 o["status"]["nodeInfo"]["containerRuntimeVersion"].clone()
             }),
         ],
+        // The apiserver's columns for Events (core/v1 and events.k8s.io/v1 fields alike).
+        "Event" => {
+            fn pick<'a>(o: &'a Value, core: &str, v1: &str) -> &'a Value {
+                if o[core].is_null() { &o[v1] } else { &o[core] }
+            }
+            vec![
+                col("Last Seen", "string", 0, |o| {
+                    since(
+                        pick(o, "lastTimestamp", "deprecatedLastTimestamp"),
+                        "<unknown>",
+                    )
+                }),
+                col("Type", "string", 0, |o| o["type"].clone()),
+                col("Reason", "string", 0, |o| o["reason"].clone()),
+                col("Object", "string", 0, |o| {
+                    let r = pick(o, "involvedObject", "regarding");
+                    json!(format!(
+                        "{}/{}",
+                        r["kind"].as_str().unwrap_or("").to_ascii_lowercase(),
+                        r["name"].as_str().unwrap_or("")
+                    ))
+                }),
+                col("Subobject", "string", 1, |o| {
+                    pick(o, "involvedObject", "regarding")["fieldPath"].clone()
+                }),
+                col("Source", "string", 1, |o| {
+                    let s = pick(o, "source", "deprecatedSource");
+                    json!(
+                        [s["component"].as_str(), s["host"].as_str()]
+                            .into_iter()
+                            .flatten()
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                }),
+                col("Message", "string", 0, |o| {
+                    pick(o, "message", "note").clone()
+                }),
+                col("First Seen", "string", 1, |o| {
+                    since(
+                        pick(o, "firstTimestamp", "deprecatedFirstTimestamp"),
+                        "<unknown>",
+                    )
+                }),
+                col("Count", "string", 1, |o| {
+                    json!(
+                        pick(o, "count", "deprecatedCount")
+                            .as_u64()
+                            .unwrap_or(1)
+                            .to_string()
+                    )
+                }),
+                col("Name", "string", 1, name),
+            ]
+        }
         "Namespace" => vec![
             col("Name", "string", 0, name),
             col("Status", "string", 0, |o| {
@@ -406,22 +466,6 @@ fn columns(kind: &str) -> Vec<Column> {
                 int(&o["status"]["currentReplicas"])
             }),
             col("Age", "string", 0, age),
-        ],
-        "Event" => vec![
-            col("Last Seen", "string", 0, age),
-            col("Type", "string", 0, |o| o["type"].clone()),
-            col("Reason", "string", 0, |o| o["reason"].clone()),
-            col("Object", "string", 0, |o| {
-                json!(format!(
-                    "{}/{}",
-                    o["involvedObject"]["kind"]
-                        .as_str()
-                        .unwrap_or("")
-                        .to_lowercase(),
-                    o["involvedObject"]["name"].as_str().unwrap_or("")
-                ))
-            }),
-            col("Message", "string", 0, |o| o["message"].clone()),
         ],
         _ => vec![col("Name", "string", 0, name), col("Age", "string", 0, age)],
     }

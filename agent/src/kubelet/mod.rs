@@ -21,6 +21,7 @@ use shoal_gossip::Membership;
 use shoal_state::{ObjectKey, kind};
 use tracing::{debug, info, warn};
 
+use crate::events::{self, EventType, NewEvent, ObjectRef, Recorder};
 use crate::images::{ImageError, ImageStore};
 use crate::replication::Replication;
 use crate::runtime::{ContainerMeta, ObservedPod, Runtime, SandboxSpec};
@@ -88,6 +89,8 @@ pub struct Kubelet {
     handle: std::sync::OnceLock<tokio::runtime::Handle>,
     /// The latest usage sample of this node and its containers.
     usage: Mutex<metrics::NodeUsage>,
+    /// What users see of the pods here as Events.
+    events: Arc<Recorder>,
     /// Set by [`Kubelet::stop`]; the loop sets `exited` when it has returned.
     stopping: std::sync::atomic::AtomicBool,
     exited: std::sync::atomic::AtomicBool,
@@ -144,6 +147,7 @@ impl Kubelet {
         scheduling: Arc<Scheduling>,
         statuses: Arc<status::PodStatusCache>,
         puller: Arc<image_puller::ImagePuller>,
+        events: Arc<Recorder>,
         config: KubeletConfig,
     ) -> Arc<Self> {
         Arc::new(Self {
@@ -161,6 +165,7 @@ impl Kubelet {
             wake: Mutex::new(None),
             handle: std::sync::OnceLock::new(),
             usage: Mutex::new(metrics::NodeUsage::default()),
+            events,
             stopping: Default::default(),
             exited: Default::default(),
         })
@@ -427,6 +432,22 @@ impl Kubelet {
                     break;
                 }
             }
+            let decided = worker.take_events();
+            if let Some((namespace, name)) = worker.pod() {
+                for e in decided {
+                    self.events.record(NewEvent::new(
+                        ObjectRef::pod(namespace, name, &uid).container(&e.container, e.init),
+                        if e.warning {
+                            EventType::Warning
+                        } else {
+                            EventType::Normal
+                        },
+                        e.reason,
+                        e.message,
+                        events::KUBELET,
+                    ));
+                }
+            }
             match decision.status {
                 Some(mut status) => {
                     status["hostIP"] = json!(self.host_ip);
@@ -578,8 +599,34 @@ impl Kubelet {
                 let plan = plan.ok_or("no pod spec")?;
                 match self.start_container(plan, &name, attempt, init) {
                     Ok(()) => {
-                        worker.start_succeeded(&name);
+                        let pulled = worker.start_succeeded(&name);
                         debug!(pod = %plan.name, container = %name, attempt, "container started");
+                        let image = plan
+                            .containers
+                            .iter()
+                            .chain(&plan.init_containers)
+                            .find(|c| c.name == name)
+                            .map_or("", |c| c.image.as_str());
+                        let about = ObjectRef::pod(&plan.namespace, &plan.name, &plan.uid)
+                            .container(&name, init);
+                        let pulled = if pulled {
+                            format!("Successfully pulled image {image:?}")
+                        } else {
+                            format!("Container image {image:?} already present on machine")
+                        };
+                        for (reason, message) in [
+                            ("Pulled", pulled),
+                            ("Created", format!("Created container: {name}")),
+                            ("Started", format!("Started container {name}")),
+                        ] {
+                            self.events.record(NewEvent::new(
+                                about.clone(),
+                                EventType::Normal,
+                                reason,
+                                message,
+                                events::KUBELET,
+                            ));
+                        }
                     }
                     Err(error) if error.reason == PULLING => {
                         worker.start_pending(&name, "ContainerCreating", &error.message);

@@ -37,6 +37,8 @@ pub(super) enum NodeRequest {
     },
     /// The node's latest usage sample.
     Usage,
+    /// The events this node keeps.
+    Events,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -45,6 +47,7 @@ pub(super) enum NodeResponse {
     Manifest { digest: String, bytes: Vec<u8> },
     Blob { bytes: Vec<u8>, total: u64 },
     Usage(super::metrics::NodeUsage),
+    Events(Vec<crate::events::EventRecord>),
     Error(String),
 }
 
@@ -58,6 +61,7 @@ pub struct NodeService {
     membership: Arc<Membership>,
     endpoint: PeerEndpoint,
     node_name: String,
+    events: Arc<crate::events::Recorder>,
 }
 
 impl NodeService {
@@ -67,6 +71,7 @@ impl NodeService {
         membership: Arc<Membership>,
         endpoint: PeerEndpoint,
         node_name: String,
+        events: Arc<crate::events::Recorder>,
     ) -> Arc<Self> {
         Arc::new(Self {
             kubelet,
@@ -74,6 +79,7 @@ impl NodeService {
             membership,
             endpoint,
             node_name,
+            events,
         })
     }
 
@@ -121,6 +127,7 @@ impl NodeService {
                 },
                 None => no_runtime(),
             },
+            NodeRequest::Events => NodeResponse::Events(self.events.snapshot()),
             NodeRequest::Usage => match &self.kubelet {
                 Some(kubelet) => NodeResponse::Usage(kubelet.usage()),
                 None => no_runtime(),
@@ -197,6 +204,48 @@ impl NodeService {
             .flatten()
             .collect()
     }
+}
+
+impl NodeService {
+    /// This node's recorder (the API records what clients create there).
+    pub fn events(&self) -> &Arc<crate::events::Recorder> {
+        &self.events
+    }
+
+    /// The events of every live node (nodes that do not answer are left out), oldest first.
+    pub async fn cluster_events(&self) -> Vec<crate::events::EventRecord> {
+        let members = self.membership.members().await;
+        let asks = members
+            .iter()
+            .filter(|m| m.state == shoal_gossip::MemberState::Alive && !m.is_self)
+            .map(|m| {
+                let addr = m.gossip_addr;
+                async move {
+                    match ask(&self.endpoint, addr, &NodeRequest::Events).await {
+                        Ok(NodeResponse::Events(events)) => events,
+                        Ok(_) | Err(_) => Vec::new(),
+                    }
+                }
+            });
+        let mut all = self.events.snapshot();
+        for events in futures_util::future::join_all(asks).await {
+            all.extend(events.into_iter().filter(valid_record));
+        }
+        all.sort_by_key(|r| (r.first_ms, r.host.clone(), r.seq));
+        all
+    }
+}
+
+/// A peer's event names an object and a namespace the API serves under: checked like any
+/// name from the network.
+fn valid_record(r: &crate::events::EventRecord) -> bool {
+    let ok = shoal_state::labels::check_dns_subdomain(&r.name).is_ok()
+        && (r.regarding.namespace.is_empty()
+            || shoal_state::labels::check_dns_label(&r.regarding.namespace).is_ok());
+    if !ok {
+        debug!(host = %r.host, name = %r.name, "a peer's event with an invalid name was left out");
+    }
+    ok
 }
 
 /// Sends one request to a peer's node service.

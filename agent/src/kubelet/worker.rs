@@ -132,6 +132,17 @@ struct ProbeState {
     last_message: String,
 }
 
+/// Something the worker decided that users see as an Event about the pod (the shell records
+/// it; the outcomes of its own I/O, such as a container created, it records itself).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerEvent {
+    pub container: String,
+    pub init: bool,
+    pub warning: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
 /// One pod's worker.
 #[derive(Debug, Default)]
 pub struct PodWorker {
@@ -143,6 +154,13 @@ pub struct PodWorker {
     probes: HashMap<(String, u32, ProbeKind), ProbeState>,
     /// preStop commands by container name, from the latest spec.
     pre_stop: HashMap<String, Vec<String>>,
+    /// Init container names, from the latest spec (an event's field path names the list).
+    init_names: std::collections::HashSet<String>,
+    /// The pod's namespace and name, from the latest spec (its events name it after it is gone).
+    pod: Option<(String, String)>,
+    /// Attempts whose back-off was reported (once each).
+    backoff_reported: std::collections::HashSet<(String, u32)>,
+    events: Vec<WorkerEvent>,
 }
 
 fn rfc3339(ms: u64) -> String {
@@ -191,6 +209,26 @@ impl PodWorker {
         }
     }
 
+    /// The pod's namespace and name, once a spec was seen.
+    pub fn pod(&self) -> Option<(&str, &str)> {
+        self.pod.as_ref().map(|(ns, n)| (ns.as_str(), n.as_str()))
+    }
+
+    /// The events decided since the last call.
+    pub fn take_events(&mut self) -> Vec<WorkerEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    fn event(&mut self, container: &str, warning: bool, reason: &'static str, message: String) {
+        self.events.push(WorkerEvent {
+            container: container.to_owned(),
+            init: self.init_names.contains(container),
+            warning,
+            reason,
+            message,
+        });
+    }
+
     fn backoff_ms(&self, attempt: u32) -> u64 {
         let factor = 1u64.checked_shl(attempt.min(20)).unwrap_or(u64::MAX);
         self.config
@@ -207,6 +245,7 @@ impl PodWorker {
 
     /// The shell could not start a container (image missing, bad config, …).
     pub fn start_failed(&mut self, name: &str, reason: &str, message: &str, now_ms: u64) {
+        self.event(name, true, "Failed", format!("Error: {message}"));
         let failures = self.start_errors.get(name).map_or(0, |e| e.failures) + 1;
         self.start_errors.insert(
             name.to_owned(),
@@ -222,6 +261,13 @@ impl PodWorker {
     /// The container cannot start yet but needs no back-off (its image is being pulled):
     /// shown with `reason`, tried again at the next decision.
     pub fn start_pending(&mut self, name: &str, reason: &str, message: &str) {
+        let already = self
+            .start_errors
+            .get(name)
+            .is_some_and(|e| e.failures == 0 && e.message == message);
+        if !already {
+            self.event(name, false, "Pulling", message.to_owned());
+        }
         self.start_errors.insert(
             name.to_owned(),
             StartError {
@@ -233,8 +279,11 @@ impl PodWorker {
         );
     }
 
-    pub fn start_succeeded(&mut self, name: &str) {
-        self.start_errors.remove(name);
+    /// The container started; returns whether it had waited for its image (pulled).
+    pub fn start_succeeded(&mut self, name: &str) -> bool {
+        self.start_errors
+            .remove(name)
+            .is_some_and(|e| e.failures == 0)
     }
 
     /// A probe the shell ran has finished.
@@ -265,6 +314,17 @@ impl PodWorker {
             if state.failures >= probe.failure_threshold {
                 state.passing = Some(false);
             }
+            let kind = match kind {
+                ProbeKind::Startup => "Startup",
+                ProbeKind::Liveness => "Liveness",
+                ProbeKind::Readiness => "Readiness",
+            };
+            self.event(
+                name,
+                true,
+                "Unhealthy",
+                format!("{kind} probe failed: {message}"),
+            );
         }
     }
 
@@ -287,6 +347,20 @@ impl PodWorker {
         let (name, attempt) = key.clone();
         match self.stopping.get_mut(&key) {
             None => {
+                let message = match reason {
+                    StopReason::Unhealthy(kind) => format!(
+                        "Container {name} failed {} probe, will be restarted",
+                        if kind == ProbeKind::Startup {
+                            "startup"
+                        } else {
+                            "liveness"
+                        }
+                    ),
+                    StopReason::PodGone | StopReason::Removed => {
+                        format!("Stopping container {name}")
+                    }
+                };
+                self.event(&name, false, "Killing", message);
                 let hook = self.pre_stop.get(&name).filter(|_| grace > 0).cloned();
                 self.stopping.insert(
                     key,
@@ -378,6 +452,12 @@ impl PodWorker {
             };
         };
         self.grace_ms = Some(plan.termination_grace_ms);
+        self.init_names = plan
+            .init_containers
+            .iter()
+            .map(|c| c.name.clone())
+            .collect();
+        self.pod = Some((plan.namespace.clone(), plan.name.clone()));
         self.pre_stop = plan
             .containers
             .iter()
@@ -427,6 +507,7 @@ impl PodWorker {
         };
         self.probes.retain(|(n, a, _), _| exists(n, *a));
         self.stopping.retain(|(n, a), _| exists(n, *a));
+        self.backoff_reported.retain(|(n, a)| exists(n, *a));
 
         let main_started = plan
             .containers
@@ -608,6 +689,17 @@ impl PodWorker {
                         init,
                     });
                 } else {
+                    if self.backoff_reported.insert((name.clone(), c.meta.attempt)) {
+                        self.event(
+                            &name,
+                            true,
+                            "BackOff",
+                            format!(
+                                "Back-off restarting failed container {name} in pod {}_{}({})",
+                                plan.name, plan.namespace, plan.uid
+                            ),
+                        );
+                    }
                     let seconds = self.backoff_ms(c.meta.attempt) / 1000;
                     view.waiting = Some((
                         "CrashLoopBackOff".into(),
@@ -957,6 +1049,22 @@ mod tests {
             1
         );
         assert_eq!(status["phase"], "Running");
+        // The back-off is one event per attempt, however often the worker decides meanwhile.
+        w.decide(1_600, Some(&p), true, &[exited("a", 0, 1, 1_000)]);
+        let events = w.take_events();
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(
+            (
+                events[0].reason,
+                events[0].warning,
+                events[0].message.as_str()
+            ),
+            (
+                "BackOff",
+                true,
+                "Back-off restarting failed container a in pod p_default(u)"
+            )
+        );
         let d = w.decide(2_000, Some(&p), true, &[exited("a", 0, 1, 1_000)]);
         assert_eq!(starts(&d), [("a".to_owned(), 1)]);
         // Attempt 2 failed at t=5000: the delay doubles each time, up to the cap.
@@ -1055,10 +1163,26 @@ mod tests {
                 signal: StopSignal::Term
             }]
         );
+        // What users see: each failure, then the kill, once.
+        let reasons = |w: &mut PodWorker| {
+            w.take_events()
+                .into_iter()
+                .map(|e| format!("{} {}", e.reason, e.message))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            reasons(&mut w),
+            [
+                "Unhealthy Liveness probe failed: exit 1",
+                "Unhealthy Liveness probe failed: exit 1",
+                "Killing Container a failed liveness probe, will be restarted",
+            ]
+        );
         assert!(
             w.decide(3_000, Some(&p), true, &run).actions.is_empty(),
             "grace (2 s)"
         );
+        assert!(reasons(&mut w).is_empty(), "the kill is reported once");
         let d = w.decide(4_100, Some(&p), true, &run);
         assert_eq!(
             d.actions,

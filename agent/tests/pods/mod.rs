@@ -169,14 +169,91 @@ async fn a_pod_runs_reports_ready_and_serves_logs_from_any_agent() {
     assert_eq!(container_status(&pod, "client")["restartCount"], 0);
     // Field selectors as kubectl describe node and drain use them (the phase is observed state).
     let names = |agent: usize, selector: &str| {
-        api.ok(agent, &["get", "pods", "-A", "--field-selector", selector, "-o", "name"])
+        api.ok(
+            agent,
+            &[
+                "get",
+                "pods",
+                "-A",
+                "--field-selector",
+                selector,
+                "-o",
+                "name",
+            ],
+        )
     };
     assert_eq!(names(0, "spec.nodeName=n1"), "pod/demo\n");
     assert_eq!(names(1, "spec.nodeName=n2"), "");
-    assert_eq!(names(2, "spec.nodeName=n1,status.phase!=Succeeded,status.phase!=Failed"), "pod/demo\n");
+    assert_eq!(
+        names(
+            2,
+            "spec.nodeName=n1,status.phase!=Succeeded,status.phase!=Failed"
+        ),
+        "pod/demo\n"
+    );
     assert_eq!(names(0, "status.phase=Pending"), "");
     let (ok, _, err) = api.kubectl(0, &["get", "pods", "--field-selector", "spec.image=x"]);
-    assert!(!ok && err.contains("field label not supported: spec.image"), "{err}");
+    assert!(
+        !ok && err.contains("field label not supported: spec.image"),
+        "{err}"
+    );
+
+    // Events: the auctioneer's Scheduled (on whichever node auctioned) and n1's kubelet's,
+    // gathered over QUIC by the agent asked; kubectl describe and kubectl events show them.
+    let reasons = || async {
+        let (_, out, _) = api.kubectl(
+            2,
+            &[
+                "get",
+                "events",
+                "--field-selector",
+                "involvedObject.name=demo",
+                "-o",
+                "json",
+            ],
+        );
+        serde_json::from_str::<Value>(&out).unwrap_or(Value::Null)["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                format!(
+                    "{} {}",
+                    e["reason"].as_str().unwrap_or(""),
+                    e["message"].as_str().unwrap_or("")
+                )
+            })
+            .collect::<Vec<String>>()
+    };
+    wait_until("demo's events", LIMIT, || async {
+        let r = reasons().await;
+        r.iter()
+            .any(|e| e == "Scheduled Successfully assigned default/demo to n1")
+            && r.iter().any(|e| e == "Started Started container web")
+            && r.iter().any(|e| e.starts_with("Pulled Container image"))
+            && r.iter().any(|e| e == "Created Created container: first")
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {:?}", api.ok(2, &["get", "events", "-o", "wide"])));
+    let describe = api.ok(0, &["describe", "pod", "demo"]);
+    assert!(
+        describe.contains("Successfully assigned default/demo to n1"),
+        "{describe}"
+    );
+    assert!(describe.contains("Started container client"), "{describe}");
+    let events = api.ok(1, &["events", "--for", "pod/demo"]);
+    assert!(events.contains("Created container: web"), "{events}");
+    let table = api.ok(1, &["get", "events"]);
+    assert!(
+        table.contains("pod/demo") && table.contains("Scheduled"),
+        "{table}"
+    );
+    let node = api.ok(2, &["describe", "node", "n1"]);
+    assert!(node.contains("Starting kubelet."), "{node}");
+    assert!(
+        node.contains("Non-terminated Pods:          (1 in total)"),
+        "describe node lists the pods bound to it (a spec.nodeName field selector): {node}"
+    );
 
     // Logs read through agent 0 come from n1 over QUIC.
     let logs = wait_until("client logs", LIMIT, || async {
@@ -350,6 +427,18 @@ spec:
     assert_eq!(
         c["lastState"]["terminated"]["message"], "Liveness probe failed",
         "{c}"
+    );
+    // What the kubelet decided, as Events: the probe's failures, the kill, the crash loop.
+    let sick = api.ok(1, &["events", "--for", "pod/sick"]);
+    assert!(sick.contains("Liveness probe failed"), "{sick}");
+    assert!(
+        sick.contains("Container c failed liveness probe, will be restarted"),
+        "{sick}"
+    );
+    let crashy = api.ok(2, &["describe", "pod", "crashy"]);
+    assert!(
+        crashy.contains("Back-off restarting failed container c in pod crashy_default"),
+        "{crashy}"
     );
 
     let pod = wait_pod(&api, 0, "done", "done succeeded", |p| {

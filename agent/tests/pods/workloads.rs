@@ -533,3 +533,90 @@ async fn a_cron_job_runs_one_job_per_scheduled_time() {
     let logs = api.ok(1, &["logs", &format!("job/{name}")]);
     assert!(logs.contains("tick"), "{logs}");
 }
+
+/// The every-day node operations: label, taint, cordon, drain and uncordon, each through a
+/// different agent; they are desired state (NodeSettings), so every agent's scheduler and API
+/// see them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_are_labelled_tainted_cordoned_and_drained_with_kubectl() {
+    let api = lab().await;
+    let on = |agent: usize, node: &str| -> Vec<String> {
+        web_pods(&api, agent)
+            .iter()
+            .filter(|p| p["spec"]["nodeName"] == node)
+            .map(|p| p["metadata"]["name"].as_str().unwrap_or("").to_owned())
+            .collect()
+    };
+    // A label placed through agent 0 steers a pod scheduled through agent 2.
+    api.ok(0, &["label", "node", "n2", "disk=ssd"]);
+    assert_eq!(
+        api.ok(1, &["get", "nodes", "-l", "disk=ssd", "-o", "name"]),
+        "node/n2\n"
+    );
+    let pinned = api.manifest(
+        "pinned.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: pinned}\nspec:\n  nodeSelector: {disk: ssd}\n  containers: [{name: c, image: shoal.local/busybox:1, command: [sleep, '1000']}]\n",
+    );
+    api.ok(2, &["apply", "-f", &pinned]);
+    wait_until("pinned bound to n2", LIMIT, || {
+        let node =
+            json_of(&api, 1, &["get", "pod", "pinned", "-o", "json"])["spec"]["nodeName"].clone();
+        async move { node == "n2" }
+    })
+    .await
+    .unwrap();
+    // A taint through agent 1 keeps new pods off n0 unless they tolerate it.
+    api.ok(1, &["taint", "nodes", "n0", "dedicated=db:NoSchedule"]);
+    let describe = api.ok(2, &["describe", "node", "n0"]);
+    assert!(describe.contains("dedicated=db:NoSchedule"), "{describe}");
+    let (ok, _, err) = api.kubectl(
+        0,
+        &[
+            "label",
+            "node",
+            "n0",
+            "kubernetes.io/hostname=elsewhere",
+            "--overwrite",
+        ],
+    );
+    assert!(
+        !ok && err.contains("the agent sets this label from its host"),
+        "{err}"
+    );
+
+    let file = api.manifest("web.yaml", WEB);
+    api.ok(0, &["apply", "-f", &file]);
+    api.ok(1, &["rollout", "status", "deployment/web", "--timeout=90s"]);
+    assert!(on(0, "n0").is_empty(), "n0 is tainted: {:?}", on(0, "n0"));
+    let before_on_n1 = on(0, "n1");
+    // Cordon and drain n1 through agent 2: its web pods are evicted and replaced elsewhere.
+    let out = api.ok(2, &["drain", "n1", "--ignore-daemonsets", "--timeout=60s"]);
+    assert!(out.contains("drained"), "{out}");
+    assert!(
+        api.ok(0, &["get", "node", "n1"])
+            .contains("Ready,SchedulingDisabled"),
+        "a drained node is cordoned"
+    );
+    api.ok(1, &["rollout", "status", "deployment/web", "--timeout=90s"]);
+    wait_until("web's pods off n1, three ready elsewhere", LIMIT, || {
+        let pods = web_pods(&api, 1);
+        let ok = pods.len() == 3
+            && pods.iter().all(ready)
+            && pods.iter().all(|p| p["spec"]["nodeName"] == "n2");
+        async move { ok }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: before {before_on_n1:?}, now {:?}", web_pods(&api, 1)));
+    // Nothing is scheduled onto the cordoned node; uncordoned, it takes pods again.
+    api.ok(0, &["scale", "deployment", "web", "--replicas=4"]);
+    api.ok(1, &["rollout", "status", "deployment/web", "--timeout=90s"]);
+    assert!(on(2, "n1").is_empty(), "{:?}", on(2, "n1"));
+    api.ok(1, &["uncordon", "n1"]);
+    assert!(
+        !api.ok(2, &["get", "node", "n1"])
+            .contains("SchedulingDisabled")
+    );
+    api.ok(0, &["taint", "nodes", "n0", "dedicated=db:NoSchedule-"]);
+    api.ok(0, &["delete", "deployment", "web"]);
+    api.ok(0, &["delete", "pod", "pinned", "--wait=false"]);
+}
