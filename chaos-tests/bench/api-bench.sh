@@ -47,10 +47,24 @@ for i in range(1000):
     urllib.request.urlopen(req, context=ctx).read()
 PY
 auth="Authorization: Bearer $TOKEN"
+# CPU seconds (user + system) the agent serving the API has used so far.
+cpu() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/${pids[0]}/stat"; }
+# wrk, then the serving agent's CPU per request over the run.
+measure() {
+  local before after out requests
+  before=$(cpu)
+  out=$(wrk --latency -t2 -c"$connections" -d"$duration" "$@")
+  after=$(cpu)
+  echo "$out"
+  requests=$(echo "$out" | awk '/requests in/ { print $1 }')
+  awk -v b="$before" -v a="$after" -v n="$requests" 'BEGIN { printf "server CPU: %.2f s for %d requests = %.2f ms per request\n", a - b, n, (a - b) * 1000 / n }'
+}
 echo; echo "== GET one pod ($connections connections, $duration)"
 wrk --latency -t2 -c"$connections" -d"$duration" -H "$auth" "$api/api/v1/namespaces/default/pods/pod-500"
-echo; echo "== LIST 1,000 pods ($connections connections, $duration)"
-wrk --latency -t2 -c"$connections" -d"$duration" -H "$auth" "$api/api/v1/namespaces/default/pods"
+echo; echo "== LIST 1,000 pods, JSON ($connections connections, $duration)"
+measure -H "$auth" -H "Accept: application/json" "$api/api/v1/namespaces/default/pods"
+echo; echo "== LIST 1,000 pods, protobuf, as client-go's typed clients ask ($connections connections, $duration)"
+measure -H "$auth" -H "Accept: application/vnd.kubernetes.protobuf, */*" "$api/api/v1/namespaces/default/pods"
 echo; echo "== LIST 1,000 pods as a Table, as kubectl get asks ($connections connections, $duration)"
 wrk --latency -t2 -c"$connections" -d"$duration" -H "$auth" -H "Accept: application/json;as=Table;v=v1;g=meta.k8s.io" "$api/api/v1/namespaces/default/pods?limit=500"
 echo; echo "== CREATE pods (write quorum 2 of 3 agents; $connections connections, $duration)"

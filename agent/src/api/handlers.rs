@@ -125,27 +125,49 @@ fn selectors(query: &Query, kind: &str) -> Result<(LabelSelector, FieldSelector)
 
 /// A Node edited through the API (`kubectl label|annotate|taint|cordon|uncordon`): the edit
 /// becomes the node's stored NodeSettings; the answer is the Node as it now is.
+fn node_settings_info() -> &'static shoal_state::KindInfo {
+    shoal_state::kind::lookup(
+        &format!("{}/v1", crate::node_settings::GROUP),
+        crate::node_settings::KIND,
+    )
+    .expect("NodeSettings is a stored kind")
+}
+
+/// The resourceVersion of a node's stored NodeSettings (None while it has none): an edit is
+/// written from it, so two edits at once cannot revert each other.
+fn node_settings_version(state: &ApiState, name: &str) -> Option<String> {
+    let key = ObjectKey::new(node_settings_info(), "", name);
+    state
+        .replication
+        .read(|s| s.get(&key))
+        .and_then(|o| o["metadata"]["resourceVersion"].as_str().map(str::to_owned))
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn edit_node(
     state: &ApiState,
     resource: &ApiResource,
     name: &str,
     before: Value,
     after: Value,
+    settings_rv: Option<String>,
     query: &Query,
 ) -> Result<Response, ApiError> {
     let settings = crate::node_settings::from_edit(&before, &after)
         .map_err(|e| ApiError::invalid("Node", name, &e.field, &e.detail))?;
     if !dry_run(query) {
-        let info = shoal_state::kind::lookup(
-            &format!("{}/v1", crate::node_settings::GROUP),
-            crate::node_settings::KIND,
-        )
-        .expect("NodeSettings is a stored kind");
-        let valid = shoal_state::validate(settings.to_object(name), "")
+        let info = node_settings_info();
+        let mut valid = shoal_state::validate(settings.to_object(name), "")
             .map_err(|e| object_error(info.kind, name, e))?;
+        let mode = if settings_rv.is_some() {
+            WriteMode::Update
+        } else {
+            WriteMode::Create
+        };
+        valid.resource_version = settings_rv;
         state
             .replication
-            .write(valid, WriteMode::Upsert)
+            .write(valid, mode)
             .await
             .map_err(|e| write_error(info.plural, name, e))?;
     }
@@ -564,9 +586,10 @@ pub async fn update(request: &Request<'_>, name: &str) -> Result<Response, ApiEr
         body,
     } = *request;
     if resource.source == Source::Nodes {
+        let settings_rv = node_settings_version(state, name);
         let before = get_object(state, resource, None, name).await?;
         let after = parse_body(headers, body)?;
-        return edit_node(state, resource, name, before, after, query).await;
+        return edit_node(state, resource, name, before, after, settings_rv, query).await;
     }
     let valid = prepare(
         resource,
@@ -635,45 +658,69 @@ pub async fn patch(request: &Request<'_>, name: &str) -> Result<Response, ApiErr
     } = *request;
     let ct = content_type(headers).to_owned();
     if resource.source == Source::Nodes {
-        let before = get_object(state, resource, None, name).await?;
-        let mut after = before.clone();
-        apply_patch(&ct, body, &mut after)?;
-        return edit_node(state, resource, name, before, after, query).await;
-    }
-    let current = get_object(state, resource, namespace, name).await;
-    let apply = ct.starts_with("application/apply-patch");
-    let (mut target, existed) = match current {
-        Ok(o) => (strip_server_fields(o), true),
-        Err(e) if apply && e.code == StatusCode::NOT_FOUND => (json!({}), false),
-        Err(e) => return Err(e),
-    };
-    apply_patch(&ct, body, &mut target)?;
-    // A patch that does not name a resourceVersion is not a precondition.
-    let mut valid = prepare(resource, namespace, Some(name), target, query)?;
-    if valid.resource_version.is_some() && existed {
-        let current_rv =
-            get_object(state, resource, namespace, name).await?["metadata"]["resourceVersion"]
-                .as_str()
-                .map(str::to_owned);
-        if body_names_resource_version(body) {
-            // keep the client's precondition
-        } else {
-            valid.resource_version = current_rv;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let settings_rv = node_settings_version(state, name);
+            let before = get_object(state, resource, None, name).await?;
+            let mut after = before.clone();
+            apply_patch(&ct, body, &mut after)?;
+            match edit_node(state, resource, name, before, after, settings_rv, query).await {
+                Err(e) if e.code == StatusCode::CONFLICT && attempt < PATCH_ATTEMPTS => continue,
+                other => return other,
+            }
         }
     }
-    if !body_names_resource_version(body) {
-        valid.resource_version = None;
+    let apply = ct.starts_with("application/apply-patch");
+    let client_precondition = body_names_resource_version(body);
+    // Read, patch, write with the read's resourceVersion as the precondition, and again from
+    // the top when another write came in between (the apiserver's GuaranteedUpdate): a patch
+    // changes only the fields it names, never reverting one written meanwhile (a binding, a
+    // label patched through this agent at the same moment).
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let current = get_object(state, resource, namespace, name).await;
+        let (mut target, read_rv) = match current {
+            Ok(o) => {
+                let rv = o["metadata"]["resourceVersion"].as_str().map(str::to_owned);
+                (strip_server_fields(o), rv)
+            }
+            Err(e) if apply && e.code == StatusCode::NOT_FOUND => (json!({}), None),
+            Err(e) => return Err(e),
+        };
+        apply_patch(&ct, body, &mut target)?;
+        let mut valid = prepare(resource, namespace, Some(name), target, query)?;
+        if !client_precondition {
+            valid.resource_version = read_rv.clone();
+        }
+        if dry_run(query) {
+            return Ok(json_response(StatusCode::OK, &valid.body));
+        }
+        // An apply of an object that was not there creates it; anything read is updated from
+        // the version read (a delete in between is retried, and an apply then creates it).
+        let mode = if read_rv.is_none() {
+            WriteMode::Upsert
+        } else {
+            WriteMode::Update
+        };
+        match write(state, resource, name, valid, mode).await {
+            Err(e)
+                if !client_precondition
+                    && attempt < PATCH_ATTEMPTS
+                    && (e.code == StatusCode::CONFLICT
+                        || (apply && e.code == StatusCode::NOT_FOUND)) =>
+            {
+                tracing::debug!(object = %name, attempt, "patch raced another write; patching the newer version");
+                continue;
+            }
+            other => return other,
+        }
     }
-    if dry_run(query) {
-        return Ok(json_response(StatusCode::OK, &valid.body));
-    }
-    let mode = if apply {
-        WriteMode::Upsert
-    } else {
-        WriteMode::Update
-    };
-    write(state, resource, name, valid, mode).await
 }
+
+/// How often a patch is applied again after losing a race with another write.
+const PATCH_ATTEMPTS: u32 = 8;
 
 /// Writes a validated object (waiting for the write quorum) and answers with it: 201 when it
 /// was created, 200 otherwise.
@@ -1050,57 +1097,83 @@ pub async fn subresource(
             Ok(json_response(StatusCode::OK, &scale_of(&object)))
         }
         ("scale", &Method::PUT | &Method::PATCH) => {
-            let object = strip_server_fields(get_object(state, resource, namespace, name).await?);
-            let mut scale = scale_of(&object);
-            if method == Method::PUT {
-                scale = parse_body(headers, body)?;
-            } else {
-                let ct = content_type(headers);
-                let p: Value = parse_json_patch(body)?;
-                if ct.starts_with("application/json-patch+json") {
-                    patch::json_patch(&mut scale, &p)
-                        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            // Like a patch: written from the version read, again when another write raced it.
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                let object =
+                    strip_server_fields(get_object(state, resource, namespace, name).await?);
+                let mut scale = scale_of(&object);
+                if method == Method::PUT {
+                    scale = parse_body(headers, body)?;
                 } else {
-                    patch::merge_patch(&mut scale, &p);
+                    let ct = content_type(headers);
+                    let p: Value = parse_json_patch(body)?;
+                    if ct.starts_with("application/json-patch+json") {
+                        patch::json_patch(&mut scale, &p)
+                            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+                    } else {
+                        patch::merge_patch(&mut scale, &p);
+                    }
+                }
+                let replicas = scale["spec"]["replicas"]
+                    .as_i64()
+                    .filter(|r| *r >= 0)
+                    .ok_or_else(|| {
+                        ApiError::invalid(
+                            "Scale",
+                            name,
+                            "spec.replicas",
+                            &format!(
+                                "Invalid value: {}: must be greater than or equal to 0",
+                                scale["spec"]["replicas"]
+                            ),
+                        )
+                    })?;
+                let mut updated = object;
+                let Some(spec) = updated.get_mut("spec").and_then(Value::as_object_mut) else {
+                    return Err(ApiError::invalid(
+                        resource.kind,
+                        name,
+                        "spec",
+                        "Invalid value: must be an object",
+                    ));
+                };
+                spec.insert("replicas".into(), json!(replicas));
+                // A Scale naming a resourceVersion is the client's precondition; otherwise the
+                // version read is.
+                let client_rv = scale["metadata"]["resourceVersion"]
+                    .as_str()
+                    .map(str::to_owned);
+                let precondition = client_rv.clone().or_else(|| {
+                    updated["metadata"]["resourceVersion"]
+                        .as_str()
+                        .map(str::to_owned)
+                });
+                if let Some(meta) = updated["metadata"].as_object_mut() {
+                    meta.remove("resourceVersion");
+                }
+                let mut valid = prepare(resource, namespace, Some(name), updated, query)?;
+                valid.resource_version = precondition;
+                match state.replication.write(valid, WriteMode::Update).await {
+                    Ok((object, _)) => {
+                        return Ok(json_response(
+                            StatusCode::OK,
+                            &scale_of(&observed::with_status(state, resource.kind, object)),
+                        ));
+                    }
+                    Err(e) => {
+                        let e = write_error(resource.kind, name, e);
+                        if e.code == StatusCode::CONFLICT
+                            && client_rv.is_none()
+                            && attempt < PATCH_ATTEMPTS
+                        {
+                            continue;
+                        }
+                        return Err(e);
+                    }
                 }
             }
-            let replicas = scale["spec"]["replicas"]
-                .as_i64()
-                .filter(|r| *r >= 0)
-                .ok_or_else(|| {
-                    ApiError::invalid(
-                        "Scale",
-                        name,
-                        "spec.replicas",
-                        &format!(
-                            "Invalid value: {}: must be greater than or equal to 0",
-                            scale["spec"]["replicas"]
-                        ),
-                    )
-                })?;
-            let mut updated = object;
-            let Some(spec) = updated.get_mut("spec").and_then(Value::as_object_mut) else {
-                return Err(ApiError::invalid(
-                    resource.kind,
-                    name,
-                    "spec",
-                    "Invalid value: must be an object",
-                ));
-            };
-            spec.insert("replicas".into(), json!(replicas));
-            if let Some(meta) = updated["metadata"].as_object_mut() {
-                meta.remove("resourceVersion");
-            }
-            let valid = prepare(resource, namespace, Some(name), updated, query)?;
-            let (object, _) = state
-                .replication
-                .write(valid, WriteMode::Update)
-                .await
-                .map_err(|e| write_error(resource.kind, name, e))?;
-            Ok(json_response(
-                StatusCode::OK,
-                &scale_of(&observed::with_status(state, resource.kind, object)),
-            ))
         }
         ("log", &Method::GET) => pod_log(state, resource, namespace, name, query).await,
         // `kubectl drain` evicts: the pod is deleted with the Eviction's DeleteOptions (no

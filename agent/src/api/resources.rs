@@ -104,10 +104,11 @@ impl ApiResource {
 
     /// Subresources: (name, response kind as (group, version, kind), verbs).
     pub fn subresources(&self) -> Vec<Subresource> {
+        // Status is observed by the agents: readable, not writable (so not advertised as such).
         let status = (
             "status",
             (self.group, self.version, self.kind),
-            &["get", "patch", "update"][..],
+            &["get"][..],
         );
         match self.kind {
             "Pod" => vec![

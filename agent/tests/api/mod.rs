@@ -526,3 +526,20 @@ async fn kubectl_typed_generators_send_protobuf_and_every_field_they_send_is_sto
         "a Secret's bytes are base64 in JSON"
     );
 }
+
+/// The concurrent-patch test: patches of different fields through different agents (and two at
+/// once through one agent), and label patches racing the auction's bindings; a violation is a
+/// field reverted by a patch computed from an older version (seen from the history a watch
+/// records, not from the end state alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_patches_lose_nothing_and_never_undo_a_binding() {
+    let api = ApiLab::start(3).await;
+    let k: Vec<&str> = api
+        .kubeconfigs
+        .iter()
+        .map(|p| p.to_str().unwrap())
+        .collect();
+    let (ok, out) = python(&script("patch_race.py"), &k);
+    assert!(ok, "{out}");
+    assert!(out.contains("patch race: nothing lost"), "{out}");
+}
