@@ -16,7 +16,7 @@
 //!
 //! [`EventLog`] is the pure core (time is an input); [`Recorder`] is the shell's handle on it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
@@ -183,7 +183,12 @@ pub struct EventLog {
     ttl_ms: u64,
     max_per_namespace: usize,
     entries: HashMap<Key, EventRecord>,
+    /// How many entries each namespace holds (the bound is checked without a scan).
+    per_namespace: HashMap<String, usize>,
     seq: u64,
+    /// When the TTL was last applied: at most once a second, not on every record (a flood of
+    /// events must not cost a scan each).
+    expired_at_ms: u64,
 }
 
 /// Truncates at a character boundary at most `max` bytes in.
@@ -205,7 +210,21 @@ impl EventLog {
             ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
             max_per_namespace: max_per_namespace.max(1),
             entries: HashMap::new(),
+            per_namespace: HashMap::new(),
             seq: 0,
+            expired_at_ms: 0,
+        }
+    }
+
+    fn forget(&mut self, key: &Key) {
+        if let Some(r) = self.entries.remove(key) {
+            let ns = r.namespace().to_owned();
+            if let Some(n) = self.per_namespace.get_mut(&ns) {
+                *n -= 1;
+                if *n == 0 {
+                    self.per_namespace.remove(&ns);
+                }
+            }
         }
     }
 
@@ -245,35 +264,43 @@ impl EventLog {
                 last_ms: now_ms,
                 seq,
             };
+            let ns = record.namespace().to_owned();
             self.entries.insert(key, record.clone());
+            let count = self.per_namespace.entry(ns.clone()).or_default();
+            *count += 1;
+            if *count > self.max_per_namespace {
+                // Over the bound: the least recently seen of the namespace goes (one scan, and
+                // only when a new event overflows it).
+                let oldest = self
+                    .entries
+                    .iter()
+                    .filter(|(_, r)| r.namespace() == ns)
+                    .min_by_key(|(_, r)| (r.last_ms, r.seq))
+                    .map(|(k, _)| k.clone());
+                if let Some(k) = oldest {
+                    self.forget(&k);
+                }
+            }
             record
         };
-        self.expire(now_ms);
+        if now_ms.saturating_sub(self.expired_at_ms) >= 1_000 {
+            self.expire(now_ms);
+        }
         record
     }
 
-    /// Drops what is older than the TTL and, per namespace, what exceeds the bound (the least
-    /// recently seen first).
+    /// Drops what is older than the TTL.
     fn expire(&mut self, now_ms: u64) {
+        self.expired_at_ms = now_ms;
         let ttl = self.ttl_ms;
-        self.entries
-            .retain(|_, r| now_ms.saturating_sub(r.last_ms) <= ttl);
-        let mut per_namespace: BTreeMap<String, Vec<(u64, u64, Key)>> = BTreeMap::new();
-        for (k, r) in &self.entries {
-            per_namespace
-                .entry(r.namespace().to_owned())
-                .or_default()
-                .push((r.last_ms, r.seq, k.clone()));
-        }
-        for (_, mut list) in per_namespace {
-            if list.len() <= self.max_per_namespace {
-                continue;
-            }
-            list.sort();
-            let excess = list.len() - self.max_per_namespace;
-            for (_, _, k) in list.into_iter().take(excess) {
-                self.entries.remove(&k);
-            }
+        let old: Vec<Key> = self
+            .entries
+            .iter()
+            .filter(|(_, r)| now_ms.saturating_sub(r.last_ms) > ttl)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in old {
+            self.forget(&k);
         }
     }
 

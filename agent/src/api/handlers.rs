@@ -568,6 +568,9 @@ pub async fn create(request: &Request<'_>) -> Result<Response, ApiError> {
         object["metadata"]["name"] = json!(format!("{prefix}{suffix}"));
     }
     let valid = prepare(resource, namespace, None, object, query)?;
+    if resource.namespaced {
+        check_namespace(state, &valid.key.namespace)?;
+    }
     let name = valid.key.name.clone();
     if dry_run(query) {
         return Ok(json_response(StatusCode::CREATED, &valid.body));
@@ -987,6 +990,9 @@ pub async fn delete(request: &Request<'_>, name: &str) -> Result<Response, ApiEr
             ));
         }
     }
+    if info.kind == "Namespace" {
+        return terminate_namespace(state, resource, name, query).await;
+    }
     if dry_run(query) {
         return get_object(state, resource, namespace, name)
             .await
@@ -999,15 +1005,8 @@ pub async fn delete(request: &Request<'_>, name: &str) -> Result<Response, ApiEr
         .map_err(|e| write_error(resource.kind, name, e))?;
     let deleted_uid = object["metadata"]["uid"].as_str().unwrap_or("").to_owned();
     let replication = state.replication.clone();
-    let namespace_deleted = (info.kind == "Namespace").then(|| name.to_owned());
     tokio::spawn(async move {
-        collect_garbage(
-            &replication,
-            &deleted_uid,
-            namespace_deleted.as_deref(),
-            policy == "Orphan",
-        )
-        .await;
+        collect_garbage(&replication, &deleted_uid, policy == "Orphan").await;
     });
     Ok(json_response(
         StatusCode::OK,
@@ -1015,11 +1014,92 @@ pub async fn delete(request: &Request<'_>, name: &str) -> Result<Response, ApiEr
     ))
 }
 
-/// Deletes (or orphans) the dependents of a deleted object, and a deleted namespace's objects.
+/// DELETE of a Namespace, as Kubernetes does it: it turns `Terminating` (its deletionTimestamp
+/// is set) and the namespace controller deletes what is in it, then the namespace itself.
+async fn terminate_namespace(
+    state: &ApiState,
+    resource: &ApiResource,
+    name: &str,
+    query: &Query,
+) -> Result<Response, ApiError> {
+    if crate::controllers::namespace::UNDELETABLE.contains(&name) {
+        let mut e = ApiError::new(
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            format!("namespaces {name:?} is forbidden: this namespace may not be deleted"),
+        );
+        e.details = Some(json!({"name": name, "kind": "namespaces"}));
+        return Err(e);
+    }
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let mut current = get_object(state, resource, None, name).await?;
+        if crate::controllers::namespace::terminating(&current) || dry_run(query) {
+            return Ok(json_response(StatusCode::OK, &current));
+        }
+        if !current["metadata"]["annotations"].is_object() {
+            current["metadata"]["annotations"] = json!({});
+        }
+        current["metadata"]["annotations"][crate::controllers::namespace::DELETION_ANNOTATION] =
+            json!(now_rfc3339());
+        let valid = prepare(
+            resource,
+            None,
+            Some(name),
+            strip_server_fields(current),
+            query,
+        )?;
+        match state.replication.write(valid, WriteMode::Update).await {
+            Ok((object, _)) => {
+                return Ok(json_response(
+                    StatusCode::OK,
+                    &observed::with_status(state, resource.kind, object),
+                ));
+            }
+            Err(e) => {
+                let e = write_error(resource.plural, name, e);
+                if e.code == StatusCode::CONFLICT && attempt < PATCH_ATTEMPTS {
+                    continue;
+                }
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// A namespaced object may be created only in a namespace that exists and is not being
+/// deleted (the built-in namespaces exist from the cluster's start).
+fn check_namespace(state: &ApiState, namespace: &str) -> Result<(), ApiError> {
+    let info = shoal_state::kind::lookup("v1", "Namespace").expect("Namespace is a stored kind");
+    let stored = state
+        .replication
+        .read(|s| s.get(&ObjectKey::new(info, "", namespace)));
+    match stored {
+        Some(ns) if crate::controllers::namespace::terminating(&ns) => {
+            let mut e = ApiError::new(
+                StatusCode::FORBIDDEN,
+                "Forbidden",
+                format!(
+                    "unable to create new content in namespace {namespace} because it is being terminated"
+                ),
+            );
+            e.details = Some(
+                json!({"name": namespace, "kind": "namespaces", "causes": [{"reason": "NamespaceTerminating", "message": format!("namespace {namespace} is being terminated"), "field": "metadata.namespace"}]}),
+            );
+            Err(e)
+        }
+        Some(_) => Ok(()),
+        None if crate::controllers::namespace::BUILT_IN.contains(&namespace) => Ok(()),
+        None => Err(ApiError::not_found("namespaces", namespace)),
+    }
+}
+
+/// Deletes (or orphans) the dependents of a deleted object (a deleted namespace's objects are
+/// the namespace controller's: `controllers::namespace`).
 async fn collect_garbage(
     replication: &crate::replication::Replication,
     owner_uid: &str,
-    namespace: Option<&str>,
     orphan: bool,
 ) {
     let dependents: Vec<(ObjectKey, Value)> = replication.read(|s| {
@@ -1030,13 +1110,12 @@ async fn collect_garbage(
                     .into_iter()
                     .map(move |o| (k, o))
             })
-            .filter(|(k, o)| {
-                namespace.is_some_and(|ns| k.namespaced && o["metadata"]["namespace"] == ns)
-                    || o["metadata"]["ownerReferences"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .any(|r| r["uid"] == owner_uid)
+            .filter(|(_, o)| {
+                o["metadata"]["ownerReferences"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|r| r["uid"] == owner_uid)
             })
             .map(|(k, o)| {
                 (
@@ -1051,7 +1130,7 @@ async fn collect_garbage(
             .collect()
     });
     for (key, mut object) in dependents {
-        if orphan && namespace.is_none() {
+        if orphan {
             if let Some(refs) = object["metadata"]["ownerReferences"].as_array_mut() {
                 refs.retain(|r| r["uid"] != owner_uid);
             }
@@ -1060,7 +1139,7 @@ async fn collect_garbage(
             }
         } else if let Ok(gone) = replication.delete(&key, None).await {
             let uid = gone["metadata"]["uid"].as_str().unwrap_or("").to_owned();
-            Box::pin(collect_garbage(replication, &uid, None, false)).await;
+            Box::pin(collect_garbage(replication, &uid, false)).await;
         }
     }
 }

@@ -96,6 +96,13 @@ pub fn with_status(state: &ApiState, kind: &str, mut object: Value) -> Value {
                 .read(|s| s.list("batch", "Job", Some(namespace)));
             crate::controllers::cron_job::status(&object, &jobs, now_ms())
         }
+        "Namespace" if crate::controllers::namespace::terminating(&object) => {
+            let since = crate::controllers::namespace::deletion_requested(&object)
+                .unwrap_or_default()
+                .to_owned();
+            object["metadata"]["deletionTimestamp"] = json!(since);
+            json!({"phase": "Terminating"})
+        }
         "Namespace" => json!({"phase": "Active"}),
         "Service" => json!({"loadBalancer": {}}),
         "HorizontalPodAutoscaler" => json!({"currentReplicas": 0, "desiredReplicas": 0}),

@@ -19,6 +19,7 @@
 //! number, unless its value is zero (a newer Go encoder writes its new non-pointer fields on
 //! every request); nothing a client sent is dropped silently.
 
+use std::collections::HashSet;
 use std::sync::LazyLock;
 use std::time::{Duration, SystemTime};
 
@@ -222,8 +223,19 @@ const POINTERS: &[&str] = &[
     "apimachinery.pkg.apis.meta.v1.ListMeta.remainingItemCount",
 ];
 
-fn listed(table: &[&str], field: &FieldDescriptor) -> bool {
-    table.contains(&field.full_name())
+static INLINE_SET: LazyLock<HashSet<&'static str>> =
+    LazyLock::new(|| INLINE.iter().copied().collect());
+static POINTER_SET: LazyLock<HashSet<&'static str>> =
+    LazyLock::new(|| POINTERS.iter().copied().collect());
+
+/// Whether `field` is a Go struct inlined into its parent's JSON ([`INLINE`]).
+fn is_inline(field: &FieldDescriptor) -> bool {
+    INLINE_SET.contains(field.full_name())
+}
+
+/// Whether `field` is a Go pointer whose zero is a value ([`POINTERS`]).
+fn is_pointer(field: &FieldDescriptor) -> bool {
+    POINTER_SET.contains(field.full_name())
 }
 
 /// Types whose JSON form is not their message's.
@@ -342,7 +354,7 @@ fn message_to_json(message: &DynamicMessage, path: &str) -> Result<Value, ProtoE
     for (field, value) in message.fields() {
         let name = field.name();
         let here = join(path, name);
-        if listed(INLINE, &field) {
+        if is_inline(&field) {
             if let PValue::Message(inner) = value
                 && let Value::Object(fields) = message_to_json(inner, path)?
             {
@@ -364,7 +376,7 @@ fn field_to_json(
     value: &PValue,
     path: &str,
 ) -> Result<Option<Value>, ProtoError> {
-    let keep_zero = listed(POINTERS, field);
+    let keep_zero = is_pointer(field);
     match value {
         PValue::List(items) => {
             if items.is_empty() {
@@ -615,7 +627,7 @@ pub fn encode(object: &Value) -> Result<Vec<u8>, ProtoError> {
 /// The inline fields of a message, with the JSON names each takes.
 fn inline_fields(desc: &MessageDescriptor) -> Vec<(FieldDescriptor, MessageDescriptor)> {
     desc.fields()
-        .filter(|f| listed(INLINE, f))
+        .filter(is_inline)
         .filter_map(|f| match f.kind() {
             Kind::Message(m) => Some((f, m)),
             _ => None,
@@ -647,7 +659,7 @@ fn json_to_message(
             continue;
         }
         if let Some(field) = desc.get_field_by_name(name)
-            && !listed(INLINE, &field)
+            && !is_inline(&field)
         {
             let here = join(path, name);
             message.set_field(&field, json_to_field(&field, v, &here)?);

@@ -13,6 +13,7 @@
 pub mod cron_job;
 pub mod deployment;
 pub mod job;
+pub mod namespace;
 pub mod replica_set;
 pub mod service_ip;
 pub mod workload;
@@ -314,7 +315,7 @@ impl Controllers {
                 tokio::select! {
                     _ = &mut resync => break,
                     change = changes.recv() => match change {
-                        Ok(c) if matches!(c.key.kind.as_str(), "Pod" | "ReplicaSet" | "Deployment" | "Job" | "CronJob" | "Service") => break,
+                        Ok(c) if matches!(c.key.kind.as_str(), "Pod" | "ReplicaSet" | "Deployment" | "Job" | "CronJob" | "Service" | "Namespace") => break,
                         Ok(_) => {}
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
                         Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
@@ -388,6 +389,97 @@ impl Controllers {
         )
         .await;
         self.service_ips(&live).await;
+        self.namespaces(&live).await;
+    }
+
+    /// Creates the built-in namespaces (their owner: the node owning a fixed name), and empties
+    /// then deletes the namespaces being deleted that this node owns ([`namespace::finalize`]).
+    async fn namespaces(&self, live: &[u64]) {
+        let info = kind::lookup("v1", "Namespace").expect("Namespace is a stored kind");
+        let namespaces = self.replication.read(|s| s.list("", "Namespace", None));
+        let names: Vec<String> = namespaces
+            .iter()
+            .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
+            .collect();
+        let bootstrap = crate::scheduler::auction::auctioneer(
+            "shoal-built-in-namespaces",
+            live.iter().copied(),
+        ) == Some(self.node_id);
+        if bootstrap {
+            for object in namespace::missing_built_ins(&names) {
+                if let Ok(valid) = shoal_state::validate(object, "") {
+                    match self.replication.write(valid, WriteMode::Create).await {
+                        Ok((o, _)) => {
+                            info!(namespace = %o["metadata"]["name"], "built-in namespace created")
+                        }
+                        Err(e) => debug!(error = %e, "built-in namespace not created"),
+                    }
+                }
+            }
+        }
+        for ns in namespaces
+            .iter()
+            .filter(|n| namespace::terminating(n) && self.owns(n, live))
+        {
+            // Contents first, then (looked at again at once) the emptied namespace.
+            for _ in 0..2 {
+                if !self.finalize_namespace(info, ns).await {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// One step of [`namespace::finalize`]; returns whether it deleted contents (the next step
+    /// may delete the namespace).
+    async fn finalize_namespace(&self, info: &'static shoal_state::KindInfo, ns: &Value) -> bool {
+        {
+            let name = ns["metadata"]["name"].as_str().unwrap_or_default();
+            let contents: Vec<(ObjectKey, String)> = self.replication.read(|s| {
+                shoal_state::KINDS
+                    .iter()
+                    .filter(|k| k.namespaced)
+                    .flat_map(|k| {
+                        s.list(k.group, k.kind, Some(name))
+                            .into_iter()
+                            .map(move |o| {
+                                (
+                                    ObjectKey::new(
+                                        k,
+                                        name,
+                                        o["metadata"]["name"].as_str().unwrap_or(""),
+                                    ),
+                                    o["metadata"]["uid"].as_str().unwrap_or("").to_owned(),
+                                )
+                            })
+                    })
+                    .collect()
+            });
+            match namespace::finalize(ns, contents) {
+                namespace::Finalize::Contents(objects) => {
+                    futures_util::StreamExt::for_each_concurrent(
+                        futures_util::stream::iter(objects),
+                        WRITES_IN_FLIGHT,
+                        |(key, uid)| async move {
+                            if let Err(e) = self.replication.delete(&key, Some(&uid)).await {
+                                debug!(object = %key, error = %e, "namespace content not deleted");
+                            }
+                        },
+                    )
+                    .await;
+                    true
+                }
+                namespace::Finalize::Namespace(uid) => {
+                    let key = ObjectKey::new(info, "", name);
+                    match self.replication.delete(&key, Some(&uid)).await {
+                        Ok(_) => info!(namespace = %name, "namespace emptied and deleted"),
+                        Err(e) => debug!(namespace = %name, error = %e, "namespace not deleted"),
+                    }
+                    false
+                }
+                namespace::Finalize::Nothing => false,
+            }
+        }
     }
 
     /// Gives the Services this node owns the ClusterIP and node ports they need

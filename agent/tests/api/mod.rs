@@ -543,3 +543,88 @@ async fn concurrent_patches_lose_nothing_and_never_undo_a_binding() {
     assert!(ok, "{out}");
     assert!(out.contains("patch race: nothing lost"), "{out}");
 }
+
+/// Namespaces as in Kubernetes: the built-in ones exist from the start, objects cannot be
+/// created in a namespace that does not exist or is being deleted, and deleting a namespace
+/// deletes what is in it, then itself (through another agent than the one asked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_are_created_before_use_and_deleted_with_their_contents() {
+    let api = ApiLab::start(2).await;
+    wait_until("the built-in namespaces", CONVERGE, || async {
+        let out = api.kubectl(1, &["get", "ns", "-o", "name"]).1;
+        ["default", "kube-system", "kube-public", "kube-node-lease"]
+            .iter()
+            .all(|n| out.contains(&format!("namespace/{n}\n")))
+    })
+    .await
+    .unwrap();
+    let (ok, _, err) = api.kubectl(0, &["create", "configmap", "c", "-n", "nosuch"]);
+    assert!(
+        !ok && err.contains("namespaces \"nosuch\" not found"),
+        "{err}"
+    );
+    let (ok, _, err) = api.kubectl(1, &["delete", "namespace", "default"]);
+    assert!(
+        !ok && err.contains("this namespace may not be deleted"),
+        "{err}"
+    );
+
+    api.ok(0, &["create", "namespace", "team"]);
+    api.ok(
+        1,
+        &[
+            "create",
+            "configmap",
+            "c",
+            "-n",
+            "team",
+            "--from-literal=a=b",
+        ],
+    );
+    api.ok(
+        0,
+        &[
+            "create",
+            "secret",
+            "generic",
+            "s",
+            "-n",
+            "team",
+            "--from-literal=k=v",
+        ],
+    );
+    api.ok(
+        1,
+        &[
+            "create",
+            "deployment",
+            "d",
+            "-n",
+            "team",
+            "--image=busybox:1.36",
+        ],
+    );
+    let out = api.ok(0, &["delete", "namespace", "team", "--wait=false"]);
+    assert!(out.contains("deleted"), "{out}");
+    // While it terminates (or once it is gone), nothing new goes in.
+    let (ok, _, err) = api.kubectl(1, &["create", "configmap", "late", "-n", "team"]);
+    assert!(
+        !ok && (err.contains("because it is being terminated") || err.contains("not found")),
+        "{err}"
+    );
+    wait_until("team and its contents gone", CONVERGE, || async {
+        let (ns_there, _, _) = api.kubectl(1, &["get", "namespace", "team"]);
+        let left = api
+            .kubectl(0, &["get", "cm,secret,deploy", "-n", "team", "-o", "name"])
+            .1;
+        !ns_there && left.trim().is_empty()
+    })
+    .await
+    .unwrap();
+    // A namespace of the same name is a new one.
+    api.ok(0, &["create", "namespace", "team"]);
+    assert_eq!(
+        api.ok(1, &["get", "cm", "-n", "team", "-o", "name"]).trim(),
+        ""
+    );
+}

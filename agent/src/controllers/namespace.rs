@@ -1,0 +1,108 @@
+//! Namespaces as in Kubernetes (pure): the built-in namespaces exist from the cluster's start,
+//! and a namespace being deleted (`deletionTimestamp` set: phase `Terminating`) has everything
+//! in it deleted, then itself — level-triggered, so an owner that dies midway is replaced and
+//! the next one carries on.
+
+use serde_json::{Value, json};
+use shoal_state::ObjectKey;
+
+/// Namespaces every cluster has; they cannot be deleted (`kube-node-lease` can, as in
+/// Kubernetes, and is created again).
+pub const BUILT_IN: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
+/// Of those, the ones the apiserver refuses to delete.
+pub const UNDELETABLE: &[&str] = &["default", "kube-system", "kube-public"];
+
+/// Set when a namespace's deletion is asked for: when it was asked (the API shows it as the
+/// namespace's `deletionTimestamp`, which the store keeps for deleted objects only).
+pub const DELETION_ANNOTATION: &str = "shoal.io/deletion-requested";
+
+/// When a namespace's deletion was asked for, if it was.
+pub fn deletion_requested(namespace: &Value) -> Option<&str> {
+    namespace["metadata"]["annotations"][DELETION_ANNOTATION]
+        .as_str()
+        .or_else(|| namespace["metadata"]["deletionTimestamp"].as_str())
+}
+
+/// Whether a stored Namespace is being deleted.
+pub fn terminating(namespace: &Value) -> bool {
+    deletion_requested(namespace).is_some()
+}
+
+/// What a deleted namespace needs next: its contents deleted (all of them, at once), or, once
+/// nothing is left in it, itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finalize {
+    /// Delete these objects (key and the uid seen).
+    Contents(Vec<(ObjectKey, String)>),
+    /// Nothing is left: delete the namespace (its uid).
+    Namespace(String),
+    /// Not being deleted.
+    Nothing,
+}
+
+pub fn finalize(namespace: &Value, contents: Vec<(ObjectKey, String)>) -> Finalize {
+    if !terminating(namespace) {
+        return Finalize::Nothing;
+    }
+    if contents.is_empty() {
+        Finalize::Namespace(
+            namespace["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        )
+    } else {
+        Finalize::Contents(contents)
+    }
+}
+
+/// The built-in namespaces missing from `stored` (names of the stored Namespaces), as objects.
+pub fn missing_built_ins(stored: &[String]) -> Vec<Value> {
+    BUILT_IN
+        .iter()
+        .filter(|n| !stored.iter().any(|s| s == *n))
+        .map(|n| json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> ObjectKey {
+        ObjectKey::new(
+            shoal_state::kind::lookup("v1", "ConfigMap").unwrap(),
+            "team",
+            name,
+        )
+    }
+
+    #[test]
+    fn a_deleted_namespace_is_emptied_then_deleted_and_a_live_one_is_left_alone() {
+        let live = json!({"metadata": {"name": "team", "uid": "u1"}});
+        assert_eq!(
+            finalize(&live, vec![(key("a"), "x".into())]),
+            Finalize::Nothing
+        );
+        let deleted = json!({"metadata": {"name": "team", "uid": "u1", "annotations": {DELETION_ANNOTATION: "2026-12-01T22:00:00Z"}}});
+        assert_eq!(
+            finalize(&deleted, vec![(key("a"), "x".into())]),
+            Finalize::Contents(vec![(key("a"), "x".into())])
+        );
+        assert_eq!(finalize(&deleted, vec![]), Finalize::Namespace("u1".into()));
+    }
+
+    #[test]
+    fn missing_built_in_namespaces_are_created() {
+        let made = missing_built_ins(&["default".into(), "team".into()]);
+        let names: Vec<&str> = made
+            .iter()
+            .map(|n| n["metadata"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["kube-system", "kube-public", "kube-node-lease"]);
+        assert!(
+            missing_built_ins(&BUILT_IN.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .is_empty()
+        );
+    }
+}
