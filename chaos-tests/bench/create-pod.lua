@@ -20,3 +20,12 @@ function request()
   return wrk.format("POST", "/api/v1/namespaces/default/pods",
     {["Content-Type"] = "application/json", ["Authorization"] = "Bearer " .. token}, body)
 end
+
+-- The first refusals are printed (status and Status message), so a run's non-2xx count says why.
+local shown = 0
+function response(status, headers, body)
+  if status >= 300 and shown < 3 then
+    shown = shown + 1
+    io.stderr:write(string.format("refused %d: %s\n", status, string.sub(body, 1, 300)))
+  end
+end
