@@ -318,6 +318,21 @@ fn create_event(
             "Required value: the object the event is about",
         ));
     }
+    // The event is named after the object, and peers check event names they are sent.
+    shoal_state::labels::check_dns_subdomain(&regarding.name).map_err(|e| {
+        invalid(
+            &format!("{regarding_field}.name"),
+            &format!("Invalid value: {e}"),
+        )
+    })?;
+    if !regarding.namespace.is_empty() {
+        shoal_state::labels::check_dns_label(&regarding.namespace).map_err(|e| {
+            invalid(
+                &format!("{regarding_field}.namespace"),
+                &format!("Invalid value: {e}"),
+            )
+        })?;
+    }
     let event_namespace = namespace.unwrap_or("default");
     if let Some(ns) = object["metadata"]["namespace"].as_str()
         && ns != event_namespace

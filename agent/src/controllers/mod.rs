@@ -490,13 +490,13 @@ impl Controllers {
             let ip = serde_json::json!(ip.to_string());
             self.update_service(&services[i], live, "clusterIP", "ClusterIP", |spec| {
                 spec["clusterIPs"] = serde_json::json!([ip]);
-                spec["clusterIP"] = ip;
+                spec["clusterIP"] = ip.clone();
             })
             .await;
         }
         for (i, ports) in service_ip::reconcile_node_ports(&services) {
             self.update_service(&services[i], live, "ports", "node ports", |spec| {
-                spec["ports"] = serde_json::json!(ports);
+                spec["ports"] = serde_json::json!(&ports);
             })
             .await;
         }
@@ -510,7 +510,7 @@ impl Controllers {
         live: &[u64],
         field: &str,
         what: &str,
-        change: impl FnOnce(&mut Value),
+        mut change: impl FnMut(&mut Value),
     ) {
         if !self.owns(service, live) {
             return;
@@ -534,30 +534,52 @@ impl Controllers {
 
     /// Lays `change` over `key` as stored now (not as read for the decision, so a binding or a
     /// user's edit made since is kept) if it is still the incarnation `uid` and `change` agrees
-    /// (returns true), and writes it through the store API users write with.
+    /// (returns true), and writes it through the store API users write with — from the version
+    /// it read, and laid over again if another write came in between (as the API's patches).
     async fn write_over(
         &self,
         key: ObjectKey,
         uid: &str,
         what: &str,
-        change: impl FnOnce(&mut Value) -> bool,
+        mut change: impl FnMut(&mut Value) -> bool,
     ) {
-        let Some(mut current) = self.replication.read(|s| s.get(&key)) else {
-            return;
-        };
-        if current["metadata"]["uid"] != uid || !change(&mut current) {
-            return;
-        }
-        if let Some(meta) = current["metadata"].as_object_mut() {
-            meta.retain(|_, v| !v.is_null());
-            meta.remove("resourceVersion");
-        }
-        match shoal_state::validate(current, &key.namespace) {
-            Ok(valid) => match self.replication.write(valid, WriteMode::Update).await {
-                Ok(_) => info!(object = %key, "controller wrote {what}"),
-                Err(e) => debug!(object = %key, error = %e, "controller could not write {what}"),
-            },
-            Err(e) => warn!(object = %key, error = %e, "controller built an invalid {what}"),
+        for attempt in 1..=WRITE_ATTEMPTS {
+            let Some(mut current) = self.replication.read(|s| s.get(&key)) else {
+                return;
+            };
+            if current["metadata"]["uid"] != uid || !change(&mut current) {
+                return;
+            }
+            let read_rv = current["metadata"]["resourceVersion"]
+                .as_str()
+                .map(str::to_owned);
+            if let Some(meta) = current["metadata"].as_object_mut() {
+                meta.retain(|_, v| !v.is_null());
+                meta.remove("resourceVersion");
+            }
+            let mut valid = match shoal_state::validate(current, &key.namespace) {
+                Ok(valid) => valid,
+                Err(e) => {
+                    warn!(object = %key, error = %e, "controller built an invalid {what}");
+                    return;
+                }
+            };
+            valid.resource_version = read_rv;
+            match self.replication.write(valid, WriteMode::Update).await {
+                Ok(_) => {
+                    info!(object = %key, "controller wrote {what}");
+                    return;
+                }
+                Err(crate::replication::WriteError::Store(shoal_state::StoreError::Conflict {
+                    ..
+                })) if attempt < WRITE_ATTEMPTS => {
+                    debug!(object = %key, attempt, "{what} raced another write; laid over again");
+                }
+                Err(e) => {
+                    debug!(object = %key, error = %e, "controller could not write {what}");
+                    return;
+                }
+            }
         }
     }
 
@@ -625,8 +647,8 @@ impl Controllers {
                     if !current["metadata"]["annotations"].is_object() {
                         current["metadata"]["annotations"] = serde_json::json!({});
                     }
-                    for (k, v) in annotations {
-                        current["metadata"]["annotations"][k] = Value::String(v);
+                    for (k, v) in &annotations {
+                        current["metadata"]["annotations"][k] = Value::String(v.clone());
                     }
                     true
                 })
@@ -635,6 +657,10 @@ impl Controllers {
         }
     }
 }
+
+/// How often a controller's write is laid over a newer version before it gives up (the next
+/// pass decides again).
+const WRITE_ATTEMPTS: u32 = 5;
 
 /// The store key of a kind controllers write.
 fn key_of(kind_name: &str, namespace: &str, name: &str) -> Option<ObjectKey> {

@@ -119,6 +119,9 @@ cases = [
     # typeMeta {apiVersion "example.com/v1", kind "Widget"}: a kind without a schema.
     ("POST", C, b"k8s\x00\x0a\x18\x0a\x0eexample.com/v1\x12\x06Widget", "application/vnd.kubernetes.protobuf", True, 400, "no protobuf schema for example.com/v1/Widget"),
     ("POST", C, b"\xa0", "application/cbor", True, 415, "unknown format"),
+    ("POST", "/api/v1/namespaces/default/events", {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "e"}, "involvedObject": {"kind": "Pod", "name": "../../etc"}, "reason": "R"}, "application/json", True, 422, "involvedObject.name"),
+    ("POST", "/api/v1/namespaces/default/events", {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "e"}, "involvedObject": {"kind": "Pod", "name": "p", "namespace": "other"}, "reason": "R"}, "application/json", True, 422, "involvedObject.namespace"),
+    ("POST", "/api/v1/namespaces/default/events", {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "e"}, "involvedObject": {"kind": "Pod", "name": "p"}, "reason": "R", "type": "Bad"}, "application/json", True, 422, "type"),
     ("GET", C + "?watch=true&resourceVersion=abc", None, "application/json", True, 400, "resourceVersion"),
     ("DELETE", C + "/exists?propagationPolicy=Sometimes", None, "application/json", True, 422, "propagationPolicy"),
     ("POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "fake"}}, "application/json", True, 405, "observed"),
