@@ -180,18 +180,17 @@ pub fn start(
                 .collect();
             let wanted = (cluster, ports.clone());
             if applied.as_ref() != Some(&wanted) {
-                let (table_name, previous) = (table.clone(), applied.clone());
+                let table_name = table.clone();
                 let attempt = ports.clone();
                 let loaded = tokio::task::spawn_blocking(move || {
-                    // Clients pinned by ClientIP affinity keep their endpoints across the rebuild.
-                    let affinity = previous
-                        .map(|(_, old)| shoal_net::nft::current_affinity(&table_name, &old))
-                        .unwrap_or_default();
+                    // The rebuild flushes what is loaded and keeps the sets of clients pinned
+                    // by ClientIP affinity (only this task changes the table).
+                    let current = shoal_net::nft::loaded(&table_name);
                     shoal_net::nft::apply(&shoal_net::nft::ruleset(
                         &table_name,
                         cluster,
                         &attempt,
-                        &affinity,
+                        &current,
                     ))
                 })
                 .await;

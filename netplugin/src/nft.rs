@@ -4,14 +4,16 @@
 //! endpoint at once, and masquerades pod traffic leaving the cluster CIDR.
 //!
 //! The ruleset is generated whole ([`ruleset`], pure) and loaded with `nft -f -`, which
-//! applies a file as one transaction: the table is replaced atomically, never seen half made.
-//! The clients that `sessionAffinity: ClientIP` pinned to an endpoint live in the table's sets;
-//! a rebuild reads them first ([`current_affinity`]) and declares them again with the time they
-//! had left, so a change to any Service does not reshuffle the clients of the others.
+//! applies a file as one transaction: the table is never seen half made. A rebuild flushes the
+//! table's chains and defines them again, but it never recreates the sets of clients that
+//! `sessionAffinity: ClientIP` pinned to an endpoint: each set is named after its endpoint
+//! ([`affinity_set`]) and left in place while the endpoint stays, so a client pinned while the
+//! rebuild was being made keeps its endpoint (copying the sets' contents into a new table
+//! would lose it), and a change to one Service does not reshuffle the clients of the others.
 //! (The `nftables` crate wraps the same `nft` binary with JSON; the native syntax is shorter
 //! to generate and to read back with `nft list table`.)
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::Ipv4Addr;
@@ -39,11 +41,13 @@ pub struct ServicePort {
 /// The packet mark of connections masqueraded on the way out (NodePort, hairpin).
 pub const NODE_PORT_MARK: u32 = 0x5348_0000;
 
-/// An endpoint of a ClusterIP port: (ClusterIP, port, protocol, (pod IP, target port)).
-pub type EndpointKey = (Ipv4Addr, u16, String, (Ipv4Addr, u16));
-
-/// The clients pinned to each endpoint by ClientIP affinity, with the seconds each has left.
-pub type Affinity = BTreeMap<EndpointKey, Vec<(Ipv4Addr, u64)>>;
+/// The chains and sets a loaded table holds (from `nft -j list table`): what a rebuild must
+/// flush, and remove when the new ruleset no longer has them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Loaded {
+    pub chains: BTreeSet<String>,
+    pub sets: BTreeSet<String>,
+}
 
 /// The ports a ruleset serves, in its order (set and chain names are indices into this).
 fn served(ports: &[ServicePort]) -> Vec<&ServicePort> {
@@ -55,8 +59,17 @@ fn served(ports: &[ServicePort]) -> Vec<&ServicePort> {
     ports
 }
 
-fn endpoint_key(p: &ServicePort, endpoint: (Ipv4Addr, u16)) -> EndpointKey {
-    (p.cluster_ip, p.port, p.protocol.clone(), endpoint)
+/// The set of clients pinned to `endpoint` of `p`, named after everything that identifies it
+/// (the timeout too: a changed timeout makes a new set), so it outlives rebuilds.
+pub fn affinity_set(p: &ServicePort, endpoint: (Ipv4Addr, u16), timeout: u32) -> String {
+    format!(
+        "aff_{:08x}_{}_{}_{:08x}_{}_{timeout}",
+        u32::from(p.cluster_ip),
+        p.port,
+        p.protocol,
+        u32::from(endpoint.0),
+        endpoint.1
+    )
 }
 
 /// The agent's table name.
@@ -64,134 +77,135 @@ pub fn table_name(scope: &str) -> String {
     format!("shoal_{scope}")
 }
 
-/// The whole table for `ports` (pods' block `cluster`), as an `nft -f` script that replaces the
-/// table in one transaction; `affinity` holds the clients pinned so far (they keep their
-/// endpoint if it is still there).
-pub fn ruleset(
-    table: &str,
-    cluster: Ipv4Net,
-    ports: &[ServicePort],
-    affinity: &Affinity,
-) -> String {
+/// The whole table for `ports` (pods' block `cluster`), as an `nft -f` script that rebuilds
+/// the table `loaded` describes in one transaction: every chain is flushed and defined again
+/// (or removed), sets no endpoint needs any more are removed, and the others keep their
+/// pinned clients.
+pub fn ruleset(table: &str, cluster: Ipv4Net, ports: &[ServicePort], loaded: &Loaded) -> String {
     let ports = served(ports);
-    let mut s = String::new();
-    // Declare (so the delete cannot fail), delete, define: one atomic replacement.
-    let _ = writeln!(
-        s,
-        "table ip {table} {{}}\ndelete table ip {table}\ntable ip {table} {{"
+    let mut body = Body::default();
+    body.chain(
+        "prerouting",
+        "type nat hook prerouting priority -100; policy accept;\n    jump services",
     );
-    s.push_str("  chain prerouting {\n    type nat hook prerouting priority -100; policy accept;\n    jump services\n  }\n");
-    s.push_str("  chain output {\n    type nat hook output priority -100; policy accept;\n    jump services\n  }\n");
+    body.chain(
+        "output",
+        "type nat hook output priority -100; policy accept;\n    jump services",
+    );
     // Pod traffic leaving the cluster CIDR, and NodePort traffic (marked below: its reply must
     // come back through this node to be un-DNATed), leave with this node's address.
-    let _ = writeln!(
-        s,
-        "  chain postrouting {{\n    type nat hook postrouting priority 100; policy accept;\n    ip saddr {cluster} ip daddr != {cluster} masquerade\n    meta mark & {NODE_PORT_MARK:#x} == {NODE_PORT_MARK:#x} masquerade\n  }}"
+    body.chain(
+        "postrouting",
+        &format!(
+            "type nat hook postrouting priority 100; policy accept;\n    ip saddr {cluster} ip daddr != {cluster} masquerade\n    meta mark & {NODE_PORT_MARK:#x} == {NODE_PORT_MARK:#x} masquerade"
+        ),
     );
     // ClusterIP:ports without an endpoint are refused at once (as kube-proxy does), from pods
     // (forward) and from the node itself (output).
     let empty: Vec<&&ServicePort> = ports.iter().filter(|p| p.endpoints.is_empty()).collect();
-    for (chain, hook) in [("reject_forward", "forward"), ("reject_output", "output")] {
-        let _ = writeln!(
-            s,
-            "  chain {chain} {{\n    type filter hook {hook} priority -1; policy accept;"
-        );
+    for (name, hook) in [("reject_forward", "forward"), ("reject_output", "output")] {
+        let mut rules = format!("type filter hook {hook} priority -1; policy accept;");
         for p in &empty {
-            let _ = writeln!(
-                s,
-                "    ip daddr {} {} dport {} reject",
+            let _ = write!(
+                rules,
+                "\n    ip daddr {} {} dport {} reject",
                 p.cluster_ip, p.protocol, p.port
             );
         }
-        s.push_str("  }\n");
+        body.chain(name, &rules);
     }
-    s.push_str("  chain services {\n");
+    let mut services = Vec::new();
     for (i, p) in ports.iter().enumerate() {
         if !p.endpoints.is_empty() {
-            let _ = writeln!(
-                s,
-                "    ip daddr {} {} dport {} goto svc_{i}",
+            services.push(format!(
+                "ip daddr {} {} dport {} goto svc_{i}",
                 p.cluster_ip, p.protocol, p.port
-            );
+            ));
             if let Some(node_port) = p.node_port {
-                let _ = writeln!(
-                    s,
-                    "    fib daddr type local {} dport {node_port} meta mark set meta mark | {NODE_PORT_MARK:#x} goto svc_{i}",
+                services.push(format!(
+                    "fib daddr type local {} dport {node_port} meta mark set meta mark | {NODE_PORT_MARK:#x} goto svc_{i}",
                     p.protocol
-                );
+                ));
             }
         }
     }
-    s.push_str("  }\n");
+    body.chain("services", &services.join("\n    "));
     for (i, p) in ports.iter().enumerate() {
         if p.endpoints.is_empty() {
             continue;
         }
         let n = p.endpoints.len();
+        let mut rules = Vec::new();
         if let Some(timeout) = p.affinity_seconds {
             // A client seen lately goes to the endpoint it went to (kube-proxy's shape: one
             // set of recent clients per endpoint, refreshed on every new connection).
             for (j, endpoint) in p.endpoints.iter().enumerate() {
-                let _ = write!(
-                    s,
-                    "  set svc_{i}_ep_{j}_clients {{\n    type ipv4_addr; flags dynamic,timeout; timeout {timeout}s;\n"
-                );
-                let clients = affinity
-                    .get(&endpoint_key(p, *endpoint))
-                    .map(Vec::as_slice)
-                    .unwrap_or_default();
-                if !clients.is_empty() {
-                    let elements: Vec<String> = clients
-                        .iter()
-                        .map(|(ip, left)| {
-                            format!(
-                                "{ip} timeout {timeout}s expires {}s",
-                                (*left).min(u64::from(timeout)).max(1)
-                            )
-                        })
-                        .collect();
-                    let _ = writeln!(s, "    elements = {{ {} }}", elements.join(", "));
-                }
-                s.push_str("  }\n");
-            }
-            let _ = writeln!(s, "  chain svc_{i}_affinity {{");
-            for j in 0..n {
-                let _ = writeln!(
-                    s,
-                    "    ip saddr @svc_{i}_ep_{j}_clients goto svc_{i}_ep_{j}"
+                let set = affinity_set(p, *endpoint, timeout);
+                rules.push(format!("ip saddr @{set} goto svc_{i}_ep_{j}"));
+                body.set(
+                    &set,
+                    &format!("type ipv4_addr; flags dynamic,timeout; timeout {timeout}s;"),
                 );
             }
-            s.push_str("  }\n");
         }
-        let _ = writeln!(s, "  chain svc_{i} {{");
-        if p.affinity_seconds.is_some() {
-            let _ = writeln!(s, "    jump svc_{i}_affinity");
-        }
-        let _ = write!(s, "    numgen random mod {n} vmap {{ ");
         let arms: Vec<String> = (0..n)
             .map(|j| format!("{j} : goto svc_{i}_ep_{j}"))
             .collect();
-        let _ = writeln!(s, "{} }}\n  }}", arms.join(", "));
+        rules.push(format!(
+            "numgen random mod {n} vmap {{ {} }}",
+            arms.join(", ")
+        ));
+        body.chain(&format!("svc_{i}"), &rules.join("\n    "));
         for (j, (ip, port)) in p.endpoints.iter().enumerate() {
-            let _ = writeln!(s, "  chain svc_{i}_ep_{j} {{");
             // Hairpin: an endpoint reaching itself through the Service is masqueraded, or its
             // reply would go to itself directly and never be un-DNATed.
-            let _ = writeln!(
-                s,
-                "    ip saddr {ip} meta mark set meta mark | {NODE_PORT_MARK:#x}"
-            );
-            if p.affinity_seconds.is_some() {
-                let _ = writeln!(s, "    update @svc_{i}_ep_{j}_clients {{ ip saddr }}");
+            let mut rules = vec![format!(
+                "ip saddr {ip} meta mark set meta mark | {NODE_PORT_MARK:#x}"
+            )];
+            if let Some(timeout) = p.affinity_seconds {
+                let set = affinity_set(p, (*ip, *port), timeout);
+                rules.push(format!("update @{set} {{ ip saddr }}"));
             }
-            let _ = writeln!(
-                s,
-                "    meta l4proto {} dnat to {ip}:{port}\n  }}",
-                p.protocol
-            );
+            rules.push(format!("meta l4proto {} dnat to {ip}:{port}", p.protocol));
+            body.chain(&format!("svc_{i}_ep_{j}"), &rules.join("\n    "));
         }
     }
-    s.push_str("}\n");
+    // Declare the table (so the flushes cannot fail on a first load), flush every loaded chain
+    // (which drops the rules that refer to other chains and sets), remove what is gone, then
+    // define the rest: existing sets are declared again unchanged, keeping their elements.
+    let mut s = format!("table ip {table} {{}}\n");
+    for c in &loaded.chains {
+        let _ = writeln!(s, "flush chain ip {table} {c}");
+    }
+    for c in loaded.chains.difference(&body.chains) {
+        let _ = writeln!(s, "delete chain ip {table} {c}");
+    }
+    for set in loaded.sets.difference(&body.sets) {
+        let _ = writeln!(s, "delete set ip {table} {set}");
+    }
+    let _ = write!(s, "table ip {table} {{\n{}}}\n", body.text);
     s
+}
+
+/// A table's definition as it is generated, with the names of what it defines.
+#[derive(Default)]
+struct Body {
+    text: String,
+    chains: BTreeSet<String>,
+    sets: BTreeSet<String>,
+}
+
+impl Body {
+    fn chain(&mut self, name: &str, rules: &str) {
+        let _ = writeln!(self.text, "  chain {name} {{\n    {rules}\n  }}");
+        self.chains.insert(name.to_owned());
+    }
+
+    fn set(&mut self, name: &str, definition: &str) {
+        if self.sets.insert(name.to_owned()) {
+            let _ = writeln!(self.text, "  set {name} {{\n    {definition}\n  }}");
+        }
+    }
 }
 
 fn nft(script: &str) -> Result<(), NetError> {
@@ -223,65 +237,33 @@ fn nft(script: &str) -> Result<(), NetError> {
     Ok(())
 }
 
-/// The pinned clients in `json` (`nft -j list table` of a table made by [`ruleset`] for
-/// `ports`), by endpoint. Sets it does not know, or malformed entries, are skipped.
-pub fn affinity_from_json(json: &str, ports: &[ServicePort]) -> Affinity {
-    let ports = served(ports);
-    let mut affinity = Affinity::new();
+/// The chains and sets of the table in `json` (`nft -j list table`); anything else, or
+/// malformed entries, are skipped.
+pub fn loaded_from_json(json: &str) -> Loaded {
+    let mut loaded = Loaded::default();
     let Ok(doc) = serde_json::from_str::<serde_json::Value>(json) else {
-        return affinity;
+        return loaded;
     };
-    let items = doc["nftables"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    for set in items.iter().filter_map(|item| item.get("set")) {
-        let Some(name) = set["name"].as_str() else {
-            continue;
-        };
-        // svc_<i>_ep_<j>_clients
-        let parts: Vec<&str> = name.split('_').collect();
-        let (Some(i), Some(j)) = (
-            parts.get(1).and_then(|v| v.parse::<usize>().ok()),
-            parts.get(3).and_then(|v| v.parse::<usize>().ok()),
-        ) else {
-            continue;
-        };
-        if parts.len() != 5 || parts[0] != "svc" || parts[2] != "ep" || parts[4] != "clients" {
-            continue;
+    for item in doc["nftables"].as_array().into_iter().flatten() {
+        if let Some(name) = item["chain"]["name"].as_str() {
+            loaded.chains.insert(name.to_owned());
         }
-        let Some(endpoint) = ports.get(i).and_then(|p| Some((*p, *p.endpoints.get(j)?))) else {
-            continue;
-        };
-        let clients: Vec<(Ipv4Addr, u64)> = set["elem"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|e| {
-                let elem = &e["elem"];
-                let ip = elem["val"].as_str()?.parse().ok()?;
-                Some((ip, elem["expires"].as_u64()?))
-            })
-            .collect();
-        if !clients.is_empty() {
-            affinity.insert(endpoint_key(endpoint.0, endpoint.1), clients);
+        if let Some(name) = item["set"]["name"].as_str() {
+            loaded.sets.insert(name.to_owned());
         }
     }
-    affinity
+    loaded
 }
 
-/// The clients pinned in `table` as loaded now, which was made for `ports` (empty if it cannot
-/// be read).
-pub fn current_affinity(table: &str, ports: &[ServicePort]) -> Affinity {
+/// What `table` holds as loaded now (nothing if it does not exist or cannot be read).
+pub fn loaded(table: &str) -> Loaded {
     match Command::new("nft")
         .args(["-j", "list", "table", "ip", table])
         .stderr(Stdio::null())
         .output()
     {
-        Ok(out) if out.status.success() => {
-            affinity_from_json(&String::from_utf8_lossy(&out.stdout), ports)
-        }
-        _ => Affinity::new(),
+        Ok(out) if out.status.success() => loaded_from_json(&String::from_utf8_lossy(&out.stdout)),
+        _ => Loaded::default(),
     }
 }
 
@@ -334,9 +316,12 @@ mod tests {
             "shoal_t",
             "10.88.0.0/16".parse().unwrap(),
             &ports,
-            &Affinity::new(),
+            &Loaded::default(),
         );
-        assert!(s.starts_with("table ip shoal_t {}\ndelete table ip shoal_t\n"));
+        assert!(
+            s.starts_with("table ip shoal_t {}\ntable ip shoal_t {\n"),
+            "a first load flushes nothing: {s}"
+        );
         assert!(s.contains("ip daddr 10.96.0.20 tcp dport 80 goto svc_0"));
         assert!(
             s.contains("numgen random mod 2 vmap { 0 : goto svc_0_ep_0, 1 : goto svc_0_ep_1 }")
@@ -352,9 +337,12 @@ mod tests {
             "hairpin"
         );
         assert!(s.contains("type ipv4_addr; flags dynamic,timeout; timeout 10800s;"));
-        assert!(s.contains("ip saddr @svc_0_ep_1_clients goto svc_0_ep_1"));
-        assert!(s.contains("update @svc_0_ep_0_clients { ip saddr }"));
-        assert!(!s.contains("svc_1_affinity"), "only with ClientIP affinity");
+        assert!(s.contains("ip saddr @aff_0a600014_80_tcp_0a580203_8080_10800 goto svc_0_ep_1"));
+        assert!(s.contains("update @aff_0a600014_80_tcp_0a580102_8080_10800 { ip saddr }"));
+        assert!(
+            !s.contains("aff_0a600015"),
+            "sets only with ClientIP affinity"
+        );
         assert!(
             !s.contains("10.96.0.22"),
             "unsupported protocols are left out"
@@ -366,7 +354,7 @@ mod tests {
                 "shoal_t",
                 "10.88.0.0/16".parse().unwrap(),
                 &ports,
-                &Affinity::new()
+                &Loaded::default()
             ),
             "deterministic"
         );
@@ -386,31 +374,76 @@ mod tests {
         }
     }
 
-    /// A rebuild keeps the clients pinned to endpoints that remain, under the endpoints' new
-    /// positions, with the time they had left (nft's JSON as `nft -j list table` prints it).
+    /// A rebuild flushes every loaded chain, removes the chains and sets that are gone, and
+    /// leaves the sets of endpoints that remain alone (they keep the clients they pinned).
     #[test]
-    fn pinned_clients_survive_a_rebuild() {
-        let before = vec![affine(&[("10.88.1.2", 8080), ("10.88.2.3", 8080)])];
-        let json = r#"{"nftables": [{"metainfo": {"version": "1.0.6"}},
-            {"set": {"family": "ip", "name": "svc_0_ep_1_clients", "table": "shoal_t", "type": "ipv4_addr",
-                     "flags": ["timeout"], "timeout": 100, "elem": [{"elem": {"val": "10.88.0.9", "expires": 42}}]}},
-            {"set": {"family": "ip", "name": "svc_0_ep_0_clients", "table": "shoal_t", "type": "ipv4_addr"}},
-            {"set": {"family": "ip", "name": "svc_7_ep_0_clients", "table": "shoal_t", "type": "ipv4_addr",
-                     "elem": [{"elem": {"val": "10.88.0.8", "expires": 5}}]}}]}"#;
-        let affinity = affinity_from_json(json, &before);
-        assert_eq!(affinity.len(), 1, "{affinity:?}");
-        // The first endpoint goes: 10.88.2.3 is now endpoint 0, and its client stays on it.
-        let after = vec![affine(&[("10.88.2.3", 8080)])];
-        let s = ruleset(
-            "shoal_t",
-            "10.88.0.0/16".parse().unwrap(),
-            &after,
-            &affinity,
+    fn a_rebuild_keeps_the_client_sets_of_endpoints_that_remain() {
+        let before = affine(&[("10.88.1.2", 8080), ("10.88.2.3", 8080)]);
+        let set_a = affinity_set(&before, before.endpoints[0], 100);
+        let set_b = affinity_set(&before, before.endpoints[1], 100);
+        let json = format!(
+            r#"{{"nftables": [{{"metainfo": {{"version": "1.0.6"}}}},
+            {{"table": {{"family": "ip", "name": "shoal_t"}}}},
+            {{"set": {{"family": "ip", "name": "{set_b}", "table": "shoal_t", "type": "ipv4_addr",
+                     "flags": ["timeout"], "timeout": 100, "elem": [{{"elem": {{"val": "10.88.0.9", "expires": 42}}}}]}}}},
+            {{"set": {{"family": "ip", "name": "{set_a}", "table": "shoal_t", "type": "ipv4_addr"}}}},
+            {{"set": {{"family": "ip", "name": "svc_0_ep_0_clients", "table": "shoal_t", "type": "ipv4_addr"}}}},
+            {{"chain": {{"family": "ip", "table": "shoal_t", "name": "prerouting", "type": "nat"}}}},
+            {{"chain": {{"family": "ip", "table": "shoal_t", "name": "svc_0"}}}},
+            {{"chain": {{"family": "ip", "table": "shoal_t", "name": "svc_0_ep_1"}}}},
+            {{"chain": {{"family": "ip", "table": "shoal_t", "name": "svc_3"}}}},
+            {{"rule": {{"family": "ip", "table": "shoal_t", "chain": "svc_3"}}}}]}}"#
         );
+        let loaded = loaded_from_json(&json);
+        assert_eq!(loaded.chains.len(), 4, "{loaded:?}");
+        assert_eq!(loaded.sets.len(), 3, "{loaded:?}");
+        // The first endpoint goes: 10.88.2.3 is now endpoint 0, and its set stays as it is.
+        let after = vec![affine(&[("10.88.2.3", 8080)])];
+        let s = ruleset("shoal_t", "10.88.0.0/16".parse().unwrap(), &after, &loaded);
+        for chain in ["prerouting", "svc_0", "svc_0_ep_1", "svc_3"] {
+            assert!(
+                s.contains(&format!("flush chain ip shoal_t {chain}\n")),
+                "{s}"
+            );
+        }
+        assert!(s.contains("delete chain ip shoal_t svc_0_ep_1\n"), "{s}");
+        assert!(s.contains("delete chain ip shoal_t svc_3\n"), "{s}");
+        assert!(!s.contains("delete chain ip shoal_t svc_0\n"), "{s}");
         assert!(
-            s.contains("set svc_0_ep_0_clients {\n    type ipv4_addr; flags dynamic,timeout; timeout 100s;\n    elements = { 10.88.0.9 timeout 100s expires 42s }\n  }"),
+            s.contains(&format!("delete set ip shoal_t {set_a}\n")),
             "{s}"
         );
-        assert!(affinity_from_json("not json", &before).is_empty());
+        assert!(
+            s.contains("delete set ip shoal_t svc_0_ep_0_clients\n"),
+            "{s}"
+        );
+        assert!(
+            !s.contains(&format!("delete set ip shoal_t {set_b}")),
+            "{s}"
+        );
+        assert!(
+            s.contains(&format!("ip saddr @{set_b} goto svc_0_ep_0")),
+            "the remaining endpoint's clients still lead to it: {s}"
+        );
+        assert!(!s.contains("elements"), "a set is never refilled: {s}");
+        // Deletions come after every flush (a chain cannot go while a rule jumps to it) and
+        // before the definitions.
+        let last_flush = s.rfind("flush chain").unwrap();
+        let first_delete = s.find("delete ").unwrap();
+        let definitions = s.find("table ip shoal_t {\n").unwrap();
+        assert!(
+            last_flush < first_delete && first_delete < definitions,
+            "{s}"
+        );
+        assert_eq!(loaded_from_json("not json"), Loaded::default());
+    }
+
+    #[test]
+    fn a_changed_timeout_makes_a_new_set() {
+        let p = affine(&[("10.88.1.2", 8080)]);
+        assert_ne!(
+            affinity_set(&p, p.endpoints[0], 100),
+            affinity_set(&p, p.endpoints[0], 200)
+        );
     }
 }
