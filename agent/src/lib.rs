@@ -25,6 +25,7 @@ pub mod runtime;
 pub mod scheduler;
 pub mod scheduling;
 pub mod services;
+pub mod session;
 pub mod testkit;
 
 /// Version reported in gossip and by `shoal --version`.

@@ -114,6 +114,36 @@ impl Drop for IncomingRequests {
     }
 }
 
+/// A session a peer opened ([`PeerEndpoint::open_session`]): its opening header, and the
+/// stream's two halves, which carry the session's bytes until either side finishes or resets.
+pub struct IncomingSession {
+    pub peer: SocketAddr,
+    /// The node id the peer's certificate names (not anything the header claims).
+    pub node_id: Arc<str>,
+    pub header: Bytes,
+    pub send: quinn::SendStream,
+    pub recv: quinn::RecvStream,
+}
+
+/// Sessions opened by peers. Dropping it refuses further sessions.
+pub struct IncomingSessions {
+    rx: mpsc::Receiver<IncomingSession>,
+    inner: Arc<Inner>,
+}
+
+impl IncomingSessions {
+    /// Next session; `None` once the endpoint is shut down. Cancel-safe.
+    pub async fn recv(&mut self) -> Option<IncomingSession> {
+        self.rx.recv().await
+    }
+}
+
+impl Drop for IncomingSessions {
+    fn drop(&mut self) {
+        *self.inner.sessions.lock().unwrap() = None;
+    }
+}
+
 /// One frame from a peer.
 #[derive(Debug, Clone)]
 pub struct IncomingFrame {
@@ -158,6 +188,7 @@ struct Inner {
     writers: Mutex<HashMap<SocketAddr, mpsc::Sender<Vec<u8>>>>,
     subscribers: Mutex<HashMap<Channel, mpsc::Sender<IncomingFrame>>>,
     handlers: Mutex<HashMap<Channel, mpsc::Sender<IncomingRequest>>>,
+    sessions: Mutex<Option<mpsc::Sender<IncomingSession>>>,
     refusals: Mutex<RefusalLog>,
     closed: AtomicBool,
 }
@@ -203,6 +234,7 @@ impl PeerEndpoint {
             writers: Mutex::new(HashMap::new()),
             subscribers: Mutex::new(HashMap::new()),
             handlers: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(None),
             refusals: Mutex::new(RefusalLog::default()),
             closed: AtomicBool::new(false),
         });
@@ -247,6 +279,51 @@ impl PeerEndpoint {
             rx,
             inner: self.inner.clone(),
         })
+    }
+
+    /// Receives the sessions peers open (see [`PeerEndpoint::open_session`]). One receiver at
+    /// a time.
+    pub fn subscribe_sessions(&self) -> Result<IncomingSessions, EndpointError> {
+        let mut sessions = self.inner.sessions.lock().unwrap();
+        if sessions.is_some() {
+            return Err(EndpointError::AlreadySubscribed(Channel::Session));
+        }
+        let (tx, rx) = mpsc::channel(self.inner.config.queue_per_channel);
+        *sessions = Some(tx);
+        Ok(IncomingSessions {
+            rx,
+            inner: self.inner.clone(),
+        })
+    }
+
+    /// Opens a session with `peer`: a bidirectional stream whose first frame is `header`; the
+    /// two halves then carry whatever the session speaks. Fails if the peer cannot be reached
+    /// within `timeout` (the session itself has no deadline: it lasts until either side
+    /// finishes, resets, or the connection dies).
+    pub async fn open_session(
+        &self,
+        peer: SocketAddr,
+        header: &[u8],
+        timeout: Duration,
+    ) -> Result<(quinn::SendStream, quinn::RecvStream), EndpointError> {
+        let frame = Frame::encode(Channel::Session, header)?;
+        let open = async {
+            let conn = self
+                .inner
+                .connection_to(peer)
+                .await
+                .ok_or(EndpointError::Unreachable { peer })?;
+            let failed = |e: &dyn std::fmt::Display| EndpointError::Request {
+                peer,
+                message: e.to_string(),
+            };
+            let (mut send, recv) = conn.open_bi().await.map_err(|e| failed(&e))?;
+            send.write_all(&frame).await.map_err(|e| failed(&e))?;
+            Ok((send, recv))
+        };
+        tokio::time::timeout(timeout, open)
+            .await
+            .unwrap_or(Err(EndpointError::Timeout { peer, timeout }))
     }
 
     /// Sends a request to `peer` on a fresh bidirectional stream and waits for the response.
@@ -339,6 +416,7 @@ impl PeerEndpoint {
             .close(VarInt::from_u32(0), b"node shutting down");
         self.inner.subscribers.lock().unwrap().clear();
         self.inner.handlers.lock().unwrap().clear();
+        *self.inner.sessions.lock().unwrap() = None;
         let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
     }
 }
@@ -461,11 +539,54 @@ async fn answer_request(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
 ) {
-    let Some(frame) = read_frame(peer, &mut recv).await else {
-        let _ = send.reset(VarInt::from_u32(1));
-        return;
+    // The first frame is read by its header, so a session's stream can stay open after it.
+    let mut header = [0u8; crate::frame::FRAME_HEADER_BYTES];
+    let first = async {
+        recv.read_exact(&mut header)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (channel, len) = Frame::decode_header(&header).map_err(|e| e.to_string())?;
+        let mut payload = vec![0u8; len];
+        recv.read_exact(&mut payload)
+            .await
+            .map_err(|e| e.to_string())?;
+        // Anything but a session is one frame, then the end of the stream.
+        if channel != Channel::Session {
+            recv.read_to_end(0).await.map_err(|e| e.to_string())?;
+        }
+        Ok::<_, String>((channel, Bytes::from(payload)))
     };
-    let channel = frame.channel;
+    let (channel, payload) = match first.await {
+        Ok(first) => first,
+        Err(error) => {
+            warn!(%peer, %error, "rejected a malformed request stream");
+            let _ = send.reset(VarInt::from_u32(1));
+            return;
+        }
+    };
+    if channel == Channel::Session {
+        let sessions = inner.sessions.lock().unwrap().clone();
+        let session = IncomingSession {
+            peer,
+            node_id,
+            header: payload,
+            send,
+            recv,
+        };
+        if let Some(tx) = sessions {
+            if let Err(refused) = tx.try_send(session) {
+                debug!(%peer, "session queue full; stream reset");
+                let mut session = refused.into_inner();
+                let _ = session.send.reset(VarInt::from_u32(2));
+            }
+        } else {
+            debug!(%peer, "no session handler; stream reset");
+            let mut session = session;
+            let _ = session.send.reset(VarInt::from_u32(2));
+        }
+        return;
+    }
+    let frame = Frame { channel, payload };
     let (responder, response) = oneshot::channel();
     let handler = inner.handlers.lock().unwrap().get(&channel).cloned();
     let queued = handler.is_some_and(|tx| {
@@ -668,6 +789,72 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(&reply[..], b"a1pha");
+        answer.await.unwrap();
+    }
+
+    /// A session is a stream that stays open after its header: bytes flow both ways, each side
+    /// finishes its half, and the handler learns the certificate's node id.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sessions_carry_bytes_both_ways_until_each_side_finishes() {
+        let identity = ClusterIdentity::derive(&ClusterSecret::from_bytes([9; 32])).unwrap();
+        let (alpha, beta) = (
+            test_endpoint(&identity, "a1pha"),
+            test_endpoint(&identity, "beta"),
+        );
+        let mut sessions = beta.subscribe_sessions().unwrap();
+        assert!(beta.subscribe_sessions().is_err(), "one receiver at a time");
+        let echo = tokio::spawn(async move {
+            let mut session = sessions.recv().await.unwrap();
+            assert_eq!(&*session.node_id, "a1pha");
+            assert_eq!(&session.header[..], b"echo, upper-cased");
+            let mut buf = [0u8; 1024];
+            loop {
+                let Some(n) = session.recv.read(&mut buf).await.unwrap() else {
+                    break;
+                };
+                session
+                    .send
+                    .write_all(&buf[..n].to_ascii_uppercase())
+                    .await
+                    .unwrap();
+            }
+            session.send.finish().unwrap();
+        });
+        let (mut send, mut recv) = alpha
+            .open_session(
+                beta.local_addr(),
+                b"echo, upper-cased",
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        for word in ["one ", "two ", "three"] {
+            send.write_all(word.as_bytes()).await.unwrap();
+            // Each write is answered while the stream stays open.
+            let mut got = vec![0u8; word.len()];
+            recv.read_exact(&mut got).await.unwrap();
+            assert_eq!(got, word.to_ascii_uppercase().as_bytes());
+        }
+        send.finish().unwrap();
+        assert!(recv.read_to_end(1024).await.unwrap().is_empty());
+        echo.await.unwrap();
+        // Requests still work on the same endpoint, and a request with bytes after its frame
+        // is refused.
+        let mut requests = beta.subscribe_requests(Channel::Node).unwrap();
+        let answer = tokio::spawn(async move {
+            let request = requests.recv().await.unwrap();
+            request.respond(b"ok".to_vec());
+        });
+        let reply = alpha
+            .request(
+                beta.local_addr(),
+                Channel::Node,
+                b"?",
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        assert_eq!(&reply[..], b"ok");
         answer.await.unwrap();
     }
 }

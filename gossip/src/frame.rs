@@ -23,14 +23,18 @@ pub enum Channel {
     Auction = 3,
     /// Requests to one node about what runs on it (container logs), as request/response.
     Node = 4,
+    /// Long-lived sessions with one node (exec, port-forward): a bidirectional stream whose
+    /// first frame says what the session is; after it the stream carries the session's bytes.
+    Session = 5,
 }
 
 impl Channel {
-    pub const ALL: [Channel; 4] = [
+    pub const ALL: [Channel; 5] = [
         Channel::Gossip,
         Channel::Sync,
         Channel::Auction,
         Channel::Node,
+        Channel::Session,
     ];
 
     fn from_code(code: u8) -> Option<Self> {
@@ -48,6 +52,8 @@ impl Channel {
             Channel::Auction => 4 << 20,
             // A chunk of a container log (8 MiB) with its envelope.
             Channel::Node => 9 << 20,
+            // Only the session's opening header is a frame.
+            Channel::Session => 64 << 10,
         }
     }
 }
@@ -107,24 +113,36 @@ impl Frame {
                 .unwrap_or(0)
     }
 
-    /// Decodes exactly one frame occupying all of `bytes`.
-    pub fn decode(bytes: Bytes) -> Result<Frame, FrameError> {
-        if bytes.len() < FRAME_HEADER_BYTES {
-            return Err(FrameError::Truncated {
-                needed: FRAME_HEADER_BYTES,
-                got: bytes.len(),
-            });
-        }
-        if bytes[0] != PROTOCOL_VERSION {
-            return Err(FrameError::UnsupportedVersion { got: bytes[0] });
+    /// The channel and payload length a frame's fixed header announces, checked against the
+    /// channel's limit (so a reader knows how much to read, and never reads more).
+    pub fn decode_header(
+        header: &[u8; FRAME_HEADER_BYTES],
+    ) -> Result<(Channel, usize), FrameError> {
+        if header[0] != PROTOCOL_VERSION {
+            return Err(FrameError::UnsupportedVersion { got: header[0] });
         }
         let channel =
-            Channel::from_code(bytes[1]).ok_or(FrameError::UnknownChannel { code: bytes[1] })?;
-        let len = u32::from_be_bytes([bytes[2], bytes[3], bytes[4], bytes[5]]) as usize;
+            Channel::from_code(header[1]).ok_or(FrameError::UnknownChannel { code: header[1] })?;
+        let len = u32::from_be_bytes([header[2], header[3], header[4], header[5]]) as usize;
         let max = channel.max_payload_bytes();
         if len > max {
             return Err(FrameError::TooLarge { channel, len, max });
         }
+        Ok((channel, len))
+    }
+
+    /// Decodes exactly one frame occupying all of `bytes`.
+    pub fn decode(bytes: Bytes) -> Result<Frame, FrameError> {
+        let Some(header) = bytes
+            .get(..FRAME_HEADER_BYTES)
+            .and_then(|h| <&[u8; FRAME_HEADER_BYTES]>::try_from(h).ok())
+        else {
+            return Err(FrameError::Truncated {
+                needed: FRAME_HEADER_BYTES,
+                got: bytes.len(),
+            });
+        };
+        let (channel, len) = Self::decode_header(header)?;
         let body = bytes.len() - FRAME_HEADER_BYTES;
         if body < len {
             return Err(FrameError::Truncated {

@@ -22,8 +22,8 @@ mod secret;
 mod transport;
 
 pub use endpoint::{
-    EndpointError, IncomingFrame, IncomingFrames, IncomingRequest, IncomingRequests, PeerEndpoint,
-    PeerEndpointConfig,
+    EndpointError, IncomingFrame, IncomingFrames, IncomingRequest, IncomingRequests,
+    IncomingSession, IncomingSessions, PeerEndpoint, PeerEndpointConfig,
 };
 pub use frame::{Channel, FRAME_HEADER_BYTES, Frame, FrameError, PROTOCOL_VERSION};
 pub use guard::{GossipGuard, Reject};
@@ -31,6 +31,8 @@ pub use identity::{ClusterIdentity, IdentityError, NodeCertificate, node_id_of};
 pub use liveness::{LivenessTracker, MemberState, Verdict};
 pub use membership::{Member, Membership, MembershipConfig, MembershipError, PeerValue};
 pub use node_meta::{Capacity, Key, MetaError, NodeAddresses, NodeInfo, NodeMeta, NodeTaint, keys};
+/// The two halves of a session's stream ([`PeerEndpoint::open_session`]).
+pub use quinn::{RecvStream, SendStream};
 pub use secret::{ClusterSecret, SecretError};
 pub use transport::QuicTransport;
 

@@ -256,7 +256,7 @@ pub async fn list_objects(
     }
 }
 
-async fn get_object(
+pub(super) async fn get_object(
     state: &ApiState,
     resource: &ApiResource,
     namespace: Option<&str>,
@@ -1783,31 +1783,8 @@ async fn pod_log(
     use crate::kubelet::logs::LogQuery;
     use crate::kubelet::node_service::LogRequest;
     let pod = get_object(state, resource, namespace, name).await?;
-    let containers: Vec<&str> = ["initContainers", "containers"]
-        .iter()
-        .flat_map(|f| pod["spec"][f].as_array().into_iter().flatten())
-        .filter_map(|c| c["name"].as_str())
-        .collect();
-    let container = match query.get("container") {
-        Some(c) if containers.contains(&c.as_str()) => c.clone(),
-        Some(c) => {
-            return Err(ApiError::bad_request(format!(
-                "container {c} is not valid for pod {name}"
-            )));
-        }
-        None => match pod["spec"]["containers"].as_array().map(Vec::len) {
-            Some(1) => pod["spec"]["containers"][0]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
-            _ => {
-                return Err(ApiError::bad_request(format!(
-                    "a container name must be specified for pod {name}, choose one of: [{}]",
-                    containers.join(" ")
-                )));
-            }
-        },
-    };
+    let container =
+        super::stream::pick_container(&pod, query.get("container").map(String::as_str), name)?;
     let Some(node) = pod["spec"]["nodeName"]
         .as_str()
         .filter(|n| !n.is_empty())

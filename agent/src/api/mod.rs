@@ -11,6 +11,7 @@ mod protobuf;
 mod resources;
 mod selector;
 mod status;
+mod stream;
 mod table;
 mod validation;
 
@@ -200,15 +201,25 @@ fn query_map(uri: &Uri) -> Result<handlers::Query, ApiError> {
         .map_err(|e| ApiError::bad_request(format!("invalid query string: {e}")))
 }
 
-async fn dispatch(
-    State(state): State<ApiState>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
+async fn dispatch(State(state): State<ApiState>, request: Request) -> Response {
+    let (mut parts, body) = request.into_parts();
+    // exec and port-forward take the connection over once answered.
+    let upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
+    let limit = 2 * shoal_state::object::MAX_OBJECT_BYTES;
+    let body = match axum::body::to_bytes(body, limit).await {
+        Ok(body) => body,
+        Err(e) => {
+            return ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "RequestEntityTooLarge",
+                format!("the request body could not be read (at most {limit} bytes): {e}"),
+            )
+            .into_response();
+        }
+    };
+    let (method, uri, headers) = (parts.method, parts.uri, parts.headers);
     let path = uri.path().to_owned();
-    let result = route(&state, &method, &uri, &headers, &body).await;
+    let result = route(&state, &method, &uri, &headers, &body, upgrade).await;
     match result {
         Ok(response) => response,
         Err(error) => {
@@ -224,6 +235,7 @@ async fn route(
     uri: &Uri,
     headers: &HeaderMap,
     body: &Bytes,
+    upgrade: Option<hyper::upgrade::OnUpgrade>,
 ) -> Result<Response, ApiError> {
     let path = uri.path();
     let query = query_map(uri)?;
@@ -272,6 +284,29 @@ async fn route(
         return Err(ApiError::method_not_allowed(format!(
             "{method} is not allowed on {path}"
         )));
+    }
+    // The streaming subresources take the connection over.
+    if let ApiPath::Object {
+        resource,
+        namespace,
+        name,
+        subresource: Some(sub),
+    } = &parsed
+        && resource.kind == "Pod"
+        && matches!(sub.as_str(), "exec" | "attach" | "portforward")
+    {
+        return stream::serve(
+            state,
+            resource,
+            namespace.as_deref(),
+            name,
+            sub,
+            method,
+            uri,
+            headers,
+            upgrade,
+        )
+        .await;
     }
     // Discovery paths answer directly; resource paths go to the verbs with one Request.
     let (resource, namespace, object) = match parsed {
@@ -464,6 +499,7 @@ pub async fn serve(
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(limits.header_read)
                 .serve_connection(TokioIo::new(tls), service)
+                .with_upgrades()
                 .await
             {
                 debug!(%peer, %error, "API connection ended with an error");

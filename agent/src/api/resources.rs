@@ -114,6 +114,7 @@ impl ApiResource {
             "Pod" => vec![
                 status,
                 ("log", ("", "v1", "Pod"), &["get"][..]),
+                ("exec", ("", "v1", "PodExecOptions"), &["create", "get"][..]),
                 ("eviction", ("policy", "v1", "Eviction"), &["create"][..]),
             ],
             "Deployment" | "ReplicaSet" => vec![

@@ -1,6 +1,7 @@
 //! The kubelet: runs the pods bound to this node (DESIGN.md §8).
 pub mod admission;
 pub mod container;
+pub mod exec;
 pub mod image_puller;
 pub mod logs;
 pub mod metrics;

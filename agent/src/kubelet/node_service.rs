@@ -9,7 +9,15 @@ use serde::{Deserialize, Serialize};
 use shoal_gossip::{Channel, Membership, PeerEndpoint};
 use tracing::debug;
 
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
 use super::Kubelet;
+use crate::session::SessionRequest;
+
+/// The half of a session that carries messages to the node.
+pub type SessionWriter = Box<dyn AsyncWrite + Unpin + Send>;
+/// The half of a session that carries the node's messages.
+pub type SessionReader = Box<dyn AsyncRead + Unpin + Send>;
 use super::logs::{LogChunk, LogQuery};
 use crate::images::ImageStore;
 
@@ -83,8 +91,24 @@ impl NodeService {
         })
     }
 
-    /// Answers peers' requests.
+    /// Answers peers' requests and serves the sessions they open.
     pub fn start(self: &Arc<Self>) -> Result<(), shoal_gossip::EndpointError> {
+        let mut sessions = self.endpoint.subscribe_sessions()?;
+        let service = self.clone();
+        tokio::spawn(async move {
+            while let Some(session) = sessions.recv().await {
+                let request = rmp_serde::from_slice::<SessionRequest>(&session.header)
+                    .map_err(|e| format!("bad session request: {e}"));
+                if let Err(error) = &request {
+                    debug!(peer = %session.peer, node = %session.node_id, %error, "session refused");
+                }
+                tokio::spawn(
+                    service
+                        .clone()
+                        .serve_session(request, session.recv, session.send),
+                );
+            }
+        });
         let mut requests = self.endpoint.subscribe_requests(Channel::Node)?;
         let service = self.clone();
         tokio::spawn(async move {
@@ -171,6 +195,78 @@ impl NodeService {
         .map_err(|e| format!("node {node}: {e}"))?;
         unpack(response)
     }
+}
+
+impl NodeService {
+    /// Serves one session on this node: the request is checked first, and any refusal is the
+    /// session's `Status`.
+    async fn serve_session<R, W>(
+        self: Arc<Self>,
+        request: Result<SessionRequest, String>,
+        input: R,
+        mut output: W,
+    ) where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send,
+    {
+        let checked = request.and_then(|r| r.check().map(|()| r));
+        let request = match (checked, &self.kubelet) {
+            (Ok(request), Some(_)) => request,
+            (Err(message), _) => return refuse(&mut output, &message).await,
+            (Ok(_), None) => {
+                let message = format!("node {} runs no pods (--no-runtime)", self.node_name);
+                return refuse(&mut output, &message).await;
+            }
+        };
+        let Some(kubelet) = &self.kubelet else {
+            return;
+        };
+        match request {
+            SessionRequest::Exec(req) => {
+                super::exec::serve(kubelet.runtime().clone(), req, input, output).await;
+            }
+        }
+    }
+
+    /// Opens a session with `node` (this one: an in-memory pipe to the same code that serves
+    /// peers). Returns the session's two halves: messages to the node, messages from it.
+    pub async fn open_session(
+        self: &Arc<Self>,
+        node: &str,
+        request: &SessionRequest,
+    ) -> Result<(SessionWriter, SessionReader), String> {
+        if node == self.node_name {
+            let (ours, theirs) = tokio::io::duplex(64 << 10);
+            let (their_read, their_write) = tokio::io::split(theirs);
+            tokio::spawn(
+                self.clone()
+                    .serve_session(Ok(request.clone()), their_read, their_write),
+            );
+            let (read, write) = tokio::io::split(ours);
+            return Ok((Box::new(write), Box::new(read)));
+        }
+        let member = self
+            .membership
+            .members()
+            .await
+            .into_iter()
+            .find(|m| m.name() == node)
+            .ok_or_else(|| format!("node {node} is not a member of the cluster"))?;
+        let header = rmp_serde::to_vec(request).expect("requests encode");
+        let (send, recv) = self
+            .endpoint
+            .open_session(member.gossip_addr, &header, Duration::from_secs(10))
+            .await
+            .map_err(|e| format!("node {node}: {e}"))?;
+        Ok((Box::new(send), Box::new(recv)))
+    }
+}
+
+/// Ends a session that cannot run with its `Status`.
+async fn refuse<W: AsyncWrite + Unpin>(output: &mut W, message: &str) {
+    let status = crate::session::error_status(message).to_string();
+    let _ = crate::session::write_message(output, crate::session::STATUS, status.as_bytes()).await;
+    let _ = output.shutdown().await;
 }
 
 impl NodeService {

@@ -823,6 +823,76 @@ impl Runtime {
         Ok(())
     }
 
+    /// `runc exec` of `command` in a running container: the process gets the container's
+    /// namespaces, cgroup, environment, user and working directory (runc starts from the
+    /// container's own process spec and replaces only the arguments). `options` go between
+    /// `exec` and the container id (`-t`, `--pid-file F`).
+    pub fn exec_command(
+        &self,
+        meta: &ContainerMeta,
+        command: &[String],
+        options: &[&std::ffi::OsStr],
+    ) -> Command {
+        let mut runc = Command::new(&self.runc);
+        runc.arg("--root")
+            .arg(&self.runc_root)
+            .arg("exec")
+            .args(options)
+            .arg(&meta.runtime_id)
+            .args(command);
+        runc
+    }
+
+    /// The process spec (runc's `exec --process`) of a command run in a container of pod
+    /// `uid`: the container's own process (environment, user, working directory,
+    /// capabilities, limits) with `command` as its arguments and, with a terminal, the
+    /// terminal's size (columns, rows) set when runc makes it, so the command never sees 0x0.
+    pub fn exec_process(
+        &self,
+        uid: &str,
+        meta: &ContainerMeta,
+        command: &[String],
+        terminal: Option<Option<(u16, u16)>>,
+    ) -> Result<serde_json::Value, String> {
+        if !is_safe_id(uid) || !is_safe_id(&meta.name) {
+            return Err(format!(
+                "pod {uid:?} container {:?}: not an identifier",
+                meta.name
+            ));
+        }
+        let path = self
+            .bundle(uid, &meta.name, meta.attempt)
+            .join("config.json");
+        let config: serde_json::Value = std::fs::read(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut process = config
+            .get("process")
+            .filter(|p| p.is_object())
+            .cloned()
+            .ok_or_else(|| format!("{}: no process", path.display()))?;
+        process["args"] = serde_json::json!(command);
+        process["terminal"] = serde_json::json!(terminal.is_some());
+        if let Some(Some((cols, rows))) = terminal {
+            process["consoleSize"] = serde_json::json!({"height": rows, "width": cols});
+        } else if let Some(p) = process.as_object_mut() {
+            p.remove("consoleSize");
+        }
+        Ok(process)
+    }
+
+    /// A running container of a pod on this node: the latest attempt named `container`.
+    pub fn running_container(&self, uid: &str, container: &str) -> Option<ContainerMeta> {
+        let pod = self.observe_pod(uid)?;
+        pod.containers
+            .into_iter()
+            .filter(|c| c.meta.name == container)
+            .max_by_key(|c| c.meta.attempt)
+            .filter(|c| matches!(c.state, ObservedState::Running(_)))
+            .map(|c| c.meta)
+    }
+
     /// Sends `signal` to a container's processes.
     pub fn signal(&self, meta: &ContainerMeta, signal: &str) -> Result<(), RuntimeError> {
         run(Command::new(&self.runc)
@@ -839,11 +909,8 @@ impl Runtime {
         command: &[String],
         timeout: Duration,
     ) -> Result<(i32, String), String> {
-        let mut child = Command::new(&self.runc)
-            .arg("--root")
-            .arg(&self.runc_root)
-            .args(["exec", &meta.runtime_id])
-            .args(command)
+        let mut child = self
+            .exec_command(meta, command, &[])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

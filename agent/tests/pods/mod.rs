@@ -13,6 +13,7 @@ use shoal_agent::testkit::wait_until;
 
 use crate::api::ApiLab;
 
+mod exec;
 mod hardening;
 mod workloads;
 

@@ -1,0 +1,412 @@
+//! The node side of `kubectl exec`: runs a command in one of this node's containers through
+//! `runc exec` and relays it as session messages (`crate::session`). Without a tty the
+//! process's stdin, stdout and stderr are pipes; with one, runc runs on a pseudo-terminal of
+//! ours (it puts the container's own terminal behind it and forwards resizes and the exit
+//! code).
+//!
+//! Every source of bytes is pumped by its own task into one queue, and one loop owns the
+//! writer, so a process that does not read its stdin can never stall its output. When the
+//! client goes away first, the process is killed (by the pid runc records), not left behind.
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::process::Stdio;
+use std::sync::Arc;
+
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use tokio::sync::{mpsc, oneshot};
+use tracing::debug;
+
+use crate::runtime::Runtime;
+use crate::session::{self, CLOSE, ExecRequest, RESIZE, STATUS, STDERR, STDIN, STDOUT};
+
+/// What the pumps report to the session's loop.
+enum Event {
+    Output(u8, Vec<u8>),
+    /// One output source reached its end.
+    Closed,
+    Exited(i32),
+    /// The client went away (its half of the session ended before the process did).
+    ClientGone,
+}
+
+/// Runs `req` and relays it over `input`/`output` until the process ends or the client goes;
+/// always ends with one `Status` message (unless the client is gone) and the end of `output`.
+pub async fn serve<R, W>(runtime: Runtime, req: ExecRequest, input: R, mut output: W)
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send,
+{
+    let status = match run(&runtime, &req, input, &mut output).await {
+        Ok(Some(status)) => status,
+        Ok(None) => return,
+        Err(message) => session::error_status(&message),
+    };
+    let _ = session::write_message(&mut output, STATUS, status.to_string().as_bytes()).await;
+    let _ = output.shutdown().await;
+}
+
+/// The process's `Status`, `None` if the client left, or why it could not run.
+async fn run<R, W>(
+    runtime: &Runtime,
+    req: &ExecRequest,
+    input: R,
+    output: &mut W,
+) -> Result<Option<serde_json::Value>, String>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send,
+{
+    let meta = runtime
+        .running_container(&req.uid, &req.container)
+        .ok_or_else(|| {
+            format!(
+                "container {:?} of pod {} is not running on this node",
+                req.container, req.uid
+            )
+        })?;
+    // runc's own errors go to a log of ours (so they are told apart from the process's
+    // stderr), and the process's host pid to a file (to kill it if the client leaves).
+    let scratch = tempfile::Builder::new()
+        .prefix("shoal-exec-")
+        .tempdir()
+        .map_err(|e| format!("exec scratch directory: {e}"))?;
+    let (log, pid_file) = (scratch.path().join("runc.log"), scratch.path().join("pid"));
+    let process_file = scratch.path().join("process.json");
+    // The process runs as the container's own, with the command (and terminal size) given.
+    let command = |size: Option<Option<(u16, u16)>>| -> Result<std::process::Command, String> {
+        let process = runtime.exec_process(&req.uid, &meta, &req.command, size)?;
+        std::fs::write(&process_file, process.to_string())
+            .map_err(|e| format!("{}: {e}", process_file.display()))?;
+        let options: [&std::ffi::OsStr; 4] = [
+            "--process".as_ref(),
+            process_file.as_os_str(),
+            "--pid-file".as_ref(),
+            pid_file.as_os_str(),
+        ];
+        let exec = runtime.exec_command(&meta, &[], &options);
+        // Global options come before the subcommand.
+        let mut with_log = std::process::Command::new(exec.get_program());
+        with_log
+            .arg("--log")
+            .arg(&log)
+            .args(["--log-format", "json"])
+            .args(exec.get_args());
+        Ok(with_log)
+    };
+    let (tx, mut events) = mpsc::channel::<Event>(64);
+    let mut sources = 0;
+    let mut child = if req.tty {
+        let pty = nix::pty::openpty(None, None).map_err(|e| format!("openpty: {e}"))?;
+        let master = Arc::new(Pty::new(pty.master).map_err(|e| format!("pty: {e}"))?);
+        // runc sizes the container's terminal from ours when it starts: wait (briefly) for
+        // the client's first size, which kubectl sends at once, so the process never sees 0x0.
+        let (sized, first_size) = oneshot::channel();
+        tokio::spawn(pump_input(
+            input,
+            Stdin::Pty(master.clone()),
+            tx.clone(),
+            Some(sized),
+        ));
+        let size = tokio::time::timeout(Duration::from_secs(1), first_size)
+            .await
+            .ok()
+            .and_then(Result::ok);
+        let mut command = command(Some(size))?;
+        let slave = |pty: &OwnedFd| -> Result<Stdio, String> {
+            Ok(Stdio::from(
+                pty.try_clone().map_err(|e| format!("pty: {e}"))?,
+            ))
+        };
+        command
+            .stdin(slave(&pty.slave)?)
+            .stdout(slave(&pty.slave)?)
+            .stderr(slave(&pty.slave)?);
+        // SAFETY: between fork and exec only setsid and ioctl run, both async-signal-safe: runc
+        // gets a session of its own whose controlling terminal is the pty's slave, so it can
+        // make it raw, relay to the container's terminal and get SIGWINCH on resizes.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+                nix::unistd::setsid().map_err(std::io::Error::from)?;
+                if libc::ioctl(0, libc::TIOCSCTTY as _, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = tokio::process::Command::from(command)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("runc exec: {e}"))?;
+        drop(pty.slave);
+        sources += 1;
+        tokio::spawn(pump_pty(master, tx.clone()));
+        child
+    } else {
+        let mut command = command(None)?;
+        command
+            .stdin(if req.stdin {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(if req.stdout {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stderr(if req.stderr {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            });
+        let mut child = tokio::process::Command::from(command)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("runc exec: {e}"))?;
+        if let Some(out) = child.stdout.take() {
+            sources += 1;
+            tokio::spawn(pump(out, STDOUT, tx.clone()));
+        }
+        if let Some(err) = child.stderr.take() {
+            sources += 1;
+            tokio::spawn(pump(err, STDERR, tx.clone()));
+        }
+        let stdin = child.stdin.take().map_or(Stdin::None, Stdin::Pipe);
+        tokio::spawn(pump_input(input, stdin, tx.clone(), None));
+        child
+    };
+    {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let code = match child.wait().await {
+                Ok(status) => status.code().unwrap_or_else(|| {
+                    128 + std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(0)
+                }),
+                Err(_) => 128,
+            };
+            let _ = tx.send(Event::Exited(code)).await;
+        });
+    }
+    drop(tx);
+    let mut exited = None;
+    while sources > 0 || exited.is_none() {
+        match events.recv().await {
+            Some(Event::Output(channel, bytes)) => {
+                if session::write_message(output, channel, &bytes)
+                    .await
+                    .is_err()
+                {
+                    kill(&pid_file);
+                    return Ok(None);
+                }
+            }
+            Some(Event::Closed) => sources -= 1,
+            Some(Event::Exited(code)) => exited = Some(code),
+            Some(Event::ClientGone) | None => {
+                debug!(pod = %req.uid, container = %req.container, "exec client left; killing the process");
+                kill(&pid_file);
+                return Ok(None);
+            }
+        }
+    }
+    let code = exited.unwrap_or(128);
+    // runc failing to start the process (no such binary, say) is not the process's exit.
+    if let Some(error) = runc_error(&std::fs::read_to_string(&log).unwrap_or_default()) {
+        return Err(format!("error executing command in container: {error}"));
+    }
+    Ok(Some(session::exit_status(code)))
+}
+
+/// The error runc logged (JSON lines, `--log-format json`), if any.
+fn runc_error(log: &str) -> Option<String> {
+    log.lines()
+        .rev()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["level"] == "error" || v["level"] == "fatal")
+        .find_map(|v| v["msg"].as_str().map(str::to_owned))
+}
+
+/// Kills the exec'd process by the host pid runc wrote (runc itself then exits with it).
+fn kill(pid_file: &std::path::Path) {
+    if let Some(pid) = std::fs::read_to_string(pid_file)
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+        .filter(|pid| *pid > 1)
+    {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+/// Where the client's stdin goes.
+enum Stdin {
+    None,
+    Pipe(tokio::process::ChildStdin),
+    Pty(Arc<Pty>),
+}
+
+/// Reads the client's messages: stdin bytes, its close, and terminal sizes (`sized` hears of
+/// the first).
+async fn pump_input<R: AsyncRead + Unpin>(
+    mut input: R,
+    mut stdin: Stdin,
+    tx: mpsc::Sender<Event>,
+    mut sized: Option<oneshot::Sender<(u16, u16)>>,
+) {
+    loop {
+        match session::read_message(&mut input).await {
+            Ok(Some((STDIN, bytes))) => match &mut stdin {
+                Stdin::Pipe(pipe) => {
+                    if pipe.write_all(&bytes).await.is_err() {
+                        stdin = Stdin::None;
+                    }
+                }
+                Stdin::Pty(pty) => {
+                    if pty.write_all(&bytes).await.is_err() {
+                        stdin = Stdin::None;
+                    }
+                }
+                Stdin::None => {}
+            },
+            // Closing a terminal's input would hang up the session: only pipes are closed.
+            Ok(Some((CLOSE, which))) if which == [STDIN] => {
+                if matches!(stdin, Stdin::Pipe(_)) {
+                    stdin = Stdin::None;
+                }
+            }
+            Ok(Some((RESIZE, bytes))) => {
+                if let (Stdin::Pty(pty), Some((cols, rows))) =
+                    (&stdin, session::parse_resize(&bytes))
+                {
+                    pty.resize(cols, rows);
+                    if let Some(sized) = sized.take() {
+                        let _ = sized.send((cols, rows));
+                    }
+                }
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => {
+                let _ = tx.send(Event::ClientGone).await;
+                return;
+            }
+        }
+    }
+}
+
+/// Relays one pipe of the process as messages on `channel`.
+async fn pump<R: AsyncRead + Unpin>(mut from: R, channel: u8, tx: mpsc::Sender<Event>) {
+    let mut buf = vec![0u8; 32 << 10];
+    loop {
+        match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if tx
+                    .send(Event::Output(channel, buf[..n].to_vec()))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        }
+    }
+    let _ = tx.send(Event::Closed).await;
+}
+
+/// The terminal's output: EIO from the master is its end (every process holding the slave is
+/// gone).
+async fn pump_pty(pty: Arc<Pty>, tx: mpsc::Sender<Event>) {
+    let mut buf = vec![0u8; 32 << 10];
+    while let Ok(n) = pty.read(&mut buf).await {
+        if n == 0
+            || tx
+                .send(Event::Output(STDOUT, buf[..n].to_vec()))
+                .await
+                .is_err()
+        {
+            break;
+        }
+    }
+    let _ = tx.send(Event::Closed).await;
+}
+
+/// The master side of a pseudo-terminal, non-blocking under tokio's reactor.
+struct Pty {
+    fd: tokio::io::unix::AsyncFd<OwnedFd>,
+}
+
+impl Pty {
+    fn new(master: OwnedFd) -> std::io::Result<Self> {
+        let flags = nix::fcntl::fcntl(master.as_fd(), nix::fcntl::FcntlArg::F_GETFL)?;
+        let flags = nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK;
+        nix::fcntl::fcntl(master.as_fd(), nix::fcntl::FcntlArg::F_SETFL(flags))?;
+        // SAFETY: the OwnedFd is moved into the AsyncFd and stays open, the same descriptor,
+        // until the AsyncFd drops it.
+        let fd =
+            unsafe { tokio::io::unix::AsyncFd::register(master) }.map_err(|e| e.into_parts().1)?;
+        Ok(Self { fd })
+    }
+
+    async fn read(&self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            let mut guard = self.fd.readable().await?;
+            match guard.try_io(|fd| {
+                nix::unistd::read(fd.get_ref().as_fd(), buf).map_err(std::io::Error::from)
+            }) {
+                Ok(result) => return result,
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    async fn write_all(&self, mut bytes: &[u8]) -> std::io::Result<()> {
+        while !bytes.is_empty() {
+            let mut guard = self.fd.writable().await?;
+            match guard.try_io(|fd| {
+                nix::unistd::write(fd.get_ref().as_fd(), bytes).map_err(std::io::Error::from)
+            }) {
+                Ok(Ok(n)) => bytes = &bytes[n..],
+                Ok(Err(e)) => return Err(e),
+                Err(_would_block) => continue,
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the terminal's size; the kernel signals SIGWINCH to runc, which resizes the
+    /// container's terminal.
+    fn resize(&self, cols: u16, rows: u16) {
+        let size = libc::winsize {
+            ws_row: rows,
+            ws_col: cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        // SAFETY: TIOCSWINSZ reads one winsize from the pointer, which outlives the call.
+        unsafe {
+            libc::ioctl(self.fd.get_ref().as_raw_fd(), libc::TIOCSWINSZ, &size);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runc_start_errors_are_read_from_its_log() {
+        let log = r#"{"level":"warning","msg":"something minor","time":"2026-12-01T00:00:00Z"}
+{"level":"error","msg":"exec failed: unable to start container process: exec: \"nope\": executable file not found in $PATH","time":"2026-12-01T00:00:00Z"}"#;
+        assert!(
+            runc_error(log)
+                .unwrap()
+                .contains("executable file not found")
+        );
+        assert_eq!(runc_error(""), None);
+        assert_eq!(runc_error("not json\n{\"level\":\"info\"}"), None);
+    }
+}

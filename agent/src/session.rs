@@ -1,0 +1,247 @@
+//! Sessions between the API agent a client talks to and the node that runs the pod
+//! (`kubectl exec`, `attach`): what a session asks for ([`SessionRequest`]), the messages both
+//! ways, and the `Status` that ends one. The node side runs in `kubelet::exec`; the API side in
+//! `api::stream`. The same bytes flow whether the pod runs on the API's own node (an in-memory
+//! pipe) or on another (a QUIC stream on the `Session` channel), so there is one code path.
+//!
+//! A message is `[channel u8][length u32 BE][bytes]`, with the channel numbers of Kubernetes'
+//! `v5.channel.k8s.io` ([`STDIN`] … [`CLOSE`]), so the API relays WebSocket messages without
+//! translating them. The node ends a session with exactly one [`STATUS`] message, then the end
+//! of its stream.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Client → node: the process's standard input.
+pub const STDIN: u8 = 0;
+/// Node → client: standard output (a terminal's output with a tty).
+pub const STDOUT: u8 = 1;
+/// Node → client: standard error (never sent with a tty).
+pub const STDERR: u8 = 2;
+/// Node → client: the `Status` that ends the session.
+pub const STATUS: u8 = 3;
+/// Client → node: a terminal size, `{"Width":W,"Height":H}`.
+pub const RESIZE: u8 = 4;
+/// Client → node: `[CLOSE, STDIN]` closes the process's standard input (v5).
+pub const CLOSE: u8 = 255;
+
+/// The largest message either side accepts (WebSocket clients send at most 32 KiB).
+pub const MAX_MESSAGE: usize = 1 << 20;
+/// Most arguments and bytes of a command.
+const MAX_ARGS: usize = 1024;
+const MAX_COMMAND_BYTES: usize = 32 << 10;
+
+/// What a session asks of the node running the pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SessionRequest {
+    /// Run `command` in a container (`pods/exec`).
+    Exec(ExecRequest),
+}
+
+/// `pods/exec`: the options of `PodExecOptions` the node needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecRequest {
+    pub uid: String,
+    pub container: String,
+    pub command: Vec<String>,
+    pub stdin: bool,
+    pub stdout: bool,
+    pub stderr: bool,
+    pub tty: bool,
+}
+
+impl SessionRequest {
+    /// A session request from a peer names a pod uid and a container, which become paths on
+    /// the node, and a command: all are checked before anything runs.
+    pub fn check(&self) -> Result<(), String> {
+        match self {
+            SessionRequest::Exec(req) => {
+                if !crate::runtime::is_safe_id(&req.uid) {
+                    return Err(format!("uid {:?} is not a pod uid", req.uid));
+                }
+                shoal_state::labels::check_dns_label(&req.container).map_err(|reason| {
+                    format!(
+                        "container {:?} is not a container name: {reason}",
+                        req.container
+                    )
+                })?;
+                if req.command.is_empty() {
+                    return Err("command: required value (an exec needs a command)".into());
+                }
+                let bytes: usize = req.command.iter().map(String::len).sum();
+                if req.command.len() > MAX_ARGS || bytes > MAX_COMMAND_BYTES {
+                    return Err(format!(
+                        "command: too long ({} arguments, {bytes} bytes; at most {MAX_ARGS} and {MAX_COMMAND_BYTES})",
+                        req.command.len()
+                    ));
+                }
+                if req.command.iter().any(|a| a.contains('\0')) {
+                    return Err("command: an argument contains a NUL byte".into());
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Writes one message.
+pub async fn write_message<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    channel: u8,
+    bytes: &[u8],
+) -> std::io::Result<()> {
+    let len = u32::try_from(bytes.len())
+        .ok()
+        .filter(|n| *n as usize <= MAX_MESSAGE)
+        .ok_or_else(|| std::io::Error::other("session message too large"))?;
+    let mut head = [0u8; 5];
+    head[0] = channel;
+    head[1..].copy_from_slice(&len.to_be_bytes());
+    w.write_all(&head).await?;
+    w.write_all(bytes).await?;
+    w.flush().await
+}
+
+/// Reads one message; `None` at a clean end of the stream. A message over [`MAX_MESSAGE`] or
+/// a stream cut inside a message is an error.
+pub async fn read_message<R: AsyncRead + Unpin>(
+    r: &mut R,
+) -> std::io::Result<Option<(u8, Vec<u8>)>> {
+    let mut head = [0u8; 5];
+    let mut got = 0;
+    while got < head.len() {
+        match r.read(&mut head[got..]).await? {
+            0 if got == 0 => return Ok(None),
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n => got += n,
+        }
+    }
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    if len > MAX_MESSAGE {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("session message of {len} bytes exceeds {MAX_MESSAGE}"),
+        ));
+    }
+    let mut bytes = vec![0u8; len];
+    r.read_exact(&mut bytes).await?;
+    Ok(Some((head[0], bytes)))
+}
+
+/// The `Status` of a process that ended with `code`, as the kubelet sends it: kubectl exits
+/// with the code of a `NonZeroExitCode` (which must be 0–255).
+pub fn exit_status(code: i32) -> Value {
+    if code == 0 {
+        return json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"});
+    }
+    let code = code.clamp(0, 255);
+    json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure",
+        "message": format!("command terminated with non-zero exit code: exit status {code}"),
+        "reason": "NonZeroExitCode",
+        "details": {"causes": [{"reason": "ExitCode", "message": code.to_string()}]},
+    })
+}
+
+/// The `Status` of a session that could not run, or broke.
+pub fn error_status(message: &str) -> Value {
+    json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": "InternalError",
+        "code": 500,
+    })
+}
+
+/// A terminal size message (`{"Width":W,"Height":H}`, client-go's `TerminalSize`), as
+/// (columns, rows); sizes of 0 or over 10,000 are refused.
+pub fn parse_resize(bytes: &[u8]) -> Option<(u16, u16)> {
+    let v: Value = serde_json::from_slice(bytes).ok()?;
+    let dim = |k: &str| {
+        v[k].as_u64()
+            .and_then(|n| u16::try_from(n).ok())
+            .filter(|n| (1..=10_000).contains(n))
+    };
+    Some((dim("Width")?, dim("Height")?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exec(uid: &str, container: &str, command: &[&str]) -> SessionRequest {
+        SessionRequest::Exec(ExecRequest {
+            uid: uid.into(),
+            container: container.into(),
+            command: command.iter().map(|s| s.to_string()).collect(),
+            stdin: false,
+            stdout: true,
+            stderr: true,
+            tty: false,
+        })
+    }
+
+    #[test]
+    fn requests_from_peers_are_checked_before_anything_runs() {
+        assert!(exec("0f5e-4c2a", "web", &["sh"]).check().is_ok());
+        for (req, named) in [
+            (exec("../../etc", "web", &["sh"]), "uid"),
+            (exec("u1", "a/b", &["sh"]), "container"),
+            (exec("u1", "web", &[]), "command"),
+            (exec("u1", "web", &["a\0b"]), "NUL"),
+            (exec("u1", "web", &vec!["x"; 2000]), "too long"),
+        ] {
+            let err = req.check().unwrap_err();
+            assert!(err.contains(named), "{req:?}: {err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn messages_round_trip_and_bad_streams_are_errors() {
+        let mut buf = Vec::new();
+        write_message(&mut buf, STDOUT, b"hello").await.unwrap();
+        write_message(&mut buf, CLOSE, &[STDIN]).await.unwrap();
+        let mut r = &buf[..];
+        assert_eq!(
+            read_message(&mut r).await.unwrap(),
+            Some((STDOUT, b"hello".to_vec()))
+        );
+        assert_eq!(read_message(&mut r).await.unwrap(), Some((CLOSE, vec![0])));
+        assert_eq!(read_message(&mut r).await.unwrap(), None);
+        // Cut anywhere inside a message: an error, never a message or a panic.
+        for cut in 1..buf.len() - 6 {
+            let mut r = &buf[..cut];
+            let first = read_message(&mut r).await;
+            assert!(first.is_err(), "cut {cut}: {first:?}");
+        }
+        let mut huge = vec![STDIN];
+        huge.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert!(read_message(&mut &huge[..]).await.is_err());
+    }
+
+    #[test]
+    fn statuses_are_what_kubectl_reads() {
+        assert_eq!(exit_status(0)["status"], "Success");
+        let failed = exit_status(3);
+        assert_eq!(failed["reason"], "NonZeroExitCode");
+        // client-go reads the cause's type from "reason" and the code with ParseUint(…, 8).
+        assert_eq!(failed["details"]["causes"][0]["reason"], "ExitCode");
+        assert_eq!(failed["details"]["causes"][0]["message"], "3");
+        assert_eq!(exit_status(300)["details"]["causes"][0]["message"], "255");
+        assert_eq!(error_status("boom")["message"], "boom");
+    }
+
+    #[test]
+    fn resizes_are_parsed_and_bounded() {
+        assert_eq!(
+            parse_resize(br#"{"Width":100,"Height":30}"#),
+            Some((100, 30))
+        );
+        assert_eq!(parse_resize(br#"{"Width":0,"Height":30}"#), None);
+        assert_eq!(parse_resize(br#"{"Width":70000,"Height":30}"#), None);
+        assert_eq!(parse_resize(b"garbage"), None);
+    }
+}

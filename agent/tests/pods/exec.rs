@@ -1,0 +1,240 @@
+//! `kubectl exec` and `kubectl cp` against real containers, through an agent that does not
+//! run the pod (the session crosses QUIC) and through the one that does: output streams and
+//! exit codes, stdin and its close, a terminal with its size, runc's own errors, refusals that
+//! survive kubectl's SPDY fallback, and a client that leaves killing its process.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use shoal_agent::testkit::wait_until;
+
+use super::{lab, wait_pod};
+use crate::api::which;
+
+const SHELL: &str = r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: shell
+spec:
+  nodeSelector: {kubernetes.io/hostname: n2}
+  containers:
+  - name: main
+    image: shoal.local/busybox:1
+    command: [sh, -c, "mkdir -p /data; while true; do sleep 1; done"]
+    env: [{name: GREETING, value: "hello from the container's env"}]
+    workingDir: /tmp
+  - name: side
+    image: shoal.local/busybox:1
+    command: [sh, -c, "while true; do sleep 1; done"]
+"#;
+
+/// Runs kubectl against agent `agent` with `stdin` piped in: (exit code, stdout, stderr).
+fn kubectl_with_stdin(
+    api: &crate::api::ApiLab,
+    agent: usize,
+    args: &[&str],
+    stdin: &[u8],
+) -> (i32, String, String) {
+    let mut child = Command::new(which("kubectl"))
+        .arg("--kubeconfig")
+        .arg(&api.kubeconfigs[agent])
+        .args(args)
+        .env("HOME", api.home.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_exec_and_cp_run_in_the_container_from_any_agent() {
+    let api = lab().await;
+    let file = api.manifest("shell.yaml", SHELL);
+    api.ok(0, &["apply", "-f", &file]);
+    api.ok(
+        0,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "pod/shell",
+            "--timeout=60s",
+        ],
+    );
+    // Agent 1 (which does not run the pod either) must see it running before exec through it.
+    wait_pod(&api, 1, "shell", "agent 1 sees shell Running", |p| {
+        p["status"]["containerStatuses"][0]["state"]["running"].is_object()
+    })
+    .await;
+
+    // Agent 0 does not run the pod: the session crosses to n2 over QUIC. Streams stay apart,
+    // the container's env, working directory and exit code come through.
+    let script = r#"echo out; echo err >&2; echo "$GREETING"; pwd; exit 3"#;
+    let (code, out, err) = kubectl_with_stdin(
+        &api,
+        0,
+        &["exec", "shell", "-c", "main", "--", "sh", "-c", script],
+        b"",
+    );
+    assert_eq!(code, 3, "exit code: stdout {out:?} stderr {err:?}");
+    assert_eq!(out, "out\nhello from the container's env\n/tmp\n", "{err}");
+    assert!(err.contains("err\n"), "{err}");
+    assert!(err.contains("command terminated with exit code 3"), "{err}");
+
+    // stdin is relayed and its end closes the process's stdin (cat exits), on the pod's own
+    // node too (an in-memory session, the same code).
+    for agent in [0, 2] {
+        let (code, out, err) = kubectl_with_stdin(
+            &api,
+            agent,
+            &["exec", "-i", "shell", "-c", "main", "--", "cat"],
+            b"abc\nline two\n",
+        );
+        assert_eq!(
+            (code, out.as_str()),
+            (0, "abc\nline two\n"),
+            "agent {agent}: {err}"
+        );
+    }
+    // A megabyte through stdin and back (many WebSocket messages each way).
+    let big: Vec<u8> = (0..1_048_576u32).map(|i| b'a' + (i % 26) as u8).collect();
+    let (code, out, err) = kubectl_with_stdin(
+        &api,
+        1,
+        &[
+            "exec",
+            "-i",
+            "shell",
+            "-c",
+            "main",
+            "--",
+            "sh",
+            "-c",
+            "cat | wc -c",
+        ],
+        &big,
+    );
+    assert_eq!((code, out.trim()), (0, "1048576"), "{err}");
+
+    // runc failing to start the command is an error, not an exit code of the command.
+    let (code, _, err) = kubectl_with_stdin(
+        &api,
+        0,
+        &["exec", "shell", "-c", "main", "--", "/no/such/binary"],
+        b"",
+    );
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("error executing command in container") && err.contains("no such file"),
+        "{err}"
+    );
+
+    // Refusals keep their reason through kubectl's fallback to SPDY.
+    let (code, _, err) =
+        kubectl_with_stdin(&api, 0, &["exec", "shell", "-c", "nosuch", "--", "ls"], b"");
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("container nosuch is not valid for pod shell"),
+        "{err}"
+    );
+    let (code, _, err) = kubectl_with_stdin(&api, 0, &["exec", "nosuch", "--", "ls"], b"");
+    assert_ne!(code, 0);
+    assert!(err.contains("not found"), "{err}");
+
+    // A terminal: runc runs on our pty, which kubectl sized from its own (script gives kubectl
+    // a terminal of 100x30).
+    let out = Command::new("script")
+        .args(["-qfec"])
+        .arg(format!(
+            "stty cols 100 rows 30; {} --kubeconfig {} exec -it shell -c main -- stty size",
+            which("kubectl").display(),
+            api.kubeconfigs[0].display()
+        ))
+        .arg("/dev/null")
+        .env("HOME", api.home.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("30 100"),
+        "stty size in the container: {text:?}"
+    );
+
+    // kubectl cp both ways (tar through exec's stdin and stdout), a file and a directory.
+    let local = api.home.path().join("cp");
+    std::fs::create_dir_all(local.join("dir/sub")).unwrap();
+    std::fs::write(local.join("file.txt"), "one file\n").unwrap();
+    std::fs::write(local.join("dir/sub/deep.txt"), "deep\n").unwrap();
+    let local_s = |p: &str| local.join(p).to_str().unwrap().to_owned();
+    api.ok(
+        1,
+        &[
+            "cp",
+            &local_s("file.txt"),
+            "shell:/data/file.txt",
+            "-c",
+            "main",
+        ],
+    );
+    api.ok(1, &["cp", &local_s("dir"), "shell:/data/dir", "-c", "main"]);
+    let listed = api.ok(
+        0,
+        &[
+            "exec",
+            "shell",
+            "-c",
+            "main",
+            "--",
+            "cat",
+            "/data/file.txt",
+            "/data/dir/sub/deep.txt",
+        ],
+    );
+    assert_eq!(listed, "one file\ndeep\n");
+    api.ok(
+        2,
+        &["cp", "shell:/data/dir", &local_s("back"), "-c", "main"],
+    );
+    assert_eq!(
+        std::fs::read_to_string(local.join("back/sub/deep.txt")).unwrap(),
+        "deep\n"
+    );
+
+    // A client that leaves takes its process with it: no `sleep 4321` stays in the container.
+    let mut child = Command::new(which("kubectl"))
+        .arg("--kubeconfig")
+        .arg(&api.kubeconfigs[0])
+        .args(["exec", "shell", "-c", "side", "--", "sleep", "4321"])
+        .env("HOME", api.home.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let count = |api: &crate::api::ApiLab| {
+        let (_, out, _) = api.kubectl(2, &["exec", "shell", "-c", "side", "--", "ps"]);
+        out.lines().filter(|l| l.contains("sleep 4321")).count()
+    };
+    wait_until("the exec'd sleep runs", Duration::from_secs(30), || {
+        let n = count(&api);
+        async move { n == 1 }
+    })
+    .await
+    .unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_until("the exec'd sleep is gone", Duration::from_secs(30), || {
+        let n = count(&api);
+        async move { n == 0 }
+    })
+    .await
+    .unwrap();
+}
