@@ -37,6 +37,18 @@ const MAX_COMMAND_BYTES: usize = 32 << 10;
 pub enum SessionRequest {
     /// Run `command` in a container (`pods/exec`).
     Exec(ExecRequest),
+    /// Connect to `port` in the pod's network namespace (`pods/portforward`): the node sends
+    /// the pod's bytes on [`STDOUT`], takes the client's on [`STDIN`] and their end as
+    /// [`CLOSE`], and ends with the end of its stream, or with one [`STATUS`] message holding
+    /// the error's text.
+    PortForward(PortForwardRequest),
+}
+
+/// `pods/portforward`: one connection to one port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortForwardRequest {
+    pub uid: String,
+    pub port: u16,
 }
 
 /// `pods/exec`: the options of `PodExecOptions` the node needs.
@@ -78,6 +90,15 @@ impl SessionRequest {
                 }
                 if req.command.iter().any(|a| a.contains('\0')) {
                     return Err("command: an argument contains a NUL byte".into());
+                }
+                Ok(())
+            }
+            SessionRequest::PortForward(req) => {
+                if !crate::runtime::is_safe_id(&req.uid) {
+                    return Err(format!("uid {:?} is not a pod uid", req.uid));
+                }
+                if req.port == 0 {
+                    return Err("port: must be between 1 and 65535".into());
                 }
                 Ok(())
             }
@@ -193,6 +214,20 @@ mod tests {
             (exec("u1", "web", &[]), "command"),
             (exec("u1", "web", &["a\0b"]), "NUL"),
             (exec("u1", "web", &vec!["x"; 2000]), "too long"),
+            (
+                SessionRequest::PortForward(PortForwardRequest {
+                    uid: "/etc".into(),
+                    port: 80,
+                }),
+                "uid",
+            ),
+            (
+                SessionRequest::PortForward(PortForwardRequest {
+                    uid: "u1".into(),
+                    port: 0,
+                }),
+                "port",
+            ),
         ] {
             let err = req.check().unwrap_err();
             assert!(err.contains(named), "{req:?}: {err}");

@@ -115,6 +115,11 @@ impl ApiResource {
                 status,
                 ("log", ("", "v1", "Pod"), &["get"][..]),
                 ("exec", ("", "v1", "PodExecOptions"), &["create", "get"][..]),
+                (
+                    "portforward",
+                    ("", "v1", "PodPortForwardOptions"),
+                    &["create", "get"][..],
+                ),
                 ("eviction", ("policy", "v1", "Eviction"), &["create"][..]),
             ],
             "Deployment" | "ReplicaSet" => vec![

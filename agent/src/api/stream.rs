@@ -1,9 +1,12 @@
-//! `pods/exec` over WebSockets, as kubectl ≥ 1.31 speaks it (`v5.channel.k8s.io`, and v4):
+//! `pods/exec` and `pods/portforward` over WebSockets, as kubectl ≥ 1.31 speaks them. exec
+//! (`v5.channel.k8s.io`, and v4):
 //! the request is checked like the apiserver checks it (pod, container, phase, running), a
 //! session is opened with the node that runs the pod (`crate::session`), and only then is the
 //! connection upgraded; WebSocket messages and session messages are relayed unchanged (both
 //! use the channel numbers of the protocol). A session ends with the node's one `Status`
 //! message and a Close frame with code 1000, which is what lets kubectl read the exit code.
+//!
+//! port-forward (`SPDY/3.1+portforward.k8s.io`) is `api::portforward`.
 //!
 //! kubectl falls back to SPDY (a POST) when the WebSocket upgrade is refused; that request
 //! gets the same checks and the same `Status`, so the user sees the real reason.
@@ -160,6 +163,9 @@ pub fn check_running(
     Ok(node.to_owned())
 }
 
+/// The subprotocol of `kubectl port-forward` (SPDY tunnelled in the WebSocket).
+const PORT_FORWARD_PROTOCOL: &str = "SPDY/3.1+portforward.k8s.io";
+
 /// Serves `pods/{name}/{exec|attach|portforward}`.
 #[allow(clippy::too_many_arguments)]
 pub async fn serve(
@@ -178,18 +184,22 @@ pub async fn serve(
             "{method} is not allowed on pods/{sub}"
         )));
     }
-    if sub != "exec" {
+    if sub == "attach" {
         return Err(ApiError::new(
             StatusCode::NOT_IMPLEMENTED,
             "NotImplemented",
-            format!("pods/{sub} is not served yet (pods/exec is)"),
+            "pods/attach is not served yet (pods/exec and pods/portforward are)",
         ));
     }
-    let options = ExecOptions::parse(uri)?;
+    let exec = (sub == "exec")
+        .then(|| ExecOptions::parse(uri))
+        .transpose()?;
     let pod = super::handlers::get_object(state, resource, namespace, name).await?;
-    let container = pick_container(&pod, options.container.as_deref(), name)?;
     let status = state.pod_statuses.status_of(&pod);
-    let node = check_running(&pod, status.as_ref(), &container, name)?;
+    let uid = pod["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     let header = |h: header::HeaderName| {
         headers
             .get(h)
@@ -197,61 +207,103 @@ pub async fn serve(
             .unwrap_or("")
             .to_owned()
     };
+    let offered = header(header::SEC_WEBSOCKET_PROTOCOL);
+    // Checked as the apiserver and the kubelet check, before any upgrade, so the refusal
+    // reaches kubectl as a Status (also through its SPDY fallback).
+    let (node, protocol, request) = match exec {
+        Some(options) => {
+            let container = pick_container(&pod, options.container.as_deref(), name)?;
+            let node = check_running(&pod, status.as_ref(), &container, name)?;
+            let request = SessionRequest::Exec(ExecRequest {
+                uid: uid.clone(),
+                container,
+                command: options.command,
+                stdin: options.stdin,
+                stdout: options.stdout,
+                stderr: options.stderr,
+                tty: options.tty,
+            });
+            (node, choose_protocol(&offered), Some(request))
+        }
+        None => {
+            let phase = status
+                .as_ref()
+                .and_then(|s| s["phase"].as_str())
+                .unwrap_or("Pending");
+            let node = pod["spec"]["nodeName"].as_str().unwrap_or_default();
+            if phase != "Running" || node.is_empty() {
+                return Err(ApiError::bad_request(format!(
+                    "unable to forward port because pod is not running. Current status={phase}"
+                )));
+            }
+            let protocol = offered
+                .split(',')
+                .map(str::trim)
+                .any(|p| p == PORT_FORWARD_PROTOCOL)
+                .then_some(PORT_FORWARD_PROTOCOL);
+            (node.to_owned(), protocol, None)
+        }
+    };
     let is_websocket = *method == Method::GET
         && header(header::UPGRADE).eq_ignore_ascii_case("websocket")
         && header(header::SEC_WEBSOCKET_VERSION) == "13";
     if !is_websocket {
-        return Err(ApiError::bad_request(
-            "Shoal serves pods/exec over WebSockets only (v5.channel.k8s.io, which kubectl 1.31 and later uses unless KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false), not SPDY",
-        ));
+        return Err(ApiError::bad_request(format!(
+            "Shoal serves pods/{sub} over WebSockets only (what kubectl 1.31 and later use unless KUBECTL_REMOTE_COMMAND_WEBSOCKETS or KUBECTL_PORT_FORWARD_WEBSOCKETS is false), not SPDY"
+        )));
     }
     let key = header(header::SEC_WEBSOCKET_KEY);
     if key.is_empty() {
         return Err(ApiError::bad_request("Sec-WebSocket-Key: required"));
     }
-    let Some(protocol) = choose_protocol(&header(header::SEC_WEBSOCKET_PROTOCOL)) else {
+    let Some(protocol) = protocol else {
+        let served = if sub == "exec" {
+            PROTOCOLS.join(", ")
+        } else {
+            PORT_FORWARD_PROTOCOL.to_owned()
+        };
         return Err(ApiError::bad_request(format!(
-            "Sec-WebSocket-Protocol: none of {:?} offered",
-            PROTOCOLS
+            "Sec-WebSocket-Protocol: none of {served} offered"
         )));
     };
     let Some(upgrade) = upgrade else {
         return Err(ApiError::bad_request("this connection cannot be upgraded"));
     };
-    let request = SessionRequest::Exec(ExecRequest {
-        uid: pod["metadata"]["uid"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned(),
-        container,
-        command: options.command,
-        stdin: options.stdin,
-        stdout: options.stdout,
-        stderr: options.stderr,
-        tty: options.tty,
-    });
-    let (to_node, from_node) = state
-        .logs
-        .open_session(&node, &request)
-        .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "ServiceUnavailable",
-                format!("error dialing the node running pod {name}: {e}"),
-            )
-        })?;
-    tokio::spawn(async move {
-        match upgrade.await {
-            Ok(upgraded) => {
-                let ws =
-                    WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None)
-                        .await;
-                relay(ws, to_node, from_node).await;
-            }
-            Err(error) => debug!(%error, "exec: the upgrade did not complete"),
+    let pod_name = name.to_owned();
+    match request {
+        Some(request) => {
+            let (to_node, from_node) =
+                state
+                    .logs
+                    .open_session(&node, &request)
+                    .await
+                    .map_err(|e| {
+                        ApiError::new(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "ServiceUnavailable",
+                            format!("error dialing the node running pod {name}: {e}"),
+                        )
+                    })?;
+            tokio::spawn(async move {
+                if let Some(ws) = accept(upgrade, &pod_name).await {
+                    relay(ws, to_node, from_node).await;
+                }
+            });
         }
-    });
+        None => {
+            let target = super::portforward::Target {
+                nodes: state.logs.clone(),
+                node,
+                uid,
+                name: pod_name.clone(),
+            };
+            tokio::spawn(async move {
+                if let Some(ws) = accept(upgrade, &pod_name).await {
+                    super::portforward::relay(ws, target).await;
+                }
+            });
+        }
+    }
     let mut response = StatusCode::SWITCHING_PROTOCOLS.into_response();
     let h = response.headers_mut();
     h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
@@ -266,6 +318,22 @@ pub async fn serve(
             .map_err(|e| ApiError::bad_request(e.to_string()))?,
     );
     Ok(response)
+}
+
+/// The WebSocket once the 101 has gone out.
+async fn accept(
+    upgrade: OnUpgrade,
+    pod: &str,
+) -> Option<WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>> {
+    match upgrade.await {
+        Ok(upgraded) => {
+            Some(WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await)
+        }
+        Err(error) => {
+            debug!(%pod, %error, "the upgrade did not complete");
+            None
+        }
+    }
 }
 
 /// Relays until the node ends the session (then Close 1000) or the client leaves (then the

@@ -1,4 +1,4 @@
-//! The node side of `kubectl exec`: runs a command in one of this node's containers through
+//! The node side of `kubectl exec` and `kubectl port-forward`. exec runs a command in one of this node's containers through
 //! `runc exec` and relays it as session messages (`crate::session`). Without a tty the
 //! process's stdin, stdout and stderr are pipes; with one, runc runs on a pseudo-terminal of
 //! ours (it puts the container's own terminal behind it and forwards resizes and the exit
@@ -19,7 +19,9 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::debug;
 
 use crate::runtime::Runtime;
-use crate::session::{self, CLOSE, ExecRequest, RESIZE, STATUS, STDERR, STDIN, STDOUT};
+use crate::session::{
+    self, CLOSE, ExecRequest, PortForwardRequest, RESIZE, STATUS, STDERR, STDIN, STDOUT,
+};
 
 /// What the pumps report to the session's loop.
 enum Event {
@@ -217,6 +219,106 @@ where
         return Err(format!("error executing command in container: {error}"));
     }
     Ok(Some(session::exit_status(code)))
+}
+
+/// Connects to `req.port` inside the pod's network namespace (as the kubelet does, so ports
+/// bound to the pod's localhost are reachable) and relays until the pod closes the connection
+/// or the client goes.
+pub async fn forward<R, W>(runtime: Runtime, req: PortForwardRequest, mut input: R, mut output: W)
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send,
+{
+    let stream = match dial(&runtime, &req).await {
+        Ok(stream) => stream,
+        Err(message) => {
+            let _ = session::write_message(&mut output, STATUS, message.as_bytes()).await;
+            let _ = output.shutdown().await;
+            return;
+        }
+    };
+    let (mut from_pod, mut to_pod) = stream.into_split();
+    let client = async {
+        while let Ok(Some((channel, bytes))) = session::read_message(&mut input).await {
+            match channel {
+                STDIN if to_pod.write_all(&bytes).await.is_err() => break,
+                // The client's end: the pod reads EOF, and may still answer.
+                CLOSE => {
+                    let _ = to_pod.shutdown().await;
+                }
+                _ => {}
+            }
+        }
+    };
+    let pod = async {
+        let mut buf = vec![0u8; 32 << 10];
+        loop {
+            match from_pod.read(&mut buf).await {
+                Ok(0) => break,
+                Ok(n) => {
+                    if session::write_message(&mut output, STDOUT, &buf[..n])
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let message = format!("reading from port {}: {e}", req.port);
+                    let _ = session::write_message(&mut output, STATUS, message.as_bytes()).await;
+                    break;
+                }
+            }
+        }
+        let _ = output.shutdown().await;
+    };
+    // The pod closing ends the session; the client leaving drops the connection.
+    tokio::select! {
+        () = client => {}
+        () = pod => {}
+    }
+}
+
+/// A connection to the pod's port from inside its network namespace (the node's, for
+/// `hostNetwork` pods).
+async fn dial(
+    runtime: &Runtime,
+    req: &PortForwardRequest,
+) -> Result<tokio::net::TcpStream, String> {
+    let pod = runtime
+        .observe_pod(&req.uid)
+        .ok_or_else(|| format!("pod {} does not run on this node", req.uid))?;
+    let netns = (!pod.sandbox.host_network).then(|| runtime.netns_path(&req.uid));
+    let port = req.port;
+    let (tx, rx) = oneshot::channel();
+    // A thread of its own: entering the pod's namespace must not leak into a pooled thread.
+    std::thread::Builder::new()
+        .name("port-forward".into())
+        .spawn(move || {
+            let connect = || -> Result<std::net::TcpStream, String> {
+                if let Some(netns) = &netns {
+                    let file = std::fs::File::open(netns)
+                        .map_err(|e| format!("{}: {e}", netns.display()))?;
+                    nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+                        .map_err(|e| format!("entering {}: {e}", netns.display()))?;
+                }
+                let timeout = Duration::from_secs(5);
+                let v4 = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+                let v6 = std::net::SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port));
+                std::net::TcpStream::connect_timeout(&v4, timeout)
+                    .or_else(|e4| {
+                        std::net::TcpStream::connect_timeout(&v6, timeout).map_err(|_| e4)
+                    })
+                    .map_err(|e| format!("dial tcp 127.0.0.1:{port}: {e}"))
+            };
+            let _ = tx.send(connect());
+        })
+        .map_err(|e| e.to_string())?;
+    let stream = rx
+        .await
+        .map_err(|_| "the dialing thread died".to_owned())??;
+    stream.set_nonblocking(true).map_err(|e| e.to_string())?;
+    tokio::net::TcpStream::from_std(stream).map_err(|e| e.to_string())
 }
 
 /// The error runc logged (JSON lines, `--log-format json`), if any.

@@ -1,7 +1,8 @@
-//! `kubectl exec` and `kubectl cp` against real containers, through an agent that does not
-//! run the pod (the session crosses QUIC) and through the one that does: output streams and
-//! exit codes, stdin and its close, a terminal with its size, runc's own errors, refusals that
-//! survive kubectl's SPDY fallback, and a client that leaves killing its process.
+//! `kubectl exec`, `kubectl cp` and `kubectl port-forward` against real containers, through
+//! an agent that does not run the pod (the session crosses QUIC) and through the one that
+//! does: output streams and exit codes, stdin and its close, a terminal with its size, runc's
+//! own errors, refusals that survive kubectl's SPDY fallback, a client that leaves killing its
+//! process, and HTTP through forwarded pod and Service ports.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -27,7 +28,69 @@ spec:
   - name: side
     image: shoal.local/busybox:1
     command: [sh, -c, "while true; do sleep 1; done"]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web
+  labels: {app: web}
+spec:
+  nodeSelector: {kubernetes.io/hostname: n1}
+  containers:
+  - name: httpd
+    image: shoal.local/httpd:1
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: web
+spec:
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 8080}]
 "#;
+
+/// `kubectl port-forward <what> :<port>` through agent `agent`: the child and the local port
+/// it listens on.
+fn port_forward(
+    api: &crate::api::ApiLab,
+    agent: usize,
+    what: &str,
+    port: u16,
+) -> (std::process::Child, u16) {
+    use std::io::BufRead;
+    let mut child = Command::new(which("kubectl"))
+        .arg("--kubeconfig")
+        .arg(&api.kubeconfigs[agent])
+        .args(["port-forward", what, &format!(":{port}")])
+        .env("HOME", api.home.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().and_then(Result::ok).unwrap_or_default();
+    // "Forwarding from 127.0.0.1:40123 -> 8080"
+    let local = first
+        .strip_prefix("Forwarding from 127.0.0.1:")
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("kubectl port-forward {what} said {first:?}"));
+    std::thread::spawn(move || lines.for_each(drop));
+    (child, local)
+}
+
+/// An HTTP/1.0 GET of `path` on 127.0.0.1:`port`: the whole answer.
+fn http_get(port: u16, path: &str) -> String {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer
+}
 
 /// Runs kubectl against agent `agent` with `stdin` piped in: (exit code, stdout, stderr).
 fn kubectl_with_stdin(
@@ -56,7 +119,7 @@ fn kubectl_with_stdin(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubectl_exec_and_cp_run_in_the_container_from_any_agent() {
+async fn kubectl_exec_cp_and_port_forward_reach_containers_from_any_agent() {
     let api = lab().await;
     let file = api.manifest("shell.yaml", SHELL);
     api.ok(0, &["apply", "-f", &file]);
@@ -237,4 +300,33 @@ async fn kubectl_exec_and_cp_run_in_the_container_from_any_agent() {
     })
     .await
     .unwrap();
+
+    // port-forward to the pod on n1 through agent 0 (SPDY in a WebSocket, relayed over QUIC):
+    // two connections (two request ids), each a whole HTTP exchange.
+    let (mut forward, local) = port_forward(&api, 0, "pod/web", 8080);
+    for _ in 0..2 {
+        let answer = http_get(local, "/index.html");
+        assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+    }
+    forward.kill().unwrap();
+    forward.wait().unwrap();
+    // svc/web: kubectl picks a pod behind the Service and its target port, through n1 itself.
+    let (mut forward, local) = port_forward(&api, 1, "svc/web", 80);
+    let answer = http_get(local, "/index.html");
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+    forward.kill().unwrap();
+    forward.wait().unwrap();
+    // Nothing listens on 9999: the kubelet's error reaches kubectl on the error stream.
+    let (mut forward, local) = port_forward(&api, 0, "pod/web", 9999);
+    let answer = http_get(local, "/");
+    assert_eq!(answer, "", "no bytes from a port nothing listens on");
+    let mut stderr = forward.stderr.take().unwrap();
+    let _ = forward.kill();
+    forward.wait().unwrap();
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut said).unwrap();
+    assert!(
+        said.contains("error forwarding port 9999 to pod web") && said.contains("refused"),
+        "{said}"
+    );
 }

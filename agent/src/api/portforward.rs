@@ -1,0 +1,262 @@
+//! `kubectl port-forward` (1.37): SPDY/3.1 streams tunnelled in a WebSocket
+//! (`SPDY/3.1+portforward.k8s.io`). Each local connection kubectl accepts becomes a request id
+//! with two streams, `error` and `data`; once both exist, a session with the pod's node
+//! (`crate::session`, `PortForward`) connects to the port inside the pod and the data stream
+//! is relayed both ways. An error (nothing listens, say) is written on the error stream, as the
+//! kubelet writes it, and kubectl prints it.
+//!
+//! The connection's loop owns the WebSocket and the SPDY state; each forwarded connection is a
+//! task that talks to it through queues, so one slow connection never holds the frames of
+//! another in a half-read state.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::sync::mpsc;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tracing::debug;
+
+use super::spdy::{self, Frame, Writer};
+use crate::kubelet::node_service::NodeService;
+use crate::session::{self, PortForwardRequest, SessionRequest};
+
+/// The pod a connection forwards to.
+#[derive(Clone)]
+pub struct Target {
+    pub nodes: Arc<NodeService>,
+    pub node: String,
+    pub uid: String,
+    pub name: String,
+}
+
+/// What a forwarded connection's task hears from the client.
+enum FromClient {
+    Data(Vec<u8>),
+    End,
+}
+
+/// One request id's streams.
+#[derive(Default)]
+struct Pair {
+    port: u16,
+    error: Option<u32>,
+    data: Option<u32>,
+    /// The task's queue once both streams exist (bytes that came before wait in `early`).
+    task: Option<mpsc::Sender<FromClient>>,
+    early: Vec<FromClient>,
+}
+
+/// Serves one port-forward connection until the client closes it.
+pub async fn relay<S>(mut ws: WebSocketStream<S>, target: Target)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut reader = spdy::Reader::new();
+    let mut writer = Writer::default();
+    let mut pairs: HashMap<String, Pair> = HashMap::new();
+    // Frames the tasks want sent.
+    let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(64);
+    'connection: loop {
+        tokio::select! {
+            incoming = ws.next() => match incoming {
+                Some(Ok(Message::Binary(bytes))) => {
+                    reader.push(&bytes);
+                    loop {
+                        let frame = match reader.next_frame() {
+                            Ok(Some(frame)) => frame,
+                            Ok(None) => break,
+                            Err(error) => {
+                                debug!(pod = %target.name, %error, "port-forward: bad SPDY; closing");
+                                break 'connection;
+                            }
+                        };
+                        let mut replies = Vec::new();
+                        handle(frame, &target, &mut writer, &mut pairs, &out_tx, &mut replies).await;
+                        for reply in replies {
+                            if ws.send(Message::Binary(reply.into())).await.is_err() {
+                                break 'connection;
+                            }
+                        }
+                    }
+                }
+                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
+                Some(Ok(_)) => {}
+            },
+            Some(frame) = out_rx.recv() => {
+                if ws.send(Message::Binary(frame.into())).await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    // Dropping the pairs' queues ends their tasks and with them the node sessions.
+    drop(pairs);
+    let _ = ws
+        .send(Message::Close(Some(CloseFrame {
+            code: CloseCode::Normal,
+            reason: "".into(),
+        })))
+        .await;
+}
+
+/// Acts on one client frame; `replies` are sent at once, in order.
+async fn handle(
+    frame: Frame,
+    target: &Target,
+    writer: &mut Writer,
+    pairs: &mut HashMap<String, Pair>,
+    out: &mpsc::Sender<Vec<u8>>,
+    replies: &mut Vec<Vec<u8>>,
+) {
+    match frame {
+        Frame::SynStream { id, headers, .. } => {
+            let get = |name: &str| {
+                headers
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, v)| v.as_str())
+            };
+            let port = get("port")
+                .and_then(|p| p.parse::<u16>().ok())
+                .filter(|p| *p > 0);
+            let (Some(kind), Some(port), Some(request)) =
+                (get("streamtype"), port, get("requestid"))
+            else {
+                debug!(pod = %target.name, ?headers, "port-forward: a stream without streamtype, port or requestid");
+                replies.push(Writer::rst_stream(id, spdy::REFUSED_STREAM));
+                return;
+            };
+            replies.push(writer.syn_reply(id));
+            let pair = pairs.entry(request.to_owned()).or_default();
+            pair.port = port;
+            match kind {
+                "error" => pair.error = Some(id),
+                "data" => pair.data = Some(id),
+                _ => {
+                    replies.push(Writer::rst_stream(id, spdy::REFUSED_STREAM));
+                    return;
+                }
+            }
+            if let (Some(error), Some(data), None) = (pair.error, pair.data, &pair.task) {
+                let (tx, rx) = mpsc::channel(64);
+                for early in pair.early.drain(..) {
+                    let _ = tx.try_send(early);
+                }
+                pair.task = Some(tx);
+                tokio::spawn(forward(
+                    target.clone(),
+                    pair.port,
+                    error,
+                    data,
+                    rx,
+                    out.clone(),
+                ));
+            }
+        }
+        Frame::Data { id, fin, data } => {
+            // Only the data streams carry bytes (the client just half-closes error streams).
+            let Some(pair) = pairs.values_mut().find(|p| p.data == Some(id)) else {
+                return;
+            };
+            let mut messages = Vec::new();
+            if !data.is_empty() {
+                messages.push(FromClient::Data(data));
+            }
+            if fin {
+                messages.push(FromClient::End);
+            }
+            match &pair.task {
+                Some(tx) => {
+                    let tx = tx.clone();
+                    for message in messages {
+                        let _ = tx.send(message).await;
+                    }
+                }
+                // kubectl opens the error stream first; a client that sends much before it
+                // does is not waited for.
+                None if pair.early.len() < 64 => pair.early.extend(messages),
+                None => replies.push(Writer::rst_stream(id, spdy::REFUSED_STREAM)),
+            }
+        }
+        Frame::RstStream { id, .. } => {
+            // The client gave the connection up: its task (and node session) goes.
+            pairs.retain(|_, p| p.data != Some(id) && p.error != Some(id));
+        }
+        Frame::Ping(id) => replies.push(Writer::ping(id)),
+        Frame::GoAway | Frame::Ignored => {}
+    }
+}
+
+/// One forwarded connection: a session with the pod's node, relayed on the data stream.
+async fn forward(
+    target: Target,
+    port: u16,
+    error_stream: u32,
+    data_stream: u32,
+    mut from_client: mpsc::Receiver<FromClient>,
+    out: mpsc::Sender<Vec<u8>>,
+) {
+    let request = SessionRequest::PortForward(PortForwardRequest {
+        uid: target.uid.clone(),
+        port,
+    });
+    let failure = match target.nodes.open_session(&target.node, &request).await {
+        Err(e) => Some(e),
+        Ok((mut to_node, mut from_node)) => {
+            let (tx, mut node_messages) = mpsc::channel(16);
+            tokio::spawn(async move {
+                while let Ok(Some(message)) = session::read_message(&mut from_node).await {
+                    if tx.send(message).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            let mut failure = None;
+            loop {
+                tokio::select! {
+                    message = from_client.recv() => match message {
+                        Some(FromClient::Data(bytes)) => {
+                            if session::write_message(&mut to_node, session::STDIN, &bytes).await.is_err() {
+                                break;
+                            }
+                        }
+                        Some(FromClient::End) => {
+                            let _ = session::write_message(&mut to_node, session::CLOSE, &[session::STDIN]).await;
+                        }
+                        // The client reset the stream or closed the connection.
+                        None => return,
+                    },
+                    message = node_messages.recv() => match message {
+                        Some((session::STDOUT, bytes)) => {
+                            if out.send(Writer::data(data_stream, false, &bytes)).await.is_err() {
+                                return;
+                            }
+                        }
+                        Some((session::STATUS, text)) => {
+                            failure = Some(String::from_utf8_lossy(&text).into_owned());
+                        }
+                        Some(_) => {}
+                        None => break,
+                    },
+                }
+            }
+            failure
+        }
+    };
+    if let Some(error) = failure {
+        let text = format!(
+            "error forwarding port {port} to pod {}, uid {}: {error}",
+            target.name, target.uid
+        );
+        let _ = out
+            .send(Writer::data(error_stream, false, text.as_bytes()))
+            .await;
+    }
+    // kubectl reads the error stream to its end before it closes the local connection.
+    let _ = out.send(Writer::data(data_stream, true, &[])).await;
+    let _ = out.send(Writer::data(error_stream, true, &[])).await;
+}
