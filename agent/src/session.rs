@@ -42,6 +42,18 @@ pub enum SessionRequest {
     /// [`CLOSE`], and ends with the end of its stream, or with one [`STATUS`] message holding
     /// the error's text.
     PortForward(PortForwardRequest),
+    /// Follow a running container's output (`pods/attach`): what it writes from now on, on
+    /// [`STDOUT`] and [`STDERR`], until it exits.
+    Attach(AttachRequest),
+}
+
+/// `pods/attach`, output only (containers get no stdin from Shoal's shim).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttachRequest {
+    pub uid: String,
+    pub container: String,
+    pub stdout: bool,
+    pub stderr: bool,
 }
 
 /// `pods/portforward`: one connection to one port.
@@ -92,6 +104,17 @@ impl SessionRequest {
                     return Err("command: an argument contains a NUL byte".into());
                 }
                 Ok(())
+            }
+            SessionRequest::Attach(req) => {
+                if !crate::runtime::is_safe_id(&req.uid) {
+                    return Err(format!("uid {:?} is not a pod uid", req.uid));
+                }
+                shoal_state::labels::check_dns_label(&req.container).map_err(|reason| {
+                    format!(
+                        "container {:?} is not a container name: {reason}",
+                        req.container
+                    )
+                })
             }
             SessionRequest::PortForward(req) => {
                 if !crate::runtime::is_safe_id(&req.uid) {

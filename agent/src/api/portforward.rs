@@ -216,17 +216,19 @@ async fn forward(
                 }
             });
             let mut failure = None;
+            // A node that stopped reading (it failed to dial, say) still says why: its
+            // messages are read to their end.
+            let mut writable = true;
             loop {
                 tokio::select! {
                     message = from_client.recv() => match message {
-                        Some(FromClient::Data(bytes)) => {
-                            if session::write_message(&mut to_node, session::STDIN, &bytes).await.is_err() {
-                                break;
-                            }
+                        Some(FromClient::Data(bytes)) if writable => {
+                            writable = session::write_message(&mut to_node, session::STDIN, &bytes).await.is_ok();
                         }
-                        Some(FromClient::End) => {
-                            let _ = session::write_message(&mut to_node, session::CLOSE, &[session::STDIN]).await;
+                        Some(FromClient::End) if writable => {
+                            writable = session::write_message(&mut to_node, session::CLOSE, &[session::STDIN]).await.is_ok();
                         }
+                        Some(_) => {}
                         // The client reset the stream or closed the connection.
                         None => return,
                     },

@@ -116,6 +116,11 @@ impl ApiResource {
                 ("log", ("", "v1", "Pod"), &["get"][..]),
                 ("exec", ("", "v1", "PodExecOptions"), &["create", "get"][..]),
                 (
+                    "attach",
+                    ("", "v1", "PodAttachOptions"),
+                    &["create", "get"][..],
+                ),
+                (
                     "portforward",
                     ("", "v1", "PodPortForwardOptions"),
                     &["create", "get"][..],

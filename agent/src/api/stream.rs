@@ -1,5 +1,5 @@
-//! `pods/exec` and `pods/portforward` over WebSockets, as kubectl ≥ 1.31 speaks them. exec
-//! (`v5.channel.k8s.io`, and v4):
+//! `pods/exec`, `pods/attach` and `pods/portforward` over WebSockets, as kubectl ≥ 1.31
+//! speaks them. exec and attach (`v5.channel.k8s.io`, and v4):
 //! the request is checked like the apiserver checks it (pod, container, phase, running), a
 //! session is opened with the node that runs the pod (`crate::session`), and only then is the
 //! connection upgraded; WebSocket messages and session messages are relayed unchanged (both
@@ -27,7 +27,7 @@ use super::ApiState;
 use super::resources::ApiResource;
 use super::status::ApiError;
 use crate::kubelet::node_service::{SessionReader, SessionWriter};
-use crate::session::{self, ExecRequest, SessionRequest};
+use crate::session::{self, AttachRequest, ExecRequest, SessionRequest};
 
 /// The subprotocols served, preferred first (v5 adds the close of stdin).
 const PROTOCOLS: [&str; 2] = ["v5.channel.k8s.io", "v4.channel.k8s.io"];
@@ -47,7 +47,36 @@ pub struct ExecOptions {
 }
 
 impl ExecOptions {
+    /// `PodAttachOptions`: output only, since Shoal's containers get no stdin.
+    pub fn parse_attach(uri: &Uri) -> Result<Self, ApiError> {
+        let mut options = Self::parse_pairs(uri)?;
+        if options.stdin || options.tty {
+            return Err(ApiError::bad_request(
+                "Shoal attaches to a container's output only (its containers get no stdin or terminal): attach without -i and -t, or use kubectl exec -it",
+            ));
+        }
+        if !(options.stdout || options.stderr) {
+            options.stdout = true;
+            options.stderr = true;
+        }
+        Ok(options)
+    }
+
     pub fn parse(uri: &Uri) -> Result<Self, ApiError> {
+        let options = Self::parse_pairs(uri)?;
+        // The apiserver's validation of PodExecOptions.
+        if options.command.is_empty() {
+            return Err(ApiError::bad_request("you must specify at least 1 command"));
+        }
+        if !(options.stdin || options.stdout || options.stderr) {
+            return Err(ApiError::bad_request(
+                "you must specify at least 1 of stdin, stdout, stderr",
+            ));
+        }
+        Ok(options)
+    }
+
+    fn parse_pairs(uri: &Uri) -> Result<Self, ApiError> {
         let pairs = axum::extract::Query::<Vec<(String, String)>>::try_from_uri(uri)
             .map_err(|e| ApiError::bad_request(format!("invalid query string: {e}")))?
             .0;
@@ -69,15 +98,6 @@ impl ExecOptions {
                 "tty" => options.tty = flag()?,
                 _ => {}
             }
-        }
-        // The apiserver's validation of PodExecOptions.
-        if options.command.is_empty() {
-            return Err(ApiError::bad_request("you must specify at least 1 command"));
-        }
-        if !(options.stdin || options.stdout || options.stderr) {
-            return Err(ApiError::bad_request(
-                "you must specify at least 1 of stdin, stdout, stderr",
-            ));
         }
         if options.tty && options.stderr {
             // A terminal has one output stream (kubectl leaves stderr out with -t).
@@ -184,16 +204,11 @@ pub async fn serve(
             "{method} is not allowed on pods/{sub}"
         )));
     }
-    if sub == "attach" {
-        return Err(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "NotImplemented",
-            "pods/attach is not served yet (pods/exec and pods/portforward are)",
-        ));
-    }
-    let exec = (sub == "exec")
-        .then(|| ExecOptions::parse(uri))
-        .transpose()?;
+    let exec = match sub {
+        "exec" => Some(ExecOptions::parse(uri)?),
+        "attach" => Some(ExecOptions::parse_attach(uri)?),
+        _ => None,
+    };
     let pod = super::handlers::get_object(state, resource, namespace, name).await?;
     let status = state.pod_statuses.status_of(&pod);
     let uid = pod["metadata"]["uid"]
@@ -214,15 +229,24 @@ pub async fn serve(
         Some(options) => {
             let container = pick_container(&pod, options.container.as_deref(), name)?;
             let node = check_running(&pod, status.as_ref(), &container, name)?;
-            let request = SessionRequest::Exec(ExecRequest {
-                uid: uid.clone(),
-                container,
-                command: options.command,
-                stdin: options.stdin,
-                stdout: options.stdout,
-                stderr: options.stderr,
-                tty: options.tty,
-            });
+            let request = if sub == "attach" {
+                SessionRequest::Attach(AttachRequest {
+                    uid: uid.clone(),
+                    container,
+                    stdout: options.stdout,
+                    stderr: options.stderr,
+                })
+            } else {
+                SessionRequest::Exec(ExecRequest {
+                    uid: uid.clone(),
+                    container,
+                    command: options.command,
+                    stdin: options.stdin,
+                    stdout: options.stdout,
+                    stderr: options.stderr,
+                    tty: options.tty,
+                })
+            };
             (node, choose_protocol(&offered), Some(request))
         }
         None => {
@@ -356,15 +380,15 @@ async fn relay<S>(
         }
     });
     let mut status_sent = false;
+    let mut writable = true;
     loop {
         tokio::select! {
             incoming = ws.next() => match incoming {
                 Some(Ok(Message::Binary(bytes))) => {
                     let Some((&channel, data)) = bytes.split_first() else { continue };
-                    if matches!(channel, session::STDIN | session::RESIZE | session::CLOSE)
-                        && session::write_message(&mut to_node, channel, data).await.is_err()
-                    {
-                        break;
+                    // A node that stopped reading still sends its Status: read on.
+                    if writable && matches!(channel, session::STDIN | session::RESIZE | session::CLOSE) {
+                        writable = session::write_message(&mut to_node, channel, data).await.is_ok();
                     }
                 }
                 Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return,

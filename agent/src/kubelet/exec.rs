@@ -20,7 +20,8 @@ use tracing::debug;
 
 use crate::runtime::Runtime;
 use crate::session::{
-    self, CLOSE, ExecRequest, PortForwardRequest, RESIZE, STATUS, STDERR, STDIN, STDOUT,
+    self, AttachRequest, CLOSE, ExecRequest, PortForwardRequest, RESIZE, STATUS, STDERR, STDIN,
+    STDOUT,
 };
 
 /// What the pumps report to the session's loop.
@@ -276,6 +277,82 @@ where
     tokio::select! {
         () = client => {}
         () = pod => {}
+    }
+}
+
+/// Follows the container's log from its end: what it writes from now on goes out on the
+/// stream it was written to, until it exits (then `Success`) or the client goes.
+pub async fn attach<R, W>(runtime: Runtime, req: AttachRequest, mut input: R, mut output: W)
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send,
+{
+    let latest = |runtime: &Runtime| {
+        runtime.observe_pod(&req.uid).and_then(|pod| {
+            pod.containers
+                .into_iter()
+                .filter(|c| c.meta.name == req.container)
+                .max_by_key(|c| c.meta.attempt)
+        })
+    };
+    let Some(container) =
+        latest(&runtime).filter(|c| matches!(c.state, crate::runtime::ObservedState::Running(_)))
+    else {
+        let message = format!(
+            "container {:?} of pod {} is not running on this node",
+            req.container, req.uid
+        );
+        let status = session::error_status(&message).to_string();
+        let _ = session::write_message(&mut output, STATUS, status.as_bytes()).await;
+        let _ = output.shutdown().await;
+        return;
+    };
+    let path = container.log_path.clone();
+    let mut offset = std::fs::metadata(&path).map_or(0, |m| m.len());
+    let follow = async {
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        let mut checked = std::time::Instant::now();
+        loop {
+            tick.tick().await;
+            let (raw, next) = match super::logs::read_raw(&path, offset) {
+                Ok(read) => read,
+                Err(e) => return session::error_status(&format!("reading the log: {e}")),
+            };
+            offset = next;
+            for (stderr, bytes) in super::logs::by_stream(&raw) {
+                let (wanted, channel) = if stderr {
+                    (req.stderr, STDERR)
+                } else {
+                    (req.stdout, STDOUT)
+                };
+                if wanted
+                    && session::write_message(&mut output, channel, &bytes)
+                        .await
+                        .is_err()
+                {
+                    return session::exit_status(0);
+                }
+            }
+            // Whether the attempt still runs, once a second (after its last words are out).
+            if raw.is_empty() && checked.elapsed() >= Duration::from_secs(1) {
+                checked = std::time::Instant::now();
+                let same = latest(&runtime).filter(|c| c.meta.attempt == container.meta.attempt);
+                if !same
+                    .is_some_and(|c| matches!(c.state, crate::runtime::ObservedState::Running(_)))
+                {
+                    return session::exit_status(0);
+                }
+            }
+        }
+    };
+    // stdin is not served (the message says so before the upgrade): only its end matters.
+    let client_gone = async { while let Ok(Some(_)) = session::read_message(&mut input).await {} };
+    tokio::select! {
+        status = follow => {
+            let _ = session::write_message(&mut output, STATUS, status.to_string().as_bytes()).await;
+            let _ = output.shutdown().await;
+        }
+        () = client_gone => {}
     }
 }
 

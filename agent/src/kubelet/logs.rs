@@ -54,6 +54,48 @@ pub fn render(raw: &[u8], timestamps: bool) -> Vec<u8> {
     out
 }
 
+/// CRI lines as the streams the process wrote them to: (`true` for stderr, the bytes), with
+/// partial lines left unterminated as they were written.
+pub fn by_stream(raw: &[u8]) -> Vec<(bool, Vec<u8>)> {
+    let mut out: Vec<(bool, Vec<u8>)> = Vec::new();
+    for line in raw.split(|&b| b == b'\n') {
+        let mut fields = line.splitn(4, |&b| b == b' ');
+        let (Some(_time), Some(stream), Some(tag), text) =
+            (fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        let stderr = stream == b"stderr";
+        let mut bytes = text.unwrap_or_default().to_vec();
+        if tag != b"P" {
+            bytes.push(b'\n');
+        }
+        match out.last_mut() {
+            Some((last, pending)) if *last == stderr => pending.extend_from_slice(&bytes),
+            _ => out.push((stderr, bytes)),
+        }
+    }
+    out
+}
+
+/// The complete lines of a log file from `offset` (from 0 if the file was rotated since),
+/// at most [`MAX_READ`] bytes, and the offset after them.
+pub fn read_raw(path: &Path, offset: u64) -> std::io::Result<(Vec<u8>, u64)> {
+    let mut file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), 0)),
+        Err(err) => return Err(err),
+    };
+    let len = file.metadata()?.len();
+    let start = if offset <= len { offset } else { 0 };
+    file.seek(SeekFrom::Start(start))?;
+    let mut raw = Vec::new();
+    file.take(MAX_READ).read_to_end(&mut raw)?;
+    let complete = raw.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    raw.truncate(complete);
+    Ok((raw, start + complete as u64))
+}
+
 /// Reads a log file by `query`. A missing file reads as empty.
 pub fn read(path: &Path, query: &LogQuery) -> std::io::Result<LogChunk> {
     let mut file = match std::fs::File::open(path) {
@@ -116,6 +158,28 @@ mod tests {
     use super::*;
 
     const LOG: &str = "2026-11-30T10:00:00.1Z stdout F one\n2026-11-30T10:00:00.2Z stderr F two\n2026-11-30T10:00:00.3Z stdout P thr\n2026-11-30T10:00:00.4Z stdout F ee\n2026-11-30T10:00:00.5Z stdout F unfinis";
+
+    #[test]
+    fn lines_are_split_by_the_stream_they_were_written_to() {
+        let complete = &LOG[..LOG.rfind('\n').unwrap() + 1];
+        let streams = by_stream(complete.as_bytes());
+        assert_eq!(
+            streams,
+            [
+                (false, b"one\n".to_vec()),
+                (true, b"two\n".to_vec()),
+                (false, b"three\n".to_vec())
+            ]
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("0.log");
+        std::fs::write(&path, LOG).unwrap();
+        let (raw, next) = read_raw(&path, 0).unwrap();
+        assert_eq!(raw, complete.as_bytes());
+        assert_eq!(next, complete.len() as u64);
+        // Rotated (shorter than the offset): from the start again.
+        assert_eq!(read_raw(&path, 1 << 30).unwrap().1, next);
+    }
 
     #[test]
     fn reads_tails_and_follows() {

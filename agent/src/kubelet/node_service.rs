@@ -225,6 +225,9 @@ impl NodeService {
             SessionRequest::Exec(req) => {
                 super::exec::serve(kubelet.runtime().clone(), req, input, output).await;
             }
+            SessionRequest::Attach(req) => {
+                super::exec::attach(kubelet.runtime().clone(), req, input, output).await;
+            }
             SessionRequest::PortForward(req) => {
                 super::exec::forward(kubelet.runtime().clone(), req, input, output).await;
             }

@@ -308,6 +308,46 @@ async fn kubectl_exec_cp_and_port_forward_reach_containers_from_any_agent() {
         let answer = http_get(local, "/index.html");
         assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
     }
+    // kubectl attach follows the container's output (httpd -v logs each answer on stderr; a missing page is a 404),
+    // here through agent 2 for the pod on n1; attaching with stdin is refused with a reason.
+    let (code, _, err) = kubectl_with_stdin(&api, 2, &["attach", "-i", "web"], b"");
+    assert!(code != 0 && err.contains("output only"), "{err}");
+    let mut attach = Command::new(which("kubectl"))
+        .arg("--kubeconfig")
+        .arg(&api.kubeconfigs[2])
+        .args(["attach", "web", "-c", "httpd"])
+        .env("HOME", api.home.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (seen_tx, seen) = std::sync::mpsc::channel();
+    let attach_err = attach.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(attach_err)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if seen_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut heard = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !heard.iter().any(|l: &String| l.contains("response:404")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "kubectl attach never showed the request: {heard:?}"
+        );
+        let _ = http_get(local, "/attached.html");
+        while let Ok(line) = seen.recv_timeout(Duration::from_millis(500)) {
+            heard.push(line);
+        }
+    }
+    attach.kill().unwrap();
+    attach.wait().unwrap();
     forward.kill().unwrap();
     forward.wait().unwrap();
     // svc/web: kubectl picks a pod behind the Service and its target port, through n1 itself.
