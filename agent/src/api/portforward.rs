@@ -8,6 +8,11 @@
 //! The connection's loop owns the WebSocket and the SPDY state; each forwarded connection is a
 //! task that talks to it through queues, so one slow connection never holds the frames of
 //! another in a half-read state.
+//!
+//! Other clients (the official Python client's `portforward`) speak the kubelet's older
+//! channel protocol instead ([`relay_channels`]): `?ports=A,B` over `v4`/`v5.channel.k8s.io`,
+//! one connection per port for the WebSocket's life, on channels `2i` (data) and `2i+1`
+//! (error), each opened by a frame holding the port (little-endian u16).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -101,6 +106,149 @@ where
             reason: "".into(),
         })))
         .await;
+}
+
+/// Serves the channel protocol: one connection to each of `ports`, relayed until all of them
+/// end (then the WebSocket is closed, as the kubelet closes it) or the client leaves.
+pub async fn relay_channels<S>(mut ws: WebSocketStream<S>, target: Target, ports: Vec<u16>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(64);
+    let mut to_ports = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        // Channel numbers are one byte: at most 128 ports (checked by the caller).
+        let data = (2 * i) as u8;
+        for channel in [data, data + 1] {
+            let mut opening = vec![channel];
+            opening.extend_from_slice(&port.to_le_bytes());
+            if ws.send(Message::Binary(opening.into())).await.is_err() {
+                return;
+            }
+        }
+        let (tx, rx) = mpsc::channel(64);
+        to_ports.push(Some(tx));
+        tokio::spawn(forward_channel(
+            target.clone(),
+            *port,
+            data,
+            rx,
+            out_tx.clone(),
+        ));
+    }
+    drop(out_tx);
+    loop {
+        tokio::select! {
+            incoming = ws.next() => match incoming {
+                // Text frames too: the Python client sends str data as text (the kubelet's
+                // channel protocols take either).
+                Some(Ok(message @ (Message::Binary(_) | Message::Text(_)))) => {
+                    let bytes = message.into_data();
+                    let Some((&channel, data)) = bytes.split_first() else { continue };
+                    let message = if channel == session::CLOSE {
+                        // v5: [255, channel] closes the client's side of that channel.
+                        data.first().filter(|c| *c % 2 == 0).map(|c| (usize::from(*c / 2), FromClient::End))
+                    } else if channel % 2 == 0 {
+                        Some((usize::from(channel / 2), FromClient::Data(data.to_vec())))
+                    } else {
+                        None
+                    };
+                    if let Some((i, message)) = message
+                        && let Some(Some(tx)) = to_ports.get(i)
+                        && tx.send(message).await.is_err()
+                    {
+                        to_ports[i] = None;
+                    }
+                }
+                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return,
+                Some(Ok(_)) => {}
+            },
+            frame = out_rx.recv() => match frame {
+                Some(frame) => {
+                    if ws.send(Message::Binary(frame.into())).await.is_err() {
+                        return;
+                    }
+                }
+                // Every port's connection has ended.
+                None => break,
+            },
+        }
+    }
+    let _ = ws
+        .send(Message::Close(Some(CloseFrame {
+            code: CloseCode::Normal,
+            reason: "".into(),
+        })))
+        .await;
+}
+
+/// One port of the channel protocol: a session with the pod's node, its bytes on channel
+/// `data` and its error's text on `data + 1`.
+async fn forward_channel(
+    target: Target,
+    port: u16,
+    data: u8,
+    mut from_client: mpsc::Receiver<FromClient>,
+    out: mpsc::Sender<Vec<u8>>,
+) {
+    let framed = |channel: u8, bytes: &[u8]| {
+        let mut frame = Vec::with_capacity(bytes.len() + 1);
+        frame.push(channel);
+        frame.extend_from_slice(bytes);
+        frame
+    };
+    let request = SessionRequest::PortForward(PortForwardRequest {
+        uid: target.uid.clone(),
+        port,
+    });
+    let failure = match target.nodes.open_session(&target.node, &request).await {
+        Err(e) => Some(e),
+        Ok((mut to_node, mut from_node)) => {
+            let (tx, mut node_messages) = mpsc::channel(16);
+            tokio::spawn(async move {
+                while let Ok(Some(message)) = session::read_message(&mut from_node).await {
+                    if tx.send(message).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            let mut failure = None;
+            let mut writable = true;
+            loop {
+                tokio::select! {
+                    message = from_client.recv(), if writable => match message {
+                        Some(FromClient::Data(bytes)) => {
+                            writable = session::write_message(&mut to_node, session::STDIN, &bytes).await.is_ok();
+                        }
+                        Some(FromClient::End) => {
+                            let _ = session::write_message(&mut to_node, session::CLOSE, &[session::STDIN]).await;
+                        }
+                        None => return,
+                    },
+                    message = node_messages.recv() => match message {
+                        Some((session::STDOUT, bytes)) => {
+                            if out.send(framed(data, &bytes)).await.is_err() {
+                                return;
+                            }
+                        }
+                        Some((session::STATUS, text)) => {
+                            failure = Some(String::from_utf8_lossy(&text).into_owned());
+                        }
+                        Some(_) => {}
+                        None => break,
+                    },
+                }
+            }
+            failure
+        }
+    };
+    if let Some(error) = failure {
+        let text = format!(
+            "error forwarding port {port} to pod {}, uid {}: {error}",
+            target.name, target.uid
+        );
+        let _ = out.send(framed(data + 1, text.as_bytes())).await;
+    }
 }
 
 /// Acts on one client frame; `replies` are sent at once, in order.

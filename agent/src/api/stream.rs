@@ -107,6 +107,37 @@ impl ExecOptions {
     }
 }
 
+/// `PodPortForwardOptions.ports` (`?ports=80,8080` or repeated): empty for kubectl, which
+/// names its ports per stream. At most 128, each 1–65535, none twice.
+pub fn forward_ports(uri: &Uri) -> Result<Vec<u16>, ApiError> {
+    let pairs = axum::extract::Query::<Vec<(String, String)>>::try_from_uri(uri)
+        .map_err(|e| ApiError::bad_request(format!("invalid query string: {e}")))?
+        .0;
+    let mut ports = Vec::new();
+    for value in pairs.iter().filter(|(k, _)| k == "ports").map(|(_, v)| v) {
+        for text in value.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            let port = text.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "ports: {text:?} is not a valid port number (1-65535)"
+                ))
+            })?;
+            if ports.contains(&port) {
+                return Err(ApiError::bad_request(format!(
+                    "ports: {port} is named twice"
+                )));
+            }
+            ports.push(port);
+        }
+    }
+    if ports.len() > 128 {
+        return Err(ApiError::bad_request(format!(
+            "ports: {} ports; at most 128 per connection",
+            ports.len()
+        )));
+    }
+    Ok(ports)
+}
+
 /// The subprotocol to answer with, from the client's offer.
 pub fn choose_protocol(offered: &str) -> Option<&'static str> {
     let offered: Vec<&str> = offered.split(',').map(str::trim).collect();
@@ -204,12 +235,18 @@ pub async fn serve(
             "{method} is not allowed on pods/{sub}"
         )));
     }
+    // The pod first (a missing one is 404 whatever the options), as the apiserver does.
+    let pod = super::handlers::get_object(state, resource, namespace, name).await?;
     let exec = match sub {
         "exec" => Some(ExecOptions::parse(uri)?),
         "attach" => Some(ExecOptions::parse_attach(uri)?),
         _ => None,
     };
-    let pod = super::handlers::get_object(state, resource, namespace, name).await?;
+    let ports = if sub == "portforward" {
+        forward_ports(uri)?
+    } else {
+        Vec::new()
+    };
     let status = state.pod_statuses.status_of(&pod);
     let uid = pod["metadata"]["uid"]
         .as_str()
@@ -260,11 +297,16 @@ pub async fn serve(
                     "unable to forward port because pod is not running. Current status={phase}"
                 )));
             }
-            let protocol = offered
-                .split(',')
-                .map(str::trim)
-                .any(|p| p == PORT_FORWARD_PROTOCOL)
-                .then_some(PORT_FORWARD_PROTOCOL);
+            // kubectl: SPDY in the WebSocket; other clients: `?ports=` on channels.
+            let protocol = if ports.is_empty() {
+                offered
+                    .split(',')
+                    .map(str::trim)
+                    .any(|p| p == PORT_FORWARD_PROTOCOL)
+                    .then_some(PORT_FORWARD_PROTOCOL)
+            } else {
+                choose_protocol(&offered)
+            };
             (node.to_owned(), protocol, None)
         }
     };
@@ -323,7 +365,11 @@ pub async fn serve(
             };
             tokio::spawn(async move {
                 if let Some(ws) = accept(upgrade, &pod_name).await {
-                    super::portforward::relay(ws, target).await;
+                    if ports.is_empty() {
+                        super::portforward::relay(ws, target).await;
+                    } else {
+                        super::portforward::relay_channels(ws, target, ports).await;
+                    }
                 }
             });
         }
@@ -384,7 +430,10 @@ async fn relay<S>(
     loop {
         tokio::select! {
             incoming = ws.next() => match incoming {
-                Some(Ok(Message::Binary(bytes))) => {
+                // Text frames too: the Python client sends str data as text (the kubelet's
+                // channel protocols take either).
+                Some(Ok(message @ (Message::Binary(_) | Message::Text(_)))) => {
+                    let bytes = message.into_data();
                     let Some((&channel, data)) = bytes.split_first() else { continue };
                     // A node that stopped reading still sends its Status: read on.
                     if writable && matches!(channel, session::STDIN | session::RESIZE | session::CLOSE) {
@@ -468,6 +517,23 @@ mod tests {
             let err = ExecOptions::parse(&uri(q)).unwrap_err();
             assert!(err.message.contains(says), "{q}: {}", err.message);
         }
+    }
+
+    #[test]
+    fn forwarded_ports_are_checked() {
+        let uri = |q: &str| -> Uri {
+            format!("/api/v1/namespaces/d/pods/p/portforward?{q}")
+                .parse()
+                .unwrap()
+        };
+        assert_eq!(forward_ports(&uri("ports=80,8080")).unwrap(), [80, 8080]);
+        assert_eq!(forward_ports(&uri("ports=80&ports=81")).unwrap(), [80, 81]);
+        assert!(forward_ports(&uri("")).unwrap().is_empty());
+        for bad in ["ports=0", "ports=70000", "ports=http", "ports=80,80"] {
+            assert!(forward_ports(&uri(bad)).is_err(), "{bad}");
+        }
+        let many: Vec<String> = (1..=129).map(|p| p.to_string()).collect();
+        assert!(forward_ports(&uri(&format!("ports={}", many.join(",")))).is_err());
     }
 
     #[test]

@@ -296,7 +296,7 @@ async fn kubectl_watch_sees_a_change_made_through_another_agent() {
     seen.unwrap();
 }
 
-fn python(script: &Path, args: &[&str]) -> (bool, String) {
+pub fn python(script: &Path, args: &[&str]) -> (bool, String) {
     let out = Command::new("python3")
         .arg(script)
         .args(args)

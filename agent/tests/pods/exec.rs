@@ -369,4 +369,13 @@ async fn kubectl_exec_cp_and_port_forward_reach_containers_from_any_agent() {
         said.contains("error forwarding port 9999 to pod web") && said.contains("refused"),
         "{said}"
     );
+
+    // The official Python client's `stream` (exec) and `portforward` (the channel protocol).
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pods/python_stream.py");
+    let (ok, out) = crate::api::python(&script, &[api.kubeconfigs[1].to_str().unwrap()]);
+    assert!(
+        ok && out.contains("python streams: all checks passed"),
+        "{out}"
+    );
 }
