@@ -252,7 +252,9 @@ where
         }
     };
     let pod = async {
-        let mut buf = vec![0u8; 32 << 10];
+        // Large reads: each becomes one session message, one QUIC write and one SPDY frame
+        // (32 KiB reads gave 172 MB/s through kubectl port-forward, 256 KiB 217–228 MB/s).
+        let mut buf = vec![0u8; 256 << 10];
         loop {
             match from_pod.read(&mut buf).await {
                 Ok(0) => break,

@@ -4,9 +4,9 @@
 //!    `--execs` times: p50/p99. By the same method (one command, wall time, sequential): `runc
 //!    exec <container> true` on n2 (the node's work alone) and `kubectl get pod shell` (kubectl's
 //!    own start and one API request), so the cost of the exec path itself shows.
-//! 2. `kubectl port-forward pod/source :9000` through n0 for a pod on n2 that writes `--mib`
-//!    MiB of zeros to each connection: MB/s of the download, best of 3; the peer is the same
-//!    download from the pod's IP directly (host → pod over the bridge, no API).
+//! 2. `kubectl port-forward pod/source :9000` through n0 for a pod on n2 whose busybox httpd
+//!    serves a `--mib` MiB file: MB/s of the download, best of 3; the peer is the same download
+//!    from the pod's IP directly (host → pod over n2's bridge, no API).
 //!
 //! Usage: cargo build --release -p shoal-agent -p shoal-chaos && ./target/release/stream-bench
 
@@ -45,8 +45,9 @@ spec:
   containers:
   - name: main
     image: shoal.local/busybox:1
-    command: [sh, -c, "while true; do head -c $BYTES /dev/zero | nc -l -p 9000; done"]
+    command: [sh, -c, "head -c $BYTES /dev/zero > /tmp/big && exec httpd -f -p 9000 -h /tmp"]
     env: [{name: BYTES, value: "BYTES_VALUE"}]
+    readinessProbe: {tcpSocket: {port: 9000}, periodSeconds: 1}
 "#;
 
 fn percentile(values: &mut [f64], p: f64) -> f64 {
@@ -92,10 +93,13 @@ fn report(what: &str, times: &mut [f64]) -> f64 {
     p50
 }
 
-/// Reads `bytes` from `addr`: MB/s (10^6 bytes per second).
+/// GETs the `bytes`-byte file from busybox httpd at `addr` (which sends it with sendfile):
+/// MB/s (10^6 bytes per second) of the whole answer.
 fn download(addr: std::net::SocketAddr, bytes: u64) -> anyhow::Result<f64> {
+    use std::io::Write;
     let mut stream = std::net::TcpStream::connect(addr)?;
     stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+    stream.write_all(b"GET /big HTTP/1.0\r\n\r\n")?;
     let mut buf = vec![0u8; 1 << 20];
     let (mut got, start) = (0u64, Instant::now());
     while got < bytes {
@@ -123,9 +127,14 @@ async fn cluster(root: &Path, images: &Path) -> anyhow::Result<Vec<AgentProcess>
         if !out.status.success() {
             bail!("image import: {}", String::from_utf8_lossy(&out.stderr));
         }
+        // The pod network on (the direct download reaches the pod's IP over n2's bridge),
+        // removed when the agents stop.
         let mut spec = AgentSpec::new(&binary, root, &name, &secret)
             .arg("--api")
-            .arg("127.0.0.1:0");
+            .arg("127.0.0.1:0")
+            .arg("--pod-network")
+            .arg("bridge")
+            .arg("--cleanup");
         if let Some(seed) = agents.first() {
             spec = spec.join(seed.gossip_addr());
         }
@@ -208,7 +217,7 @@ async fn main() -> anyhow::Result<()> {
         .lines()
         .map(str::to_owned)
         .collect();
-    // The shell pod's container: the one whose process is `sh -c while true; do sleep 1`.
+    // The shell pod's container: the one that runs no httpd.
     let id = ids
         .iter()
         .find(|id| {
@@ -217,7 +226,7 @@ async fn main() -> anyhow::Result<()> {
                 .arg(&runc_root)
                 .args(["ps", id])
                 .output()
-                .is_ok_and(|o| !String::from_utf8_lossy(&o.stdout).contains("nc"))
+                .is_ok_and(|o| !String::from_utf8_lossy(&o.stdout).contains("httpd"))
         })
         .context("the shell pod's container in runc list")?
         .clone();
@@ -250,8 +259,6 @@ async fn main() -> anyhow::Result<()> {
     let mut forwarded = Vec::new();
     for _ in 0..3 {
         forwarded.push(download(([127, 0, 0, 1], local).into(), bytes)?);
-        // nc starts again for the next connection.
-        tokio::time::sleep(Duration::from_millis(300)).await;
     }
     let _ = child.kill();
     let _ = child.wait();
@@ -263,7 +270,6 @@ async fn main() -> anyhow::Result<()> {
     let mut direct = Vec::new();
     for _ in 0..3 {
         direct.push(download((ip, 9000).into(), bytes)?);
-        tokio::time::sleep(Duration::from_millis(300)).await;
     }
     let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
     println!(
