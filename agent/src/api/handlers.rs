@@ -675,29 +675,33 @@ pub async fn patch(request: &Request<'_>, name: &str) -> Result<Response, ApiErr
         body,
     } = *request;
     let ct = content_type(headers).to_owned();
+    let ct = ct.as_str();
     if resource.source == Source::Nodes {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let settings_rv = node_settings_version(state, name);
-            let before = get_object(state, resource, None, name).await?;
-            let mut after = before.clone();
-            apply_patch(&ct, body, &mut after)?;
-            match edit_node(state, resource, name, before, after, settings_rv, query).await {
-                Err(e) if e.code == StatusCode::CONFLICT && attempt < PATCH_ATTEMPTS => continue,
-                other => return other,
-            }
-        }
+        return guaranteed_update(
+            name,
+            |e| e.code == StatusCode::CONFLICT,
+            move || async move {
+                let settings_rv = node_settings_version(state, name);
+                let before = get_object(state, resource, None, name).await?;
+                let mut after = before.clone();
+                apply_patch(ct, body, &mut after)?;
+                edit_node(state, resource, name, before, after, settings_rv, query).await
+            },
+        )
+        .await;
     }
     let apply = ct.starts_with("application/apply-patch");
     let client_precondition = body_names_resource_version(body);
     // Read, patch, write with the read's resourceVersion as the precondition, and again from
     // the top when another write came in between (the apiserver's GuaranteedUpdate): a patch
     // changes only the fields it names, never reverting one written meanwhile (a binding, a
-    // label patched through this agent at the same moment).
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
+    // label patched through this agent at the same moment). A delete in between is retried
+    // too for an apply, which then creates the object.
+    let raced = |e: &ApiError| {
+        !client_precondition
+            && (e.code == StatusCode::CONFLICT || (apply && e.code == StatusCode::NOT_FOUND))
+    };
+    guaranteed_update(name, raced, move || async move {
         let current = get_object(state, resource, namespace, name).await;
         let (mut target, read_rv) = match current {
             Ok(o) => {
@@ -707,7 +711,7 @@ pub async fn patch(request: &Request<'_>, name: &str) -> Result<Response, ApiErr
             Err(e) if apply && e.code == StatusCode::NOT_FOUND => (json!({}), None),
             Err(e) => return Err(e),
         };
-        apply_patch(&ct, body, &mut target)?;
+        apply_patch(ct, body, &mut target)?;
         let mut valid = prepare(resource, namespace, Some(name), target, query)?;
         if !client_precondition {
             valid.resource_version = read_rv.clone();
@@ -716,21 +720,36 @@ pub async fn patch(request: &Request<'_>, name: &str) -> Result<Response, ApiErr
             return Ok(json_response(StatusCode::OK, &valid.body));
         }
         // An apply of an object that was not there creates it; anything read is updated from
-        // the version read (a delete in between is retried, and an apply then creates it).
+        // the version read.
         let mode = if read_rv.is_none() {
             WriteMode::Upsert
         } else {
             WriteMode::Update
         };
-        match write(state, resource, name, valid, mode).await {
-            Err(e)
-                if !client_precondition
-                    && attempt < PATCH_ATTEMPTS
-                    && (e.code == StatusCode::CONFLICT
-                        || (apply && e.code == StatusCode::NOT_FOUND)) =>
-            {
-                tracing::debug!(object = %name, attempt, "patch raced another write; patching the newer version");
-                continue;
+        write(state, resource, name, valid, mode).await
+    })
+    .await
+}
+
+/// The apiserver's GuaranteedUpdate, for every read-modify-write of the API: `update` reads
+/// an object, changes it and writes it with the version it read as the precondition; when the
+/// write lost a race with another (an error `raced` says is one), `update` runs again on the
+/// newer version, at most [`PATCH_ATTEMPTS`] times. A change is never laid over a version it
+/// did not see.
+async fn guaranteed_update<F>(
+    what: &str,
+    raced: impl Fn(&ApiError) -> bool,
+    mut update: impl FnMut() -> F,
+) -> Result<Response, ApiError>
+where
+    F: std::future::Future<Output = Result<Response, ApiError>>,
+{
+    let mut attempt = 1;
+    loop {
+        match update().await {
+            Err(e) if raced(&e) && attempt < PATCH_ATTEMPTS => {
+                tracing::debug!(object = %what, attempt, "raced another write; again on the newer version");
+                attempt += 1;
             }
             other => return other,
         }
@@ -1046,41 +1065,38 @@ async fn terminate_namespace(
         e.details = Some(json!({"name": name, "kind": "namespaces"}));
         return Err(e);
     }
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let mut current = get_object(state, resource, None, name).await?;
-        if crate::controllers::namespace::terminating(&current) || dry_run(query) {
-            return Ok(json_response(StatusCode::OK, &current));
-        }
-        if !current["metadata"]["annotations"].is_object() {
-            current["metadata"]["annotations"] = json!({});
-        }
-        current["metadata"]["annotations"][crate::controllers::namespace::DELETION_ANNOTATION] =
-            json!(now_rfc3339());
-        let valid = prepare(
-            resource,
-            None,
-            Some(name),
-            strip_server_fields(current),
-            query,
-        )?;
-        match state.replication.write(valid, WriteMode::Update).await {
-            Ok((object, _)) => {
-                return Ok(json_response(
-                    StatusCode::OK,
-                    &observed::with_status(state, resource.kind, object),
-                ));
+    guaranteed_update(
+        name,
+        |e| e.code == StatusCode::CONFLICT,
+        move || async move {
+            let mut current = get_object(state, resource, None, name).await?;
+            if crate::controllers::namespace::terminating(&current) || dry_run(query) {
+                return Ok(json_response(StatusCode::OK, &current));
             }
-            Err(e) => {
-                let e = write_error(resource.plural, name, e);
-                if e.code == StatusCode::CONFLICT && attempt < PATCH_ATTEMPTS {
-                    continue;
-                }
-                return Err(e);
+            if !current["metadata"]["annotations"].is_object() {
+                current["metadata"]["annotations"] = json!({});
             }
-        }
-    }
+            current["metadata"]["annotations"]
+                [crate::controllers::namespace::DELETION_ANNOTATION] = json!(now_rfc3339());
+            let valid = prepare(
+                resource,
+                None,
+                Some(name),
+                strip_server_fields(current),
+                query,
+            )?;
+            let (object, _) = state
+                .replication
+                .write(valid, WriteMode::Update)
+                .await
+                .map_err(|e| write_error(resource.plural, name, e))?;
+            Ok(json_response(
+                StatusCode::OK,
+                &observed::with_status(state, resource.kind, object),
+            ))
+        },
+    )
+    .await
 }
 
 /// A namespaced object may be created only in a namespace that exists and is not being
@@ -1191,10 +1207,15 @@ pub async fn subresource(
             Ok(json_response(StatusCode::OK, &scale_of(&object)))
         }
         ("scale", &Method::PUT | &Method::PATCH) => {
-            // Like a patch: written from the version read, again when another write raced it.
-            let mut attempt = 0;
-            loop {
-                attempt += 1;
+            // Like a patch: written from the version read, again when another write raced it
+            // (unless the Scale named the version it must apply to).
+            let client_named = std::sync::atomic::AtomicBool::new(false);
+            let client_named = &client_named;
+            let raced = |e: &ApiError| {
+                e.code == StatusCode::CONFLICT
+                    && !client_named.load(std::sync::atomic::Ordering::Relaxed)
+            };
+            guaranteed_update(name, raced, move || async move {
                 let object =
                     strip_server_fields(get_object(state, resource, namespace, name).await?);
                 let mut scale = scale_of(&object);
@@ -1239,7 +1260,8 @@ pub async fn subresource(
                 let client_rv = scale["metadata"]["resourceVersion"]
                     .as_str()
                     .map(str::to_owned);
-                let precondition = client_rv.clone().or_else(|| {
+                client_named.store(client_rv.is_some(), std::sync::atomic::Ordering::Relaxed);
+                let precondition = client_rv.or_else(|| {
                     updated["metadata"]["resourceVersion"]
                         .as_str()
                         .map(str::to_owned)
@@ -1249,25 +1271,17 @@ pub async fn subresource(
                 }
                 let mut valid = prepare(resource, namespace, Some(name), updated, query)?;
                 valid.resource_version = precondition;
-                match state.replication.write(valid, WriteMode::Update).await {
-                    Ok((object, _)) => {
-                        return Ok(json_response(
-                            StatusCode::OK,
-                            &scale_of(&observed::with_status(state, resource.kind, object)),
-                        ));
-                    }
-                    Err(e) => {
-                        let e = write_error(resource.kind, name, e);
-                        if e.code == StatusCode::CONFLICT
-                            && client_rv.is_none()
-                            && attempt < PATCH_ATTEMPTS
-                        {
-                            continue;
-                        }
-                        return Err(e);
-                    }
-                }
-            }
+                let (object, _) = state
+                    .replication
+                    .write(valid, WriteMode::Update)
+                    .await
+                    .map_err(|e| write_error(resource.kind, name, e))?;
+                Ok(json_response(
+                    StatusCode::OK,
+                    &scale_of(&observed::with_status(state, resource.kind, object)),
+                ))
+            })
+            .await
         }
         ("log", &Method::GET) => pod_log(state, resource, namespace, name, query).await,
         // `kubectl drain` evicts: the pod is deleted with the Eviction's DeleteOptions (no
