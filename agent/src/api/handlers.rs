@@ -1914,10 +1914,53 @@ pub async fn object(
     }
 }
 
-/// A successful delete-collection is not supported; say so clearly.
-pub fn delete_collection(resource: &ApiResource) -> ApiError {
-    ApiError::method_not_allowed(format!(
-        "deleting a collection of {} is not supported; delete objects by name",
-        resource.plural
+/// DELETE of a collection (`deletecollection`): every object the label and field selectors
+/// match is deleted as a DELETE of it by name would be (with the same DeleteOptions: grace,
+/// propagation, preconditions, dry run), and the list of what was deleted is the answer, as
+/// the apiserver answers.
+pub async fn delete_collection(request: &Request<'_>) -> Result<Response, ApiError> {
+    let Request {
+        state,
+        resource,
+        namespace,
+        query,
+        ..
+    } = *request;
+    if !resource.verbs().contains(&"deletecollection") {
+        return Err(ApiError::method_not_allowed(format!(
+            "deleting a collection of {} is not supported; delete them by name",
+            resource.plural
+        )));
+    }
+    let (labels, fields) = selectors(query, resource.kind)?;
+    let (items, rv) = list_objects(state, resource, namespace).await;
+    let mut deleted = Vec::new();
+    for item in items
+        .into_iter()
+        .filter(|o| labels.matches(&o["metadata"]["labels"]) && fields.matches(o))
+    {
+        let Some(name) = item["metadata"]["name"].as_str().map(str::to_owned) else {
+            continue;
+        };
+        let item_namespace = item["metadata"]["namespace"].as_str().map(str::to_owned);
+        let one = Request {
+            namespace: item_namespace.as_deref().or(namespace),
+            ..*request
+        };
+        match delete(&one, &name).await {
+            Ok(_) => deleted.push(item),
+            // Gone meanwhile (another client, a controller): not an error of this request.
+            Err(e) if e.code == StatusCode::NOT_FOUND => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "kind": format!("{}List", resource.kind),
+            "apiVersion": resource.api_version(),
+            "metadata": {"resourceVersion": rv.to_string()},
+            "items": deleted,
+        }),
     ))
 }

@@ -346,7 +346,7 @@ async fn route(
         }
         (None, &Method::GET) => handlers::list(&request).await,
         (None, &Method::POST) => handlers::create(&request).await,
-        (None, &Method::DELETE) => Err(handlers::delete_collection(&resource)),
+        (None, &Method::DELETE) => handlers::delete_collection(&request).await,
         (None, _) => Err(ApiError::method_not_allowed(format!(
             "{method} is not allowed on a collection"
         ))),

@@ -50,6 +50,17 @@ const EVENT_VERBS: &[&str] = &["create", "get", "list", "watch"];
 /// Nodes are observed; their labels, annotations, taints and cordon are edited (NodeSettings).
 const NODE_VERBS: &[&str] = &["get", "list", "patch", "update", "watch"];
 const WRITE_VERBS: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
+/// Namespaces are deleted one by one (as in Kubernetes, which has no deletecollection for them).
+const NAMESPACE_VERBS: &[&str] = &[
     "create", "delete", "get", "list", "patch", "update", "watch",
 ];
 
@@ -84,6 +95,7 @@ impl ApiResource {
 
     pub fn verbs(&self) -> &'static [&'static str] {
         match self.source {
+            Source::Stored(_) if self.kind == "Namespace" => NAMESPACE_VERBS,
             Source::Stored(_) => WRITE_VERBS,
             Source::Events => EVENT_VERBS,
             Source::Nodes => NODE_VERBS,

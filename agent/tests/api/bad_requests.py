@@ -131,7 +131,9 @@ cases = [
     ("GET", C + "?limit=1&continue=garbage", None, "application/json", True, 400, "continue"),
     ("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "UPPER"}}, "application/json", True, 422, "metadata.name"),
     ("GET", "/openapi/v2", None, "application/json", True, 404, ""),
-    ("DELETE", C, None, "application/json", True, 405, "not supported"),
+    ("DELETE", "/api/v1/namespaces", None, "application/json", True, 405, "not supported"),
+    ("DELETE", "/api/v1/nodes", None, "application/json", True, 405, "not supported"),
+    ("DELETE", C + "?labelSelector=a%3D%3D%3D", None, "application/json", True, 400, "labelSelector"),
     # Issue #13, hole 6: malformed DeleteOptions and stale preconditions are refused, not
     # ignored; a watch timeout that would overflow the clock is capped; JSON patches cannot
     # amplify an object; quantities, durations, volume names and subPaths are checked.

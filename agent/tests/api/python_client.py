@@ -101,4 +101,15 @@ try:
 except client.exceptions.ApiException as e:
     assert e.status == 404, e.status
 
+# deletecollection: what the selector matches goes (the answer lists it), the rest stays.
+for i, tier in enumerate(["batch", "batch", "batch", "keep"]):
+    core_a.create_namespaced_config_map("default", client.V1ConfigMap(
+        metadata=client.V1ObjectMeta(name=f"dc-{i}", labels={"tier": tier}), data={"i": str(i)}))
+# The client reads the answer as a Status (its OpenAPI says so); the apiserver and Shoal send
+# the list of what was deleted, which it reads without complaint.
+gone = core_b.delete_collection_namespaced_config_map("default", label_selector="tier=batch")
+assert gone.kind == "ConfigMapList", gone
+left = [c.metadata.name for c in core_a.list_namespaced_config_map("default", label_selector="tier").items]
+assert left == ["dc-3"], left
+
 print("python client: all checks passed")
