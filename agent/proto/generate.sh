@@ -36,5 +36,6 @@ protoc -I . --include_imports -o "$here/k8s.fds" \
     api/discovery/v1/generated.proto \
     api/events/v1/generated.proto \
     api/policy/v1/generated.proto \
+    api/coordination/v1/generated.proto \
     apimachinery/pkg/apis/meta/v1/generated.proto 2>/dev/null
 echo "wrote $here/k8s.fds ($(wc -c <"$here/k8s.fds") bytes)"

@@ -51,6 +51,9 @@ pub const KINDS: &[KindInfo] = &[
     kind("", "v1", "Service", "services", true, &["svc"]),
     kind("", "v1", "ConfigMap", "configmaps", true, &["cm"]),
     kind("", "v1", "Secret", "secrets", true, &[]),
+    kind("", "v1", "ServiceAccount", "serviceaccounts", true, &["sa"]),
+    // Leases as client-go's leader election takes them (optimistic concurrency on update).
+    kind("coordination.k8s.io", "v1", "Lease", "leases", true, &[]),
     kind("apps", "v1", "Deployment", "deployments", true, &["deploy"]),
     kind("apps", "v1", "ReplicaSet", "replicasets", true, &["rs"]),
     kind("apps", "v1", "DaemonSet", "daemonsets", true, &["ds"]),

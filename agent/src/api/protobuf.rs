@@ -102,6 +102,7 @@ fn message_for(api_version: &str, kind: &str) -> Option<MessageDescriptor> {
         "discovery.k8s.io" => "api.discovery",
         "events.k8s.io" => "api.events",
         "policy" => "api.policy",
+        "coordination.k8s.io" => "api.coordination",
         "meta.k8s.io" => "apimachinery.pkg.apis.meta",
         _ => return None,
     };
@@ -215,6 +216,9 @@ const POINTERS: &[&str] = &[
     "api.discovery.v1.EndpointPort.port",
     "api.policy.v1.PodDisruptionBudgetSpec.minAvailable",
     "api.policy.v1.PodDisruptionBudgetSpec.maxUnavailable",
+    "api.core.v1.ServiceAccount.automountServiceAccountToken",
+    "api.coordination.v1.LeaseSpec.leaseDurationSeconds",
+    "api.coordination.v1.LeaseSpec.leaseTransitions",
     "apimachinery.pkg.apis.meta.v1.ObjectMeta.deletionGracePeriodSeconds",
     "apimachinery.pkg.apis.meta.v1.OwnerReference.controller",
     "apimachinery.pkg.apis.meta.v1.OwnerReference.blockOwnerDeletion",

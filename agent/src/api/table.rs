@@ -383,6 +383,20 @@ fn columns(kind: &str) -> Vec<Column> {
             }),
             col("Age", "string", 0, age),
         ],
+        "ServiceAccount" => vec![
+            col("Name", "string", 0, name),
+            col("Secrets", "integer", 0, |o| {
+                json!(o["secrets"].as_array().map_or(0, Vec::len))
+            }),
+            col("Age", "string", 0, age),
+        ],
+        "Lease" => vec![
+            col("Name", "string", 0, name),
+            col("Holder", "string", 0, |o| {
+                json!(o["spec"]["holderIdentity"].as_str().unwrap_or(""))
+            }),
+            col("Age", "string", 0, age),
+        ],
         "Secret" => vec![
             col("Name", "string", 0, name),
             col("Type", "string", 0, |o| {

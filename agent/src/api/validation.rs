@@ -347,7 +347,21 @@ fn default_pod_spec(spec: &mut Value) {
 /// Fills defaults the apiserver would.
 pub fn default(kind: &str, object: &mut Value) {
     match kind {
-        "Pod" => default_pod_spec(&mut object["spec"]),
+        "Pod" => {
+            default_pod_spec(&mut object["spec"]);
+            // The ServiceAccount admission's default (and the deprecated field that mirrors it).
+            let spec = &mut object["spec"];
+            let account = spec["serviceAccountName"]
+                .as_str()
+                .or_else(|| spec["serviceAccount"].as_str())
+                .filter(|a| !a.is_empty())
+                .unwrap_or("default")
+                .to_owned();
+            if spec.is_object() {
+                spec["serviceAccountName"] = json!(account);
+                spec["serviceAccount"] = json!(account);
+            }
+        }
         "Deployment" | "ReplicaSet" | "DaemonSet" | "Job" => {
             let name = object["metadata"]["name"].as_str().map(str::to_owned);
             let spec = &mut object["spec"];

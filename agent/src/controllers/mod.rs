@@ -417,6 +417,35 @@ impl Controllers {
                 }
             }
         }
+        // Each namespace's owner gives it its `default` ServiceAccount.
+        let accounts: Vec<(String, String)> = self.replication.read(|s| {
+            s.list("", "ServiceAccount", None)
+                .iter()
+                .map(|a| {
+                    let text = |f: &str| a["metadata"][f].as_str().unwrap_or_default().to_owned();
+                    (text("namespace"), text("name"))
+                })
+                .collect()
+        });
+        let owned: Vec<Value> = namespaces
+            .iter()
+            .filter(|n| self.owns(n, live))
+            .cloned()
+            .collect();
+        for account in namespace::missing_default_accounts(&owned, &accounts) {
+            let ns = account["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned();
+            if let Ok(valid) = shoal_state::validate(account, &ns) {
+                match self.replication.write(valid, WriteMode::Create).await {
+                    Ok(_) => debug!(namespace = %ns, "default ServiceAccount created"),
+                    Err(e) => {
+                        debug!(namespace = %ns, error = %e, "default ServiceAccount not created")
+                    }
+                }
+            }
+        }
         for ns in namespaces
             .iter()
             .filter(|n| namespace::terminating(n) && self.owns(n, live))

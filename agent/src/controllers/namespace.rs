@@ -1,5 +1,5 @@
 //! Namespaces as in Kubernetes (pure): the built-in namespaces exist from the cluster's start,
-//! and a namespace being deleted (`deletionTimestamp` set: phase `Terminating`) has everything
+//! every live namespace has a `default` ServiceAccount, and a namespace being deleted (`deletionTimestamp` set: phase `Terminating`) has everything
 //! in it deleted, then itself — level-triggered, so an owner that dies midway is replaced and
 //! the next one carries on.
 
@@ -65,6 +65,26 @@ pub fn missing_built_ins(stored: &[String]) -> Vec<Value> {
         .collect()
 }
 
+/// The `default` ServiceAccounts missing from the live namespaces (as the ServiceAccount
+/// controller makes them): `namespaces` are stored Namespaces, `accounts` the (namespace,
+/// name) of stored ServiceAccounts. A namespace being deleted gets none.
+pub fn missing_default_accounts(namespaces: &[Value], accounts: &[(String, String)]) -> Vec<Value> {
+    namespaces
+        .iter()
+        .filter(|n| !terminating(n))
+        .filter_map(|n| n["metadata"]["name"].as_str())
+        .filter(|ns| {
+            !accounts
+                .iter()
+                .any(|(a_ns, a)| a_ns == ns && a == "default")
+        })
+        .map(|ns| {
+            json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                   "metadata": {"name": "default", "namespace": ns}})
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,6 +110,23 @@ mod tests {
             Finalize::Contents(vec![(key("a"), "x".into())])
         );
         assert_eq!(finalize(&deleted, vec![]), Finalize::Namespace("u1".into()));
+    }
+
+    #[test]
+    fn live_namespaces_get_a_default_service_account() {
+        let namespaces = [
+            json!({"metadata": {"name": "team"}}),
+            json!({"metadata": {"name": "done"}}),
+            json!({"metadata": {"name": "going", "annotations": {DELETION_ANNOTATION: "2026-12-01T22:00:00Z"}}}),
+        ];
+        let accounts = [
+            ("done".to_owned(), "default".to_owned()),
+            ("team".to_owned(), "builder".to_owned()),
+        ];
+        let made = missing_default_accounts(&namespaces, &accounts);
+        assert_eq!(made.len(), 1, "{made:?}");
+        assert_eq!(made[0]["metadata"]["namespace"], "team");
+        assert_eq!(made[0]["metadata"]["name"], "default");
     }
 
     #[test]

@@ -328,6 +328,24 @@ async fn the_official_python_client_validates_every_response() {
     assert!(out.contains("python client: all checks passed"), "{out}");
 }
 
+/// Leader election's read-then-replace of a Lease, every candidate through one agent (where
+/// resourceVersions are that agent's): no takeover is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_take_turns_without_losing_a_takeover() {
+    let api = ApiLab::start(2).await;
+    let k0 = api.kubeconfigs[0].to_str().unwrap();
+    let (ok, out) = python(&script("lease_race.py"), &[k0]);
+    assert!(
+        ok && out.contains("lease race: every takeover counted"),
+        "{out}"
+    );
+    let table = api.ok(0, &["get", "leases"]);
+    assert!(
+        table.contains("HOLDER") && table.contains("candidate-"),
+        "{table}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_clear_4xx_errors() {
     let api = ApiLab::start(1).await;
@@ -604,6 +622,42 @@ async fn namespaces_are_created_before_use_and_deleted_with_their_contents() {
             "--image=busybox:1.36",
         ],
     );
+    // Every namespace gets its `default` ServiceAccount, and a pod names it by default.
+    wait_until("team's default ServiceAccount", CONVERGE, || async {
+        api.kubectl(1, &["get", "serviceaccount", "default", "-n", "team"])
+            .0
+    })
+    .await
+    .unwrap();
+    let sa = api.ok(0, &["get", "sa", "-n", "team"]);
+    assert!(
+        sa.contains("NAME") && sa.contains("SECRETS") && sa.contains("default"),
+        "{sa}"
+    );
+    api.ok(
+        0,
+        &[
+            "run",
+            "p",
+            "-n",
+            "team",
+            "--image=busybox:1.36",
+            "--restart=Never",
+        ],
+    );
+    let account = api.ok(
+        1,
+        &[
+            "get",
+            "pod",
+            "p",
+            "-n",
+            "team",
+            "-o",
+            "jsonpath={.spec.serviceAccountName}",
+        ],
+    );
+    assert_eq!(account, "default");
     let out = api.ok(0, &["delete", "namespace", "team", "--wait=false"]);
     assert!(out.contains("deleted"), "{out}");
     // While it terminates (or once it is gone), nothing new goes in.

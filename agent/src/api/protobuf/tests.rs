@@ -195,6 +195,17 @@ fn every_served_kind_round_trips_through_protobuf() {
                  "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}]},
     }));
     round_trip(json!({
+        "apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta("default"),
+        "automountServiceAccountToken": false,
+    }));
+    // client-go's leader election (MicroTime, and a first holder's zero transitions).
+    round_trip(json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta("leader"),
+        "spec": {"holderIdentity": "node-1", "leaseDurationSeconds": 15,
+                 "acquireTime": "2026-12-01T21:00:00.123456Z", "renewTime": "2026-12-01T21:00:05.654321Z",
+                 "leaseTransitions": 0},
+    }));
+    round_trip(json!({
         "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "web-1", "namespace": "default"},
         "deleteOptions": {"gracePeriodSeconds": 0},
     }));
