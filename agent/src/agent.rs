@@ -353,6 +353,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             service_cidr: config.service_cidr,
             ..Default::default()
         },
+        events.clone(),
     )
     .start();
     let images = if config.no_runtime {

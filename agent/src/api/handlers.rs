@@ -1494,11 +1494,25 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
         "Deployment" | "ReplicaSet" | "DaemonSet" | "Job" | "CronJob"
     )
     .then(WorkloadWatch::new);
+    // `allowWatchBookmarks`: a BOOKMARK every BOOKMARK_INTERVAL with the last version seen.
+    let bookmarks = query
+        .get("allowWatchBookmarks")
+        .is_some_and(|v| v == "true")
+        .then(|| {
+            let mut ticker = tokio::time::interval_at(
+                tokio::time::Instant::now() + BOOKMARK_INTERVAL,
+                BOOKMARK_INTERVAL,
+            );
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticker
+        });
+    let api_version = resource.api_version();
     let live = futures_util::stream::unfold(
-        (changes, last_rv, false, statuses, workloads),
-        move |(mut rx, mut last, done, mut statuses, mut workloads)| {
+        (changes, last_rv, false, statuses, workloads, bookmarks),
+        move |(mut rx, mut last, done, mut statuses, mut workloads, mut bookmarks)| {
             let matches = matches.clone();
             let api = api.clone();
+            let api_version = api_version.clone();
             let namespace = namespace.clone();
             async move {
                 if done {
@@ -1506,7 +1520,7 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
                 }
                 loop {
                     if let Some(line) = workloads.as_mut().and_then(|w| w.pending.pop_front()) {
-                        return Some((Ok(line), (rx, last, false, statuses, workloads)));
+                        return Some((Ok(line), (rx, last, false, statuses, workloads, bookmarks)));
                     }
                     let workload_tick = async {
                         match workloads.as_mut() {
@@ -1517,6 +1531,12 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
                     let status_change = async {
                         match statuses.as_mut() {
                             Some(s) => s.recv().await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    let bookmark_tick = async {
+                        match bookmarks.as_mut() {
+                            Some(b) => b.tick().await,
                             None => std::future::pending().await,
                         }
                     };
@@ -1554,22 +1574,36 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
                                         observed::with_status(&api, kind, pod),
                                         table_kind,
                                     );
-                                    return Some((Ok(line), (rx, last, false, statuses, workloads)));
+                                    return Some((Ok(line), (rx, last, false, statuses, workloads, bookmarks)));
                                 }
                             }
                             None
+                        }
+                        // Every change up to `last` has been sent (or did not match): a
+                        // client may resume from here without relisting.
+                        _ = bookmark_tick => {
+                            let bookmark = json!({
+                                "kind": kind, "apiVersion": api_version,
+                                "metadata": {"resourceVersion": last.to_string()},
+                            });
+                            return Some((
+                                Ok(event_line("BOOKMARK", bookmark, None)),
+                                (rx, last, false, statuses, workloads, bookmarks),
+                            ));
                         }
                         _ = tokio::time::sleep_until(deadline) => return None,
                     };
                     let Some(next) = next else { continue };
                     match next {
                         Ok(change) => {
-                            if change.resource_version <= last
-                                || !matches(&change.key, &change.object)
-                            {
+                            if change.resource_version <= last {
                                 continue;
                             }
+                            // Seen, matching or not (a bookmark may name it).
                             last = change.resource_version;
+                            if !matches(&change.key, &change.object) {
+                                continue;
+                            }
                             let line = change_line(&api, &change, kind, table_kind);
                             if let Some(w) = workloads.as_mut() {
                                 // What this event says is what the watcher now knows.
@@ -1577,7 +1611,7 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
                             }
                             return Some((
                                 Ok::<_, std::io::Error>(line),
-                                (rx, last, false, statuses, workloads),
+                                (rx, last, false, statuses, workloads, bookmarks),
                             ));
                         }
                         Err(RecvError::Lagged(_)) => {
@@ -1589,7 +1623,7 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
                             .to_status();
                             return Some((
                                 Ok(event_line("ERROR", gone, None)),
-                                (rx, last, true, statuses, workloads),
+                                (rx, last, true, statuses, workloads, bookmarks),
                             ));
                         }
                         Err(RecvError::Closed) => return None,
@@ -1609,6 +1643,10 @@ async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
     )
         .into_response())
 }
+
+/// How often a watch that allows bookmarks gets one (the apiserver sends them about once a
+/// minute; client-go only needs them to be regular).
+const BOOKMARK_INTERVAL: Duration = Duration::from_secs(10);
 
 /// What a derived object says, without what changes on every read (a Node's heartbeat time).
 fn fingerprint(object: &Value) -> Value {

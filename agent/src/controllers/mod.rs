@@ -12,6 +12,7 @@
 
 pub mod cron_job;
 pub mod deployment;
+pub mod events;
 pub mod job;
 pub mod namespace;
 pub mod replica_set;
@@ -64,6 +65,8 @@ pub struct Controllers {
     membership: Arc<Membership>,
     statuses: Arc<PodStatusCache>,
     config: ControllerConfig,
+    /// Where the controllers' Events go (this node's recorder).
+    events: Arc<crate::events::Recorder>,
 }
 
 /// Everything one pass decides with: the workloads and pods of each namespace, with the
@@ -287,6 +290,7 @@ impl Controllers {
         membership: Arc<Membership>,
         statuses: Arc<PodStatusCache>,
         config: ControllerConfig,
+        events: Arc<crate::events::Recorder>,
     ) -> Arc<Self> {
         Arc::new(Self {
             node_id,
@@ -294,7 +298,15 @@ impl Controllers {
             membership,
             statuses,
             config,
+            events,
         })
+    }
+
+    /// Records what an acknowledged controller write tells ([`events`]).
+    fn record(&self, event: Option<crate::events::NewEvent>) {
+        if let Some(event) = event {
+            self.events.record(event);
+        }
     }
 
     /// Starts the reconcile loop.
@@ -571,13 +583,12 @@ impl Controllers {
         uid: &str,
         what: &str,
         mut change: impl FnMut(&mut Value) -> bool,
-    ) {
+    ) -> Option<Value> {
         for attempt in 1..=WRITE_ATTEMPTS {
-            let Some(mut current) = self.replication.read(|s| s.get(&key)) else {
-                return;
-            };
+            let current = self.replication.read(|s| s.get(&key))?;
+            let mut current = current;
             if current["metadata"]["uid"] != uid || !change(&mut current) {
-                return;
+                return None;
             }
             let read_rv = current["metadata"]["resourceVersion"]
                 .as_str()
@@ -590,14 +601,14 @@ impl Controllers {
                 Ok(valid) => valid,
                 Err(e) => {
                     warn!(object = %key, error = %e, "controller built an invalid {what}");
-                    return;
+                    return None;
                 }
             };
             valid.resource_version = read_rv;
             match self.replication.write(valid, WriteMode::Update).await {
-                Ok(_) => {
+                Ok((written, _)) => {
                     info!(object = %key, "controller wrote {what}");
-                    return;
+                    return Some(written);
                 }
                 Err(crate::replication::WriteError::Store(shoal_state::StoreError::Conflict {
                     ..
@@ -606,10 +617,11 @@ impl Controllers {
                 }
                 Err(e) => {
                     debug!(object = %key, error = %e, "controller could not write {what}");
-                    return;
+                    return None;
                 }
             }
         }
+        None
     }
 
     async fn apply(&self, action: Action) {
@@ -620,7 +632,10 @@ impl Controllers {
                 let namespace = namespace_of(&object).to_owned();
                 match shoal_state::validate(object, &namespace) {
                     Ok(valid) => match self.replication.write(valid, WriteMode::Create).await {
-                        Ok(_) => info!(object = %what, "controller created"),
+                        Ok((written, _)) => {
+                            info!(object = %what, "controller created");
+                            self.record(events::created(&written));
+                        }
                         Err(e) => debug!(object = %what, error = %e, "controller create failed"),
                     },
                     Err(e) => {
@@ -637,16 +652,22 @@ impl Controllers {
                     return;
                 };
                 let key = ObjectKey::new(info, namespace_of(&object), name_of(&object));
-                self.write_over(key, uid_of(&object), "an update", |current| {
-                    for field in ["ownerReferences", "annotations"] {
-                        current["metadata"][field] = object["metadata"][field].clone();
-                    }
-                    if !object["spec"]["replicas"].is_null() {
-                        current["spec"]["replicas"] = object["spec"]["replicas"].clone();
-                    }
-                    true
-                })
-                .await;
+                let mut from = None;
+                let written = self
+                    .write_over(key, uid_of(&object), "an update", |current| {
+                        for field in ["ownerReferences", "annotations"] {
+                            current["metadata"][field] = object["metadata"][field].clone();
+                        }
+                        if !object["spec"]["replicas"].is_null() {
+                            from = current["spec"]["replicas"].as_i64();
+                            current["spec"]["replicas"] = object["spec"]["replicas"].clone();
+                        }
+                        true
+                    })
+                    .await;
+                if let (Some(written), Some(from)) = (written, from) {
+                    self.record(events::scaled(&written, from));
+                }
             }
             Action::Delete {
                 kind: kind_name,
@@ -658,7 +679,10 @@ impl Controllers {
                     return;
                 };
                 match self.replication.delete(&key, Some(&uid)).await {
-                    Ok(_) => info!(object = %key, "controller deleted"),
+                    Ok(stored) => {
+                        info!(object = %key, "controller deleted");
+                        self.record(events::deleted(&stored));
+                    }
                     Err(e) => debug!(object = %key, error = %e, "controller delete failed"),
                 }
             }

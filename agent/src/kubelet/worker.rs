@@ -160,6 +160,8 @@ pub struct PodWorker {
     pod: Option<(String, String)>,
     /// Attempts whose back-off was reported (once each).
     backoff_reported: std::collections::HashSet<(String, u32)>,
+    /// Attempts whose OOM kill was reported (once each).
+    oom_reported: std::collections::HashSet<(String, u32)>,
     events: Vec<WorkerEvent>,
 }
 
@@ -508,6 +510,7 @@ impl PodWorker {
         self.probes.retain(|(n, a, _), _| exists(n, *a));
         self.stopping.retain(|(n, a), _| exists(n, *a));
         self.backoff_reported.retain(|(n, a)| exists(n, *a));
+        self.oom_reported.retain(|(n, a)| exists(n, *a));
 
         let main_started = plan
             .containers
@@ -659,7 +662,23 @@ impl PodWorker {
                     && (view.plan.readiness.is_none()
                         || self.probe_passing(&name, attempt, ProbeKind::Readiness) == Some(true));
             }
-            Some((c, ObservedState::Exited { exited, .. })) => {
+            Some((
+                c,
+                ObservedState::Exited {
+                    exited, oom_killed, ..
+                },
+            )) => {
+                if *oom_killed && self.oom_reported.insert((name.clone(), c.meta.attempt)) {
+                    self.event(
+                        &name,
+                        true,
+                        "OOMKilling",
+                        format!(
+                            "Memory cgroup out of memory: killed container {name} of pod {}_{}({}) (attempt {})",
+                            plan.name, plan.namespace, plan.uid, c.meta.attempt
+                        ),
+                    );
+                }
                 let restarts = if init {
                     plan.restart_policy != super::pod::RestartPolicy::Never
                 } else {
@@ -948,6 +967,36 @@ mod tests {
             },
             log_path: "/dev/null".into(),
         }
+    }
+
+    #[test]
+    fn an_oom_kill_is_reported_once_per_attempt() {
+        let p = plan(json!({"containers": [{"name": "a", "image": "b"}]}));
+        let mut w = PodWorker::default();
+        let mut killed = exited("a", 0, 137, 1_000);
+        if let ObservedState::Exited { oom_killed, .. } = &mut killed.state {
+            *oom_killed = true;
+        }
+        w.decide(1_100, Some(&p), true, std::slice::from_ref(&killed));
+        w.decide(1_200, Some(&p), true, std::slice::from_ref(&killed));
+        let oom: Vec<WorkerEvent> = w
+            .take_events()
+            .into_iter()
+            .filter(|e| e.reason == "OOMKilling")
+            .collect();
+        assert_eq!(oom.len(), 1, "{oom:?}");
+        assert!(oom[0].warning);
+        assert!(
+            oom[0]
+                .message
+                .starts_with("Memory cgroup out of memory: killed container a"),
+            "{}",
+            oom[0].message
+        );
+        // A plain failure is no OOM.
+        let mut w = PodWorker::default();
+        w.decide(1_100, Some(&p), true, &[exited("a", 0, 1, 1_000)]);
+        assert!(w.take_events().iter().all(|e| e.reason != "OOMKilling"));
     }
 
     fn starts(d: &Decision) -> Vec<(String, u32)> {

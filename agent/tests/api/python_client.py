@@ -112,4 +112,18 @@ assert gone.kind == "ConfigMapList", gone
 left = [c.metadata.name for c in core_a.list_namespaced_config_map("default", label_selector="tier").items]
 assert left == ["dc-3"], left
 
+# Bookmarks: a watch that allows them gets one (every 10 s), naming a version to resume from;
+# a watch resumed there sees what came after it and nothing from before (the deletes above).
+w = watch.Watch()
+bookmark = None
+for event in w.stream(core_a.list_namespaced_config_map, "default", allow_watch_bookmarks=True, timeout_seconds=20):
+    if event["type"] == "BOOKMARK":
+        bookmark = event["raw_object"]["metadata"]["resourceVersion"]
+        w.stop()
+assert bookmark, "no BOOKMARK within 20 s"
+core_a.create_namespaced_config_map("default", client.V1ConfigMap(metadata=client.V1ObjectMeta(name="after-bookmark")))
+seen = [(e["type"], e["object"].metadata.name) for e in watch.Watch().stream(
+    core_a.list_namespaced_config_map, "default", resource_version=bookmark, timeout_seconds=3)]
+assert ("ADDED", "after-bookmark") in seen and not any(n.startswith("dc-") for _, n in seen), seen
+
 print("python client: all checks passed")

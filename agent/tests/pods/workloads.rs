@@ -144,6 +144,29 @@ async fn a_deployment_runs_rolls_scales_and_heals_through_kubectl() {
     assert_eq!(images, vec!["shoal.local/busybox:1"; 3]);
     let history = api.ok(0, &["rollout", "history", "deployment/web"]);
     assert!(history.contains('1') && history.contains('2'), "{history}");
+    // The controllers said what they did, as Kubernetes' do: describe shows the Deployment's
+    // scaling of its ReplicaSets, and the ReplicaSets' pod creations are Events of theirs.
+    wait_until("the controllers' events", LIMIT, || {
+        let describe = api.kubectl(2, &["describe", "deployment", "web"]).1;
+        let rs_events = api
+            .kubectl(
+                1,
+                &[
+                    "get",
+                    "events",
+                    "--field-selector",
+                    "involvedObject.kind=ReplicaSet,reason=SuccessfulCreate",
+                ],
+            )
+            .1;
+        let ok = describe.contains("ScalingReplicaSet")
+            && describe.contains("Scaled up replica set web-")
+            && describe.contains("Scaled down replica set web-")
+            && rs_events.contains("Created pod: web-");
+        async move { ok }
+    })
+    .await
+    .unwrap();
 
     // Back to the first template.
     api.ok(1, &["rollout", "undo", "deployment/web"]);
