@@ -531,17 +531,34 @@ fn prepare(
             "the namespace of the provided object does not match the namespace sent on the request",
         ));
     }
-    if query.get("fieldValidation").map(String::as_str) == Some("Strict") {
-        let unknown = validation::unknown_fields(resource.kind, &object);
-        if !unknown.is_empty() {
-            let list: Vec<String> = unknown
-                .iter()
-                .map(|f| format!("unknown field {f:?}"))
-                .collect();
-            return Err(ApiError::bad_request(format!(
-                "strict decoding error: {}",
-                list.join(", ")
-            )));
+    // Unknown fields, at any depth, by the kind's schema (the protobuf descriptors): Strict
+    // refuses them, Warn (the default) drops them with a `Warning` header each, Ignore drops
+    // them quietly — what the apiserver's decoder does.
+    let mode = query
+        .get("fieldValidation")
+        .map_or("Warn", String::as_str)
+        .to_owned();
+    if !matches!(mode.as_str(), "Strict" | "Warn" | "Ignore") {
+        return Err(ApiError::bad_request(format!(
+            "fieldValidation: unsupported value {mode:?} (Strict, Warn or Ignore)"
+        )));
+    }
+    let unknown = super::protobuf::unknown_fields(&mut object, mode != "Strict")
+        .unwrap_or_else(|| validation::unknown_fields(resource.kind, &object));
+    if !unknown.is_empty() {
+        let list: Vec<String> = unknown
+            .iter()
+            .map(|f| format!("unknown field {f:?}"))
+            .collect();
+        match mode.as_str() {
+            "Strict" => {
+                return Err(ApiError::bad_request(format!(
+                    "strict decoding error: {}",
+                    list.join(", ")
+                )));
+            }
+            "Warn" => list.into_iter().for_each(warn),
+            _ => {}
         }
     }
     let display_name = object["metadata"]["name"].as_str().unwrap_or("").to_owned();
@@ -551,6 +568,16 @@ fn prepare(
         .map_err(|e| ApiError::invalid(resource.kind, &display_name, &e.field, &e.detail))?;
     validation::default(info.kind, &mut valid.body);
     Ok(valid)
+}
+
+tokio::task_local! {
+    /// The warnings of the request being answered (one `Warning: 299` header each).
+    pub static WARNINGS: std::cell::RefCell<Vec<String>>;
+}
+
+/// Adds a warning to the answer of the request being served.
+fn warn(text: String) {
+    let _ = WARNINGS.try_with(|w| w.borrow_mut().push(text));
 }
 
 fn dry_run(query: &Query) -> bool {

@@ -221,9 +221,23 @@ async fn dispatch(State(state): State<ApiState>, request: Request) -> Response {
     };
     let (method, uri, headers) = (parts.method, parts.uri, parts.headers);
     let path = uri.path().to_owned();
-    let result = route(&state, &method, &uri, &headers, &body, upgrade).await;
+    let (result, warnings) = handlers::WARNINGS
+        .scope(std::cell::RefCell::new(Vec::new()), async {
+            let result = route(&state, &method, &uri, &headers, &body, upgrade).await;
+            (result, handlers::WARNINGS.with(|w| w.take()))
+        })
+        .await;
     match result {
-        Ok(response) => response,
+        Ok(mut response) => {
+            // RFC 7234's warning format, as the apiserver sends it (kubectl prints each).
+            for text in warnings {
+                let quoted = text.replace('\\', "\\\\").replace('"', "\\\"");
+                if let Ok(value) = HeaderValue::from_str(&format!("299 - \"{quoted}\"")) {
+                    response.headers_mut().append(header::WARNING, value);
+                }
+            }
+            response
+        }
         Err(error) => {
             debug!(%method, %path, code = error.code.as_u16(), message = %error.message, "API request refused");
             error.into_response()

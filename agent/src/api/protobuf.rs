@@ -851,6 +851,102 @@ fn special_from_json(
     Ok(m)
 }
 
+// ---- the schema: which fields a kind has ----
+
+/// The fields of `object` that its kind's schema (Kubernetes' own 1.35 descriptors) does not
+/// have, as paths (`spec.containers[0].imagee`), removed from `object` when `prune` (as the
+/// apiserver drops what it cannot decode); `None` when the server has no schema for the kind.
+/// `status` is not looked at: it is observed, never what a write sets.
+pub fn unknown_fields(object: &mut Value, prune: bool) -> Option<Vec<String>> {
+    let text = |name: &str| object.get(name).and_then(Value::as_str).unwrap_or("");
+    let desc = message_for(text("apiVersion"), text("kind"))?;
+    let mut unknown = Vec::new();
+    let Value::Object(map) = object else {
+        return Some(unknown);
+    };
+    let keys: Vec<String> = map.keys().cloned().collect();
+    for key in keys {
+        if matches!(key.as_str(), "apiVersion" | "kind" | "status") {
+            continue;
+        }
+        walk_field(&desc, map, &key, "", prune, &mut unknown);
+    }
+    Some(unknown)
+}
+
+/// The field `name` of `desc`, through its inline fields (the Go structs inlined in JSON).
+fn resolve(desc: &MessageDescriptor, name: &str) -> Option<FieldDescriptor> {
+    if let Some(field) = desc.get_field_by_name(name).filter(|f| !is_inline(f)) {
+        return Some(field);
+    }
+    inline_fields(desc)
+        .iter()
+        .find_map(|(_, inner)| resolve(inner, name))
+}
+
+fn walk_field(
+    desc: &MessageDescriptor,
+    map: &mut Map<String, Value>,
+    key: &str,
+    path: &str,
+    prune: bool,
+    unknown: &mut Vec<String>,
+) {
+    let here = join(path, key);
+    let Some(field) = resolve(desc, key) else {
+        if map.get(key).is_some_and(|v| !v.is_null()) {
+            unknown.push(here);
+            if prune {
+                map.remove(key);
+            }
+        }
+        return;
+    };
+    let Some(value) = map.get_mut(key) else {
+        return;
+    };
+    let message = |kind: Kind| match kind {
+        Kind::Message(m) if special(&m).is_none() => Some(m),
+        _ => None,
+    };
+    if field.is_map() {
+        let Kind::Message(entry) = field.kind() else {
+            return;
+        };
+        if let (Some(inner), Value::Object(entries)) =
+            (message(entry.map_entry_value_field().kind()), value)
+        {
+            for (k, v) in entries.iter_mut() {
+                walk(&inner, v, &format!("{here}[{k}]"), prune, unknown);
+            }
+        }
+    } else if field.is_list() {
+        if let (Some(inner), Value::Array(items)) = (message(field.kind()), value) {
+            for (i, v) in items.iter_mut().enumerate() {
+                walk(&inner, v, &format!("{here}[{i}]"), prune, unknown);
+            }
+        }
+    } else if let Some(inner) = message(field.kind()) {
+        walk(&inner, value, &here, prune, unknown);
+    }
+}
+
+fn walk(
+    desc: &MessageDescriptor,
+    value: &mut Value,
+    path: &str,
+    prune: bool,
+    unknown: &mut Vec<String>,
+) {
+    let Value::Object(map) = value else {
+        return;
+    };
+    let keys: Vec<String> = map.keys().cloned().collect();
+    for key in keys {
+        walk_field(desc, map, &key, path, prune, unknown);
+    }
+}
+
 /// Whether a client asks for protobuf first (client-go's typed clients send
 /// `application/vnd.kubernetes.protobuf, */*`; a JSON-first client gets JSON).
 pub fn prefers_protobuf(accept: &str) -> bool {

@@ -98,6 +98,10 @@ cases = [
     ("POST", P, {**pod(), "metadata": {"name": "p", "namespace": "other"}}, "application/json", True, 400, "namespace of the provided object"),
     ("POST", C + "?fieldValidation=Strict", {**cm(), "spex": 1}, "application/json", True, 400, "unknown field \\\"spex\\\""),
     ("POST", C + "?fieldValidation=Strict", {**cm(), "metadata": {"name": "x", "nmae": "y"}}, "application/json", True, 400, "metadata.nmae"),
+    # At any depth, by the kind's schema.
+    ("POST", P + "?fieldValidation=Strict", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "typo"}, "spec": {"containers": [{"name": "c", "image": "i", "imagee": "x"}]}}, "application/json", True, 400, "spec.containers[0].imagee"),
+    ("POST", D + "?fieldValidation=Strict", {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "typo"}, "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "i", "livenessProbe": {"httpGet": {"port": 80}, "sucessThreshold": 1}}]}}}}, "application/json", True, 400, "livenessProbe.sucessThreshold"),
+    ("POST", C + "?fieldValidation=Sometimes", cm(), "application/json", True, 400, "fieldValidation"),
     ("POST", C, cm(big="x" * (2 << 20)), "application/json", True, 413, "limit"),
     ("GET", P + "?labelSelector=a%20b%20c", None, "application/json", True, 400, "labelSelector"),
     ("GET", P + "?labelSelector=x%20in%20a", None, "application/json", True, 400, "labelSelector"),

@@ -169,6 +169,28 @@ async fn kubectl_works_against_every_agent() {
         "3"
     );
 
+    // A typo deep in a manifest: kubectl's default (strict) validation refuses it naming the
+    // field; with --validate=warn the object is created without it and kubectl shows the
+    // server's warning.
+    let typo = api.manifest(
+        "typo.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: typo, labelz: {a: b}}\ndata: {k: v}\n",
+    );
+    let (ok, _, err) = api.kubectl(0, &["apply", "-f", &typo]);
+    assert!(
+        !ok && err.contains("unknown field \"metadata.labelz\""),
+        "{err}"
+    );
+    let (ok, _, err) = api.kubectl(1, &["apply", "--validate=warn", "-f", &typo]);
+    assert!(
+        ok && err.contains("Warning: unknown field \"metadata.labelz\""),
+        "{err}"
+    );
+    let stored: serde_json::Value =
+        serde_json::from_str(&api.ok(2, &["get", "configmap", "typo", "-o", "json"])).unwrap();
+    assert!(stored["metadata"].get("labelz").is_none(), "{stored}");
+    assert_eq!(stored["data"]["k"], "v");
+
     // Tables, as kubectl prints them.
     let out = api.ok(2, &["get", "deploy"]);
     assert!(

@@ -364,3 +364,72 @@ fn clients_that_ask_for_protobuf_first_get_it() {
     ));
     assert!(!prefers_protobuf(""));
 }
+
+#[test]
+fn unknown_fields_are_found_at_any_depth_and_pruned_on_request() {
+    let mut pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "labels": {"any.key/x": "y"}, "annotations": {"a": "b"}, "colour": "red"},
+        "spec": {
+            "containers": [{
+                "name": "c", "image": "i", "imagee": "typo",
+                "livenessProbe": {"exec": {"command": ["true"]}, "periodSeconds": 3, "sucessThreshold": 1},
+                "readinessProbe": {"httpGet": {"port": "http", "path": "/"}},
+                "resources": {"limits": {"memory": "64Mi", "cpu": "500m"}},
+                "env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name", "extra": 1}}}],
+            }],
+            "volumes": [{"name": "v", "configMap": {"name": "cm", "nme": "typo"}}],
+            "nodeSelector": {"disk": "ssd"},
+        },
+        "status": {"anything": "observed"},
+    });
+    let mut found = unknown_fields(&mut pod.clone(), false).unwrap();
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            "metadata.colour",
+            "spec.containers[0].env[0].valueFrom.fieldRef.extra",
+            "spec.containers[0].imagee",
+            "spec.containers[0].livenessProbe.sucessThreshold",
+            "spec.volumes[0].configMap.nme",
+        ]
+    );
+    // Pruned: what is left has no unknown field, and every known one (inline probe handlers,
+    // quantities, maps) is still there.
+    assert_eq!(unknown_fields(&mut pod, true).unwrap().len(), 5);
+    assert_eq!(
+        unknown_fields(&mut pod, false).unwrap(),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        pod["spec"]["containers"][0]["livenessProbe"]["exec"]["command"][0],
+        "true"
+    );
+    assert_eq!(
+        pod["spec"]["containers"][0]["readinessProbe"]["httpGet"]["port"],
+        "http"
+    );
+    assert_eq!(
+        pod["spec"]["containers"][0]["resources"]["limits"]["cpu"],
+        "500m"
+    );
+    assert_eq!(pod["metadata"]["labels"]["any.key/x"], "y");
+    assert_eq!(pod["status"]["anything"], "observed");
+    let mut deployment = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
+        "spec": {"replicas": 2, "strategy": {"rollingUpdate": {"maxSurge": "25%"}},
+                 "template": {"spec": {"containers": [{"name": "c", "image": "i", "port": 80}]}}},
+    });
+    assert_eq!(
+        unknown_fields(&mut deployment, false).unwrap(),
+        ["spec.template.spec.containers[0].port"]
+    );
+    assert!(
+        unknown_fields(
+            &mut json!({"apiVersion": "x.io/v1", "kind": "Thing"}),
+            false
+        )
+        .is_none()
+    );
+}
