@@ -173,6 +173,22 @@ pub async fn read_message<R: AsyncRead + Unpin>(
     Ok(Some((head[0], bytes)))
 }
 
+/// Reads `reader`'s messages in a task of their own into a queue, so a `select!` over the
+/// queue never drops a message half read; the queue ends with the stream (or its first error).
+pub fn spawn_reader<R: AsyncRead + Unpin + Send + 'static>(
+    mut reader: R,
+) -> tokio::sync::mpsc::Receiver<(u8, Vec<u8>)> {
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(async move {
+        while let Ok(Some(message)) = read_message(&mut reader).await {
+            if tx.send(message).await.is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
 /// The `Status` of a process that ended with `code`, as the kubelet sends it: kubectl exits
 /// with the code of a `NonZeroExitCode` (which must be 0–255).
 pub fn exit_status(code: i32) -> Value {

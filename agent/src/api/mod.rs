@@ -125,17 +125,9 @@ async fn protobuf_bodies(request: Request, next: Next) -> Response {
             .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
     let request = if header_text(&request, header::CONTENT_TYPE).starts_with(protobuf::MEDIA_TYPE) {
         let (mut parts, body) = request.into_parts();
-        let limit = 2 * shoal_state::object::MAX_OBJECT_BYTES;
-        let bytes = match axum::body::to_bytes(body, limit).await {
+        let bytes = match read_body(body).await {
             Ok(b) => b,
-            Err(e) => {
-                return ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "RequestEntityTooLarge",
-                    format!("the request body could not be read (at most {limit} bytes): {e}"),
-                )
-                .into_response();
-            }
+            Err(refusal) => return refusal,
         };
         let object = match protobuf::decode(&bytes) {
             Ok(o) => o,
@@ -189,6 +181,19 @@ async fn protobuf_bodies(request: Request, next: Next) -> Response {
     }
 }
 
+/// A request's body, at most twice the largest object (a refusal naming the limit otherwise).
+async fn read_body(body: axum::body::Body) -> Result<Bytes, Response> {
+    let limit = 2 * shoal_state::object::MAX_OBJECT_BYTES;
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "RequestEntityTooLarge",
+            format!("the request body could not be read (at most {limit} bytes): {e}"),
+        )
+        .into_response()
+    })
+}
+
 fn json(value: &Value) -> Response {
     (
         [(header::CONTENT_TYPE, "application/json")],
@@ -207,17 +212,9 @@ async fn dispatch(State(state): State<ApiState>, request: Request) -> Response {
     let (mut parts, body) = request.into_parts();
     // exec and port-forward take the connection over once answered.
     let upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
-    let limit = 2 * shoal_state::object::MAX_OBJECT_BYTES;
-    let body = match axum::body::to_bytes(body, limit).await {
+    let body = match read_body(body).await {
         Ok(body) => body,
-        Err(e) => {
-            return ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "RequestEntityTooLarge",
-                format!("the request body could not be read (at most {limit} bytes): {e}"),
-            )
-            .into_response();
-        }
+        Err(refusal) => return refusal,
     };
     let (method, uri, headers) = (parts.method, parts.uri, parts.headers);
     let path = uri.path().to_owned();

@@ -197,38 +197,57 @@ async fn forward_channel(
         frame.extend_from_slice(bytes);
         frame
     };
+    let ended = relay_port(&target, port, &mut from_client, &out, |b| framed(data, b)).await;
+    if let Ended::Pod(Some(error)) = ended {
+        let _ = out.send(framed(data + 1, error.as_bytes())).await;
+    }
+}
+
+/// How a forwarded connection ended.
+enum Ended {
+    /// The client reset it or closed the connection: nothing more goes out.
+    Client,
+    /// The pod's side ended, with the error's text if it failed.
+    Pod(Option<String>),
+}
+
+/// One forwarded connection, whatever the protocol: a session with the pod's node (which dials
+/// the port inside the pod), the client's bytes to it, and the pod's to `out`, each chunk
+/// framed by `frame`. A node that stopped reading (it failed to dial, say) still says why:
+/// its messages are read to their end.
+async fn relay_port(
+    target: &Target,
+    port: u16,
+    from_client: &mut mpsc::Receiver<FromClient>,
+    out: &mpsc::Sender<Vec<u8>>,
+    frame: impl Fn(&[u8]) -> Vec<u8>,
+) -> Ended {
     let request = SessionRequest::PortForward(PortForwardRequest {
         uid: target.uid.clone(),
         port,
     });
     let failure = match target.nodes.open_session(&target.node, &request).await {
         Err(e) => Some(e),
-        Ok((mut to_node, mut from_node)) => {
-            let (tx, mut node_messages) = mpsc::channel(16);
-            tokio::spawn(async move {
-                while let Ok(Some(message)) = session::read_message(&mut from_node).await {
-                    if tx.send(message).await.is_err() {
-                        break;
-                    }
-                }
-            });
+        Ok((mut to_node, from_node)) => {
+            let mut node_messages = session::spawn_reader(from_node);
             let mut failure = None;
             let mut writable = true;
             loop {
                 tokio::select! {
-                    message = from_client.recv(), if writable => match message {
-                        Some(FromClient::Data(bytes)) => {
+                    message = from_client.recv() => match message {
+                        Some(FromClient::Data(bytes)) if writable => {
                             writable = session::write_message(&mut to_node, session::STDIN, &bytes).await.is_ok();
                         }
-                        Some(FromClient::End) => {
-                            let _ = session::write_message(&mut to_node, session::CLOSE, &[session::STDIN]).await;
+                        Some(FromClient::End) if writable => {
+                            writable = session::write_message(&mut to_node, session::CLOSE, &[session::STDIN]).await.is_ok();
                         }
-                        None => return,
+                        Some(_) => {}
+                        None => return Ended::Client,
                     },
                     message = node_messages.recv() => match message {
                         Some((session::STDOUT, bytes)) => {
-                            if out.send(framed(data, &bytes)).await.is_err() {
-                                return;
+                            if out.send(frame(&bytes)).await.is_err() {
+                                return Ended::Client;
                             }
                         }
                         Some((session::STATUS, text)) => {
@@ -242,13 +261,12 @@ async fn forward_channel(
             failure
         }
     };
-    if let Some(error) = failure {
-        let text = format!(
+    Ended::Pod(failure.map(|error| {
+        format!(
             "error forwarding port {port} to pod {}, uid {}: {error}",
             target.name, target.uid
-        );
-        let _ = out.send(framed(data + 1, text.as_bytes())).await;
-    }
+        )
+    }))
 }
 
 /// Acts on one client frame; `replies` are sent at once, in order.
@@ -339,7 +357,8 @@ async fn handle(
     }
 }
 
-/// One forwarded connection: a session with the pod's node, relayed on the data stream.
+/// One kubectl connection: relayed on its data stream, its error (if any) on its error
+/// stream, then both streams finished.
 async fn forward(
     target: Target,
     port: u16,
@@ -348,62 +367,16 @@ async fn forward(
     mut from_client: mpsc::Receiver<FromClient>,
     out: mpsc::Sender<Vec<u8>>,
 ) {
-    let request = SessionRequest::PortForward(PortForwardRequest {
-        uid: target.uid.clone(),
-        port,
-    });
-    let failure = match target.nodes.open_session(&target.node, &request).await {
-        Err(e) => Some(e),
-        Ok((mut to_node, mut from_node)) => {
-            let (tx, mut node_messages) = mpsc::channel(16);
-            tokio::spawn(async move {
-                while let Ok(Some(message)) = session::read_message(&mut from_node).await {
-                    if tx.send(message).await.is_err() {
-                        break;
-                    }
-                }
-            });
-            let mut failure = None;
-            // A node that stopped reading (it failed to dial, say) still says why: its
-            // messages are read to their end.
-            let mut writable = true;
-            loop {
-                tokio::select! {
-                    message = from_client.recv() => match message {
-                        Some(FromClient::Data(bytes)) if writable => {
-                            writable = session::write_message(&mut to_node, session::STDIN, &bytes).await.is_ok();
-                        }
-                        Some(FromClient::End) if writable => {
-                            writable = session::write_message(&mut to_node, session::CLOSE, &[session::STDIN]).await.is_ok();
-                        }
-                        Some(_) => {}
-                        // The client reset the stream or closed the connection.
-                        None => return,
-                    },
-                    message = node_messages.recv() => match message {
-                        Some((session::STDOUT, bytes)) => {
-                            if out.send(Writer::data(data_stream, false, &bytes)).await.is_err() {
-                                return;
-                            }
-                        }
-                        Some((session::STATUS, text)) => {
-                            failure = Some(String::from_utf8_lossy(&text).into_owned());
-                        }
-                        Some(_) => {}
-                        None => break,
-                    },
-                }
-            }
-            failure
-        }
+    let ended = relay_port(&target, port, &mut from_client, &out, |b| {
+        Writer::data(data_stream, false, b)
+    })
+    .await;
+    let Ended::Pod(failure) = ended else {
+        return;
     };
     if let Some(error) = failure {
-        let text = format!(
-            "error forwarding port {port} to pod {}, uid {}: {error}",
-            target.name, target.uid
-        );
         let _ = out
-            .send(Writer::data(error_stream, false, text.as_bytes()))
+            .send(Writer::data(error_stream, false, error.as_bytes()))
             .await;
     }
     // kubectl reads the error stream to its end before it closes the local connection.

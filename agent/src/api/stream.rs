@@ -408,23 +408,13 @@ async fn accept(
 
 /// Relays until the node ends the session (then Close 1000) or the client leaves (then the
 /// node's half is dropped, which ends the process there).
-async fn relay<S>(
-    mut ws: WebSocketStream<S>,
-    mut to_node: SessionWriter,
-    mut from_node: SessionReader,
-) where
+async fn relay<S>(mut ws: WebSocketStream<S>, mut to_node: SessionWriter, from_node: SessionReader)
+where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     // The node's messages arrive through a task, so a message half read is never dropped by
     // the select below; the WebSocket is read all the time (which also answers pings).
-    let (tx, mut node_messages) = tokio::sync::mpsc::channel(16);
-    tokio::spawn(async move {
-        while let Ok(Some(message)) = session::read_message(&mut from_node).await {
-            if tx.send(message).await.is_err() {
-                break;
-            }
-        }
-    });
+    let mut node_messages = session::spawn_reader(from_node);
     let mut status_sent = false;
     let mut writable = true;
     loop {
