@@ -26,6 +26,8 @@ pub struct Final {
 pub const ACKNOWLEDGED_WRITES: &str = "acknowledged writes survive";
 pub const CONVERGENCE: &str = "stores converge";
 pub const TEARDOWN: &str = "nothing leaks, nothing panics";
+pub const REPLICAS: &str = "replica counts exact";
+pub const SECRET: &str = "no secret, no entry";
 
 /// Checker 1: every acknowledged operation is visible at the end, or superseded under the
 /// documented merge rules (`crdt-state/src/crdt.rs`):
@@ -215,17 +217,22 @@ pub fn convergence(
     healed_ms: u64,
     bound_ms: u64,
 ) -> Result<u64, Violation> {
-    let after: Vec<&DigestSample> = samples.iter().filter(|s| s.at_ms >= healed_ms).collect();
-    match after.iter().find(|s| s.agree()) {
-        Some(s) if s.at_ms - healed_ms <= bound_ms => Ok(s.at_ms - healed_ms),
-        found => {
-            let last = after.last();
+    match settled(
+        samples,
+        |s| s.at_ms,
+        DigestSample::agree,
+        healed_ms,
+        bound_ms,
+    ) {
+        Ok(ms) => Ok(ms),
+        Err((found, last)) => {
+            let found = found.map(|ms| ms + healed_ms);
             Err(Violation {
                 checker: CONVERGENCE,
                 message: match (found, last) {
-                    (Some(s), _) => format!(
+                    (Some(at), _) => format!(
                         "stores agreed only {} ms after the heal; the bound is {bound_ms} ms",
-                        s.at_ms - healed_ms
+                        at - healed_ms
                     ),
                     (None, Some(l)) => format!(
                         "stores never agreed within {} ms of the heal (last sample: {} distinct digests, {} agents not answering)",
@@ -241,11 +248,225 @@ pub fn convergence(
     }
 }
 
+/// The time from `healed_ms` to the first sample after it for which `ok` holds, if that is within
+/// `bound_ms`; otherwise when (if ever) it held, after the heal, and the last sample.
+fn settled<S>(
+    samples: &[S],
+    at_ms: impl Fn(&S) -> u64,
+    ok: impl Fn(&S) -> bool,
+    healed_ms: u64,
+    bound_ms: u64,
+) -> Result<u64, (Option<u64>, Option<&S>)> {
+    let after: Vec<&S> = samples.iter().filter(|s| at_ms(s) >= healed_ms).collect();
+    match after.iter().find(|s| ok(s)) {
+        Some(s) if at_ms(s) - healed_ms <= bound_ms => Ok(at_ms(s) - healed_ms),
+        found => Err((found.map(|s| at_ms(s) - healed_ms), after.last().copied())),
+    }
+}
+
 fn distinct(digests: &[String]) -> usize {
     let mut d: Vec<&String> = digests.iter().collect();
     d.sort();
     d.dedup();
     d.len()
+}
+
+/// A pod of a workload object as a store holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PodSeen {
+    pub name: String,
+    /// The uid its `ownerReferences` name with `controller: true`.
+    pub controller: Option<String>,
+    /// `spec.nodeName`.
+    pub node: Option<String>,
+}
+
+/// The chaos workload's Deployment and DaemonSet and their pods at one moment, in one store.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ReplicaSample {
+    pub at_ms: u64,
+    /// The Deployment's `spec.replicas` (none: the Deployment is gone).
+    pub desired: Option<u64>,
+    /// The uids of the ReplicaSets the Deployment controls.
+    pub replica_sets: Vec<String>,
+    /// The pods the Deployment's selector matches that are not being deleted.
+    pub pods: Vec<PodSeen>,
+    /// The DaemonSet's uid (none: gone).
+    pub daemon_set: Option<String>,
+    /// The nodes a DaemonSet pod belongs on (every node of the lab: none has a taint or label
+    /// the DaemonSet excludes).
+    pub nodes: Vec<String>,
+    /// The DaemonSet's selector's pods that are not being deleted.
+    pub daemon_pods: Vec<PodSeen>,
+}
+
+impl ReplicaSample {
+    /// What is not exact in this sample; empty when the counts are.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let names = |pods: &[&PodSeen]| {
+            pods.iter()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match self.desired {
+            None => problems.push("the Deployment is gone".to_owned()),
+            Some(desired) => {
+                if self.pods.len() as u64 != desired {
+                    let all: Vec<&PodSeen> = self.pods.iter().collect();
+                    problems.push(format!(
+                        "{} pods for {desired} replicas: [{}]",
+                        self.pods.len(),
+                        names(&all)
+                    ));
+                }
+            }
+        }
+        for pod in &self.pods {
+            let owned = pod
+                .controller
+                .as_ref()
+                .is_some_and(|uid| self.replica_sets.contains(uid));
+            if !owned {
+                problems.push(format!(
+                    "pod {} is controlled by {}, not by a ReplicaSet of the Deployment",
+                    pod.name,
+                    pod.controller.as_deref().unwrap_or("nothing")
+                ));
+            }
+        }
+        let Some(daemon_set) = &self.daemon_set else {
+            problems.push("the DaemonSet is gone".to_owned());
+            return problems;
+        };
+        for node in &self.nodes {
+            let on: Vec<&PodSeen> = self
+                .daemon_pods
+                .iter()
+                .filter(|p| p.node.as_ref() == Some(node))
+                .collect();
+            match on.len() {
+                1 => {}
+                0 => problems.push(format!("no DaemonSet pod on {node}")),
+                n => problems.push(format!("{n} DaemonSet pods on {node}: [{}]", names(&on))),
+            }
+        }
+        for pod in &self.daemon_pods {
+            if !pod.node.as_ref().is_some_and(|n| self.nodes.contains(n)) {
+                problems.push(format!(
+                    "DaemonSet pod {} is on {}, not a node of the cluster",
+                    pod.name,
+                    pod.node.as_deref().unwrap_or("no node")
+                ));
+            }
+            if pod.controller.as_ref() != Some(daemon_set) {
+                problems.push(format!(
+                    "DaemonSet pod {} is controlled by {}, not by the DaemonSet",
+                    pod.name,
+                    pod.controller.as_deref().unwrap_or("nothing")
+                ));
+            }
+        }
+        problems
+    }
+}
+
+/// Checker 3: once the faults are healed (`healed_ms`), within `bound_ms` the Deployment has
+/// exactly `spec.replicas` pods, all its ReplicaSets', and the DaemonSet exactly one pod on each
+/// node: no duplicate left by a healed partition, none lost with a killed node. Returns the time
+/// it took, or the violation with what the last sample still got wrong.
+pub fn replicas(
+    samples: &[ReplicaSample],
+    healed_ms: u64,
+    bound_ms: u64,
+) -> Result<u64, Violation> {
+    let exact = |s: &ReplicaSample| s.problems().is_empty();
+    settled(samples, |s| s.at_ms, exact, healed_ms, bound_ms).map_err(|(found, last)| Violation {
+        checker: REPLICAS,
+        message: match (found, last) {
+            (Some(ms), _) => {
+                format!("counts were exact only {ms} ms after the heal; the bound is {bound_ms} ms")
+            }
+            (None, Some(last)) => format!(
+                "counts not exact {} ms after the heal: {}",
+                last.at_ms - healed_ms,
+                last.problems().join("; ")
+            ),
+            (None, None) => "no replica sample after the heal".into(),
+        },
+        ops: Vec::new(),
+    })
+}
+
+/// What an agent started with another cluster's secret (and the same seeds) saw during a run,
+/// what the cluster's agents saw of it, and how their APIs answered calls without the token.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Intrusion {
+    pub intruder: String,
+    /// (agent, ms since start, the member names it listed), sampled through the run.
+    pub views: Vec<(String, u64, Vec<String>)>,
+    /// (ms since start, the member names the intruder listed).
+    pub intruder_views: Vec<(u64, Vec<String>)>,
+    /// The workload's objects the intruder's store held when asked (registers, the Deployment).
+    pub intruder_objects: Vec<String>,
+    /// (agent, the request, the HTTP status, or 0 when it did not answer) of API calls made
+    /// without a valid token.
+    pub unauthenticated: Vec<(String, String, u16)>,
+}
+
+/// Checker 6: a node without the secret never joins (no agent ever lists it, it never lists one
+/// of them) nor reads state (its store holds none of the workload's objects), and every API call
+/// without a valid token is answered 401. Missing evidence (no sample, no call) is a violation
+/// too: this checker cannot pass by looking at nothing.
+pub fn secret(intrusion: &Intrusion) -> Vec<Violation> {
+    let violation = |message: String| Violation {
+        checker: SECRET,
+        message,
+        ops: Vec::new(),
+    };
+    let mut violations = Vec::new();
+    let intruder = &intrusion.intruder;
+    if intrusion.views.is_empty() || intrusion.intruder_views.is_empty() {
+        violations.push(violation(
+            "no membership sample of the agents or of the intruder was taken".into(),
+        ));
+    }
+    if intrusion.unauthenticated.is_empty() {
+        violations.push(violation("no API call without a token was made".into()));
+    }
+    if let Some((agent, at, _)) = intrusion
+        .views
+        .iter()
+        .find(|(_, _, members)| members.contains(intruder))
+    {
+        violations.push(violation(format!(
+            "{agent} listed {intruder}, which has no secret, as a member at {at} ms"
+        )));
+    }
+    if let Some((at, members)) = intrusion
+        .intruder_views
+        .iter()
+        .find(|(_, members)| members.iter().any(|m| m != intruder))
+    {
+        violations.push(violation(format!(
+            "{intruder}, which has no secret, listed members {members:?} at {at} ms"
+        )));
+    }
+    if !intrusion.intruder_objects.is_empty() {
+        violations.push(violation(format!(
+            "{intruder}, which has no secret, holds the cluster's objects {:?}",
+            intrusion.intruder_objects
+        )));
+    }
+    for (agent, request, status) in &intrusion.unauthenticated {
+        if *status != 401 {
+            violations.push(violation(format!(
+                "{agent} answered {request} without a valid token with {status}, not 401"
+            )));
+        }
+    }
+    violations
 }
 
 /// What was left on the machine after a lab's teardown, and the agents' logs.
@@ -501,6 +722,112 @@ mod tests {
         assert!(late.message.contains("only 1100 ms"), "{late:?}");
         let never = convergence(&samples[..3], 900, 5_000).unwrap_err();
         assert!(never.message.contains("never agreed"), "{never:?}");
+    }
+
+    fn pod(name: &str, controller: &str, node: &str) -> PodSeen {
+        PodSeen {
+            name: name.into(),
+            controller: Some(controller.into()),
+            node: Some(node.into()),
+        }
+    }
+
+    fn exact_sample(at_ms: u64) -> ReplicaSample {
+        ReplicaSample {
+            at_ms,
+            desired: Some(2),
+            replica_sets: vec!["rs1".into()],
+            pods: vec![pod("app-a", "rs1", "n0"), pod("app-b", "rs1", "n1")],
+            daemon_set: Some("ds".into()),
+            nodes: vec!["n0".into(), "n1".into()],
+            daemon_pods: vec![pod("d-n0", "ds", "n0"), pod("d-n1", "ds", "n1")],
+        }
+    }
+
+    #[test]
+    fn replica_counts_must_be_exact_once_healed() {
+        assert_eq!(exact_sample(0).problems(), Vec::<String>::new());
+        // A duplicate left by a healed partition, a pod of a foreign controller, a node without
+        // its DaemonSet pod and one with two.
+        let mut wrong = exact_sample(2_000);
+        wrong.pods.push(pod("app-c", "rs1", "n1"));
+        wrong.pods[0].controller = Some("rs-gone".into());
+        wrong.daemon_pods[0].node = Some("n1".into());
+        let problems = wrong.problems();
+        assert_eq!(problems.len(), 4, "{problems:?}");
+        assert!(
+            problems[0].contains("3 pods for 2 replicas"),
+            "{problems:?}"
+        );
+        assert!(problems[1].contains("rs-gone"), "{problems:?}");
+        assert!(
+            problems[2].contains("no DaemonSet pod on n0"),
+            "{problems:?}"
+        );
+        assert!(
+            problems[3].contains("2 DaemonSet pods on n1"),
+            "{problems:?}"
+        );
+        // A lost pod, a DaemonSet pod on a node that is not the cluster's, a gone DaemonSet.
+        let mut lost = exact_sample(0);
+        lost.pods.pop();
+        lost.daemon_pods[1].node = Some("n9".into());
+        let problems = lost.problems();
+        assert!(
+            problems[0].contains("1 pods for 2 replicas"),
+            "{problems:?}"
+        );
+        assert!(
+            problems.iter().any(|p| p.contains("on n9, not a node")),
+            "{problems:?}"
+        );
+        lost.daemon_set = None;
+        assert!(
+            lost.problems()
+                .iter()
+                .any(|p| p.contains("DaemonSet is gone"))
+        );
+
+        let samples = [wrong.clone(), exact_sample(3_000)];
+        assert_eq!(replicas(&samples, 1_000, 5_000), Ok(2_000));
+        let late = replicas(&samples, 1_000, 1_000).unwrap_err();
+        assert!(late.message.contains("only 2000 ms"), "{late:?}");
+        let never = replicas(&samples[..1], 1_000, 5_000).unwrap_err();
+        assert!(never.message.contains("3 pods for 2 replicas"), "{never:?}");
+        // Samples before the heal do not count.
+        assert!(replicas(&[exact_sample(500)], 1_000, 5_000).is_err());
+    }
+
+    fn clean_intrusion() -> Intrusion {
+        Intrusion {
+            intruder: "x".into(),
+            views: vec![("n0".into(), 10, vec!["n0".into(), "n1".into()])],
+            intruder_views: vec![(10, vec!["x".into()])],
+            intruder_objects: Vec::new(),
+            unauthenticated: vec![("n0".into(), "GET /api/v1/pods".into(), 401)],
+        }
+    }
+
+    #[test]
+    fn an_agent_without_the_secret_must_stay_out_and_calls_without_a_token_get_401() {
+        assert_eq!(secret(&clean_intrusion()), []);
+        let mut joined = clean_intrusion();
+        joined.views[0].2.push("x".into());
+        joined.intruder_views[0].1.push("n1".into());
+        joined.intruder_objects.push("configmaps/reg-1".into());
+        joined.unauthenticated[0].2 = 200;
+        let v = secret(&joined);
+        assert_eq!(v.len(), 4, "{v:?}");
+        assert!(v[0].message.contains("n0 listed x"), "{v:?}");
+        assert!(v[1].message.contains("listed members"), "{v:?}");
+        assert!(v[2].message.contains("reg-1"), "{v:?}");
+        assert!(v[3].message.contains("with 200, not 401"), "{v:?}");
+        // No evidence is no pass.
+        let v = secret(&Intrusion {
+            intruder: "x".into(),
+            ..Intrusion::default()
+        });
+        assert_eq!(v.len(), 2, "{v:?}");
     }
 
     #[test]

@@ -68,6 +68,29 @@ pub fn markdown(report: &RunReport) -> String {
             .convergence_ms
             .map_or("not within the bound".to_owned(), |ms| format!("{ms} ms"))
     );
+    let _ = writeln!(
+        out,
+        "| Deployment scaled | {} times acknowledged, {} not |",
+        report.scales.0, report.scales.1
+    );
+    let _ = writeln!(
+        out,
+        "| replica counts exact after the last fault | {} |",
+        report
+            .replicas_ms
+            .map_or("not within the bound".to_owned(), |ms| format!("{ms} ms"))
+    );
+    let _ = writeln!(
+        out,
+        "| an agent without the secret | {} |",
+        report.intrusion_evidence
+    );
+    if c.sabotage {
+        let _ = writeln!(
+            out,
+            "| self-test | the invariants of checkers 3 and 6 were broken on purpose |"
+        );
+    }
     let _ = writeln!(out, "\n## Checkers\n\n| checker | violations |\n|---|---|");
     for (name, count) in &report.checkers {
         let _ = writeln!(out, "| {name} | {count} |");

@@ -15,7 +15,9 @@ use serde_json::{Value, json};
 use shoal_agent::client::{ClientError, ControlClient};
 use shoal_agent::testkit::AgentProcess;
 
-use crate::checker::{self, DigestSample, Final, Leftovers, Violation};
+use crate::checker::{
+    self, DigestSample, Final, Intrusion, Leftovers, PodSeen, ReplicaSample, Violation,
+};
 use crate::history::{History, Op, Outcome, Request};
 use crate::lab::{self, NetLab};
 use crate::scenario::{self, Fault, Scenario, Step};
@@ -24,6 +26,17 @@ use crate::scenario::{self, Fault, Scenario, Step};
 /// directory `/tmp/shoal-chaos-*`), so `shoal-chaos clean` finds what a killed run left.
 pub const PREFIX: &str = "shc";
 pub const DATA_PREFIX: &str = "shoal-chaos-";
+
+/// The workload's Deployment and DaemonSet (checker 3), and the agent without the secret
+/// (checker 6).
+const APP: &str = "chaos-app";
+const DAEMON: &str = "chaos-daemon";
+const INTRUDER: &str = "intruder";
+/// Every agent serves the Kubernetes API here, inside its host's namespace (checker 6 calls it
+/// without a token).
+const API_PORT: u16 = 6443;
+/// The most replicas the scaler asks for.
+const MAX_REPLICAS: u64 = 4;
 
 #[derive(Debug, Clone)]
 pub struct RunConfig {
@@ -38,6 +51,10 @@ pub struct RunConfig {
     /// Concurrent workload clients and the register objects they write.
     pub clients: usize,
     pub keys: usize,
+    /// The checkers' self-test: the run breaks two invariants on purpose — the agent meant to
+    /// be without the secret is given the cluster's, and once the faults are healed a pod of
+    /// a foreign controller joins the Deployment's — so checkers 3 and 6 must report them.
+    pub sabotage: bool,
 }
 
 impl RunConfig {
@@ -51,6 +68,7 @@ impl RunConfig {
             converge_bound: Duration::from_secs(60),
             clients: 4,
             keys: 8,
+            sabotage: false,
         }
     }
 }
@@ -69,6 +87,12 @@ pub struct RunReport {
     pub convergence_ms: Option<u64>,
     pub violations: Vec<Violation>,
     pub checkers: Vec<(&'static str, usize)>,
+    /// Scale requests acknowledged and not.
+    pub scales: (usize, usize),
+    /// From the heal to exact replica counts (checker 3).
+    pub replicas_ms: Option<u64>,
+    /// What checker 6 judged from, in a line.
+    pub intrusion_evidence: String,
 }
 
 impl RunReport {
@@ -104,7 +128,7 @@ pub fn require_root() -> anyhow::Result<()> {
         nix::unistd::geteuid().is_root(),
         "shoal-chaos needs root: it creates network namespaces, veths and nftables rules, and runs agents inside them (run it with sudo)"
     );
-    for tool in ["ip", "nft"] {
+    for tool in ["ip", "nft", "curl"] {
         let found = std::process::Command::new(tool)
             .arg("-V")
             .stdout(std::process::Stdio::null())
@@ -113,7 +137,7 @@ pub fn require_root() -> anyhow::Result<()> {
             .is_ok();
         anyhow::ensure!(
             found,
-            "shoal-chaos needs `{tool}` (apt-get install iproute2 nftables)"
+            "shoal-chaos needs `{tool}` (apt-get install iproute2 nftables curl)"
         );
     }
     Ok(())
@@ -124,6 +148,25 @@ fn register(key: &str, value: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "ConfigMap",
            "metadata": {"name": key, "namespace": "default", "labels": {"shoal-chaos": "register"}},
            "data": {"v": value}})
+}
+
+/// The workload's Deployment: pods of an image no node has, so they exist in desired state and
+/// on their nodes (pulling, backing off) without running anything, which is what the counts need.
+fn deployment(replicas: u64) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "Deployment",
+           "metadata": {"name": APP, "namespace": "default"},
+           "spec": {"replicas": replicas,
+                    "selector": {"matchLabels": {"app": APP}},
+                    "template": {"metadata": {"labels": {"app": APP}},
+                                 "spec": {"containers": [{"name": "c", "image": "chaos.invalid/none:1"}]}}}})
+}
+
+fn daemon_set() -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+           "metadata": {"name": DAEMON, "namespace": "default"},
+           "spec": {"selector": {"matchLabels": {"app": DAEMON}},
+                    "template": {"metadata": {"labels": {"app": DAEMON}},
+                                 "spec": {"containers": [{"name": "c", "image": "chaos.invalid/none:1"}]}}}})
 }
 
 /// How an answer (or its absence) counts in the history.
@@ -165,6 +208,12 @@ struct Workload {
     next_id: AtomicU64,
     stop: AtomicBool,
     ops: Mutex<Vec<Op>>,
+    scales: Mutex<(usize, usize)>,
+    /// The lab's agent names, and the agent without the secret with its gossip address.
+    names: Vec<String>,
+    intruder: ControlClient,
+    intruder_addr: std::net::SocketAddr,
+    intrusion: Mutex<Intrusion>,
 }
 
 impl Workload {
@@ -230,6 +279,99 @@ impl Workload {
             });
             tokio::time::sleep(Duration::from_millis(rng.random_range(50..150))).await;
         }
+    }
+}
+
+impl Workload {
+    /// Sets the Deployment's replicas to a random count through a random agent, every 1–3 s
+    /// (read, change, write back, as `kubectl scale` without a precondition).
+    async fn scaler_loop(self: Arc<Self>, seed: u64) {
+        use rand::{RngExt, SeedableRng};
+        let mut rng = rand::rngs::Xoshiro256PlusPlus::seed_from_u64(seed);
+        while !self.stop.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(rng.random_range(1_000..3_000))).await;
+            let client = &self.clients[rng.random_range(0..self.clients.len())];
+            let replicas = rng.random_range(0..=MAX_REPLICAS);
+            let scale = async {
+                let path = format!("/v1/objects/deployments/{APP}?namespace=default");
+                let (status, bytes) = client.send(hyper::Method::GET, &path, None).await.ok()?;
+                let mut object: Value = serde_json::from_slice(&bytes).ok()?;
+                if status != 200 {
+                    return None;
+                }
+                object["spec"]["replicas"] = json!(replicas);
+                if let Some(meta) = object["metadata"].as_object_mut() {
+                    meta.remove("resourceVersion");
+                }
+                if let Some(o) = object.as_object_mut() {
+                    o.remove("status");
+                }
+                let body = serde_json::to_vec(&object).ok()?;
+                let (status, _) = client
+                    .send(hyper::Method::PUT, "/v1/objects", Some(body))
+                    .await
+                    .ok()?;
+                (status == 200 || status == 201).then_some(())
+            };
+            let done = tokio::time::timeout(Duration::from_secs(10), scale).await;
+            let mut scales = self.scales.lock().unwrap();
+            match done {
+                Ok(Some(())) => scales.0 += 1,
+                _ => scales.1 += 1,
+            }
+        }
+    }
+
+    /// Every 500 ms until the workload stops: whom each agent and the intruder list as members
+    /// (checker 6).
+    async fn membership_sampler(self: Arc<Self>) {
+        loop {
+            self.sample_membership().await;
+            if self.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    async fn sample_membership(&self) {
+        let ask = Duration::from_secs(1);
+        for (name, client) in self.names.iter().zip(&self.clients) {
+            // A paused or killed agent does not answer; that is no evidence either way.
+            if let Ok(Ok(members)) = tokio::time::timeout(ask, client.members()).await {
+                let names = self.member_names(&members);
+                let at = self.ms();
+                self.intrusion
+                    .lock()
+                    .unwrap()
+                    .views
+                    .push((name.clone(), at, names));
+            }
+        }
+        if let Ok(Ok(members)) = tokio::time::timeout(ask, self.intruder.members()).await {
+            let names = self.member_names(&members);
+            let at = self.ms();
+            self.intrusion
+                .lock()
+                .unwrap()
+                .intruder_views
+                .push((at, names));
+        }
+    }
+
+    /// Member names; one at the intruder's address counts as the intruder whatever it calls
+    /// itself.
+    fn member_names(&self, members: &[shoal_gossip::Member]) -> Vec<String> {
+        members
+            .iter()
+            .map(|m| {
+                if m.gossip_addr == self.intruder_addr {
+                    INTRUDER.to_owned()
+                } else {
+                    m.name().to_owned()
+                }
+            })
+            .collect()
     }
 }
 
@@ -390,7 +532,36 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     let prefix = format!("{PREFIX}{}", pid % 100_000);
     let root = tempfile::Builder::new().prefix(DATA_PREFIX).tempdir()?;
     let lab = NetLab::with_prefix(&prefix, pid % 250 + 1, config.nodes)?;
-    let mut agents = crate::start_cluster_in(root.path(), &lab, config.nodes, &[]).await?;
+    let api = format!("0.0.0.0:{API_PORT}");
+    let mut agents =
+        crate::start_cluster_in(root.path(), &lab, config.nodes, &["--api", &api]).await?;
+    // Checker 6's agent: another cluster's secret, the same seeds, beside host 0's agent.
+    let intruder_addr = std::net::SocketAddr::new(lab.address(0), 7601);
+    let binary = crate::shoal_binary()?;
+    let intruder_secret = if config.sabotage {
+        root.path().join("secret")
+    } else {
+        let secret = root.path().join("intruder-secret");
+        shoal_agent::testkit::init_secret(&binary, &secret)?;
+        secret
+    };
+    let mut intruder_spec =
+        shoal_agent::testkit::AgentSpec::new(&binary, root.path(), INTRUDER, &intruder_secret)
+            .bind(intruder_addr)
+            .netns(&lab.host(0));
+    for agent in &agents {
+        intruder_spec = intruder_spec.join(agent.gossip_addr());
+    }
+    let intruder = AgentProcess::start(intruder_spec).await?;
+    // Checker 3's objects, before any fault.
+    for object in [deployment(2), daemon_set()] {
+        let (status, answer) = agents[0].apply(&object).await?;
+        anyhow::ensure!(
+            status == 200 || status == 201,
+            "creating the workload's {}: {status} {answer}",
+            object["kind"]
+        );
+    }
     let started = Instant::now();
     let workload = Arc::new(Workload {
         clients: agents
@@ -402,6 +573,14 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
         next_id: AtomicU64::new(0),
         stop: AtomicBool::new(false),
         ops: Mutex::new(Vec::new()),
+        scales: Mutex::new((0, 0)),
+        names: agents.iter().map(|a| a.name().to_owned()).collect(),
+        intruder: ControlClient::for_data_dir(intruder.data_dir()),
+        intruder_addr,
+        intrusion: Mutex::new(Intrusion {
+            intruder: INTRUDER.to_owned(),
+            ..Intrusion::default()
+        }),
     });
     let clients: Vec<_> = (0..config.clients)
         .map(|c| {
@@ -412,6 +591,8 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
             )
         })
         .collect();
+    let scaler = tokio::spawn(workload.clone().scaler_loop(config.seed ^ 0x5ca1e));
+    let sampler = tokio::spawn(workload.clone().membership_sampler());
     let mut driver = FaultDriver {
         lab: &lab,
         agents: &mut agents,
@@ -426,6 +607,8 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     for client in clients {
         let _ = client.await;
     }
+    let _ = scaler.await;
+    let _ = sampler.await;
     played?;
     let quiet_ms = started.elapsed().as_millis() as u64;
 
@@ -468,12 +651,92 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     checkers.push((checker::ACKNOWLEDGED_WRITES, acked.len()));
     violations.extend(acked);
 
+    if config.sabotage {
+        let stray = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "chaos-app-stray", "namespace": "default", "labels": {"app": APP},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                             "name": "not-the-deployments", "uid": "00000000-0000-0000-0000-00000000dead",
+                             "controller": true}]},
+            "spec": {"containers": [{"name": "c", "image": "chaos.invalid/none:1"}]}});
+        let (status, answer) = agents[0].apply(&stray).await?;
+        anyhow::ensure!(status == 201, "sabotage: the stray pod: {status} {answer}");
+    }
+    // Checker 3: replica counts exact within the bound (controllers act after the stores agree).
+    let mut replica_samples = Vec::new();
+    let nodes: Vec<String> = agents.iter().map(|a| a.name().to_owned()).collect();
+    let deadline = Instant::now() + config.converge_bound;
+    loop {
+        let sample = replica_sample(&agents[0], &nodes, started).await?;
+        let exact = sample.problems().is_empty();
+        replica_samples.push(sample);
+        if exact || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let replicas = checker::replicas(
+        &replica_samples,
+        quiet_ms,
+        config.converge_bound.as_millis() as u64,
+    );
+    let replicas_ms = replicas.as_ref().ok().copied();
+    checkers.push((checker::REPLICAS, usize::from(replicas.is_err())));
+    violations.extend(replicas.err());
+
+    // Checker 6: the intruder stayed out, and the API wants a token. It has had the whole run
+    // and the convergence to get in: one more look now.
+    workload.sample_membership().await;
+    let mut intrusion = std::mem::take(&mut *workload.intrusion.lock().unwrap());
+    for k in 0..config.keys {
+        let key = format!("reg-{k}");
+        if intruder
+            .object("configmaps", "default", &key)
+            .await?
+            .is_some()
+        {
+            intrusion.intruder_objects.push(format!("configmaps/{key}"));
+        }
+    }
+    if intruder
+        .object("deployments", "default", APP)
+        .await?
+        .is_some()
+    {
+        intrusion
+            .intruder_objects
+            .push(format!("deployments/{APP}"));
+    }
+    for (i, agent) in agents.iter().enumerate() {
+        for (what, status) in unauthenticated_calls(&lab.host(i), lab.address(i)) {
+            intrusion
+                .unauthenticated
+                .push((agent.name().to_owned(), what, status));
+        }
+    }
+    let secret = checker::secret(&intrusion);
+    checkers.push((checker::SECRET, secret.len()));
+    violations.extend(secret);
+    let intrusion_evidence = format!(
+        "{} membership samples of the agents and {} of the intruder; API calls without a valid token: {}",
+        intrusion.views.len(),
+        intrusion.intruder_views.len(),
+        intrusion
+            .unauthenticated
+            .iter()
+            .map(|(_, _, status)| status.to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let scales = *workload.scales.lock().unwrap();
+
     // Checker 7: teardown leaves nothing, and no agent panicked.
     let logs: Vec<(String, String)> = agents
         .iter()
+        .chain([&intruder])
         .map(|a| (a.name().to_owned(), a.log()))
         .collect();
     drop(agents);
+    drop(intruder);
     drop(lab);
     let leftovers = leftovers(&prefix, root.path());
     let teardown = checker::teardown(&leftovers, &logs);
@@ -490,6 +753,9 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
         convergence_ms,
         violations,
         checkers,
+        scales,
+        replicas_ms,
+        intrusion_evidence,
     };
     if let Some(dir) = &report.config.report_dir {
         crate::report::write(&report, dir)?;
@@ -516,6 +782,107 @@ async fn final_state(agent: &AgentProcess, keys: usize) -> anyhow::Result<BTreeM
         }
     }
     Ok(finals)
+}
+
+/// The Deployment's and the DaemonSet's pods as `agent`'s store holds them.
+async fn replica_sample(
+    agent: &AgentProcess,
+    nodes: &[String],
+    started: Instant,
+) -> anyhow::Result<ReplicaSample> {
+    let list = |kind: &'static str| async move {
+        let path = format!("/v1/objects/{kind}?namespace=default");
+        let (status, list) = agent.call(hyper::Method::GET, &path, None).await?;
+        anyhow::ensure!(status == 200, "{path}: {status} {list}");
+        Ok::<Vec<Value>, anyhow::Error>(list["items"].as_array().cloned().unwrap_or_default())
+    };
+    let uid = |o: &Value| o["metadata"]["uid"].as_str().unwrap_or_default().to_owned();
+    let controller = |o: &Value| {
+        o["metadata"]["ownerReferences"]
+            .as_array()?
+            .iter()
+            .find(|r| r["controller"] == true)
+            .and_then(|r| r["uid"].as_str())
+            .map(str::to_owned)
+    };
+    let deployment = agent.object("deployments", "default", APP).await?;
+    let daemon_set = agent.object("daemonsets", "default", DAEMON).await?;
+    let deployment_uid = deployment.as_ref().map(uid);
+    let replica_sets = list("replicasets")
+        .await?
+        .iter()
+        .filter(|rs| deployment_uid.is_some() && controller(rs) == deployment_uid)
+        .map(uid)
+        .collect();
+    let mut pods = Vec::new();
+    let mut daemon_pods = Vec::new();
+    for pod in list("pods").await? {
+        if !pod["metadata"]["deletionTimestamp"].is_null() {
+            continue;
+        }
+        let seen = PodSeen {
+            name: pod["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            controller: controller(&pod),
+            node: pod["spec"]["nodeName"].as_str().map(str::to_owned),
+        };
+        match pod["metadata"]["labels"]["app"].as_str() {
+            Some(APP) => pods.push(seen),
+            Some(DAEMON) => daemon_pods.push(seen),
+            _ => {}
+        }
+    }
+    Ok(ReplicaSample {
+        at_ms: started.elapsed().as_millis() as u64,
+        desired: deployment
+            .as_ref()
+            .and_then(|d| d["spec"]["replicas"].as_u64()),
+        replica_sets,
+        pods,
+        daemon_set: daemon_set.as_ref().map(uid),
+        nodes: nodes.to_vec(),
+        daemon_pods,
+    })
+}
+
+/// Calls host `host`'s API without a token and with a wrong one, from inside its namespace (the
+/// lab has no route in from outside): each request and the status it got (0: no answer).
+fn unauthenticated_calls(host: &str, address: std::net::IpAddr) -> Vec<(String, u16)> {
+    let url = format!("https://{address}:{API_PORT}/api/v1/namespaces/default/configmaps");
+    let wrong = "Authorization: Bearer not-the-cluster-token";
+    let body = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"intruded"}}"#;
+    let calls: [(&str, Vec<&str>); 3] = [
+        ("GET configmaps without a token", vec![]),
+        ("GET configmaps with a wrong token", vec!["-H", wrong]),
+        (
+            "POST a configmap with a wrong token",
+            vec![
+                "-H",
+                wrong,
+                "-H",
+                "Content-Type: application/json",
+                "-d",
+                body,
+            ],
+        ),
+    ];
+    calls
+        .into_iter()
+        .map(|(what, args)| {
+            let status = std::process::Command::new("ip")
+                .args(["netns", "exec", host, "curl", "-sk", "-m", "10"])
+                .args(["-o", "/dev/null", "-w", "%{http_code}"])
+                .args(&args)
+                .arg(&url)
+                .output()
+                .ok()
+                .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+                .unwrap_or(0);
+            (what.to_owned(), status)
+        })
+        .collect()
 }
 
 /// What is left of a lab named `prefix` with data under `root`: namespaces, processes, mounts.

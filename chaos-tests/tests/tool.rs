@@ -47,3 +47,26 @@ async fn every_named_scenario_passes_every_checker() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
+
+/// The checkers can fail against the real agents: a run that gives the cluster's secret to the
+/// agent meant to lack it, and adds a foreign controller's pod to the Deployment's, must be
+/// reported by checkers 6 and 3 (and by nothing else).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_self_test_run_is_caught_by_the_replica_and_secret_checkers() {
+    let mut config = RunConfig::new(scenario("loss").unwrap(), 5, Duration::from_secs(8), 7);
+    config.sabotage = true;
+    // Counts that never become exact are waited for this long.
+    config.converge_bound = Duration::from_secs(20);
+    let report = run(config).await.expect("the harness runs");
+    let caught: std::collections::BTreeSet<&str> =
+        report.violations.iter().map(|v| v.checker).collect();
+    assert_eq!(
+        caught,
+        [shoal_chaos::checker::REPLICAS, shoal_chaos::checker::SECRET].into(),
+        "{}",
+        markdown(&report)
+    );
+    let text = markdown(&report);
+    assert!(text.contains("chaos-app-stray"), "{text}");
+    assert!(text.contains("intruder"), "{text}");
+}

@@ -4,6 +4,7 @@
 //! ```text
 //! shoal-chaos list
 //! shoal-chaos run [--nodes 5] [--duration 5m] [--seed N] [--scenario NAME|random] [--report DIR]
+//!                  [--clients 4] [--self-test]
 //! shoal-chaos clean
 //! ```
 //!
@@ -51,6 +52,11 @@ enum Command {
         /// Concurrent workload clients.
         #[arg(long, default_value_t = 4)]
         clients: usize,
+        /// The checkers' self-test: give the agent meant to lack the secret the cluster's, and
+        /// add a pod of a foreign controller to the Deployment's after the faults; the run must
+        /// then fail checkers 3 and 6.
+        #[arg(long)]
+        self_test: bool,
     },
     /// Remove what killed runs left (agents, namespaces, data directories).
     Clean,
@@ -87,6 +93,7 @@ fn main() {
             scenario: name,
             report,
             clients,
+            self_test,
         } => {
             let Some(scenario) = scenario(&name) else {
                 eprintln!(
@@ -108,6 +115,7 @@ fn main() {
             let mut config = RunConfig::new(scenario, nodes, duration, seed);
             config.report_dir = report;
             config.clients = clients.max(1);
+            config.sabotage = self_test;
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
