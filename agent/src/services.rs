@@ -170,45 +170,59 @@ pub fn start(
         );
         let mut last: Vec<DnsService> = Vec::new();
         let mut serving: Option<(Ipv4Addr, tokio::task::JoinHandle<()>)> = None;
+        // The store's version and the statuses' when the rules and records last matched them:
+        // while neither moves there is nothing to derive again.
+        let mut derived_from: Option<(u64, u64)> = None;
         loop {
-            let derived = crate::endpoints::services_with_backends(&replication, &statuses, None);
-            let services: Vec<DnsService> =
-                derived.iter().map(|(s, b)| dns_service(s, b)).collect();
-            let ports: Vec<shoal_net::nft::ServicePort> = derived
-                .iter()
-                .flat_map(|(s, b)| service_ports(s, b))
-                .collect();
-            let wanted = (cluster, ports.clone());
-            if applied.as_ref() != Some(&wanted) {
-                let table_name = table.clone();
-                let attempt = ports.clone();
-                let loaded = tokio::task::spawn_blocking(move || {
-                    // The rebuild flushes what is loaded and keeps the sets of clients pinned
-                    // by ClientIP affinity (only this task changes the table).
-                    let current = shoal_net::nft::loaded(&table_name);
-                    shoal_net::nft::apply(&shoal_net::nft::ruleset(
-                        &table_name,
-                        cluster,
-                        &attempt,
-                        &current,
-                    ))
-                })
-                .await;
-                match loaded {
-                    Ok(Ok(())) => {
-                        tracing::debug!(table = %table, ports = ports.len(), "service rules loaded");
-                        applied = Some(wanted);
+            let inputs = (
+                replication.read(|s| s.resource_version()),
+                statuses.version(),
+            );
+            if derived_from != Some(inputs) {
+                let derived =
+                    crate::endpoints::services_with_backends(&replication, &statuses, None);
+                let services: Vec<DnsService> =
+                    derived.iter().map(|(s, b)| dns_service(s, b)).collect();
+                let ports: Vec<shoal_net::nft::ServicePort> = derived
+                    .iter()
+                    .flat_map(|(s, b)| service_ports(s, b))
+                    .collect();
+                let wanted = (cluster, ports.clone());
+                if applied.as_ref() != Some(&wanted) {
+                    let table_name = table.clone();
+                    let attempt = ports.clone();
+                    let loaded = tokio::task::spawn_blocking(move || {
+                        // The rebuild flushes what is loaded and keeps the sets of clients pinned
+                        // by ClientIP affinity (only this task changes the table).
+                        let current = shoal_net::nft::loaded(&table_name);
+                        shoal_net::nft::apply(&shoal_net::nft::ruleset(
+                            &table_name,
+                            cluster,
+                            &attempt,
+                            &current,
+                        ))
+                    })
+                    .await;
+                    match loaded {
+                        Ok(Ok(())) => {
+                            tracing::debug!(table = %table, ports = ports.len(), "service rules loaded");
+                            applied = Some(wanted);
+                        }
+                        Ok(Err(e)) => {
+                            warn!(table = %table, error = %e, "service rules not loaded; retrying");
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                        Err(e) => warn!(error = %e, "service rules task"),
                     }
-                    Ok(Err(e)) => {
-                        warn!(table = %table, error = %e, "service rules not loaded; retrying");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                    Err(e) => warn!(error = %e, "service rules task"),
                 }
-            }
-            if services != last {
-                tx.send_replace(Arc::new(Records::build(&domain, &services)));
-                last = services;
+                if services != last {
+                    tx.send_replace(Arc::new(Records::build(&domain, &services)));
+                    last = services;
+                }
+                // Derived again next round unless the rules loaded.
+                if applied.as_ref().is_some_and(|(_, p)| *p == ports) {
+                    derived_from = Some(inputs);
+                }
             }
             let want = gateway();
             let running = serving

@@ -9,6 +9,10 @@ use shoal_chaos::report::markdown;
 use shoal_chaos::run::{RunConfig, run};
 use shoal_chaos::scenario::scenario;
 
+/// One lab at a time: the tests of this binary would otherwise build labs of the same name (the
+/// name comes from the process id) side by side.
+static LAB: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 const PROFILE: &[&str] = &[
     "partition",
     "one-way",
@@ -22,6 +26,7 @@ const PROFILE: &[&str] = &[
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_named_scenario_passes_every_checker() {
+    let _lab = LAB.lock().await;
     let seed: u64 = std::env::var("SHOAL_CHAOS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -53,6 +58,7 @@ async fn every_named_scenario_passes_every_checker() {
 /// reported by checkers 6 and 3 (and by nothing else).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_self_test_run_is_caught_by_the_replica_and_secret_checkers() {
+    let _lab = LAB.lock().await;
     let mut config = RunConfig::new(scenario("loss").unwrap(), 5, Duration::from_secs(8), 7);
     config.sabotage = true;
     // Counts that never become exact are waited for this long.

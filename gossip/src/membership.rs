@@ -224,6 +224,24 @@ impl Membership {
         }
     }
 
+    /// What [`Membership::dynamic_values`] and the live nodes' metadata depend on, cheap to
+    /// compare: each live node (id, generation) with the highest version of its published
+    /// state. Equal answers mean no live node published, changed or deleted a key in between
+    /// and none came or went, so a reader polling those values may skip the round.
+    pub async fn values_version(&self) -> Vec<(String, u64, u64)> {
+        let chitchat = self.handle.chitchat();
+        let chitchat = chitchat.lock().await;
+        let mut out: Vec<(String, u64, u64)> = live_ids(&chitchat, &self.tracker)
+            .into_iter()
+            .map(|id| {
+                let version = chitchat.node_state(id).map_or(0, |s| s.max_version());
+                (id.node_id.to_string(), id.generation_id, version)
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Every live node's keys starting with `prefix`, this node's included (newest generation
     /// of each node id): (node id, key, value).
     pub async fn dynamic_values(&self, prefix: &str) -> Vec<(String, String, String)> {

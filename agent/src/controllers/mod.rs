@@ -19,9 +19,11 @@ pub mod replica_set;
 pub mod service_ip;
 pub mod workload;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
 use serde_json::Value;
 use shoal_gossip::{MemberState, Membership};
@@ -317,9 +319,40 @@ impl Controllers {
     async fn run(self: Arc<Self>) {
         let mut changes = self.replication.subscribe();
         let mut statuses = self.statuses.subscribe();
+        let wakes = |change: &shoal_state::Change| {
+            matches!(
+                change.key.kind.as_str(),
+                "Pod" | "ReplicaSet" | "Deployment" | "Job" | "CronJob" | "Service" | "Namespace"
+            )
+        };
         loop {
-            self.pass().await;
+            // Only the statuses of pods a controller controls feed a reconcile (readiness,
+            // completion); a bare pod's status changing wakes nothing.
+            let controlled = self.pass().await;
             tokio::time::sleep(self.config.debounce).await;
+            // What came in during the pass and the debounce is covered by one more pass, all of
+            // it: taking one change per pass would replay a burst (a thousand pods created) as
+            // a thousand passes over the whole store.
+            let mut again = false;
+            loop {
+                match changes.try_recv() {
+                    Ok(c) => again |= wakes(&c),
+                    Err(TryRecvError::Lagged(_)) => again = true,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Closed) => return,
+                }
+            }
+            loop {
+                match statuses.try_recv() {
+                    Ok(c) => again |= controlled.contains(&c.uid),
+                    Err(TryRecvError::Lagged(_)) => again = true,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Closed) => return,
+                }
+            }
+            if again {
+                continue;
+            }
             // Wait for a change of a workload or a pod (stored or observed), or the resync.
             let resync = tokio::time::sleep(self.config.resync);
             tokio::pin!(resync);
@@ -327,12 +360,17 @@ impl Controllers {
                 tokio::select! {
                     _ = &mut resync => break,
                     change = changes.recv() => match change {
-                        Ok(c) if matches!(c.key.kind.as_str(), "Pod" | "ReplicaSet" | "Deployment" | "Job" | "CronJob" | "Service" | "Namespace") => break,
+                        Ok(c) if wakes(&c) => break,
                         Ok(_) => {}
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
-                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                        Err(RecvError::Lagged(_)) => break,
+                        Err(RecvError::Closed) => return,
                     },
-                    _ = statuses.recv() => break,
+                    change = statuses.recv() => match change {
+                        Ok(c) if controlled.contains(&c.uid) => break,
+                        Ok(_) => {}
+                        Err(RecvError::Lagged(_)) => break,
+                        Err(RecvError::Closed) => return,
+                    },
                 }
             }
         }
@@ -354,10 +392,18 @@ impl Controllers {
             == Some(self.node_id)
     }
 
-    /// One reconcile of every workload this node owns.
-    async fn pass(&self) {
+    /// One reconcile of every workload this node owns; returns the uids of the pods some
+    /// controller controls (whose statuses matter to the next pass).
+    async fn pass(&self) -> HashSet<String> {
         let live = self.live_nodes().await;
         let snapshot = Snapshot::read(&self.replication, &self.statuses);
+        let controlled = snapshot
+            .pods
+            .values()
+            .flat_map(NamespacePods::all)
+            .filter(|p| p.controller_uid.is_some())
+            .map(|p| p.uid.clone())
+            .collect();
         let mut actions = Vec::new();
         for d in snapshot.deployments.iter().filter(|d| self.owns(d, &live)) {
             let namespace = namespace_of(d);
@@ -402,6 +448,7 @@ impl Controllers {
         .await;
         self.service_ips(&live).await;
         self.namespaces(&live).await;
+        controlled
     }
 
     /// Creates the built-in namespaces (their owner: the node owning a fixed name), and empties

@@ -42,6 +42,8 @@ pub struct PodStatusCache {
     /// still stops it).
     statuses: Mutex<HashMap<String, Vec<PublishedStatus>>>,
     changed: tokio::sync::broadcast::Sender<StatusChange>,
+    /// Counts the changes (a reader that saw the same value has seen every status since).
+    version: std::sync::atomic::AtomicU64,
 }
 
 impl Default for PodStatusCache {
@@ -49,11 +51,17 @@ impl Default for PodStatusCache {
         Self {
             statuses: Mutex::new(HashMap::new()),
             changed: tokio::sync::broadcast::channel(1024).0,
+            version: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }
 
 impl PodStatusCache {
+    /// A number that moves whenever any status changes.
+    pub fn version(&self) -> u64 {
+        self.version.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// The status node `node` published for pod `uid`.
     pub fn get(&self, uid: &str, node: &str) -> Option<Value> {
         self.statuses
@@ -94,6 +102,10 @@ impl PodStatusCache {
         if list.is_empty() {
             statuses.remove(uid);
         }
+        if changed {
+            self.version
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
         drop(statuses);
         if changed && let Some(change) = change {
             let _ = self.changed.send(change);
@@ -127,6 +139,10 @@ impl PodStatusCache {
                 .filter_map(|(uid, s)| change(uid, s)),
         );
         *statuses = fresh;
+        if !changed.is_empty() {
+            self.version
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
         drop(statuses);
         for c in changed {
             let _ = self.changed.send(c);
@@ -139,8 +155,15 @@ impl PodStatusCache {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // (node id, key) → the raw value last seen and its parse.
         let mut parsed: HashMap<(String, String), (String, PodReport)> = HashMap::new();
+        let mut seen_version = None;
         loop {
             ticker.tick().await;
+            // Nothing published, changed or gone since the last round: nothing to read.
+            let version = membership.values_version().await;
+            if seen_version.as_ref() == Some(&version) {
+                continue;
+            }
+            seen_version = Some(version);
             let names: HashMap<String, String> = membership
                 .members()
                 .await
@@ -177,5 +200,52 @@ impl PodStatusCache {
             parsed = seen;
             self.replace(fresh);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(phase: &str) -> PodReport {
+        PodReport {
+            namespace: "default".into(),
+            name: "p".into(),
+            status: serde_json::json!({"phase": phase}),
+        }
+    }
+
+    #[test]
+    fn the_version_moves_with_every_change_and_only_then() {
+        let cache = PodStatusCache::default();
+        let mut changes = cache.subscribe();
+        let v0 = cache.version();
+        cache.set_local("u1", "n0", Some(report("Pending")));
+        let v1 = cache.version();
+        assert!(v1 > v0);
+        assert_eq!(changes.try_recv().unwrap().uid, "u1");
+        // The same status again changes nothing.
+        cache.set_local("u1", "n0", Some(report("Pending")));
+        assert_eq!(cache.version(), v1);
+        assert!(changes.try_recv().is_err());
+        // A replace with what is there changes nothing; one without the pod does.
+        let same: HashMap<String, Vec<PublishedStatus>> = [(
+            "u1".to_owned(),
+            vec![PublishedStatus {
+                node: "n0".into(),
+                report: report("Pending"),
+            }],
+        )]
+        .into();
+        cache.replace(same);
+        assert_eq!(cache.version(), v1);
+        cache.replace(HashMap::new());
+        assert!(cache.version() > v1);
+        assert_eq!(
+            cache.status_of(
+                &serde_json::json!({"metadata": {"uid": "u1"}, "spec": {"nodeName": "n0"}})
+            ),
+            None
+        );
     }
 }

@@ -189,6 +189,27 @@ async fn cluster_converges_and_detects_failure(net: &dyn TestNet) {
         .collect();
     assert_eq!(names, ["n0", "n1", "n2", "n3"]);
 
+    // The values' version stands still while nobody publishes, and moves when a peer does
+    // (readers polling the values skip the rounds in between).
+    let quiet = nodes[0].values_version().await;
+    assert_eq!(quiet.len(), 4, "{quiet:?}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(nodes[0].values_version().await, quiet);
+    nodes[2].set_dynamic("pod.x", Some("1".into())).await;
+    wait_until(
+        "the published value seen",
+        Duration::from_secs(10),
+        || async {
+            nodes[0]
+                .dynamic_values("pod.")
+                .await
+                .iter()
+                .any(|(id, key, value)| id == "id2" && key == "pod.x" && value == "1")
+        },
+    )
+    .await;
+    assert_ne!(nodes[0].values_version().await, quiet);
+
     let gone = nodes.pop().unwrap();
     gone.shutdown().await;
     for node in &nodes {
@@ -203,6 +224,8 @@ async fn cluster_converges_and_detects_failure(net: &dyn TestNet) {
             },
         )
         .await;
+        let version = node.values_version().await;
+        assert!(version.iter().all(|(id, _, _)| id != "id3"), "{version:?}");
     }
     for node in nodes {
         node.shutdown().await;
