@@ -106,6 +106,8 @@ async fn pods_reach_pods_on_other_nodes_by_ip_and_nothing_is_left() {
             "--cleanup",
             "--api",
             "0.0.0.0:6443",
+            // For the hostNetwork client.
+            "--allow-privileged",
         ],
     )
     .await
@@ -450,6 +452,39 @@ async fn pods_reach_pods_on_other_nodes_by_ip_and_nothing_is_left() {
     assert!(
         log.contains("SELF hello from client"),
         "a pod reaches itself through its own Service (hairpin): {log}"
+    );
+
+    // A pod in the node's network namespace asking for the cluster's DNS
+    // (ClusterFirstWithHostNet) gets the node's own server, on its bridge's gateway; under
+    // ClusterFirst it would get the node's resolv.conf, as with the kubelet.
+    let host_client = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "host-client", "namespace": "default"},
+        "spec": {"nodeName": "n1", "restartPolicy": "Never", "hostNetwork": true,
+                 "dnsPolicy": "ClusterFirstWithHostNet", "containers": [{
+            "name": "c", "image": "shoal.local/busybox:1",
+            "command": ["sh", "-c", "cat /etc/resolv.conf; nslookup web.default.svc.cluster.local"]}]}});
+    assert_eq!(agents[0].apply(&host_client).await.unwrap().0, 201);
+    let done = wait_until("the hostNetwork client done", LIMIT, || async {
+        pod(&agents[0], "host-client").await["status"]["containerStatuses"][0]["state"]
+            ["terminated"]
+            .is_object()
+    })
+    .await;
+    if let Err(e) = done {
+        panic!("{e}: {}", pod(&agents[0], "host-client").await);
+    }
+    let host_uid = pod(&agents[0], "host-client").await["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let host_log = log_of(&agents[1], &host_uid, "c");
+    assert!(
+        host_log.contains(&format!(
+            "nameserver {}",
+            blocks[&1].hosts().next().unwrap()
+        )) && host_log.contains("options ndots:5")
+            && host_log.contains(&format!("Address: {cluster_ip}")),
+        "a hostNetwork pod resolves the Service through its node's DNS: {host_log}"
     );
 
     // Deleting a pod removes its veth from its node.

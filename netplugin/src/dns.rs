@@ -514,14 +514,21 @@ pub struct PodDns {
 
 /// A pod's resolv.conf: the node's DNS server (`cluster_dns`) and the cluster search path
 /// under ClusterFirst; the node's own resolv.conf under Default; only dnsConfig under None.
+/// A pod in the node's network namespace (`host_network`) gets the cluster's only with
+/// ClusterFirstWithHostNet, and the node's under ClusterFirst, as the kubelet does.
 /// dnsConfig's entries are appended as Kubernetes does (at most 3 nameservers, 32 searches).
 pub fn resolv_conf(
     dns: &PodDns,
     namespace: &str,
     domain: &str,
     cluster_dns: Option<Ipv4Addr>,
+    host_network: bool,
     node_resolv_conf: &str,
 ) -> String {
+    let cluster_dns = match (dns.policy.as_str(), host_network) {
+        ("ClusterFirstWithHostNet", _) | (_, false) => cluster_dns,
+        (_, true) => None,
+    };
     let mut nameservers: Vec<String> = Vec::new();
     let mut searches: Vec<String> = Vec::new();
     let mut options: Vec<String> = Vec::new();
@@ -759,6 +766,7 @@ mod tests {
             "shop",
             "cluster.local",
             gw,
+            false,
             node,
         );
         assert_eq!(
@@ -773,6 +781,7 @@ mod tests {
             "shop",
             "cluster.local",
             gw,
+            false,
             node,
         );
         assert_eq!(
@@ -789,6 +798,7 @@ mod tests {
             "shop",
             "cluster.local",
             gw,
+            false,
             node,
         );
         assert_eq!(none, "nameserver 1.1.1.1\nsearch a.b\noptions ndots:2\n");
@@ -801,9 +811,39 @@ mod tests {
             "shop",
             "cluster.local",
             gw,
+            false,
             node,
         );
         assert!(merged.ends_with("options ndots:1\n"), "{merged}");
+        // In the node's network namespace: the cluster's resolver only when asked for.
+        let host = |policy: &str| {
+            resolv_conf(
+                &PodDns {
+                    policy: policy.into(),
+                    ..Default::default()
+                },
+                "shop",
+                "cluster.local",
+                gw,
+                true,
+                node,
+            )
+        };
+        assert_eq!(host("ClusterFirst"), default);
+        assert_eq!(host("ClusterFirstWithHostNet"), first);
+        // Outside it, ClusterFirstWithHostNet is ClusterFirst.
+        let with_host_net = resolv_conf(
+            &PodDns {
+                policy: "ClusterFirstWithHostNet".into(),
+                ..Default::default()
+            },
+            "shop",
+            "cluster.local",
+            gw,
+            false,
+            node,
+        );
+        assert_eq!(with_host_net, first);
         assert_eq!(
             upstreams(node),
             ["192.0.2.53:53".parse::<SocketAddr>().unwrap()]

@@ -76,6 +76,12 @@ pub trait PodNetworkPlugin: Send + Sync + std::fmt::Debug {
     fn is_current(&self, _network: &PodNetwork) -> bool {
         true
     }
+    /// Where this node's cluster DNS listens (its bridge's gateway), for pods that share the
+    /// node's network namespace and ask for it (`dnsPolicy: ClusterFirstWithHostNet`). None
+    /// while the node holds no block, or without a pod network.
+    fn node_dns(&self) -> Option<std::net::Ipv4Addr> {
+        None
+    }
 }
 
 /// Loopback only: the pod's namespace keeps just `lo` (`--pod-network none`).

@@ -408,6 +408,14 @@ impl PodNetworkPlugin for BridgeNetwork {
         Ok(Some(network))
     }
 
+    fn node_dns(&self) -> Option<std::net::Ipv4Addr> {
+        self.ipam
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|ipam| ipam.gateway())
+    }
+
     fn is_current(&self, network: &PodNetwork) -> bool {
         self.block()
             .is_none_or(|b| b.contains(&network.ip) && b.prefix_len() == network.prefix_len)

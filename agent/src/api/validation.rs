@@ -153,6 +153,28 @@ fn validate_pod_spec(spec: &Value, path: &str) -> Result<(), FieldError> {
             ),
         ));
     }
+    if let Some(policy) = spec["dnsPolicy"].as_str() {
+        if !matches!(
+            policy,
+            "ClusterFirstWithHostNet" | "ClusterFirst" | "Default" | "None"
+        ) {
+            return Err(err(
+                format!("{path}.dnsPolicy"),
+                format!(
+                    "Unsupported value: {policy:?}: supported values: \"ClusterFirstWithHostNet\", \"ClusterFirst\", \"Default\", \"None\""
+                ),
+            ));
+        }
+        let nameservers = spec["dnsConfig"]["nameservers"]
+            .as_array()
+            .is_some_and(|n| !n.is_empty());
+        if policy == "None" && !nameservers {
+            return Err(err(
+                format!("{path}.dnsConfig.nameservers"),
+                "Required value: must provide at least one DNS nameserver when `dnsPolicy` is None",
+            ));
+        }
+    }
     Ok(())
 }
 

@@ -703,14 +703,18 @@ impl Runtime {
             ),
         )?;
         write("hostname", format!("{}\n", sandbox.hostname))?;
-        // The node's DNS server listens on the bridge: the pod's gateway.
+        // The node's DNS server listens on the bridge: the pod's gateway (the node's own
+        // gateway for a pod in the node's network namespace).
         write(
             "resolv.conf",
             shoal_net::dns::resolv_conf(
                 &sandbox.dns,
                 &sandbox.namespace,
                 &self.cluster_domain,
-                network.map(|n| n.gateway),
+                network
+                    .map(|n| n.gateway)
+                    .or_else(|| self.network.node_dns()),
+                sandbox.host_network,
                 &std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
             ),
         )?;

@@ -81,6 +81,8 @@ cases = [
     ("POST", P, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}, "application/json", True, 422, "spec.containers[0].image: Required value"),
     ("POST", P, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i", "ports": [{"containerPort": 70000}]}]}}, "application/json", True, 422, "containerPort"),
     ("POST", P, pod(restartPolicy="Sometimes"), "application/json", True, 422, "spec.restartPolicy"),
+    ("POST", P, pod(dnsPolicy="ClusterOnly"), "application/json", True, 422, "spec.dnsPolicy: Unsupported value"),
+    ("POST", P, pod(dnsPolicy="None"), "application/json", True, 422, "spec.dnsConfig.nameservers: Required value"),
     ("POST", P, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}, {"name": "c", "image": "j"}]}}, "application/json", True, 422, "Duplicate value"),
     ("POST", D, deploy(replicas="two"), "application/json", True, 422, "spec.replicas"),
     ("POST", D, deploy(replicas=-1), "application/json", True, 422, "spec.replicas"),
