@@ -20,14 +20,13 @@ pub mod service_ip;
 pub mod workload;
 
 use std::collections::{BTreeMap, HashSet};
-
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
 use serde_json::Value;
 use shoal_gossip::{MemberState, Membership};
 use shoal_state::{ObjectKey, WriteMode, kind};
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tracing::{debug, info, warn};
 
 use crate::kubelet::status::PodStatusCache;
