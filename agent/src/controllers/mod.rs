@@ -184,13 +184,21 @@ impl Snapshot {
     /// Reads the store and the pod statuses.
     pub fn read(replication: &Replication, statuses: &PodStatusCache) -> Self {
         let (deployments, replica_sets, jobs, cron_jobs, pods) = replication.read(|s| {
-            (
-                s.list("apps", "Deployment", None),
-                s.list("apps", "ReplicaSet", None),
-                s.list("batch", "Job", None),
-                s.list("batch", "CronJob", None),
-                s.list("", "Pod", None),
-            )
+            let deployments = s.list("apps", "Deployment", None);
+            let replica_sets = s.list("apps", "ReplicaSet", None);
+            let jobs = s.list("batch", "Job", None);
+            let cron_jobs = s.list("batch", "CronJob", None);
+            // Without a workload no pod is anyone's to reconcile: none is read.
+            let idle = deployments.is_empty()
+                && replica_sets.is_empty()
+                && jobs.is_empty()
+                && cron_jobs.is_empty();
+            let pods = if idle {
+                Vec::new()
+            } else {
+                s.list("", "Pod", None)
+            };
+            (deployments, replica_sets, jobs, cron_jobs, pods)
         });
         let mut views: Vec<PodView> = pods
             .into_iter()
@@ -327,8 +335,12 @@ impl Controllers {
         loop {
             // Only the statuses of pods a controller controls feed a reconcile (readiness,
             // completion); a bare pod's status changing wakes nothing.
+            let began = tokio::time::Instant::now();
             let controlled = self.pass().await;
-            tokio::time::sleep(self.config.debounce).await;
+            // Under a stream of changes (a burst of creates) passes would run back to back and
+            // take a whole core from the API and the scheduler: rest at least as long as the
+            // pass took.
+            tokio::time::sleep(self.config.debounce.max(began.elapsed())).await;
             // What came in during the pass and the debounce is covered by one more pass, all of
             // it: taking one change per pass would replay a burst (a thousand pods created) as
             // a thousand passes over the whole store.
