@@ -16,6 +16,8 @@ pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  # Agents ran with --cleanup (bridge, routes, nftables table); reset removes the pod sandboxes.
+  for i in 1 2 3; do "$shoal" reset --data-dir "$dir/n$i" >/dev/null 2>&1 || true; done
   rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -24,7 +26,7 @@ for i in 1 2 3; do
   join=()
   [ "$i" -gt 1 ] && join=(--join 127.0.0.1:7651)
   "$shoal" agent --name "node-$i" --data-dir "$dir/n$i" --secret-file "$dir/secret" \
-    --bind "127.0.0.1:765$i" --api "127.0.0.1:645$i" "${join[@]}" >"$dir/n$i.log" 2>&1 &
+    --bind "127.0.0.1:765$i" --api "127.0.0.1:645$i" --cleanup "${join[@]}" >"$dir/n$i.log" 2>&1 &
   pids+=($!)
 done
 for _ in $(seq 1 100); do

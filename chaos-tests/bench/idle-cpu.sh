@@ -9,12 +9,19 @@ cd "$(dirname "$0")/../.."
 shoal=${SHOAL:-target/release/shoal}
 dir=$(mktemp -d)
 pids=()
-cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$dir"; }
+# SIGTERM (agents run with --cleanup: bridge, routes, nftables table go), then `shoal reset` for
+# the pod sandboxes (network namespaces, cgroups), so a run leaves nothing on the host.
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  for i in 1 2 3; do "$shoal" reset --data-dir "$dir/n$i" >/dev/null 2>&1 || true; done
+  rm -rf "$dir"
+}
 trap cleanup EXIT
 "$shoal" init --secret-file "$dir/secret" >/dev/null
 for i in 1 2 3; do
   join=(); [ "$i" -gt 1 ] && join=(--join 127.0.0.1:7751)
-  "$shoal" agent --name "node-$i" --data-dir "$dir/n$i" --secret-file "$dir/secret" --bind "127.0.0.1:775$i" --api "127.0.0.1:655$i" "${join[@]}" >"$dir/n$i.log" 2>&1 &
+  "$shoal" agent --name "node-$i" --data-dir "$dir/n$i" --secret-file "$dir/secret" --bind "127.0.0.1:775$i" --api "127.0.0.1:655$i" --cleanup "${join[@]}" >"$dir/n$i.log" 2>&1 &
   pids+=($!)
 done
 for _ in $(seq 1 100); do "$shoal" kubeconfig --data-dir "$dir/n1" >"$dir/kc" 2>/dev/null && break; sleep 0.1; done
