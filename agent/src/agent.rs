@@ -219,7 +219,10 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         (Some(runtime), Some(bridge)) => Some(runtime.with_network(bridge.clone())),
         (runtime, _) => runtime,
     }
-    .map(|r| r.with_cluster_domain(&config.cluster_domain));
+    .map(|r| {
+        r.with_cluster_domain(&config.cluster_domain)
+            .with_fence_timeout(config.fence_timeout)
+    });
     let runtime_scope = runtime.as_ref().map(|r| r.scope().to_owned());
     let mut labels = config.labels.clone();
     labels.extend(host::well_known_labels(&config.name));
@@ -319,6 +322,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
                 config.gossip_interval.mul_f64(config.phi_threshold * 2.0),
                 config.fence_timeout,
             ),
+            fence_lease: runtime.as_ref().map(|r| r.fence_lease_path()),
             ..Default::default()
         },
         events.clone(),

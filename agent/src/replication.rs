@@ -20,7 +20,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 use shoal_gossip::{Channel, IncomingRequests, MemberState, Membership, PeerEndpoint, keys};
@@ -87,6 +87,9 @@ pub struct Replication {
     /// Keys whose refusal from a peer was already logged at warn level (anti-entropy pulls a
     /// refused entry again every round until its cause goes).
     refusals_logged: Mutex<std::collections::HashSet<String>>,
+    /// When this node last caught up with each peer: saw the peer's store digest equal to its
+    /// own, or merged a complete anti-entropy session from it (fencing waits for this).
+    caught_up: Mutex<std::collections::HashMap<SocketAddr, Instant>>,
 }
 
 /// Bytes of sync payloads this node sent and received (pushes and anti-entropy, both roles).
@@ -128,6 +131,7 @@ impl Replication {
             traffic: Arc::default(),
             changes: tokio::sync::broadcast::channel(1024).0,
             refusals_logged: Mutex::new(Default::default()),
+            caught_up: Mutex::new(Default::default()),
         })
     }
 
@@ -229,7 +233,7 @@ impl Replication {
     /// Live peers' addresses. Also records the cluster's size (see [`Store::note_members`]).
     async fn live_peers(&self) -> Vec<SocketAddr> {
         let members = self.membership.members().await;
-        self.note_members(members.len());
+        self.note_members(&members);
         members
             .into_iter()
             .filter(|m| !m.is_self && m.state == MemberState::Alive)
@@ -251,8 +255,16 @@ impl Replication {
         Ok(())
     }
 
-    fn note_members(&self, members: usize) {
-        if let Err(error) = on_disk(|| self.store.lock().unwrap().note_members(members as u64)) {
+    /// Records how many nodes the membership shows, counted by name: a node whose data dir was
+    /// wiped rejoins under a new id while its old one is still remembered, and is still one
+    /// node (fencing counts its majorities against the peak of this).
+    fn note_members(&self, members: &[shoal_gossip::Member]) {
+        let names: std::collections::HashSet<&str> = members
+            .iter()
+            .filter_map(|m| m.meta.as_ref().map(|meta| meta.name.as_str()))
+            .collect();
+        let count = names.len() as u64;
+        if let Err(error) = on_disk(|| self.store.lock().unwrap().note_members(count)) {
             warn!(%error, "cannot record the cluster size");
         }
     }
@@ -391,8 +403,8 @@ impl Replication {
         loop {
             ticker.tick().await;
             round += 1;
-            let members = self.membership.members().await.len();
-            self.note_members(members);
+            let members = self.membership.members().await;
+            self.note_members(&members);
             if round % TOMBSTONE_ROUNDS == 1 {
                 match on_disk(|| self.store.lock().unwrap().collect_tombstones(now_ms())) {
                     Ok(0) => {}
@@ -407,7 +419,10 @@ impl Replication {
             let mut in_sync = false;
             for peer in peers {
                 match peer.value {
-                    Some(Ok(theirs)) if theirs == ours => in_sync = true,
+                    Some(Ok(theirs)) if theirs == ours => {
+                        in_sync = true;
+                        self.note_caught_up(peer.addr, Instant::now());
+                    }
                     Some(Ok(_)) => differing.push(peer.addr),
                     _ => {}
                 }
@@ -425,8 +440,27 @@ impl Replication {
         }
     }
 
+    /// Records that this node holds everything `peer` held at `at`.
+    pub fn note_caught_up(&self, peer: SocketAddr, at: Instant) {
+        self.caught_up.lock().unwrap().insert(peer, at);
+    }
+
+    /// How many peers this node has caught up with since `since`: it saw their store digest
+    /// equal to its own, or merged a complete anti-entropy session from them begun after that
+    /// instant (so it holds everything they held then).
+    pub fn caught_up_since(&self, since: Instant) -> usize {
+        self.caught_up
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|at| **at >= since)
+            .count()
+    }
+
     /// One anti-entropy session with `peer`.
     pub async fn sync_with(&self, peer: SocketAddr) -> Result<(), String> {
+        // What the peer sends comes from its store as it is from now on.
+        let began = Instant::now();
         let (mut session, mut request) = SyncSession::start();
         let timeout = Duration::from_secs(30);
         loop {
@@ -459,6 +493,8 @@ impl Replication {
                     log_changes(&changes);
                     if session.peer_behind {
                         info!(%peer, "peer has not synced since deletes this node forgot; not merging from it until it resyncs");
+                    } else {
+                        self.note_caught_up(peer, began);
                     }
                     self.report_refusals(peer, &session.rejected);
                     return Ok(());

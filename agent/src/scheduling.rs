@@ -39,6 +39,9 @@ pub struct SchedulingConfig {
     pub eviction_delay: Duration,
     /// Timing of the `fenced` partition policy.
     pub fence: FenceConfig,
+    /// The fence lease this node renews on every round its fenced pods may run
+    /// (`runtime::lease`; `None` without a container runtime).
+    pub fence_lease: Option<std::path::PathBuf>,
     pub auction: AuctionConfig,
 }
 
@@ -48,6 +51,7 @@ impl Default for SchedulingConfig {
             tick: Duration::from_millis(100),
             eviction_delay: Duration::from_secs(5),
             fence: FenceConfig::new(Duration::from_secs(4), Duration::from_secs(5)),
+            fence_lease: None,
             auction: AuctionConfig::default(),
         }
     }
@@ -125,11 +129,9 @@ struct State {
     unschedulable: BTreeMap<String, String>,
     /// Everyone's verdicts, refreshed every tick (for the API's PodScheduled condition).
     all_unschedulable: BTreeMap<String, String>,
-    /// Since when this node has not seen a majority of the known membership.
-    without_majority_since: Option<Instant>,
-    /// This node stopped its fenced pods, and keeps them stopped until its desired state has
-    /// caught up with the majority's (their bindings may have moved meanwhile).
-    fenced: bool,
+    /// What this node's views say about its fenced pods (the pure core the simulator drives
+    /// too); it starts stopped.
+    fence: partition::Fence,
 }
 
 fn to_taint(t: &shoal_gossip::NodeTaint) -> Option<Taint> {
@@ -274,11 +276,7 @@ impl Scheduling {
 
     pub fn must_stop_fenced(&self) -> bool {
         let state = self.state.lock().unwrap();
-        state.fenced
-            || partition::must_stop(
-                state.without_majority_since.map(|s| s.elapsed()),
-                &self.config.fence,
-            )
+        state.fence.must_stop()
     }
 
     /// Why no node took a pod, if an auctioneer said so.
@@ -298,12 +296,22 @@ impl Scheduling {
     async fn run(self: Arc<Self>) {
         let mut ticker = tokio::time::interval(self.config.tick);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut renewals: u64 = 0;
         loop {
             tokio::select! {
                 _ = ticker.tick() => {}
                 _ = self.wake.notified() => {}
             }
             let outputs = self.tick().await;
+            // The round decided fenced pods may run here: say so to their shims.
+            if let Some(path) = &self.config.fence_lease
+                && !self.must_stop_fenced()
+            {
+                renewals += 1;
+                if let Err(error) = crate::runtime::lease::renew(path, renewals) {
+                    warn!(path = %path.display(), %error, "cannot renew the fence lease: fenced containers here will be killed by their shims");
+                }
+            }
             self.handle(outputs).await;
             self.claim_daemon_pods().await;
         }
@@ -478,13 +486,17 @@ impl Scheduling {
         let members = self.membership.members().await;
         let peer_verdicts = self.membership.peer_values(keys::UNSCHEDULABLE).await;
         let digests = self.membership.peer_values(keys::STORE_DIGEST).await;
-        let ours = self.replication.read(|s| s.root_digest());
-        // This node's store agrees with the majority when its digest equals that of enough
-        // peers that, with itself, they are a majority of the known membership.
-        let same = digests
-            .iter()
-            .filter(|p| matches!(&p.value, Some(Ok(d)) if *d == ours))
-            .count();
+        let (ours, peak) = self
+            .replication
+            .read(|s| (s.root_digest(), s.peak_members()));
+        // A peer whose digest equals this node's holds nothing this one lacks (fencing counts
+        // the peers caught up with).
+        let checked = Instant::now();
+        for peer in &digests {
+            if matches!(&peer.value, Some(Ok(d)) if *d == ours) {
+                self.replication.note_caught_up(peer.addr, checked);
+            }
+        }
         // Labels, taints and cordons users set through the API (read before the lock).
         let settings = self.replication.read(crate::node_settings::stored);
         let mut state = self.state.lock().unwrap();
@@ -527,37 +539,50 @@ impl Scheduling {
             });
         }
         let live_ids: Vec<NodeId> = addresses.keys().copied().collect();
-        let majority = partition::has_majority(live_ids.len(), members.len());
+        // Majorities are counted against the most nodes this one has known at once (persisted),
+        // never against the members membership still remembers (it forgets the dead).
+        let names: std::collections::HashSet<&str> = members
+            .iter()
+            .filter_map(|m| m.meta.as_ref().map(|meta| meta.name.as_str()))
+            .collect();
+        let baseline = (peak as usize).max(names.len());
         let settled = partition::membership_settled(
             self.started.elapsed(),
             members.iter().filter(|m| m.meta.is_none()).count(),
             &self.config.fence,
         );
-        if partition::must_stop(
-            state.without_majority_since.map(|s| now - s),
-            &self.config.fence,
-        ) {
-            state.fenced = true;
-        }
-        if state.fenced && majority && partition::has_majority(same + 1, members.len()) {
-            info!("desired state caught up with the majority: fenced pods may run here again");
-            state.fenced = false;
-        }
-        match (majority, state.without_majority_since) {
-            (true, Some(_)) => {
-                info!("a majority of the membership is visible again");
-                state.without_majority_since = None;
-            }
-            (false, None) => {
-                warn!(
+        // Peers caught up with since the majority became visible.
+        let agreeing = state.fence.catch_up_since().map_or(0, |since| {
+            self.replication.caught_up_since(self.started + since)
+        });
+        let view = partition::FenceView {
+            alive: live_ids.len(),
+            baseline,
+            agreeing,
+            settled,
+        };
+        for change in state.fence.observe(self.now(), view, &self.config.fence) {
+            match change {
+                partition::FenceChange::LostMajority => warn!(
                     alive = live_ids.len(),
-                    known = members.len(),
+                    baseline,
                     "this node no longer sees a majority: fenced pods are not replaced here, and must stop once the fence timeout passes"
-                );
-                state.without_majority_since = Some(now);
+                ),
+                partition::FenceChange::RegainedMajority => {
+                    info!(
+                        alive = live_ids.len(),
+                        baseline, "a majority of the membership is visible again"
+                    )
+                }
+                partition::FenceChange::Stopped => {
+                    warn!("no majority for the fence timeout: this node's fenced pods stop")
+                }
+                partition::FenceChange::Released => {
+                    info!("desired state caught up with the majority: fenced pods may run here")
+                }
             }
-            _ => {}
         }
+        let majority = state.fence.has_majority();
         let mut pending = Vec::new();
         let mut dead_since = std::mem::take(&mut state.dead_since);
         let bound = |uid: &str, pods: &HashMap<String, PodEntry>| {

@@ -28,6 +28,7 @@ pub const CONVERGENCE: &str = "stores converge";
 pub const TEARDOWN: &str = "nothing leaks, nothing panics";
 pub const REPLICAS: &str = "replica counts exact";
 pub const SECRET: &str = "no secret, no entry";
+pub const FENCED: &str = "a fenced pod never runs twice";
 
 /// Checker 1: every acknowledged operation is visible at the end, or superseded under the
 /// documented merge rules (`crdt-state/src/crdt.rs`):
@@ -480,6 +481,69 @@ pub struct Leftovers {
     pub mounts: Vec<String>,
 }
 
+/// One run of a fenced pod's container, from its own evidence: the heartbeats it appended to a
+/// file of its own (`<pod>_<node>_<instance id>`), on the host clock every node shares.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Instance {
+    pub pod: String,
+    pub node: String,
+    /// The id the container drew when it started (one per run).
+    pub id: String,
+    /// Its first and last heartbeat (ms on the run's clock): it ran at least from one to the
+    /// other.
+    pub first_ms: u64,
+    pub last_ms: u64,
+    pub beats: usize,
+}
+
+/// Checker 4: no two runs of one fenced pod overlap in time, on one node or two. An instance
+/// ran at least from its first heartbeat to its last, so two instances whose spans share an
+/// instant ran at once; a span that ends as the other begins (the same heartbeat tick) is not
+/// counted. `pods` are the fenced pods of the workload: one without any heartbeat is a
+/// violation too (no evidence is not a pass).
+pub fn fenced(pods: &[String], instances: &[Instance]) -> Vec<Violation> {
+    let violation = |message: String| Violation {
+        checker: FENCED,
+        message,
+        ops: Vec::new(),
+    };
+    let mut violations = Vec::new();
+    for pod in pods {
+        let mut runs: Vec<&Instance> = instances
+            .iter()
+            .filter(|i| &i.pod == pod && i.beats > 0)
+            .collect();
+        if runs.is_empty() {
+            violations.push(violation(format!(
+                "{pod} left no heartbeat: nothing shows where it ran"
+            )));
+            continue;
+        }
+        runs.sort_by_key(|i| (i.first_ms, i.last_ms));
+        for (k, a) in runs.iter().enumerate() {
+            for b in &runs[k + 1..] {
+                if b.first_ms >= a.last_ms {
+                    // Sorted by start: no later run can overlap `a` either.
+                    break;
+                }
+                violations.push(violation(format!(
+                    "{pod} ran twice at once for {} ms: instance {} on {} ({}..{} ms) and instance {} on {} ({}..{} ms)",
+                    a.last_ms.min(b.last_ms) - b.first_ms,
+                    a.id,
+                    a.node,
+                    a.first_ms,
+                    a.last_ms,
+                    b.id,
+                    b.node,
+                    b.first_ms,
+                    b.last_ms
+                )));
+            }
+        }
+    }
+    violations
+}
+
 /// Checker 7: nothing of the lab survives its teardown and no agent log holds a panic.
 /// `logs` are (agent name, log text).
 pub fn teardown(leftovers: &Leftovers, logs: &[(String, String)]) -> Vec<Violation> {
@@ -806,6 +870,62 @@ mod tests {
             intruder_objects: Vec::new(),
             unauthenticated: vec![("n0".into(), "GET /api/v1/pods".into(), 401)],
         }
+    }
+
+    fn run(pod: &str, node: &str, id: &str, first_ms: u64, last_ms: u64) -> Instance {
+        Instance {
+            pod: pod.into(),
+            node: node.into(),
+            id: id.into(),
+            first_ms,
+            last_ms,
+            beats: 10,
+        }
+    }
+
+    #[test]
+    fn two_runs_of_a_fenced_pod_must_never_overlap() {
+        let pods = vec!["f-0".to_string(), "f-1".to_string()];
+        // Moved from n1 to n2 after n1's run ended, and restarted on n2: fine. A run that ends
+        // on the tick the next one starts is not an overlap.
+        let fine = [
+            run("f-0", "n1", "a", 100, 2_000),
+            run("f-0", "n2", "b", 2_000, 5_000),
+            run("f-0", "n2", "c", 5_500, 9_000),
+            run("f-1", "n3", "d", 100, 9_000),
+        ];
+        assert_eq!(fenced(&pods, &fine), vec![]);
+        // n1's run outlived its node's fence while n2 started the replacement.
+        let twice = [
+            run("f-0", "n1", "a", 100, 6_000),
+            run("f-0", "n2", "b", 5_000, 9_000),
+            run("f-1", "n3", "d", 100, 9_000),
+            // Another pod's runs overlapping are not this pod's.
+            run("f-1-other", "n1", "e", 100, 9_000),
+        ];
+        let found = fenced(&pods, &twice);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].checker, FENCED);
+        assert!(
+            found[0].message.contains("1000 ms") && found[0].message.contains("n1"),
+            "{}",
+            found[0].message
+        );
+        // Two runs on one node at once are caught too, and a pod without evidence is.
+        let same_node = [
+            run("f-0", "n1", "a", 100, 6_000),
+            run("f-0", "n1", "b", 5_999, 9_000),
+        ];
+        let found = fenced(&pods, &same_node);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(
+            found
+                .iter()
+                .any(|v| v.message.contains("f-1 left no heartbeat"))
+        );
+        let mut silent = run("f-1", "n3", "d", 0, 0);
+        silent.beats = 0;
+        assert_eq!(fenced(&pods[1..], &[silent]).len(), 1);
     }
 
     #[test]

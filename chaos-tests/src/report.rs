@@ -7,8 +7,50 @@ use std::path::Path;
 
 use anyhow::Context;
 
+use crate::checker::Instance;
 use crate::history::Outcome;
 use crate::run::RunReport;
+use crate::scenario::Step;
+
+/// A fenced pod's move to another node, read from its heartbeats.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FencedMove {
+    pub pod: String,
+    pub from: String,
+    pub to: String,
+    /// From the old run's last heartbeat to the new run's first: how long the pod ran nowhere.
+    pub downtime_ms: u64,
+    /// From the start of the last fault that touched the old node before its last heartbeat
+    /// to the new run's first heartbeat: the time to replace the pod of a failed node.
+    pub after_fault_ms: Option<u64>,
+}
+
+/// Every move of a fenced pod between consecutive runs on different nodes (`runs` sorted by
+/// pod, then first heartbeat, as `run` records them; nodes are named `n<index>`).
+pub fn fenced_moves(runs: &[Instance], steps: &[Step]) -> Vec<FencedMove> {
+    let mut moves = Vec::new();
+    for pair in runs.windows(2) {
+        let (old, new) = (&pair[0], &pair[1]);
+        if old.pod != new.pod || old.node == new.node || new.first_ms < old.last_ms {
+            continue;
+        }
+        let index: Option<usize> = old.node.strip_prefix('n').and_then(|i| i.parse().ok());
+        let fault_start = steps
+            .iter()
+            .filter(|s| s.start_ms <= old.last_ms)
+            .filter(|s| index.is_some_and(|i| s.fault.nodes().contains(&i)))
+            .map(|s| s.start_ms)
+            .max();
+        moves.push(FencedMove {
+            pod: old.pod.clone(),
+            from: old.node.clone(),
+            to: new.node.clone(),
+            downtime_ms: new.first_ms - old.last_ms,
+            after_fault_ms: fault_start.map(|start| new.first_ms.saturating_sub(start)),
+        });
+    }
+    moves
+}
 
 pub fn write(report: &RunReport, dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -85,11 +127,74 @@ pub fn markdown(report: &RunReport) -> String {
         "| an agent without the secret | {} |",
         report.intrusion_evidence
     );
+    let nodes_of = |pod: &str| {
+        let mut nodes: Vec<&str> = report
+            .fenced_runs
+            .iter()
+            .filter(|r| r.pod == pod)
+            .map(|r| r.node.as_str())
+            .collect();
+        nodes.dedup();
+        nodes.join(" → ")
+    };
+    let mut fenced: Vec<&str> = report.fenced_runs.iter().map(|r| r.pod.as_str()).collect();
+    fenced.dedup();
+    let _ = writeln!(
+        out,
+        "| fenced pods' runs (from their heartbeats) | {} runs, {} heartbeats; {} |",
+        report.fenced_runs.len(),
+        report.fenced_runs.iter().map(|r| r.beats).sum::<usize>(),
+        fenced
+            .iter()
+            .map(|p| format!("{p}: {}", nodes_of(p)))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
     if c.sabotage {
         let _ = writeln!(
             out,
-            "| self-test | the invariants of checkers 3 and 6 were broken on purpose |"
+            "| self-test | the invariants of checkers 3, 4 and 6 were broken on purpose |"
         );
+    }
+    let moves = fenced_moves(&report.fenced_runs, &report.steps);
+    if !moves.is_empty() {
+        let _ = writeln!(
+            out,
+            "| fenced pods moved (replaced after the fault began) | {} |",
+            moves
+                .iter()
+                .map(|m| format!(
+                    "{} {} → {} {}",
+                    m.pod,
+                    m.from,
+                    m.to,
+                    m.after_fault_ms
+                        .map_or("(no fault)".to_owned(), |ms| format!(
+                            "{:.1} s",
+                            ms as f64 / 1000.0
+                        ))
+                ))
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+    }
+    if !report.fenced_runs.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n## Fenced pods' runs\n\n| pod | node | run | first heartbeat | last heartbeat | heartbeats |\n|---|---|---|---|---|---|"
+        );
+        for r in &report.fenced_runs {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {:.1} s | {:.1} s | {} |",
+                r.pod,
+                r.node,
+                r.id.get(..8).unwrap_or(&r.id),
+                r.first_ms as f64 / 1000.0,
+                r.last_ms as f64 / 1000.0,
+                r.beats
+            );
+        }
     }
     let _ = writeln!(out, "\n## Checkers\n\n| checker | violations |\n|---|---|");
     for (name, count) in &report.checkers {
@@ -249,4 +354,54 @@ pub fn timeline(report: &RunReport) -> String {
     );
     svg.push_str("</svg>\n");
     svg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::Fault;
+
+    fn run(pod: &str, node: &str, first_ms: u64, last_ms: u64) -> Instance {
+        Instance {
+            pod: pod.into(),
+            node: node.into(),
+            id: format!("{node}-{first_ms}"),
+            first_ms,
+            last_ms,
+            beats: 1,
+        }
+    }
+
+    #[test]
+    fn a_move_is_timed_from_the_fault_on_the_old_node() {
+        let steps = vec![
+            Step {
+                start_ms: 2_000,
+                end_ms: 8_000,
+                fault: Fault::Kill { node: 3 },
+            },
+            Step {
+                start_ms: 9_800,
+                end_ms: 16_800,
+                fault: Fault::Kill { node: 2 },
+            },
+        ];
+        let runs = vec![
+            run("a", "n3", 400, 4_000),
+            // Restarted on the same node: not a move.
+            run("a", "n3", 10_500, 24_300),
+            run("b", "n2", 400, 11_900),
+            run("b", "n0", 16_400, 21_600),
+        ];
+        assert_eq!(
+            fenced_moves(&runs, &steps),
+            vec![FencedMove {
+                pod: "b".into(),
+                from: "n2".into(),
+                to: "n0".into(),
+                downtime_ms: 4_500,
+                after_fault_ms: Some(6_600),
+            }]
+        );
+    }
 }

@@ -37,6 +37,10 @@ const INTRUDER: &str = "intruder";
 const API_PORT: u16 = 6443;
 /// The most replicas the scaler asks for.
 const MAX_REPLICAS: u64 = 4;
+/// The workload's fenced pods (checker 4), and what each agent runs them with: a fence timeout
+/// that the kill and pause faults outlast, so the majority does replace them.
+const FENCED_PODS: usize = 3;
+const FENCE_TIMEOUT: &str = "2s";
 
 #[derive(Debug, Clone)]
 pub struct RunConfig {
@@ -51,9 +55,10 @@ pub struct RunConfig {
     /// Concurrent workload clients and the register objects they write.
     pub clients: usize,
     pub keys: usize,
-    /// The checkers' self-test: the run breaks two invariants on purpose — the agent meant to
-    /// be without the secret is given the cluster's, and once the faults are healed a pod of
-    /// a foreign controller joins the Deployment's — so checkers 3 and 6 must report them.
+    /// The checkers' self-test: the run breaks three invariants on purpose — the agent meant
+    /// to be without the secret is given the cluster's; once the faults are healed a pod of a
+    /// foreign controller joins the Deployment's; and an unfenced twin of a fenced pod writes
+    /// that pod's heartbeats — so checkers 3, 4 and 6 must report them.
     pub sabotage: bool,
 }
 
@@ -93,6 +98,8 @@ pub struct RunReport {
     pub replicas_ms: Option<u64>,
     /// What checker 6 judged from, in a line.
     pub intrusion_evidence: String,
+    /// The fenced pods' runs, from their heartbeats (checker 4).
+    pub fenced_runs: Vec<checker::Instance>,
 }
 
 impl RunReport {
@@ -159,6 +166,79 @@ fn deployment(replicas: u64) -> Value {
                     "selector": {"matchLabels": {"app": APP}},
                     "template": {"metadata": {"labels": {"app": APP}},
                                  "spec": {"containers": [{"name": "c", "image": "chaos.invalid/none:1"}]}}}})
+}
+
+/// A fenced pod of the workload (checker 4). Its container draws an id when it starts and
+/// appends the host's uptime (10 ms ticks, one clock for every node of the lab) to its own file
+/// of the shared heartbeat directory every 100 ms: the evidence of where and when it ran, which
+/// outlives the container, its node's agent and a wiped data dir. PID 1 of the container (the
+/// shell) ignores SIGTERM: only a kill stops it, as the fence must. `as_pod` is the pod whose
+/// heartbeats it writes (the self-test's twin writes another's).
+fn fenced_pod(name: &str, as_pod: &str, fenced: bool, heartbeats: &Path) -> Value {
+    let script = "id=$(cat /proc/sys/kernel/random/uuid); f=/hb/${POD}_${NODE}_${id}; \
+                  while true; do read up rest < /proc/uptime; echo $up >> $f; sleep 0.1; done";
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": "default",
+                        "annotations": {"shoal.io/partition-policy": if fenced { "fenced" } else { "available" }}},
+           "spec": {"terminationGracePeriodSeconds": 30,
+                    "volumes": [{"name": "hb", "hostPath": {"path": heartbeats, "type": "Directory"}}],
+                    "containers": [{"name": "c", "image": "shoal.local/busybox:1",
+                                    "command": ["sh", "-c", script],
+                                    "env": [{"name": "POD", "value": as_pod},
+                                            {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+                                    "volumeMounts": [{"name": "hb", "mountPath": "/hb"}]}]}})
+}
+
+fn fenced_name(i: usize) -> String {
+    format!("chaos-fenced-{i}")
+}
+
+/// The host's uptime in ms (the heartbeats' clock).
+fn uptime_ms() -> anyhow::Result<u64> {
+    let text = std::fs::read_to_string("/proc/uptime")?;
+    parse_uptime_ms(text.split_whitespace().next().unwrap_or_default())
+        .context("reading /proc/uptime")
+}
+
+fn parse_uptime_ms(text: &str) -> Option<u64> {
+    let (secs, frac) = text.trim().split_once('.').unwrap_or((text.trim(), "0"));
+    let secs: u64 = secs.parse().ok()?;
+    let frac = format!("{frac:0<3}");
+    let ms: u64 = frac.get(..3)?.parse().ok()?;
+    secs.checked_mul(1000)?.checked_add(ms)
+}
+
+/// The fenced pods' runs from the heartbeat directory, on the run's clock (`start_uptime_ms`
+/// is the host's uptime when the run's clock started). A file whose name or lines do not parse
+/// is an error: the evidence must not be dropped silently.
+fn fenced_runs(dir: &Path, start_uptime_ms: u64) -> anyhow::Result<Vec<checker::Instance>> {
+    let mut runs = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let mut parts = name.rsplitn(3, '_');
+        let (Some(id), Some(node), Some(pod)) = (parts.next(), parts.next(), parts.next()) else {
+            anyhow::bail!("heartbeat file {name:?} is not <pod>_<node>_<id>");
+        };
+        let text = std::fs::read_to_string(entry.path())?;
+        let mut beats: Vec<u64> = Vec::new();
+        for line in text.lines() {
+            // The last line may be cut short by a write in progress.
+            if let Some(ms) = parse_uptime_ms(line) {
+                beats.push(ms.saturating_sub(start_uptime_ms));
+            }
+        }
+        runs.push(checker::Instance {
+            pod: pod.to_owned(),
+            node: node.to_owned(),
+            id: id.to_owned(),
+            first_ms: beats.iter().copied().min().unwrap_or(0),
+            last_ms: beats.iter().copied().max().unwrap_or(0),
+            beats: beats.len(),
+        });
+    }
+    runs.sort_by(|a, b| (&a.pod, a.first_ms).cmp(&(&b.pod, b.first_ms)));
+    Ok(runs)
 }
 
 fn daemon_set() -> Value {
@@ -415,6 +495,8 @@ impl FaultDriver<'_> {
             Fault::Wipe { node } => {
                 self.agents[*node].kill()?;
                 wipe(self.agents[*node].data_dir())?;
+                // The node's images went with its data dir; its fenced pods need busybox.
+                crate::import_busybox(&self.agents[*node])?;
             }
             Fault::PartitionAndKill { node, .. } => {
                 self.filters(fault)?;
@@ -500,8 +582,20 @@ async fn sleep_until(started: Instant, at_ms: u64) {
     tokio::time::sleep_until((started + Duration::from_millis(at_ms)).into()).await;
 }
 
-/// Empties an agent's data dir, keeping its log (read by the panic checker).
+/// Empties an agent's data dir, keeping its log (read by the panic checker): the node lost its
+/// disk, so its containers go too (`shoal reset` stops them and removes their mounts, cgroups
+/// and namespaces, which would also keep the directory busy).
 fn wipe(data_dir: &Path) -> anyhow::Result<()> {
+    let out = std::process::Command::new(crate::shoal_binary()?)
+        .args(["reset", "--data-dir"])
+        .arg(data_dir)
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "shoal reset --data-dir {}: {}",
+        data_dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
     for entry in std::fs::read_dir(data_dir)? {
         let entry = entry?;
         if entry.file_name() == "agent.log" {
@@ -533,8 +627,26 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     let root = tempfile::Builder::new().prefix(DATA_PREFIX).tempdir()?;
     let lab = NetLab::with_prefix(&prefix, pid % 250 + 1, config.nodes)?;
     let api = format!("0.0.0.0:{API_PORT}");
-    let mut agents =
-        crate::start_cluster_in(root.path(), &lab, config.nodes, &["--api", &api]).await?;
+    let heartbeats = root.path().join("heartbeats");
+    std::fs::create_dir_all(&heartbeats)?;
+    let allow = heartbeats.to_string_lossy().into_owned();
+    let mut agents = crate::start_cluster_in(
+        root.path(),
+        &lab,
+        config.nodes,
+        &[
+            "--api",
+            &api,
+            "--fence-timeout",
+            FENCE_TIMEOUT,
+            "--host-path-allow",
+            &allow,
+        ],
+    )
+    .await?;
+    for agent in &agents {
+        crate::import_busybox(agent)?;
+    }
     // Checker 6's agent: another cluster's secret, the same seeds, beside host 0's agent.
     let intruder_addr = std::net::SocketAddr::new(lab.address(0), 7601);
     let binary = crate::shoal_binary()?;
@@ -553,9 +665,12 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
         intruder_spec = intruder_spec.join(agent.gossip_addr());
     }
     let intruder = AgentProcess::start(intruder_spec).await?;
-    // Checker 3's objects, before any fault.
-    for object in [deployment(2), daemon_set()] {
-        let (status, answer) = agents[0].apply(&object).await?;
+    // Checker 3's and 4's objects, before any fault.
+    let fenced_pods: Vec<Value> = (0..FENCED_PODS)
+        .map(|i| fenced_pod(&fenced_name(i), &fenced_name(i), true, &heartbeats))
+        .collect();
+    for object in [deployment(2), daemon_set()].iter().chain(&fenced_pods) {
+        let (status, answer) = agents[0].apply(object).await?;
         anyhow::ensure!(
             status == 200 || status == 201,
             "creating the workload's {}: {status} {answer}",
@@ -563,6 +678,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
         );
     }
     let started = Instant::now();
+    let start_uptime_ms = uptime_ms()?;
     let workload = Arc::new(Workload {
         clients: agents
             .iter()
@@ -660,6 +776,10 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
             "spec": {"containers": [{"name": "c", "image": "chaos.invalid/none:1"}]}});
         let (status, answer) = agents[0].apply(&stray).await?;
         anyhow::ensure!(status == 201, "sabotage: the stray pod: {status} {answer}");
+        // An unfenced pod that writes the first fenced pod's heartbeats: two runs at once.
+        let twin = fenced_pod("chaos-fenced-twin", &fenced_name(0), false, &heartbeats);
+        let (status, answer) = agents[0].apply(&twin).await?;
+        anyhow::ensure!(status == 201, "sabotage: the twin pod: {status} {answer}");
     }
     // Checker 3: replica counts exact within the bound (controllers act after the stores agree).
     let mut replica_samples = Vec::new();
@@ -682,6 +802,14 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     let replicas_ms = replicas.as_ref().ok().copied();
     checkers.push((checker::REPLICAS, usize::from(replicas.is_err())));
     violations.extend(replicas.err());
+
+    // Checker 4, from the fenced containers' own heartbeats (they have run all along; the
+    // self-test's twin has run for the replica checker's wait at least).
+    let fenced_runs = fenced_runs(&heartbeats, start_uptime_ms)?;
+    let names: Vec<String> = (0..FENCED_PODS).map(fenced_name).collect();
+    let fence = checker::fenced(&names, &fenced_runs);
+    checkers.push((checker::FENCED, fence.len()));
+    violations.extend(fence);
 
     // Checker 6: the intruder stayed out, and the API wants a token. It has had the whole run
     // and the convergence to get in: one more look now.
@@ -756,6 +884,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
         scales,
         replicas_ms,
         intrusion_evidence,
+        fenced_runs,
     };
     if let Some(dir) = &report.config.report_dir {
         crate::report::write(&report, dir)?;

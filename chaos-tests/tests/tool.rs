@@ -54,10 +54,10 @@ async fn every_named_scenario_passes_every_checker() {
 }
 
 /// The checkers can fail against the real agents: a run that gives the cluster's secret to the
-/// agent meant to lack it, and adds a foreign controller's pod to the Deployment's, must be
-/// reported by checkers 6 and 3 (and by nothing else).
+/// agent meant to lack it, adds a foreign controller's pod to the Deployment's and runs an
+/// unfenced twin of a fenced pod must be reported by checkers 6, 3 and 4 (and by nothing else).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_self_test_run_is_caught_by_the_replica_and_secret_checkers() {
+async fn the_self_test_run_is_caught_by_the_replica_fencing_and_secret_checkers() {
     let _lab = LAB.lock().await;
     let mut config = RunConfig::new(scenario("loss").unwrap(), 5, Duration::from_secs(8), 7);
     config.sabotage = true;
@@ -68,11 +68,17 @@ async fn the_self_test_run_is_caught_by_the_replica_and_secret_checkers() {
         report.violations.iter().map(|v| v.checker).collect();
     assert_eq!(
         caught,
-        [shoal_chaos::checker::REPLICAS, shoal_chaos::checker::SECRET].into(),
+        [
+            shoal_chaos::checker::REPLICAS,
+            shoal_chaos::checker::FENCED,
+            shoal_chaos::checker::SECRET
+        ]
+        .into(),
         "{}",
         markdown(&report)
     );
     let text = markdown(&report);
     assert!(text.contains("chaos-app-stray"), "{text}");
     assert!(text.contains("intruder"), "{text}");
+    assert!(text.contains("chaos-fenced-0 ran twice at once"), "{text}");
 }

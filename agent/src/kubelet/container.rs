@@ -662,6 +662,11 @@ pub fn build(
         host_ipc: plan.host_ipc,
         host_network: plan.host_network,
         privileged: c.privileged,
+        fenced: crate::scheduler::partition::Policy::parse(
+            plan.annotations
+                .get(crate::scheduler::partition::ANNOTATION)
+                .map(String::as_str),
+        ) == crate::scheduler::partition::Policy::Fenced,
     })
 }
 

@@ -328,6 +328,23 @@ impl Kubelet {
         }
     }
 
+    /// Whether the stored pod `namespace/name` of incarnation `uid` has the fenced policy (a
+    /// pod no longer bound here: only its stored object says).
+    fn is_fenced_object(&self, namespace: &str, name: &str, uid: &str) -> bool {
+        let key = shoal_state::ObjectKey::new(
+            shoal_state::kind::lookup("v1", "Pod").expect("Pod is a known kind"),
+            namespace,
+            name,
+        );
+        self.replication.read(|s| {
+            s.get(&key).is_some_and(|pod| {
+                pod["metadata"]["uid"] == uid
+                    && Policy::parse(pod["metadata"]["annotations"][partition::ANNOTATION].as_str())
+                        == Policy::Fenced
+            })
+        })
+    }
+
     fn sync(
         &self,
         handle: &tokio::runtime::Handle,
@@ -417,7 +434,14 @@ impl Kubelet {
             let worker = workers
                 .entry(uid.clone())
                 .or_insert_with(|| PodWorker::new(self.config.worker));
-            if fenced {
+            // A fenced pod running here but bound elsewhere now (the majority moved it while
+            // this node was away) stops at once too: its grace period would be a time it runs
+            // twice.
+            let moved_fenced = plan.is_none()
+                && seen.is_some_and(|p| {
+                    self.is_fenced_object(&p.sandbox.namespace, &p.sandbox.name, &uid)
+                });
+            if fenced || moved_fenced {
                 worker.stop_now();
             }
             let decision = worker.decide(now, plan, seen.is_some(), containers);

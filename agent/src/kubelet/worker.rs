@@ -753,6 +753,8 @@ impl PodWorker {
                     "OOMKilled"
                 } else if exited.start_error.is_some() {
                     "StartError"
+                } else if exited.fence_lapsed {
+                    "FenceLeaseLapsed"
                 } else if exited.exit_code == 0 {
                     "Completed"
                 } else {
@@ -770,6 +772,11 @@ impl PodWorker {
                 }
                 if let Some(message) = &exited.start_error {
                     terminated["message"] = json!(message);
+                }
+                if exited.fence_lapsed {
+                    terminated["message"] = json!(
+                        "killed by its shim: the agent stopped renewing the fence lease (a fenced pod must not outlive its node's view of a majority)"
+                    );
                 }
                 if let Some(stopping) = self.stopping.get(&(c.meta.name.clone(), c.meta.attempt))
                     && let StopReason::Unhealthy(kind) = stopping.reason
@@ -962,6 +969,7 @@ mod tests {
                     signal: None,
                     finished_unix_ms: at,
                     start_error: None,
+                    fence_lapsed: false,
                 },
                 oom_killed: false,
             },

@@ -17,6 +17,7 @@
 //! [`Runtime::remove_sandbox`] and [`Runtime::reset`] can leave nothing behind.
 
 pub mod cgroup;
+pub mod lease;
 pub mod seccomp;
 pub mod shim;
 pub mod spec;
@@ -210,6 +211,9 @@ pub struct Runtime {
     network: std::sync::Arc<dyn shoal_net::PodNetworkPlugin>,
     /// The cluster DNS domain pods search (`--cluster-domain`).
     cluster_domain: String,
+    /// Fenced containers die this long after the agent last renewed the fence lease
+    /// ([`lease`]); `None`: they run without one (a runtime used without an agent).
+    fence_timeout: Option<Duration>,
 }
 
 fn run(command: &mut Command) -> Result<(), RuntimeError> {
@@ -288,11 +292,24 @@ impl Runtime {
             log_max_bytes: 10 << 20,
             network: std::sync::Arc::new(shoal_net::LoopbackOnly),
             cluster_domain: "cluster.local".to_owned(),
+            fence_timeout: None,
         };
         for dir in [&runtime.runc_root, &runtime.pods_dir] {
             std::fs::create_dir_all(dir).map_err(io_at(dir))?;
         }
         Ok(runtime)
+    }
+
+    /// Fenced containers hold the fence lease ([`lease`]) with this timeout: the agent renews
+    /// [`Self::fence_lease_path`], their shims kill them once it lapses.
+    pub fn with_fence_timeout(mut self, timeout: Duration) -> Self {
+        self.fence_timeout = Some(timeout);
+        self
+    }
+
+    /// The fence lease file the agent renews.
+    pub fn fence_lease_path(&self) -> PathBuf {
+        self.data_dir.join(lease::FILE)
     }
 
     /// Pods get their network from `plugin` (default: loopback only).
@@ -802,7 +819,15 @@ impl Runtime {
             .arg("--log")
             .arg(&request.log_path)
             .arg("--log-max-bytes")
-            .arg(self.log_max_bytes.to_string())
+            .arg(self.log_max_bytes.to_string());
+        if let (true, Some(timeout)) = (request.fenced, self.fence_timeout) {
+            command
+                .arg("--fence-lease")
+                .arg(self.fence_lease_path())
+                .arg("--fence-timeout-ms")
+                .arg(timeout.as_millis().to_string());
+        }
+        command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr);
@@ -1099,6 +1124,7 @@ impl Runtime {
                             signal: None,
                             finished_unix_ms: shim::unix_ms(std::time::SystemTime::now()),
                             start_error: Some("the container's shim disappeared".into()),
+                            fence_lapsed: false,
                         },
                         oom_killed: false,
                     }

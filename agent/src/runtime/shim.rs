@@ -42,6 +42,12 @@ pub struct ShimArgs {
     /// Rotate the log when it reaches this many bytes (one rotated file is kept).
     #[arg(long, default_value_t = 10 << 20)]
     pub log_max_bytes: u64,
+    /// A `fenced` container's lease (see [`super::lease`]): the container is killed once this
+    /// file has not changed for `--fence-timeout-ms`.
+    #[arg(long, requires = "fence_timeout_ms")]
+    pub fence_lease: Option<PathBuf>,
+    #[arg(long)]
+    pub fence_timeout_ms: Option<u64>,
 }
 
 /// `started.json`.
@@ -60,6 +66,9 @@ pub struct Exited {
     pub finished_unix_ms: u64,
     /// Set when the container never started: runc's error.
     pub start_error: Option<String>,
+    /// The shim killed the container because its agent stopped renewing the fence lease.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fence_lapsed: bool,
 }
 
 pub const STARTED_FILE: &str = "started.json";
@@ -91,6 +100,7 @@ fn write_start_error(bundle: &Path, message: String) -> io::Result<()> {
             signal: None,
             finished_unix_ms: unix_ms(SystemTime::now()),
             start_error: Some(message),
+            fence_lapsed: false,
         },
     )
 }
@@ -267,7 +277,38 @@ pub fn run(args: &ShimArgs) -> io::Result<()> {
     ];
     let mut exit: Option<(i32, Option<i32>)> = None;
     let mut drain_deadline: Option<Instant> = None;
+    let mut lease = args
+        .fence_lease
+        .as_ref()
+        .zip(args.fence_timeout_ms)
+        .map(|(path, ms)| {
+            (
+                path,
+                super::lease::LeaseWatch::new(Duration::from_millis(ms), Instant::now()),
+            )
+        });
+    let mut lease_checked = Instant::now();
+    let mut fence_lapsed = false;
     loop {
+        if exit.is_none()
+            && !fence_lapsed
+            && let Some((path, watch)) = lease.as_mut()
+            && lease_checked.elapsed() >= super::lease::POLL
+        {
+            lease_checked = Instant::now();
+            if watch.observe(std::fs::read_to_string(path.as_path()).ok(), lease_checked) {
+                eprintln!(
+                    "shoal shim {}: the fence lease {} lapsed: killing the fenced container",
+                    args.id,
+                    path.display()
+                );
+                fence_lapsed = true;
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
         let open: Vec<&OwnedFd> = streams.iter().filter_map(|s| s.fd.as_ref()).collect();
         if open.is_empty() {
             if exit.is_none() {
@@ -325,6 +366,7 @@ pub fn run(args: &ShimArgs) -> io::Result<()> {
             signal,
             finished_unix_ms: unix_ms(SystemTime::now()),
             start_error: None,
+            fence_lapsed,
         },
     )
 }

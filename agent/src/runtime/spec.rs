@@ -67,6 +67,9 @@ pub struct ContainerRequest {
     /// capability, no seccomp filter, no masked or read-only /proc paths, a writable /sys,
     /// the host's devices.
     pub privileged: bool,
+    /// The pod's partition policy is `fenced`: the container's shim kills it once the agent
+    /// stops renewing the fence lease (see `runtime::lease`).
+    pub fenced: bool,
 }
 
 /// The capabilities of [`ALL_CAPABILITIES`] in this process's bounding set (what the node
@@ -309,6 +312,7 @@ mod tests {
             host_ipc: false,
             host_network: false,
             privileged: false,
+            fenced: false,
         }
     }
 

@@ -84,8 +84,8 @@ pub struct Sim {
     policies: HashMap<String, Policy>,
     /// Nodes of the whole cluster (majorities are counted against it).
     members: usize,
-    /// Since when this world's side of a partition lacks a majority.
-    without_majority_since: Option<Duration>,
+    /// What this world's side knows of its fenced pods (the live shell's core).
+    fence: partition::Fence,
     /// Nodes on the other side of a partition, declared dead at the given time.
     cut_off: HashMap<NodeId, Duration>,
 }
@@ -117,7 +117,7 @@ impl Sim {
             evictions: Vec::new(),
             policies: HashMap::new(),
             members: 0,
-            without_majority_since: None,
+            fence: partition::Fence::new(),
             cut_off: HashMap::new(),
         }
         .with_members()
@@ -125,7 +125,21 @@ impl Sim {
 
     fn with_members(mut self) -> Self {
         self.members = self.schedulers.len();
+        self.observe_fence();
         self
+    }
+
+    /// Feeds this side's view to the fence: nodes not yet declared dead still count as alive
+    /// (nobody knows they are gone), and the stores of one side agree.
+    fn observe_fence(&mut self) {
+        let alive = self.schedulers.len() + self.cut_off.len();
+        let view = partition::FenceView {
+            alive,
+            baseline: self.members,
+            agreeing: alive.saturating_sub(1),
+            settled: true,
+        };
+        self.fence.observe(self.now, view, &self.config.fence);
     }
 
     /// Sets a pod's partition policy.
@@ -135,10 +149,6 @@ impl Sim {
 
     fn policy(&self, uid: &str) -> Policy {
         self.policies.get(uid).copied().unwrap_or(Policy::Available)
-    }
-
-    fn has_majority(&self) -> bool {
-        partition::has_majority(self.schedulers.len(), self.members)
     }
 
     pub fn add_pods(&mut self, pods: impl IntoIterator<Item = PodRequest>) {
@@ -213,7 +223,7 @@ impl Sim {
     fn evict_due(&mut self) {
         let now = self.now;
         self.evictions.retain(|(at, _)| *at > now);
-        let majority = self.has_majority();
+        let majority = self.fence.has_majority();
         let orphans: Vec<(String, u64)> = self
             .bindings
             .iter()
@@ -259,23 +269,12 @@ impl Sim {
             self.cut_off.remove(&node);
             self.kill(node);
         }
-        // Nodes not yet declared dead still count: nobody knows they are gone.
-        let majority =
-            partition::has_majority(self.schedulers.len() + self.cut_off.len(), self.members);
-        match (majority, self.without_majority_since) {
-            (false, None) => self.without_majority_since = Some(now),
-            (true, Some(_)) => self.without_majority_since = None,
-            _ => {}
-        }
+        self.observe_fence();
     }
 
     /// Whether this world's side stopped its fenced pods (no majority for the fence timeout).
     pub fn fenced_stopped(&self) -> bool {
-        partition::must_stop(
-            self.without_majority_since
-                .map(|s| self.now.saturating_sub(s)),
-            &self.config.fence,
-        )
+        self.fence.must_stop()
     }
 
     /// Where each pod runs in this world right now: its binding's node, if that node is alive
@@ -332,7 +331,7 @@ impl Sim {
         merged.dead.clear();
         merged.cut_off.clear();
         merged.evictions.clear();
-        merged.without_majority_since = None;
+        merged.observe_fence();
         merged.in_transit.clear();
         merged.queue.clear();
         // Auctioneers over the whole membership again; unbound pods pending there.

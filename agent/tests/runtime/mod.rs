@@ -71,6 +71,18 @@ impl Node {
     }
 
     fn start(&self, uid: &str, name: &str, args: &[&str], limits: Limits, readonly: bool) {
+        self.start_as(uid, name, args, limits, readonly, false);
+    }
+
+    fn start_as(
+        &self,
+        uid: &str,
+        name: &str,
+        args: &[&str],
+        limits: Limits,
+        readonly: bool,
+        fenced: bool,
+    ) {
         let image = self.images.resolve("shoal.local/busybox:1").unwrap();
         let id = format!("{uid}-{name}-0");
         let meta = ContainerMeta {
@@ -109,6 +121,7 @@ impl Node {
             host_ipc: false,
             host_network: false,
             privileged: false,
+            fenced,
         };
         self.runtime.start_container(uid, &meta, &request).unwrap();
     }
@@ -201,6 +214,61 @@ fn a_container_runs_logs_and_exits_with_its_code() {
     assert!(log.contains(" stdout F hello\n"), "{log}");
     assert!(log.contains(" stderr F oops\n"), "{log}");
     assert!(log.contains(" stdout F pod-rt-exit\n"), "{log}");
+    node.runtime.remove_sandbox(uid).unwrap();
+    assert_no_leaks(uid, &node.runtime);
+}
+
+fn state_of(node: &Node, uid: &str, name: &str) -> Option<ObservedState> {
+    node.runtime
+        .list()
+        .into_iter()
+        .find(|p| p.sandbox.uid == uid)
+        .and_then(|p| p.containers.into_iter().find(|c| c.meta.name == name))
+        .map(|c| c.state)
+}
+
+/// A fenced container lives only while its agent renews the fence lease: renewed, it outlives
+/// several fence timeouts; left alone (a killed or frozen agent), its shim kills it, and an
+/// unfenced container beside it runs on.
+#[test]
+fn a_fenced_container_dies_once_the_fence_lease_is_not_renewed() {
+    use shoal_agent::runtime::lease;
+    let mut node = Node::new();
+    let timeout = Duration::from_millis(500);
+    node.runtime = node.runtime.clone().with_fence_timeout(timeout);
+    let path = node.runtime.fence_lease_path();
+    lease::renew(&path, 0).unwrap();
+    let uid = "rt-fence";
+    node.sandbox(uid);
+    let forever = ["sh", "-c", "trap '' TERM; while true; do sleep 0.1; done"];
+    node.start_as(uid, "fenced", &forever, default_limits(), false, true);
+    node.start_as(uid, "free", &forever, default_limits(), false, false);
+    for n in 1..=20 {
+        lease::renew(&path, n).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Four fence timeouts have passed, the lease renewed all along.
+    assert!(
+        matches!(
+            state_of(&node, uid, "fenced"),
+            Some(ObservedState::Running(_))
+        ),
+        "{:?}",
+        state_of(&node, uid, "fenced")
+    );
+    let ObservedState::Exited { exited, .. } = node.wait_exit(uid, "fenced") else {
+        unreachable!()
+    };
+    assert!(exited.fence_lapsed, "{exited:?}");
+    assert_eq!(exited.signal, Some(9), "{exited:?}");
+    assert!(
+        matches!(
+            state_of(&node, uid, "free"),
+            Some(ObservedState::Running(_))
+        ),
+        "the unfenced container must run on: {:?}",
+        state_of(&node, uid, "free")
+    );
     node.runtime.remove_sandbox(uid).unwrap();
     assert_no_leaks(uid, &node.runtime);
 }

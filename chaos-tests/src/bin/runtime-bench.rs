@@ -108,6 +108,7 @@ fn request(
         host_ipc: false,
         host_network: false,
         privileged: false,
+        fenced: false,
     }
 }
 

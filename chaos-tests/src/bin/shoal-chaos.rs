@@ -52,9 +52,9 @@ enum Command {
         /// Concurrent workload clients.
         #[arg(long, default_value_t = 4)]
         clients: usize,
-        /// The checkers' self-test: give the agent meant to lack the secret the cluster's, and
-        /// add a pod of a foreign controller to the Deployment's after the faults; the run must
-        /// then fail checkers 3 and 6.
+        /// The checkers' self-test: give the agent meant to lack the secret the cluster's, add
+        /// a pod of a foreign controller to the Deployment's after the faults, and run an
+        /// unfenced twin of a fenced pod; the run must then fail checkers 3, 4 and 6.
         #[arg(long)]
         self_test: bool,
     },
