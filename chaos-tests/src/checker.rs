@@ -29,6 +29,7 @@ pub const TEARDOWN: &str = "nothing leaks, nothing panics";
 pub const REPLICAS: &str = "replica counts exact";
 pub const SECRET: &str = "no secret, no entry";
 pub const FENCED: &str = "a fenced pod never runs twice";
+pub const OVERCOMMIT: &str = "no node runs more than its allocatable";
 
 /// Checker 1: every acknowledged operation is visible at the end, or superseded under the
 /// documented merge rules (`crdt-state/src/crdt.rs`):
@@ -544,6 +545,76 @@ pub fn fenced(pods: &[String], instances: &[Instance]) -> Vec<Violation> {
     violations
 }
 
+/// The cpu one node had granted at one moment, from the kernel ([`crate::cpu`]): each running
+/// container's cgroup and its cpu shares (1024 per requested cpu; 2 is the minimum a container
+/// without a cpu request gets, and requests nothing).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CpuSample {
+    pub at_ms: u64,
+    pub node: String,
+    pub allocatable_millis: u64,
+    pub granted: Vec<crate::cpu::Granted>,
+}
+
+impl CpuSample {
+    /// The shares of the containers that requested cpu.
+    pub fn requested_shares(&self) -> u64 {
+        self.granted
+            .iter()
+            .filter(|g| g.shares > 2)
+            .map(|g| g.shares)
+            .sum()
+    }
+}
+
+/// Checker 5: no node ever runs containers whose cpu requests exceed its allocatable (the
+/// shares they were granted sum to more than the node's cpu in shares). One violation per
+/// node, at its first overcommitted sample, with the containers and how many samples were over.
+/// A run in which no container with a cpu request was ever seen running is a violation too:
+/// no evidence is not a pass.
+pub fn overcommit(samples: &[CpuSample]) -> Vec<Violation> {
+    let violation = |message: String| Violation {
+        checker: OVERCOMMIT,
+        message,
+        ops: Vec::new(),
+    };
+    let mut violations = Vec::new();
+    if !samples.iter().any(|s| s.requested_shares() > 0) {
+        violations.push(violation(
+            "no container with a cpu request was seen running: nothing shows what nodes granted"
+                .into(),
+        ));
+    }
+    let mut nodes: Vec<&str> = samples.iter().map(|s| s.node.as_str()).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    for node in nodes {
+        let over: Vec<&CpuSample> = samples
+            .iter()
+            .filter(|s| s.node == node)
+            .filter(|s| s.requested_shares() > crate::cpu::shares_of_millis(s.allocatable_millis))
+            .collect();
+        let Some(first) = over.first() else {
+            continue;
+        };
+        violations.push(violation(format!(
+            "{node} ran containers granted {} cpu shares (≈ {} m) on {} m allocatable at {} ms ({} samples over): {}",
+            first.requested_shares(),
+            first.requested_shares() * 1000 / 1024,
+            first.allocatable_millis,
+            first.at_ms,
+            over.len(),
+            first
+                .granted
+                .iter()
+                .map(|g| format!("{} {}", g.cgroup, g.shares))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    violations
+}
+
 /// Checker 7: nothing of the lab survives its teardown and no agent log holds a panic.
 /// `logs` are (agent name, log text).
 pub fn teardown(leftovers: &Leftovers, logs: &[(String, String)]) -> Vec<Violation> {
@@ -948,6 +1019,63 @@ mod tests {
             ..Intrusion::default()
         });
         assert_eq!(v.len(), 2, "{v:?}");
+    }
+
+    #[test]
+    fn a_node_must_never_grant_more_cpu_than_it_has() {
+        let granted = |list: &[(&str, u64)]| {
+            list.iter()
+                .map(|(cgroup, shares)| crate::cpu::Granted {
+                    cgroup: (*cgroup).to_owned(),
+                    shares: *shares,
+                })
+                .collect()
+        };
+        let sample = |at_ms: u64, node: &str, list: &[(&str, u64)]| CpuSample {
+            at_ms,
+            node: node.to_owned(),
+            allocatable_millis: 2000,
+            granted: granted(list),
+        };
+        // Three 600m containers and three without requests fit 2 cpus (3 × 614 + 3 × 2 shares);
+        // 2048 shares exactly is full, not over.
+        let fits = [
+            sample(
+                0,
+                "n0",
+                &[("poda/c", 614), ("podb/c", 614), ("podc/c", 614)],
+            ),
+            sample(0, "n1", &[("podd/c", 2), ("pode/c", 2), ("podf/c", 2)]),
+            sample(100, "n1", &[("podd/c", 1024), ("pode/c", 1024)]),
+        ];
+        assert!(overcommit(&fits).is_empty(), "{:?}", overcommit(&fits));
+        // A fourth 600m container on n0, in two samples: one violation, naming it.
+        let mut over = fits.to_vec();
+        over.push(sample(
+            200,
+            "n0",
+            &[
+                ("poda/c", 614),
+                ("podb/c", 614),
+                ("podc/c", 614),
+                ("podg/c", 614),
+            ],
+        ));
+        over.push(sample(300, "n0", &[("podg/c", 614), ("podh/c", 2000)]));
+        let found = overcommit(&over);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].checker, OVERCOMMIT);
+        assert!(
+            found[0]
+                .message
+                .starts_with("n0 ran containers granted 2456 cpu shares")
+        );
+        assert!(found[0].message.contains("podg/c 614"));
+        assert!(found[0].message.contains("(2 samples over)"));
+        // Nothing with a request ever ran: no evidence, a violation.
+        let idle = [sample(0, "n0", &[("podd/c", 2)])];
+        assert_eq!(overcommit(&idle).len(), 1);
+        assert_eq!(overcommit(&[]).len(), 1);
     }
 
     #[test]

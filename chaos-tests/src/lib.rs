@@ -3,6 +3,7 @@
 //! judged by ([`history`], [`checker`]), and the benchmarks that drive real agents (`src/bin`).
 
 pub mod checker;
+pub mod cpu;
 pub mod history;
 pub mod lab;
 pub mod report;

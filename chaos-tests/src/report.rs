@@ -127,6 +127,11 @@ pub fn markdown(report: &RunReport) -> String {
         "| an agent without the secret | {} |",
         report.intrusion_evidence
     );
+    let _ = writeln!(
+        out,
+        "| cpu the nodes granted (checker 5) | {} |",
+        report.overcommit_evidence
+    );
     let nodes_of = |pod: &str| {
         let mut nodes: Vec<&str> = report
             .fenced_runs
@@ -153,7 +158,7 @@ pub fn markdown(report: &RunReport) -> String {
     if c.sabotage {
         let _ = writeln!(
             out,
-            "| self-test | the invariants of checkers 3, 4 and 6 were broken on purpose |"
+            "| self-test | the invariants of checkers 3, 4, 5 and 6 were broken on purpose |"
         );
     }
     let moves = fenced_moves(&report.fenced_runs, &report.steps);

@@ -41,6 +41,14 @@ const MAX_REPLICAS: u64 = 4;
 /// that the kill and pause faults outlast, so the majority does replace them.
 const FENCED_PODS: usize = 3;
 const FENCE_TIMEOUT: &str = "2s";
+/// Checker 5's Deployment: real containers with cpu requests, more than one node holds, so
+/// the auction and the nodes' admission have something to get wrong. 10 × 600m: three fit a
+/// node of 2 cpus, a fourth does not.
+const HEAVY: &str = "chaos-heavy";
+const HEAVY_REPLICAS: u64 = 10;
+const HEAVY_CPU: &str = "600m";
+/// How often checker 5 reads the agents' cgroups.
+const CPU_SAMPLE_EVERY: Duration = Duration::from_millis(200);
 
 #[derive(Debug, Clone)]
 pub struct RunConfig {
@@ -55,10 +63,11 @@ pub struct RunConfig {
     /// Concurrent workload clients and the register objects they write.
     pub clients: usize,
     pub keys: usize,
-    /// The checkers' self-test: the run breaks three invariants on purpose — the agent meant
+    /// The checkers' self-test: the run breaks four invariants on purpose — the agent meant
     /// to be without the secret is given the cluster's; once the faults are healed a pod of a
-    /// foreign controller joins the Deployment's; and an unfenced twin of a fenced pod writes
-    /// that pod's heartbeats — so checkers 3, 4 and 6 must report them.
+    /// foreign controller joins the Deployment's; an unfenced twin of a fenced pod writes that
+    /// pod's heartbeats; and a process granted 4 cpus of shares runs in host 0's agent's pod
+    /// cgroups — so checkers 3, 4, 5 and 6 must report them.
     pub sabotage: bool,
 }
 
@@ -100,6 +109,8 @@ pub struct RunReport {
     pub intrusion_evidence: String,
     /// The fenced pods' runs, from their heartbeats (checker 4).
     pub fenced_runs: Vec<checker::Instance>,
+    /// What checker 5 judged from, in a line.
+    pub overcommit_evidence: String,
 }
 
 impl RunReport {
@@ -239,6 +250,97 @@ fn fenced_runs(dir: &Path, start_uptime_ms: u64) -> anyhow::Result<Vec<checker::
     }
     runs.sort_by(|a, b| (&a.pod, a.first_ms).cmp(&(&b.pod, b.first_ms)));
     Ok(runs)
+}
+
+/// Checker 5's Deployment: busybox sleeping with a cpu request (PID 1 ignores SIGTERM, so a
+/// removed pod holds its share for its grace period, as a slow-stopping one would).
+fn heavy_deployment() -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "Deployment",
+           "metadata": {"name": HEAVY, "namespace": "default"},
+           "spec": {"replicas": HEAVY_REPLICAS,
+                    "selector": {"matchLabels": {"app": HEAVY}},
+                    "template": {"metadata": {"labels": {"app": HEAVY}},
+                                 "spec": {"terminationGracePeriodSeconds": 3,
+                                          "containers": [{"name": "c", "image": "shoal.local/busybox:1",
+                                                          "command": ["sleep", "100000"],
+                                                          "resources": {"requests": {"cpu": HEAVY_CPU}}}]}}}})
+}
+
+/// Reads every agent's granted cpu ([`crate::cpu`]) every [`CPU_SAMPLE_EVERY`] until `stop`.
+/// `nodes` are (name, allocatable millicores, the cgroup directory of its pods).
+fn cpu_sampler(
+    nodes: Vec<(String, u64, PathBuf)>,
+    started: Instant,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Vec<checker::CpuSample>> {
+    let layout = shoal_agent::runtime::cgroup::Layout::detect();
+    std::thread::spawn(move || {
+        let mut samples = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            for (node, allocatable_millis, dir) in &nodes {
+                samples.push(checker::CpuSample {
+                    at_ms: started.elapsed().as_millis() as u64,
+                    node: node.clone(),
+                    allocatable_millis: *allocatable_millis,
+                    granted: crate::cpu::granted(layout, dir),
+                });
+            }
+            std::thread::sleep(CPU_SAMPLE_EVERY);
+        }
+        samples
+    })
+}
+
+/// Stops a sampler thread when the run ends, also on an error.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The self-test's breach of checker 5: a process granted 4 cpus of shares in a container
+/// cgroup of an agent's pods, as a node that admitted far too much would run. Removed on drop.
+struct CpuBreach {
+    child: std::process::Child,
+    dirs: Vec<PathBuf>,
+}
+
+impl CpuBreach {
+    fn start(scope_dir: &Path) -> anyhow::Result<Self> {
+        use shoal_agent::runtime::cgroup::Layout;
+        let pod = scope_dir.join("podchaos-breach");
+        let container = pod.join("c");
+        std::fs::create_dir_all(&container)
+            .with_context(|| format!("creating {}", container.display()))?;
+        let child = std::process::Command::new("sleep").arg("600").spawn()?;
+        let breach = Self {
+            child,
+            dirs: vec![container.clone(), pod],
+        };
+        let (file, value) = match Layout::detect() {
+            Layout::V1 => ("cpu.shares", "4096"),
+            // runc's weight for 4096 shares.
+            Layout::V2 => ("cpu.weight", "156"),
+        };
+        std::fs::write(container.join(file), value)?;
+        std::fs::write(
+            container.join("cgroup.procs"),
+            breach.child.id().to_string(),
+        )?;
+        Ok(breach)
+    }
+}
+
+impl Drop for CpuBreach {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for dir in &self.dirs {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
 }
 
 fn daemon_set() -> Value {
@@ -669,7 +771,10 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     let fenced_pods: Vec<Value> = (0..FENCED_PODS)
         .map(|i| fenced_pod(&fenced_name(i), &fenced_name(i), true, &heartbeats))
         .collect();
-    for object in [deployment(2), daemon_set()].iter().chain(&fenced_pods) {
+    for object in [deployment(2), daemon_set(), heavy_deployment()]
+        .iter()
+        .chain(&fenced_pods)
+    {
         let (status, answer) = agents[0].apply(object).await?;
         anyhow::ensure!(
             status == 200 || status == 201,
@@ -679,6 +784,27 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     }
     let started = Instant::now();
     let start_uptime_ms = uptime_ms()?;
+    // Checker 5 reads what each node granted from the kernel, all through the run.
+    let mut cpu_nodes = Vec::new();
+    for agent in &agents {
+        let members = agent.members().await?;
+        let capacity = members
+            .iter()
+            .find(|m| m.is_self)
+            .and_then(|m| m.meta.as_ref())
+            .map(|meta| meta.capacity.cpu_millis)
+            .with_context(|| format!("{} does not publish its capacity", agent.name()))?;
+        let data_dir = std::fs::canonicalize(agent.data_dir())?;
+        let scope = shoal_agent::runtime::scope_of(&data_dir);
+        cpu_nodes.push((
+            agent.name().to_owned(),
+            capacity,
+            crate::cpu::scope_dir(shoal_agent::runtime::cgroup::Layout::detect(), &scope),
+        ));
+    }
+    let stop_cpu = StopOnDrop(Arc::new(AtomicBool::new(false)));
+    let cpu_breach_dir = cpu_nodes[0].2.clone();
+    let cpu = cpu_sampler(cpu_nodes, started, stop_cpu.0.clone());
     let workload = Arc::new(Workload {
         clients: agents
             .iter()
@@ -767,6 +893,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     checkers.push((checker::ACKNOWLEDGED_WRITES, acked.len()));
     violations.extend(acked);
 
+    let mut breach = None;
     if config.sabotage {
         let stray = json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "chaos-app-stray", "namespace": "default", "labels": {"app": APP},
@@ -780,6 +907,8 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
         let twin = fenced_pod("chaos-fenced-twin", &fenced_name(0), false, &heartbeats);
         let (status, answer) = agents[0].apply(&twin).await?;
         anyhow::ensure!(status == 201, "sabotage: the twin pod: {status} {answer}");
+        // 4 cpus of shares granted on host 0, beside what its agent admitted.
+        breach = Some(CpuBreach::start(&cpu_breach_dir)?);
     }
     // Checker 3: replica counts exact within the bound (controllers act after the stores agree).
     let mut replica_samples = Vec::new();
@@ -810,6 +939,19 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     let fence = checker::fenced(&names, &fenced_runs);
     checkers.push((checker::FENCED, fence.len()));
     violations.extend(fence);
+
+    // Checker 5, over every sample of the run (the self-test's breach has been there for the
+    // replica checker's wait; one more sample period makes sure it is read).
+    tokio::time::sleep(CPU_SAMPLE_EVERY * 2).await;
+    stop_cpu.0.store(true, Ordering::Relaxed);
+    let cpu_samples = cpu
+        .join()
+        .map_err(|_| anyhow::anyhow!("the cpu sampler panicked"))?;
+    drop(breach);
+    let over = checker::overcommit(&cpu_samples);
+    checkers.push((checker::OVERCOMMIT, over.len()));
+    violations.extend(over);
+    let overcommit_evidence = cpu_evidence(&cpu_samples);
 
     // Checker 6: the intruder stayed out, and the API wants a token. It has had the whole run
     // and the convergence to get in: one more look now.
@@ -885,11 +1027,37 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
         replicas_ms,
         intrusion_evidence,
         fenced_runs,
+        overcommit_evidence,
     };
     if let Some(dir) = &report.config.report_dir {
         crate::report::write(&report, dir)?;
     }
     Ok(report)
+}
+
+/// Checker 5's evidence in a line: the samples and each node's peak grant.
+fn cpu_evidence(samples: &[checker::CpuSample]) -> String {
+    let mut peaks: BTreeMap<&str, (u64, u64, usize)> = BTreeMap::new();
+    for s in samples {
+        let peak = peaks.entry(&s.node).or_insert((
+            0,
+            crate::cpu::shares_of_millis(s.allocatable_millis),
+            0,
+        ));
+        peak.0 = peak.0.max(s.requested_shares());
+        peak.2 = peak
+            .2
+            .max(s.granted.iter().filter(|g| g.shares > 2).count());
+    }
+    format!(
+        "{} samples of the nodes' cgroups; most cpu shares granted (of the node's) and containers with a request: {}",
+        samples.len(),
+        peaks
+            .iter()
+            .map(|(node, (peak, of, n))| format!("{node} {peak}/{of} ({n})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
 }
 
 /// Every workload key's live state on `agent`.

@@ -55,9 +55,10 @@ async fn every_named_scenario_passes_every_checker() {
 
 /// The checkers can fail against the real agents: a run that gives the cluster's secret to the
 /// agent meant to lack it, adds a foreign controller's pod to the Deployment's and runs an
-/// unfenced twin of a fenced pod must be reported by checkers 6, 3 and 4 (and by nothing else).
+/// unfenced twin of a fenced pod and grants a process 4 cpus in a node's pod cgroups must be
+/// reported by checkers 3, 4, 5 and 6 (and by nothing else).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_self_test_run_is_caught_by_the_replica_fencing_and_secret_checkers() {
+async fn the_self_test_run_is_caught_by_the_replica_fencing_overcommit_and_secret_checkers() {
     let _lab = LAB.lock().await;
     let mut config = RunConfig::new(scenario("loss").unwrap(), 5, Duration::from_secs(8), 7);
     config.sabotage = true;
@@ -70,6 +71,7 @@ async fn the_self_test_run_is_caught_by_the_replica_fencing_and_secret_checkers(
         caught,
         [
             shoal_chaos::checker::REPLICAS,
+            shoal_chaos::checker::OVERCOMMIT,
             shoal_chaos::checker::FENCED,
             shoal_chaos::checker::SECRET
         ]
@@ -81,4 +83,5 @@ async fn the_self_test_run_is_caught_by_the_replica_fencing_and_secret_checkers(
     assert!(text.contains("chaos-app-stray"), "{text}");
     assert!(text.contains("intruder"), "{text}");
     assert!(text.contains("chaos-fenced-0 ran twice at once"), "{text}");
+    assert!(text.contains("podchaos-breach/c "), "{text}");
 }

@@ -342,6 +342,14 @@ fn default_pod_spec(spec: &mut Value) {
             default_field(c, "terminationMessagePath", json!("/dev/termination-log"));
             default_field(c, "terminationMessagePolicy", json!("File"));
             default_field(c, "resources", json!({}));
+            // The apiserver's defaulting: a limit without a request requests the limit.
+            if let Some(resources) = c.get_mut("resources").and_then(Value::as_object_mut) {
+                let limits = resources.get("limits").and_then(Value::as_object).cloned();
+                for (resource, limit) in limits.into_iter().flatten() {
+                    let requests = resources.entry("requests").or_insert_with(|| json!({}));
+                    default_field(requests, &resource, limit);
+                }
+            }
             for p in c["ports"].as_array_mut().into_iter().flatten() {
                 default_field(p, "protocol", json!("TCP"));
             }
@@ -546,5 +554,19 @@ mod tests {
         assert_eq!(c["env"][0]["valueFrom"]["fieldRef"]["apiVersion"], "v1");
         assert_eq!(p["spec"]["volumes"][0]["configMap"]["defaultMode"], 420);
         assert_eq!(p["spec"]["enableServiceLinks"], true);
+        // A limit without a request requests the limit; a request that is set stays.
+        let mut p = json!({"spec": {"containers": [
+            {"name": "a", "image": "i", "resources": {"limits": {"cpu": "1", "memory": "64Mi"}}},
+            {"name": "b", "image": "i", "resources": {"limits": {"cpu": "1"}, "requests": {"cpu": "100m"}}},
+            {"name": "c", "image": "i", "resources": "not an object"},
+        ]}});
+        default("Pod", &mut p);
+        let c = &p["spec"]["containers"];
+        assert_eq!(
+            c[0]["resources"]["requests"],
+            json!({"cpu": "1", "memory": "64Mi"})
+        );
+        assert_eq!(c[1]["resources"]["requests"], json!({"cpu": "100m"}));
+        assert_eq!(c[2]["resources"], "not an object");
     }
 }

@@ -536,6 +536,17 @@ impl Kubelet {
     ) -> HashMap<String, admission::Refusal> {
         use crate::scheduler::model::{PodRequest, Resources};
         admission.retain(|uid| bound.contains_key(uid) || observed.contains_key(uid));
+        // Pods that run here without being bound here (deleted, or bound elsewhere, while this
+        // agent was down) hold their resources until they are gone: count them first.
+        for (uid, pod) in observed {
+            if !bound.contains_key(uid) && !admission.is_admitted(uid) {
+                let sandbox = &pod.sandbox;
+                admission.keep(
+                    uid,
+                    Resources::new(sandbox.cpu_request_millis, sandbox.memory_request_bytes, 1),
+                );
+            }
+        }
         let mut new: Vec<(&String, &Arc<BoundPod>)> = bound
             .iter()
             .filter(|(uid, _)| !admission.is_admitted(uid))
@@ -589,6 +600,8 @@ impl Kubelet {
             pids_limit: self.config.pod_pids_limit,
             host_network: plan.host_network,
             dns: plan.dns.clone(),
+            cpu_request_millis: plan.requests.cpu_millis,
+            memory_request_bytes: plan.requests.memory_bytes,
         }
     }
 

@@ -228,6 +228,9 @@ pub struct PodPlan {
     pub host_network: bool,
     /// `dnsPolicy` and `dnsConfig`.
     pub dns: shoal_net::dns::PodDns,
+    /// The pod's requests as the auction and admission count them (recorded with its sandbox,
+    /// so admission still counts a pod that runs here after its object is gone).
+    pub requests: crate::scheduler::model::Resources,
 }
 
 fn strings(value: &Value) -> Option<Vec<String>> {
@@ -523,7 +526,13 @@ impl PodPlan {
             Some(other) => return Err(format!("spec.restartPolicy: unsupported value {other:?}")),
         };
         let name = text(&meta["name"]);
+        // Unparsable quantities failed in `container` above already.
+        let requests = crate::scheduler::model::PodRequest::from_pod(pod)
+            .map_or(crate::scheduler::model::Resources::new(0, 0, 1), |r| {
+                r.requests
+            });
         Ok(Self {
+            requests,
             uid: text(&meta["uid"]),
             namespace: meta["namespace"].as_str().unwrap_or("default").to_owned(),
             hostname: spec["hostname"]

@@ -28,10 +28,16 @@ impl Layout {
 
 /// The cgroup path (below every hierarchy's root) of a pod of the runtime instance `scope`.
 pub fn pod_path(scope: &str, pod_uid: &str) -> String {
-    format!("/shoal/{scope}/pod{pod_uid}")
+    format!("{}/pod{pod_uid}", scope_path(scope))
 }
 
-fn dir(layout: Layout, controller: &str, path: &str) -> PathBuf {
+/// The cgroup path that holds every pod cgroup of the runtime instance `scope`.
+pub fn scope_path(scope: &str) -> String {
+    format!("/shoal/{scope}")
+}
+
+/// The directory of cgroup `path` in `controller`'s hierarchy (v2: the unified one).
+pub fn dir(layout: Layout, controller: &str, path: &str) -> PathBuf {
     let path = path.trim_start_matches('/');
     match layout {
         Layout::V1 => Path::new(ROOT).join(controller).join(path),

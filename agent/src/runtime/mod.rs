@@ -145,6 +145,12 @@ pub struct SandboxSpec {
     /// How the pod resolves names (its resolv.conf).
     #[serde(default)]
     pub dns: shoal_net::dns::PodDns,
+    /// The pod's cpu and memory requests, recorded so node admission keeps counting a pod
+    /// that still runs here after its object was deleted or bound elsewhere.
+    #[serde(default)]
+    pub cpu_request_millis: u64,
+    #[serde(default)]
+    pub memory_request_bytes: u64,
 }
 
 /// What is written next to a container's bundle.
@@ -254,6 +260,13 @@ fn unmount(path: &Path) -> Result<(), RuntimeError> {
     })
 }
 
+/// The scope of the runtime whose (canonical) data dir is `data_dir`: the name of its
+/// host-wide objects (`/shoal/<scope>/pod<uid>` cgroups, network namespaces).
+pub fn scope_of(data_dir: &Path) -> String {
+    use sha2::Digest;
+    hex::encode(&sha2::Sha256::digest(data_dir.as_os_str().as_bytes())[..4])
+}
+
 impl Runtime {
     /// A runtime storing its state under `data_dir`, using `runc` from PATH (or `SHOAL_RUNC`).
     pub fn new(data_dir: &Path) -> Result<Self, RuntimeError> {
@@ -276,10 +289,7 @@ impl Runtime {
         // would break every one of them and the cleanup that matches mounts by path).
         std::fs::create_dir_all(data_dir).map_err(io_at(data_dir))?;
         let data_dir = &std::fs::canonicalize(data_dir).map_err(io_at(data_dir))?;
-        let scope = {
-            use sha2::Digest;
-            hex::encode(&sha2::Sha256::digest(data_dir.as_os_str().as_bytes())[..4])
-        };
+        let scope = scope_of(data_dir);
         let runtime = Self {
             scope,
             runc,

@@ -235,14 +235,24 @@ impl PodRequest {
     pub fn from_pod(pod: &Value) -> Result<Self, String> {
         let spec = &pod["spec"];
         let mut requests = Resources::new(0, 0, 1);
+        // As Kubernetes defaults them: a resource with a limit and no request requests its
+        // limit (the kubelet sizes the container's cgroup from the same value).
         let container_requests = |c: &Value| -> Result<(u64, u64), String> {
-            let r = &c["resources"]["requests"];
-            let cpu = r["cpu"]
+            let resources = &c["resources"];
+            let amount = |name: &str| {
+                let requested = &resources["requests"][name];
+                if requested.is_null() {
+                    &resources["limits"][name]
+                } else {
+                    requested
+                }
+            };
+            let cpu = amount("cpu")
                 .as_str()
                 .map(quantity::cpu_millis)
                 .transpose()?
                 .unwrap_or(0);
-            let mem = r["memory"]
+            let mem = amount("memory")
                 .as_str()
                 .map(quantity::bytes)
                 .transpose()?

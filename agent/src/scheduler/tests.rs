@@ -351,3 +351,26 @@ fn a_partition_heals_to_one_binding_per_pod_and_fenced_pods_never_run_twice() {
     );
     check(&[healed]);
 }
+
+#[test]
+fn a_limit_without_a_request_requests_the_limit() {
+    use serde_json::json;
+    let pod = |resources: serde_json::Value| {
+        PodRequest::from_pod(&json!({
+            "metadata": {"name": "p", "namespace": "default", "uid": "u"},
+            "spec": {"containers": [{"name": "c", "image": "x", "resources": resources}]},
+        }))
+        .unwrap()
+        .requests
+    };
+    // What the kubelet sizes the cgroup by (cpu.shares from 1 cpu), the auction counts.
+    assert_eq!(
+        pod(json!({"limits": {"cpu": "1", "memory": "64Mi"}})),
+        Resources::new(1000, 64 << 20, 1)
+    );
+    assert_eq!(
+        pod(json!({"requests": {"cpu": "250m"}, "limits": {"cpu": "1", "memory": "64Mi"}})),
+        Resources::new(250, 64 << 20, 1)
+    );
+    assert_eq!(pod(json!({})), Resources::new(0, 0, 1));
+}

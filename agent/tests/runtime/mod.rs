@@ -65,6 +65,8 @@ impl Node {
             pids_limit: None,
             host_network: false,
             dns: Default::default(),
+            cpu_request_millis: 0,
+            memory_request_bytes: 0,
         };
         self.runtime.ensure_sandbox(&sandbox).unwrap();
         sandbox

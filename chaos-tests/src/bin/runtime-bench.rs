@@ -128,6 +128,8 @@ fn shoal_cycles(dir: &Path, images: &Path, cycles: usize) -> anyhow::Result<Vec<
         pids_limit: None,
         host_network: false,
         dns: Default::default(),
+        cpu_request_millis: 0,
+        memory_request_bytes: 0,
     })?;
     let mut times = Vec::new();
     for attempt in 0..cycles as u32 {
