@@ -534,7 +534,7 @@ impl Kubelet {
         observed: &HashMap<String, ObservedPod>,
         workers: &HashMap<String, PodWorker>,
     ) -> HashMap<String, admission::Refusal> {
-        use crate::scheduler::model::{PodRequest, Resources};
+        use crate::scheduler::model::Resources;
         admission.retain(|uid| bound.contains_key(uid) || observed.contains_key(uid));
         // Pods that run here without being bound here (deleted, or bound elsewhere, while this
         // agent was down) hold their resources until they are gone: count them first.
@@ -562,8 +562,12 @@ impl Kubelet {
         });
         let mut refused = HashMap::new();
         for (uid, pod) in new {
-            let requests =
-                PodRequest::from_pod(&pod.object).map_or(Resources::new(0, 0, 1), |r| r.requests);
+            // A pod this node cannot run at all is reported as such (InvalidPodSpec), not
+            // weighed against what is free.
+            let Ok(plan) = &pod.plan else {
+                continue;
+            };
+            let requests = plan.requests;
             if observed.contains_key(uid) || workers.contains_key(uid) {
                 admission.keep(uid, requests);
                 continue;

@@ -199,8 +199,9 @@ spec:
     .await;
     let message = pod["status"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("resources.limits.cpu"), "{message}");
-    // Valid but enormous: two containers of 9E each (the pod's cap saturates instead of
-    // wrapping) — and then a good pod: both run, the kubelet is alive.
+    // Valid but enormous: two containers limited to 9E each (the pod's cap saturates instead
+    // of wrapping; each requests 1Mi, or its request would default to the limit and no node
+    // would admit it) — and then a good pod: both run, the kubelet is alive.
     let file = api.manifest(
         "big-and-good.yaml",
         r#"apiVersion: v1
@@ -209,8 +210,8 @@ metadata: {name: big}
 spec:
   nodeName: n0
   containers:
-  - {name: a, image: shoal.local/busybox:1, command: [sleep, "30"], resources: {limits: {memory: 9E}}}
-  - {name: b, image: shoal.local/busybox:1, command: [sleep, "30"], resources: {limits: {memory: 9E}}}
+  - {name: a, image: shoal.local/busybox:1, command: [sleep, "30"], resources: {requests: {memory: 1Mi}, limits: {memory: 9E}}}
+  - {name: b, image: shoal.local/busybox:1, command: [sleep, "30"], resources: {requests: {memory: 1Mi}, limits: {memory: 9E}}}
 ---
 apiVersion: v1
 kind: Pod
