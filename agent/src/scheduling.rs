@@ -1,7 +1,9 @@
 //! Runs the auction ([`crate::scheduler`]) on a live agent: builds the world from membership
 //! and the replicated pods, carries auction messages over the node endpoint's auction channel,
 //! and writes each binding as the pod's `spec.nodeName` (with its epoch in the
-//! `shoal.io/binding-epoch` annotation), as a Kubernetes binding does.
+//! `shoal.io/binding-epoch` annotation), as a Kubernetes binding does. The store keeps the two
+//! as one register ordered by (epoch, HLC, writer): a binding of an older epoch never wins
+//! ([`shoal_state::crdt`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -25,7 +27,7 @@ use crate::scheduler::model::{NodeView, PodRequest, Resources, Taint, TaintEffec
 use crate::scheduler::partition::{self, FenceConfig, Policy};
 
 /// Annotation carrying a binding's epoch.
-pub const EPOCH_ANNOTATION: &str = "shoal.io/binding-epoch";
+pub const EPOCH_ANNOTATION: &str = shoal_state::crdt::BINDING_EPOCH_ANNOTATION;
 /// On a pod preempted (unbound) to make room: the uid of the pod that took its place. It is
 /// auctioned again only once that pod's binding is visible here.
 pub const PREEMPTED_BY_ANNOTATION: &str = "shoal.io/preempted-by";
@@ -267,7 +269,7 @@ impl Scheduling {
             .map(|p| p.epoch);
         match epoch {
             Some(epoch) => {
-                self.write_binding(pod_uid, None, epoch + 1, preempted_by)
+                self.write_binding(pod_uid, None, epoch.saturating_add(1), preempted_by)
                     .await
             }
             None => false,
@@ -618,7 +620,7 @@ impl Scheduling {
                         ) {
                             continue;
                         }
-                        entry.epoch + 1
+                        entry.epoch.saturating_add(1)
                     }
                 },
                 // A fenced pod is never started where a majority is not visible.

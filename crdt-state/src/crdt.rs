@@ -16,9 +16,15 @@
 //! Merge is a join: commutative, associative and idempotent (property-tested below), so replicas
 //! that exchanged the same writes in any order, any number of times, hold identical states.
 //!
+//! A pod's **binding** (`spec.nodeName` and the `shoal.io/binding-epoch` annotation) is one
+//! register in effect (DESIGN.md §6): both fields are written together, ordered by the binding's
+//! epoch first and the write's stamp second, so a binding of an older epoch never wins over a
+//! newer one, however late it is written or merged; within one epoch the later stamp wins.
+//!
 //! The parts are the `crdts` crate's CvRDTs, merged through its `CvRDT` trait: each register is
-//! an `LWWReg` whose marker is the write's [`Stamp`], and `metadata.generation` is a grow-only
-//! counter of spec writes per node (a `VClock`, so it never goes down).
+//! an `LWWReg` whose marker is a [`Marker`] (the binding epoch, 0 for every other field, then the
+//! write's [`Stamp`]), and `metadata.generation` is a grow-only counter of spec writes per node (a
+//! `VClock`, so it never goes down).
 
 use std::collections::BTreeMap;
 
@@ -44,12 +50,73 @@ pub struct Stamp {
 /// A field path below the object root, e.g. `["spec", "replicas"]`.
 pub type FieldPath = Vec<String>;
 
-/// One last-writer-wins register: the value (`None` records that the field was removed) and the
-/// stamp of the write that set it as the marker.
-pub type Register = LWWReg<Option<Value>, Stamp>;
+/// The annotation that carries a pod binding's epoch (raised each time the pod is auctioned
+/// again).
+pub const BINDING_EPOCH_ANNOTATION: &str = "shoal.io/binding-epoch";
 
-fn register(marker: Stamp, val: Option<Value>) -> Register {
+/// What orders the writes of one register: the binding epoch (always 0 outside a pod's binding
+/// fields), then the write's stamp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Marker {
+    pub epoch: u64,
+    pub stamp: Stamp,
+}
+
+impl Marker {
+    fn plain(stamp: Stamp) -> Self {
+        Self { epoch: 0, stamp }
+    }
+}
+
+/// One last-writer-wins register: the value (`None` records that the field was removed) and the
+/// marker of the write that set it.
+pub type Register = LWWReg<Option<Value>, Marker>;
+
+fn register(marker: Marker, val: Option<Value>) -> Register {
     LWWReg { val, marker }
+}
+
+/// Whether `path` is one of a pod's binding fields.
+fn is_binding(path: &[String]) -> bool {
+    match path {
+        [spec, node] => spec == "spec" && node == "nodeName",
+        [meta, annotations, key] => {
+            meta == "metadata" && annotations == "annotations" && key == BINDING_EPOCH_ANNOTATION
+        }
+        _ => false,
+    }
+}
+
+fn binding_paths() -> [FieldPath; 2] {
+    [
+        vec!["spec".to_owned(), "nodeName".to_owned()],
+        vec![
+            "metadata".to_owned(),
+            "annotations".to_owned(),
+            BINDING_EPOCH_ANNOTATION.to_owned(),
+        ],
+    ]
+}
+
+/// The binding epoch a written body carries: its epoch annotation, for a pod (0 when absent or
+/// not a number: such a write can only lose to a real binding).
+pub fn binding_epoch(body: &Value) -> u64 {
+    if body["kind"] != "Pod" {
+        return 0;
+    }
+    body["metadata"]["annotations"][BINDING_EPOCH_ANNOTATION]
+        .as_str()
+        .and_then(|e| e.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The marker a write stamped `stamp` of `body` (binding epoch `epoch`) gives `path`.
+fn marker_for(path: &[String], epoch: u64, stamp: Stamp) -> Marker {
+    if is_binding(path) {
+        Marker { epoch, stamp }
+    } else {
+        Marker::plain(stamp)
+    }
 }
 
 /// Joins `theirs` into `mine` through `LWWReg`'s `CvRDT` merge (the later stamp wins). Two
@@ -85,30 +152,75 @@ pub struct ObjectState {
     pub spec_writes: VClock<NodeId>,
 }
 
-/// Registers are stored and sent as `(stamp, value)` pairs: the layout of the register type
-/// before it was `crdts::LWWReg`, so stores written by earlier versions read unchanged.
+/// Registers are stored and sent as `(stamp, value)` pairs, the layout of the register type
+/// before it was `crdts::LWWReg`, so stores written by earlier versions read unchanged; a
+/// binding field with an epoch above 0 is a `(stamp, value, epoch)` triple.
 mod registers {
     use std::collections::BTreeMap;
+    use std::fmt;
 
-    use serde::{Deserialize, Deserializer, Serializer};
+    use serde::de::{self, SeqAccess, Visitor};
+    use serde::ser::SerializeTuple;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
     use serde_json::Value;
 
-    use super::{FieldPath, Register, Stamp};
+    use super::{FieldPath, Marker, Register, Stamp};
+
+    struct Entry<'a>(&'a Register);
+
+    impl Serialize for Entry<'_> {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            let r = self.0;
+            let len = if r.marker.epoch == 0 { 2 } else { 3 };
+            let mut tuple = serializer.serialize_tuple(len)?;
+            tuple.serialize_element(&r.marker.stamp)?;
+            tuple.serialize_element(&r.val)?;
+            if r.marker.epoch != 0 {
+                tuple.serialize_element(&r.marker.epoch)?;
+            }
+            tuple.end()
+        }
+    }
+
+    struct Stored(Register);
+
+    impl<'de> Deserialize<'de> for Stored {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            struct EntryVisitor;
+            impl<'de> Visitor<'de> for EntryVisitor {
+                type Value = Stored;
+                fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                    f.write_str("a register: (stamp, value) or (stamp, value, epoch)")
+                }
+                fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Stored, A::Error> {
+                    let stamp: Stamp = seq
+                        .next_element()?
+                        .ok_or_else(|| de::Error::invalid_length(0, &self))?;
+                    let val: Option<Value> = seq
+                        .next_element()?
+                        .ok_or_else(|| de::Error::invalid_length(1, &self))?;
+                    let epoch: u64 = seq.next_element()?.unwrap_or(0);
+                    Ok(Stored(super::register(Marker { epoch, stamp }, val)))
+                }
+            }
+            deserializer.deserialize_seq(EntryVisitor)
+        }
+    }
 
     pub fn serialize<S: Serializer>(
         fields: &BTreeMap<FieldPath, Register>,
         serializer: S,
     ) -> Result<S::Ok, S::Error> {
-        serializer.collect_map(fields.iter().map(|(path, r)| (path, (&r.marker, &r.val))))
+        serializer.collect_map(fields.iter().map(|(path, r)| (path, Entry(r))))
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(
         deserializer: D,
     ) -> Result<BTreeMap<FieldPath, Register>, D::Error> {
-        let pairs = BTreeMap::<FieldPath, (Stamp, Option<Value>)>::deserialize(deserializer)?;
-        Ok(pairs
+        let entries = BTreeMap::<FieldPath, Stored>::deserialize(deserializer)?;
+        Ok(entries
             .into_iter()
-            .map(|(path, (marker, val))| (path, super::register(marker, val)))
+            .map(|(path, Stored(r))| (path, r))
             .collect())
     }
 }
@@ -201,9 +313,13 @@ fn remove_path(root: &mut Value, path: &[String]) {
 impl ObjectState {
     /// A new incarnation holding `body`.
     pub fn create(uid: String, stamp: Stamp, body: &Value) -> Self {
+        let epoch = binding_epoch(body);
         let fields = flatten(body)
             .into_iter()
-            .map(|(path, value)| (path, register(stamp, Some(value))))
+            .map(|(path, value)| {
+                let marker = marker_for(&path, epoch, stamp);
+                (path, register(marker, Some(value)))
+            })
             .collect();
         let mut spec_writes = VClock::new();
         spec_writes.apply(spec_writes.inc(stamp.node));
@@ -220,12 +336,15 @@ impl ObjectState {
         self.deleted.is_some()
     }
 
-    /// Replaces the object's body with `body`, writing only the registers that change. Returns
-    /// whether anything changed.
+    /// Replaces the object's body with `body`, writing only the registers that change. A
+    /// change that loses to the stored register (a binding field written with an older epoch
+    /// than the stored binding's) is not made, exactly as a merge would undo it. Returns whether
+    /// anything changed.
     pub fn update(&mut self, stamp: Stamp, body: &Value) -> bool {
         let current = flatten(&self.render());
         let new = flatten(body);
         let generation = self.generation();
+        let epoch = binding_epoch(body);
         let mut changed: Vec<(FieldPath, Option<Value>)> = Vec::new();
         for (path, value) in &new {
             if current.get(path) != Some(value) {
@@ -235,6 +354,27 @@ impl ObjectState {
         for path in current.keys().filter(|p| !new.contains_key(*p)) {
             changed.push((path.clone(), None));
         }
+        if body["kind"] == "Pod" && changed.iter().any(|(p, _)| is_binding(p)) {
+            // The binding's fields are written together, so they always hold one write's pair.
+            for path in binding_paths() {
+                if !changed.iter().any(|(p, _)| *p == path) {
+                    let value = new.get(&path).cloned();
+                    changed.push((path, value));
+                }
+            }
+            let marker = Marker { epoch, stamp };
+            let stored = binding_paths()
+                .iter()
+                .filter_map(|p| self.fields.get(p).map(|r| r.marker))
+                .max();
+            if stored.is_some_and(|m| m >= marker) {
+                changed.retain(|(p, _)| !is_binding(p));
+            }
+        }
+        changed.retain(|(path, _)| {
+            let marker = marker_for(path, epoch, stamp);
+            self.fields.get(path).is_none_or(|r| marker > r.marker)
+        });
         if changed.iter().any(|(p, _)| is_spec(p)) {
             if self.spec_writes.is_empty() {
                 // Stored before spec writes were counted: carry the old count over, credited to
@@ -246,7 +386,8 @@ impl ObjectState {
         }
         let any = !changed.is_empty();
         for (path, value) in changed {
-            self.fields.insert(path, register(stamp, value));
+            let marker = marker_for(&path, epoch, stamp);
+            self.fields.insert(path, register(marker, value));
         }
         any
     }
@@ -314,7 +455,7 @@ impl ObjectState {
             .fields
             .iter()
             .filter(|(p, _)| is_spec(p))
-            .map(|(_, r)| r.marker)
+            .map(|(_, r)| r.marker.stamp)
             .collect();
         stamps.sort();
         stamps.dedup();
@@ -325,7 +466,7 @@ impl ObjectState {
     pub fn max_stamp(&self) -> Stamp {
         self.fields
             .values()
-            .map(|r| r.marker)
+            .map(|r| r.marker.stamp)
             .chain([self.created])
             .chain(self.deleted)
             .max()
@@ -559,11 +700,90 @@ mod tests {
         );
     }
 
+    fn bound_pod(node: Option<&str>, epoch: u64) -> Value {
+        let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "p", "namespace": "default",
+                            "annotations": {BINDING_EPOCH_ANNOTATION: epoch.to_string()}},
+               "spec": {"containers": [{"name": "c", "image": "busybox"}]}});
+        if let Some(node) = node {
+            pod["spec"]["nodeName"] = json!(node);
+        }
+        pod
+    }
+
+    fn binding_of(state: &ObjectState) -> (Option<String>, String) {
+        let body = state.render();
+        (
+            body["spec"]["nodeName"].as_str().map(str::to_owned),
+            body["metadata"]["annotations"][BINDING_EPOCH_ANNOTATION]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        )
+    }
+
+    /// The hole of two registers: a rebind at epoch 1 written after an unbind at epoch 2 took
+    /// `spec.nodeName` by its later stamp while the epoch annotation kept 2 (node b, epoch 2: a
+    /// binding nobody wrote). As one register ordered by epoch first, the epoch-2 write wins
+    /// both fields in every merge order.
+    #[test]
+    fn a_binding_of_an_older_epoch_never_wins_however_late_it_is_written() {
+        let base = ObjectState::create("u".into(), stamp(1, 1), &bound_pod(Some("a"), 1));
+        let (mut unbound, mut rebound) = (base.clone(), base.clone());
+        assert!(unbound.update(stamp(5, 2), &bound_pod(None, 2)));
+        assert!(rebound.update(stamp(9, 3), &bound_pod(Some("b"), 1)));
+        let mut ab = unbound.clone();
+        ab.merge(&rebound);
+        let mut ba = rebound.clone();
+        ba.merge(&unbound);
+        assert_eq!(ab, ba);
+        assert_eq!(binding_of(&ab), (None, "2".to_owned()));
+        // Within one epoch the later write wins, both fields together.
+        let mut same = base.clone();
+        assert!(same.update(stamp(3, 2), &bound_pod(Some("c"), 1)));
+        let mut merged = rebound.clone();
+        merged.merge(&same);
+        assert_eq!(binding_of(&merged), (Some("b".to_owned()), "1".to_owned()));
+    }
+
+    /// A local write of an older epoch is not made (a merge would undo it on every replica), and
+    /// a body without the binding (a user's PUT of what they read before the pod was bound) does
+    /// not unbind it; every other field of such a write is.
+    #[test]
+    fn a_write_of_an_older_binding_leaves_the_binding_alone() {
+        let mut state = ObjectState::create("u".into(), stamp(1, 1), &bound_pod(Some("a"), 3));
+        assert!(!state.update(stamp(2, 1), &bound_pod(Some("b"), 2)));
+        assert_eq!(binding_of(&state), (Some("a".to_owned()), "3".to_owned()));
+        let mut unbound_read = bound_pod(None, 0);
+        unbound_read["metadata"]["annotations"] = json!({"team": "x"});
+        assert!(state.update(stamp(3, 1), &unbound_read));
+        assert_eq!(binding_of(&state), (Some("a".to_owned()), "3".to_owned()));
+        assert_eq!(state.render()["metadata"]["annotations"]["team"], "x");
+        // Not a pod: the annotation is an ordinary field.
+        let mut cm = json!({"kind": "ConfigMap", "metadata": {"annotations": {BINDING_EPOCH_ANNOTATION: "7"}}});
+        let mut other = ObjectState::create("v".into(), stamp(1, 1), &cm);
+        cm["metadata"]["annotations"][BINDING_EPOCH_ANNOTATION] = json!("1");
+        assert!(other.update(stamp(2, 1), &cm));
+    }
+
+    #[test]
+    fn a_binding_register_keeps_its_epoch_on_disk() {
+        let state = ObjectState::create("u".into(), stamp(1, 1), &bound_pod(Some("a"), 4));
+        let bytes = rmp_serde::to_vec(&state).unwrap();
+        let back: ObjectState = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(back, state);
+        let node = &back.fields[&vec!["spec".to_owned(), "nodeName".to_owned()]];
+        assert_eq!(node.marker.epoch, 4);
+        let image = &back.fields[&vec!["spec".to_owned(), "containers".to_owned()]];
+        assert_eq!(image.marker.epoch, 0);
+    }
+
     // ------------------------------------------------------------ merge laws
 
     #[derive(Debug, Clone)]
     enum Op {
         Update { replicas: u8, label: Option<u8> },
+        Bind { node: u8, epoch: u8 },
         Delete,
         Recreate,
         MergeFrom(usize),
@@ -572,6 +792,7 @@ mod tests {
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             6 => (0u8..4, proptest::option::of(0u8..3)).prop_map(|(replicas, label)| Op::Update { replicas, label }),
+            3 => (0u8..3, 0u8..4).prop_map(|(node, epoch)| Op::Bind { node, epoch }),
             1 => Just(Op::Delete),
             1 => Just(Op::Recreate),
             4 => (0usize..4).prop_map(Op::MergeFrom),
@@ -579,12 +800,46 @@ mod tests {
     }
 
     fn body(replicas: u8, label: Option<u8>) -> Value {
-        let mut b =
-            json!({"metadata": {"name": "x", "labels": {}}, "spec": {"replicas": replicas}});
+        let mut b = json!({"kind": "Pod", "metadata": {"name": "x", "labels": {}}, "spec": {"replicas": replicas}});
         if let Some(l) = label {
             b["metadata"]["labels"][format!("l{l}")] = json!("v");
         }
         b
+    }
+
+    /// What a replica holding `state` writes to bind the pod to `node` at `epoch`.
+    fn bind_body(state: &ObjectState, node: u8, epoch: u8) -> Value {
+        let mut b = state.render();
+        b["spec"]["nodeName"] = json!(format!("n{node}"));
+        b["metadata"]["annotations"][BINDING_EPOCH_ANNOTATION] = json!(epoch.to_string());
+        b
+    }
+
+    fn apply(replicas: &mut [ObjectState], t: usize, i: usize, op: &Op) {
+        let s = stamp(10 + t as u64, i as u64);
+        match op {
+            Op::Update { replicas: r, label } => {
+                if !replicas[i].is_deleted() {
+                    replicas[i].update(s, &body(*r, *label));
+                }
+            }
+            Op::Bind { node, epoch } => {
+                if !replicas[i].is_deleted() {
+                    let b = bind_body(&replicas[i], *node, *epoch);
+                    replicas[i].update(s, &b);
+                }
+            }
+            Op::Delete => replicas[i].delete(s),
+            Op::Recreate => {
+                if replicas[i].is_deleted() {
+                    replicas[i] = ObjectState::create(format!("u{t}"), s, &body(0, None));
+                }
+            }
+            Op::MergeFrom(j) => {
+                let other = replicas[*j].clone();
+                replicas[i].merge(&other);
+            }
+        }
     }
 
     /// Runs `ops` (replica index, op) on 4 replicas starting from one object; returns them.
@@ -592,24 +847,7 @@ mod tests {
         let base = ObjectState::create("u0".into(), stamp(1, 0), &body(1, None));
         let mut replicas = vec![base; 4];
         for (t, (i, op)) in ops.iter().enumerate() {
-            let s = stamp(10 + t as u64, *i as u64);
-            match op {
-                Op::Update { replicas: r, label } => {
-                    if !replicas[*i].is_deleted() {
-                        replicas[*i].update(s, &body(*r, *label));
-                    }
-                }
-                Op::Delete => replicas[*i].delete(s),
-                Op::Recreate => {
-                    if replicas[*i].is_deleted() {
-                        replicas[*i] = ObjectState::create(format!("u{t}"), s, &body(0, None));
-                    }
-                }
-                Op::MergeFrom(j) => {
-                    let other = replicas[*j].clone();
-                    replicas[*i].merge(&other);
-                }
-            }
+            apply(&mut replicas, t, *i, op);
         }
         replicas
     }
@@ -641,19 +879,11 @@ mod tests {
             for (t, (i, op)) in ops.iter().enumerate() {
                 let before = (replicas[*i].uid.clone(), replicas[*i].generation());
                 let spec_before = replicas[*i].render()["spec"].clone();
-                let s = stamp(10 + t as u64, *i as u64);
-                match op {
-                    Op::Update { replicas: r, label } => { replicas[*i].update(s, &body(*r, *label)); }
-                    Op::Delete => replicas[*i].delete(s),
-                    Op::Recreate => if replicas[*i].is_deleted() {
-                        replicas[*i] = ObjectState::create(format!("u{t}"), s, &body(0, None));
-                    },
-                    Op::MergeFrom(j) => { let other = replicas[*j].clone(); replicas[*i].merge(&other); }
-                }
+                apply(&mut replicas, t, *i, op);
                 let after = replicas[*i].generation();
                 if replicas[*i].uid == before.0 {
                     prop_assert!(after >= before.1, "{op:?}: {} -> {after}", before.1);
-                    if matches!(op, Op::Update { .. }) && replicas[*i].render()["spec"] != spec_before {
+                    if matches!(op, Op::Update { .. } | Op::Bind { .. }) && replicas[*i].render()["spec"] != spec_before {
                         prop_assert!(after > before.1, "{op:?}: spec changed, generation stayed {after}");
                     }
                 }
@@ -672,6 +902,40 @@ mod tests {
             for i in order[..3].iter().rev() { backward.merge(&r[*i]); }
             prop_assert_eq!(forward.render(), backward.render());
             prop_assert_eq!(forward, backward);
+        }
+
+        /// Once every replica has merged every other, the binding is the one written bind with
+        /// the highest (epoch, stamp), whoever wrote what when (one incarnation; binds at epoch
+        /// 1+, which plain updates cannot undo; a bind that changed nothing wrote nothing).
+        #[test]
+        fn the_converged_binding_is_the_highest_epoch_then_the_latest(
+            ops in proptest::collection::vec((0usize..4, op()), 0..40),
+        ) {
+            let base = ObjectState::create("u0".into(), stamp(1, 0), &body(1, None));
+            let mut replicas = vec![base; 4];
+            let mut best = None;
+            for (t, (i, op)) in ops.iter().enumerate() {
+                match op {
+                    Op::Delete | Op::Recreate => {}
+                    Op::Bind { node, epoch } => {
+                        let b = bind_body(&replicas[*i], *node, epoch + 1);
+                        if replicas[*i].update(stamp(10 + t as u64, *i as u64), &b) {
+                            best = best.max(Some(((epoch + 1, t), *node)));
+                        }
+                    }
+                    op => apply(&mut replicas, t, *i, op),
+                }
+            }
+            let mut all = replicas[0].clone();
+            for other in &replicas[1..] { all.merge(other); }
+            let (node, epoch) = binding_of(&all);
+            match best {
+                Some(((e, _), n)) => {
+                    prop_assert_eq!(node, Some(format!("n{n}")));
+                    prop_assert_eq!(epoch, e.to_string());
+                }
+                None => prop_assert_eq!(node, None),
+            }
         }
     }
 }

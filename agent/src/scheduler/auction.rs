@@ -31,7 +31,12 @@ use super::predicates::{self, Decline};
 
 pub type NodeId = u64;
 
-/// Which node runs a pod. Higher `epoch` wins, then higher `stamp` (the writer's time and id).
+/// Which node runs a pod. Higher `epoch` wins, then higher `stamp` (the writer's time in ms and
+/// id), the order of the store's binding register ([`shoal_state::crdt::Marker`]).
+///
+/// The live shell writes a binding through the store, which stamps it with the node's HLC and
+/// ignores `stamp`; the simulator, which has no store, merges bindings with [`Binding::wins_over`],
+/// so both order bindings by the same [`Marker`](shoal_state::crdt::Marker) comparison.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Binding {
     pub pod: String,
@@ -41,8 +46,19 @@ pub struct Binding {
 }
 
 impl Binding {
+    /// The store's register order for this binding, as if written at `stamp`.
+    pub fn marker(&self) -> shoal_state::crdt::Marker {
+        shoal_state::crdt::Marker {
+            epoch: self.epoch,
+            stamp: shoal_state::Stamp {
+                time: shoal_state::hlc::Timestamp::new(self.stamp.0, 0),
+                node: self.stamp.1,
+            },
+        }
+    }
+
     pub fn wins_over(&self, other: &Binding) -> bool {
-        (self.epoch, self.stamp, self.node) > (other.epoch, other.stamp, other.node)
+        (self.marker(), self.node) > (other.marker(), other.node)
     }
 }
 
