@@ -149,7 +149,9 @@ pub struct Written {
 
 pub struct Store {
     config: StoreConfig,
-    db: Database,
+    /// `None` after a failed commit: redb refuses every operation after an I/O error until the
+    /// database is reopened, so the next commit reopens it (recovering its last commit) first.
+    db: Option<Database>,
     hlc: Hlc,
     seq: u64,
     last_sync_ms: u64,
@@ -197,13 +199,7 @@ impl Store {
             path: path.clone(),
             message: e.to_string(),
         };
-        let db = redb::Builder::new()
-            .set_cache_size(config.cache_bytes)
-            .create(&path)
-            .map_err(|source| StoreError::Open {
-                path: path.clone(),
-                source: Box::new(source),
-            })?;
+        let db = Self::open_db(&config)?;
         // Make sure both tables exist, so reads never race a first write.
         let txn = db.begin_write().map_err(|e| storage(&e))?;
         txn.open_table(OBJECTS).map_err(|e| storage(&e))?;
@@ -260,7 +256,7 @@ impl Store {
         Ok(Self {
             oldest_watchable: seq,
             config,
-            db,
+            db: Some(db),
             hlc,
             seq,
             last_sync_ms,
@@ -332,13 +328,45 @@ impl Store {
         }
     }
 
-    /// Persists `updates` (and the sequence/clock) in one fsync'd transaction.
+    fn open_db(config: &StoreConfig) -> Result<Database, StoreError> {
+        redb::Builder::new()
+            .set_cache_size(config.cache_bytes)
+            .create(&config.path)
+            .map_err(|source| StoreError::Open {
+                path: config.path.clone(),
+                source: Box::new(source),
+            })
+    }
+
+    /// Persists `updates` (and the sequence/clock) in one fsync'd transaction. A failed commit
+    /// (a full disk, an I/O error) changes nothing in memory, and closes the database: the next
+    /// commit reopens it, so the store writes again once the disk does (without the reopen,
+    /// redb would refuse every later operation).
     fn commit(
-        &self,
+        &mut self,
         updates: &[(&ObjectKey, Option<&StoredEntry>)],
         extra_meta: &[(&str, u64)],
     ) -> Result<(), StoreError> {
-        let txn = self.db.begin_write().map_err(|e| self.storage_err(e))?;
+        let db = match self.db.take() {
+            Some(db) => db,
+            None => Self::open_db(&self.config).map_err(|e| {
+                self.storage_err(format_args!("reopening after a failed commit: {e}"))
+            })?,
+        };
+        let result = self.commit_to(&db, updates, extra_meta);
+        if result.is_ok() {
+            self.db = Some(db);
+        }
+        result
+    }
+
+    fn commit_to(
+        &self,
+        db: &Database,
+        updates: &[(&ObjectKey, Option<&StoredEntry>)],
+        extra_meta: &[(&str, u64)],
+    ) -> Result<(), StoreError> {
+        let txn = db.begin_write().map_err(|e| self.storage_err(e))?;
         {
             let mut objects = txn.open_table(OBJECTS).map_err(|e| self.storage_err(e))?;
             for (key, entry) in updates {

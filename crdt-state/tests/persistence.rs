@@ -267,3 +267,83 @@ fn a_push_with_a_refused_entry_is_not_acknowledged_and_sessions_report_refusals(
         "{reasons:?}"
     );
 }
+
+/// A tmpfs mounted over a directory for one test, unmounted on drop (also when the test fails).
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    /// Needs root (CI runs the tests as root).
+    fn mount(dir: &std::path::Path, size: &str) -> Self {
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .expect("running mount");
+        assert!(status.success(), "mounting a tmpfs needs root");
+        Self(dir.to_owned())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Fills the filesystem holding `dir` with one file, until the kernel says it is full.
+fn fill(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::io::Write;
+    let path = dir.join("filler");
+    let mut file = std::fs::File::create(&path).unwrap();
+    let chunk = vec![0u8; 64 * 1024];
+    loop {
+        match file.write_all(&chunk) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(28) => break,
+            Err(e) => panic!("filling {}: {e}", path.display()),
+        }
+    }
+    // What a partial last chunk left free, as well.
+    while file.write(&[0u8; 512]).is_ok_and(|n| n > 0) {}
+    path
+}
+
+/// A full disk fails a write with an error naming the store and leaves nothing half-applied;
+/// once space is back the store writes again without a restart (redb refuses every operation
+/// after an I/O error until its database is reopened), and what it acknowledged is on disk.
+#[test]
+fn a_full_disk_fails_writes_and_the_store_writes_again_once_space_is_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let _tmpfs = Tmpfs::mount(dir.path(), "8m");
+    let info = kind::lookup("v1", "ConfigMap").unwrap();
+    let key = |name: &str| ObjectKey::new(info, "default", name);
+    let mut store = open(dir.path(), "a", 1);
+    store
+        .write(config_map("before", &[("k", "v")]), WriteMode::Create)
+        .unwrap();
+    let filler = fill(dir.path());
+    let big = "x".repeat(200_000);
+    let error = store
+        .write(config_map("during", &[("k", &big)]), WriteMode::Create)
+        .expect_err("a write on a full disk must fail");
+    assert!(
+        matches!(&error, StoreError::Storage { path, .. } if path.starts_with(dir.path())),
+        "{error}"
+    );
+    assert!(store.get(&key("during")).is_none(), "nothing half-applied");
+    std::fs::remove_file(filler).unwrap();
+    store
+        .write(config_map("after", &[("k", "v")]), WriteMode::Create)
+        .expect("space is back: the store writes again");
+    store
+        .write(config_map("during", &[("k", "v")]), WriteMode::Create)
+        .expect("the refused write can be retried");
+    drop(store);
+    let store = open(dir.path(), "a", 1);
+    for name in ["before", "after", "during"] {
+        assert!(store.get(&key(name)).is_some(), "{name} survived a restart");
+    }
+}
