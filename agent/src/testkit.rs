@@ -346,8 +346,17 @@ impl AgentProcess {
         rss_bytes_of(self.pid()?)
     }
 
+    /// `<data dir>.log`, beside the data dir rather than in it: a test that fills or wipes the
+    /// node's disk keeps its log (as a node's journal is not on its data disk).
     fn log_path(&self) -> PathBuf {
-        self.spec.data_dir.join("agent.log")
+        let mut name = self
+            .spec
+            .data_dir
+            .file_name()
+            .unwrap_or_default()
+            .to_owned();
+        name.push(".log");
+        self.spec.data_dir.with_file_name(name)
     }
 
     /// The agent's log so far (stdout and stderr).

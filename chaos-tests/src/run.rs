@@ -49,6 +49,11 @@ const HEAVY_REPLICAS: u64 = 10;
 const HEAVY_CPU: &str = "600m";
 /// How often checker 5 reads the agents' cgroups.
 const CPU_SAMPLE_EVERY: Duration = Duration::from_millis(200);
+/// Each node's disk in the scenarios that fill disks: a tmpfs this large on its data dir (a
+/// node's busybox image, sandboxes and store take ~15 MiB).
+const DISK_SIZE: &str = "256m";
+/// The file a disk-full fault fills a node's disk with.
+const FILLER: &str = "chaos-filler";
 
 #[derive(Debug, Clone)]
 pub struct RunConfig {
@@ -161,12 +166,22 @@ pub fn require_root() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The register object a workload key names.
+/// The register object a workload key names. A `blob-*` key (written once, in the scenarios
+/// that fill disks) also carries [`BLOB_BYTES`] of padding, so the stores keep growing and a
+/// full disk is met by writes that need room, not only by rewrites of pages the store holds.
 fn register(key: &str, value: &str) -> Value {
-    json!({"apiVersion": "v1", "kind": "ConfigMap",
+    let mut object = json!({"apiVersion": "v1", "kind": "ConfigMap",
            "metadata": {"name": key, "namespace": "default", "labels": {"shoal-chaos": "register"}},
-           "data": {"v": value}})
+           "data": {"v": value}});
+    if key.starts_with(BLOB_PREFIX) {
+        object["data"]["pad"] = json!(format!("{value}:").repeat(BLOB_BYTES / (value.len() + 1)));
+    }
+    object
 }
+
+/// Keys of the workload's one-off large writes.
+const BLOB_PREFIX: &str = "blob-";
+const BLOB_BYTES: usize = 64 * 1024;
 
 /// The workload's Deployment: pods of an image no node has, so they exist in desired state and
 /// on their nodes (pulling, backing off) without running anything, which is what the counts need.
@@ -386,6 +401,8 @@ pub fn classify(
 struct Workload {
     clients: Vec<ControlClient>,
     keys: usize,
+    /// Whether 15% of the writes are one-off 64 KiB objects (`blob-<id>`).
+    blobs: bool,
     started: Instant,
     next_id: AtomicU64,
     stop: AtomicBool,
@@ -410,7 +427,13 @@ impl Workload {
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             let node = rng.random_range(0..self.clients.len());
             let key = format!("reg-{}", rng.random_range(0..self.keys));
-            let request = if rng.random_range(0..100) < 85 {
+            let roll = rng.random_range(0..100);
+            let request = if self.blobs && roll < 15 {
+                Request::Write {
+                    key: format!("{BLOB_PREFIX}{id}"),
+                    value: format!("v{id}"),
+                }
+            } else if roll < 85 {
                 Request::Write {
                     key,
                     value: format!("v{id}"),
@@ -600,6 +623,13 @@ impl FaultDriver<'_> {
                 // The node's images went with its data dir; its fenced pods need busybox.
                 crate::import_busybox(&self.agents[*node])?;
             }
+            Fault::DiskFull { node } => {
+                let filled = fill(self.agents[*node].data_dir())?;
+                self.note(format!(
+                    "n{node}'s disk full ({} MiB written)",
+                    filled >> 20
+                ));
+            }
             Fault::PartitionAndKill { node, .. } => {
                 self.filters(fault)?;
                 self.agents[*node].kill()?;
@@ -617,6 +647,11 @@ impl FaultDriver<'_> {
             Fault::Kill { node } | Fault::Wipe { node } => self.agents[*node].restart().await?,
             Fault::Pause { node } => self.agents[*node].resume()?,
             Fault::Restart { .. } => {}
+            Fault::DiskFull { node } => {
+                let filler = self.agents[*node].data_dir().join(FILLER);
+                std::fs::remove_file(&filler)
+                    .with_context(|| format!("freeing n{node}'s disk: {}", filler.display()))?;
+            }
             Fault::PartitionAndKill { node, .. } => {
                 self.lab.set_filters(&[], &[])?;
                 self.agents[*node].restart().await?;
@@ -666,7 +701,8 @@ fn describe(fault: &Fault) -> String {
         Fault::Kill { node }
         | Fault::Pause { node }
         | Fault::Restart { node }
-        | Fault::Wipe { node } => {
+        | Fault::Wipe { node }
+        | Fault::DiskFull { node } => {
             format!("n{node}")
         }
         Fault::PartitionAndKill { groups, node } => format!(
@@ -684,9 +720,68 @@ async fn sleep_until(started: Instant, at_ms: u64) {
     tokio::time::sleep_until((started + Duration::from_millis(at_ms)).into()).await;
 }
 
-/// Empties an agent's data dir, keeping its log (read by the panic checker): the node lost its
-/// disk, so its containers go too (`shoal reset` stops them and removes their mounts, cgroups
-/// and namespaces, which would also keep the directory busy).
+/// Each node's data dir on its own tmpfs of [`DISK_SIZE`], for the scenarios that fill disks;
+/// unmounted on drop, after the agents (whose drop removes their containers' mounts).
+struct Disks(Vec<PathBuf>);
+
+impl Disks {
+    fn mount(root: &Path, nodes: usize) -> anyhow::Result<Self> {
+        use nix::mount::{MsFlags, mount};
+        let mut disks = Disks(Vec::new());
+        for i in 0..nodes {
+            let dir = root.join(format!("n{i}"));
+            std::fs::create_dir_all(&dir)?;
+            let options = format!("size={DISK_SIZE},mode=0700");
+            mount(
+                Some("shoal-chaos-disk"),
+                &dir,
+                Some("tmpfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                Some(options.as_str()),
+            )
+            .with_context(|| format!("mounting a tmpfs on {}", dir.display()))?;
+            disks.0.push(dir);
+        }
+        Ok(disks)
+    }
+}
+
+impl Drop for Disks {
+    fn drop(&mut self) {
+        for dir in &self.0 {
+            if let Err(error) = nix::mount::umount(dir) {
+                eprintln!("unmounting {}: {error}; detaching it", dir.display());
+                let _ = nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+    }
+}
+
+/// Fills the filesystem of `data_dir` with one file until the kernel refuses more (ENOSPC);
+/// returns the bytes written.
+fn fill(data_dir: &Path) -> anyhow::Result<u64> {
+    use std::io::Write;
+    let path = data_dir.join(FILLER);
+    let mut file =
+        std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    let chunk = vec![0u8; 1 << 20];
+    let mut written = 0u64;
+    for size in [chunk.len(), 4096, 1] {
+        loop {
+            match file.write(&chunk[..size]) {
+                Ok(0) => break,
+                Ok(n) => written += n as u64,
+                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+                Err(e) => return Err(e).with_context(|| format!("filling {}", path.display())),
+            }
+        }
+    }
+    Ok(written)
+}
+
+/// Empties an agent's data dir: the node lost its disk, so its containers go too (`shoal
+/// reset` stops them and removes their mounts, cgroups and namespaces, which would also keep
+/// the directory busy). Its log is beside the data dir, not in it.
 fn wipe(data_dir: &Path) -> anyhow::Result<()> {
     let out = std::process::Command::new(crate::shoal_binary()?)
         .args(["reset", "--data-dir"])
@@ -700,9 +795,6 @@ fn wipe(data_dir: &Path) -> anyhow::Result<()> {
     );
     for entry in std::fs::read_dir(data_dir)? {
         let entry = entry?;
-        if entry.file_name() == "agent.log" {
-            continue;
-        }
         let path = entry.path();
         if entry.file_type()?.is_dir() {
             std::fs::remove_dir_all(&path)
@@ -728,6 +820,11 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     let prefix = format!("{PREFIX}{}", pid % 100_000);
     let root = tempfile::Builder::new().prefix(DATA_PREFIX).tempdir()?;
     let lab = NetLab::with_prefix(&prefix, pid % 250 + 1, config.nodes)?;
+    let disks = if config.scenario.needs_disks() {
+        Some(Disks::mount(root.path(), config.nodes)?)
+    } else {
+        None
+    };
     let api = format!("0.0.0.0:{API_PORT}");
     let heartbeats = root.path().join("heartbeats");
     std::fs::create_dir_all(&heartbeats)?;
@@ -811,6 +908,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
             .map(|a| ControlClient::for_data_dir(a.data_dir()))
             .collect(),
         keys: config.keys,
+        blobs: config.scenario.needs_disks(),
         started,
         next_id: AtomicU64::new(0),
         stop: AtomicBool::new(false),
@@ -888,7 +986,11 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     let ops = std::mem::take(&mut *workload.ops.lock().unwrap());
     let mut history = History { ops };
     history.ops.sort_by_key(|o| (o.invoked_ms, o.id));
-    let finals = final_state(&agents[0], config.keys).await?;
+    let keys: std::collections::BTreeSet<String> = (0..config.keys)
+        .map(|k| format!("reg-{k}"))
+        .chain(history.ops.iter().map(|o| o.request.key().to_owned()))
+        .collect();
+    let finals = final_state(&agents[0], &keys).await?;
     let acked = checker::acknowledged_writes(&history.ops, &finals);
     checkers.push((checker::ACKNOWLEDGED_WRITES, acked.len()));
     violations.extend(acked);
@@ -1007,6 +1109,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
         .collect();
     drop(agents);
     drop(intruder);
+    drop(disks);
     drop(lab);
     let leftovers = leftovers(&prefix, root.path());
     let teardown = checker::teardown(&leftovers, &logs);
@@ -1061,13 +1164,15 @@ fn cpu_evidence(samples: &[checker::CpuSample]) -> String {
 }
 
 /// Every workload key's live state on `agent`.
-async fn final_state(agent: &AgentProcess, keys: usize) -> anyhow::Result<BTreeMap<String, Final>> {
+async fn final_state(
+    agent: &AgentProcess,
+    keys: &std::collections::BTreeSet<String>,
+) -> anyhow::Result<BTreeMap<String, Final>> {
     let mut finals = BTreeMap::new();
-    for k in 0..keys {
-        let key = format!("reg-{k}");
-        if let Some(object) = agent.object("configmaps", "default", &key).await? {
+    for key in keys {
+        if let Some(object) = agent.object("configmaps", "default", key).await? {
             finals.insert(
-                key,
+                key.clone(),
                 Final {
                     uid: object["metadata"]["uid"]
                         .as_str()
@@ -1215,7 +1320,8 @@ pub fn leftovers(prefix: &str, root: &Path) -> Leftovers {
 }
 
 /// Removes what killed runs left: agents running from `/tmp/shoal-chaos-*`, namespaces named
-/// `shc*-h*` / `shc*-hub`, and the data directories. Returns what it removed.
+/// `shc*-h*` / `shc*-hub`, mounts below the data directories (nodes' disks), and the data
+/// directories. Returns what it removed.
 pub fn clean() -> anyhow::Result<Vec<String>> {
     require_root()?;
     let mut removed = Vec::new();
@@ -1249,6 +1355,20 @@ pub fn clean() -> anyhow::Result<Vec<String>> {
     let failed = lab::delete_namespaces(&namespaces);
     removed.extend(namespaces.iter().map(|n| format!("network namespace {n}")));
     anyhow::ensure!(failed.is_empty(), "could not delete: {}", failed.join("; "));
+    // Mounts left under the data directories (a node's disk, a container's rootfs), deepest
+    // first.
+    let mut mount_points: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_owned))
+        .filter(|point| point.starts_with(&marker))
+        .collect();
+    mount_points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for point in mount_points {
+        if nix::mount::umount2(point.as_str(), nix::mount::MntFlags::MNT_DETACH).is_ok() {
+            removed.push(format!("mount {point}"));
+        }
+    }
     for entry in std::fs::read_dir(&tmp)?.flatten() {
         if entry.file_name().to_string_lossy().starts_with(DATA_PREFIX) {
             std::fs::remove_dir_all(entry.path())

@@ -30,6 +30,9 @@ pub enum Fault {
     Restart { node: usize },
     /// `kill -9`, the data dir wiped, started again as a new node when the fault ends.
     Wipe { node: usize },
+    /// The node's data dir (its own small tmpfs) filled until writes fail with ENOSPC; the
+    /// space is freed when the fault ends. The agent keeps running.
+    DiskFull { node: usize },
     /// A partition with the minority's first node killed as well.
     PartitionAndKill {
         groups: Vec<Vec<usize>>,
@@ -66,7 +69,8 @@ impl Fault {
             | Fault::Kill { node }
             | Fault::Pause { node }
             | Fault::Restart { node }
-            | Fault::Wipe { node } => vec![*node],
+            | Fault::Wipe { node }
+            | Fault::DiskFull { node } => vec![*node],
         }
     }
 
@@ -80,6 +84,7 @@ impl Fault {
             Fault::Pause { .. } => "pause",
             Fault::Restart { .. } => "restart",
             Fault::Wipe { .. } => "wipe",
+            Fault::DiskFull { .. } => "disk-full",
             Fault::PartitionAndKill { .. } => "partition+kill",
         }
     }
@@ -114,6 +119,7 @@ enum Kind {
     Pause,
     Restart,
     Wipe,
+    DiskFull,
     PartitionAndKill,
 }
 
@@ -126,6 +132,7 @@ const ALL: &[Kind] = &[
     Kind::Pause,
     Kind::Restart,
     Kind::Wipe,
+    Kind::DiskFull,
     Kind::PartitionAndKill,
 ];
 
@@ -173,6 +180,12 @@ pub const SCENARIOS: &[Scenario] = &[
         fault_ms: (2_000, 6_000),
     },
     Scenario {
+        name: "disk-full",
+        about: "one node's data dir (a 256 MiB tmpfs) full until writes fail, then freed",
+        kinds: &[Kind::DiskFull],
+        fault_ms: (3_000, 8_000),
+    },
+    Scenario {
         name: "partition-kill",
         about: "a partition with a node of the minority killed too",
         kinds: &[Kind::PartitionAndKill],
@@ -185,6 +198,13 @@ pub const SCENARIOS: &[Scenario] = &[
         fault_ms: (2_000, 10_000),
     },
 ];
+
+impl Scenario {
+    /// Whether its faults fill disks: each node's data dir is then its own small tmpfs.
+    pub fn needs_disks(&self) -> bool {
+        self.kinds.contains(&Kind::DiskFull)
+    }
+}
 
 pub fn scenario(name: &str) -> Option<&'static Scenario> {
     SCENARIOS.iter().find(|s| s.name == name)
@@ -298,6 +318,7 @@ fn fault(kind: Kind, nodes: usize, rng: &mut Xoshiro256PlusPlus) -> Fault {
             percent: rng.random_range(20..=60),
         },
         Kind::Kill => Fault::Kill { node },
+        Kind::DiskFull => Fault::DiskFull { node },
         Kind::Pause => Fault::Pause { node },
         Kind::Restart => Fault::Restart { node },
         Kind::Wipe => Fault::Wipe { node },

@@ -21,6 +21,7 @@ const PROFILE: &[&str] = &[
     "kill",
     "pause",
     "restart",
+    "disk-full",
     "partition-kill",
 ];
 

@@ -333,6 +333,18 @@ fn a_full_disk_fails_writes_and_the_store_writes_again_once_space_is_back() {
         matches!(&error, StoreError::Storage { path, .. } if path.starts_with(dir.path())),
         "{error}"
     );
+    assert!(
+        error.to_string().contains("No space left on device"),
+        "{error}"
+    );
+    // Again, now through the reopen: the disk is still full.
+    let again = store
+        .write(config_map("during", &[("k", &big)]), WriteMode::Create)
+        .expect_err("still full");
+    assert!(
+        again.to_string().contains("No space left on device"),
+        "{again}"
+    );
     assert!(store.get(&key("during")).is_none(), "nothing half-applied");
     std::fs::remove_file(filler).unwrap();
     store
