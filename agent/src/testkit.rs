@@ -26,6 +26,8 @@ pub struct AgentSpec {
     pub extra_args: Vec<String>,
     /// Run inside this network namespace (joined before exec), for the chaos lab.
     pub netns: Option<String>,
+    /// Extra environment (the chaos lab's libfaketime, for clock faults).
+    pub env: Vec<(String, String)>,
 }
 
 impl AgentSpec {
@@ -39,7 +41,13 @@ impl AgentSpec {
             join: Vec::new(),
             extra_args: Vec::new(),
             netns: None,
+            env: Vec::new(),
         }
+    }
+
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
     }
 
     /// Binds the gossip endpoint to `bind` (e.g. a lab host's address).
@@ -112,6 +120,7 @@ impl AgentProcess {
             .open(&log_path)?;
         let bind = self.gossip_addr.unwrap_or(self.spec.bind);
         let mut cmd = Command::new(&self.spec.binary);
+        cmd.envs(self.spec.env.iter().map(|(k, v)| (k, v)));
         if let Some(ns) = &self.spec.netns {
             // Join only the network namespace (`ip netns exec` would also give the agent a
             // fresh /sys without the cgroup mounts its containers need).

@@ -67,20 +67,22 @@ pub async fn start_cluster(
     flags: &[&str],
 ) -> anyhow::Result<(tempfile::TempDir, Vec<shoal_agent::testkit::AgentProcess>)> {
     let root = tempfile::tempdir()?;
-    let agents = start_agents(root.path(), lab, n, flags, false).await?;
+    let agents = start_agents(root.path(), lab, n, flags, false, &|_| Vec::new()).await?;
     Ok((root, agents))
 }
 
 /// Like [`start_cluster`], with the data dirs under `root`, and every agent (host 0 too, through
 /// host 1) started with `--join`, as an operator lists seeds on every node: a host whose data
-/// dir is wiped rejoins the cluster instead of starting a new one.
+/// dir is wiped rejoins the cluster instead of starting a new one. Agent `i` also gets the
+/// environment `env(i)`.
 pub async fn start_cluster_in(
     root: &std::path::Path,
     lab: &lab::NetLab,
     n: usize,
     flags: &[&str],
+    env: &dyn Fn(usize) -> Vec<(String, String)>,
 ) -> anyhow::Result<Vec<shoal_agent::testkit::AgentProcess>> {
-    start_agents(root, lab, n, flags, true).await
+    start_agents(root, lab, n, flags, true, env).await
 }
 
 async fn start_agents(
@@ -89,6 +91,7 @@ async fn start_agents(
     n: usize,
     flags: &[&str],
     seed_joins: bool,
+    env: &dyn Fn(usize) -> Vec<(String, String)>,
 ) -> anyhow::Result<Vec<shoal_agent::testkit::AgentProcess>> {
     use shoal_agent::testkit::{AgentProcess, AgentSpec, alive_count, init_secret, wait_until};
     let binary = shoal_binary()?;
@@ -102,6 +105,9 @@ async fn start_agents(
             .netns(&lab.host(i));
         for flag in flags {
             spec = spec.arg(*flag);
+        }
+        for (key, value) in env(i) {
+            spec = spec.env(key, value);
         }
         if i > 0 {
             spec = spec.join(addr(0));

@@ -52,6 +52,9 @@ const CPU_SAMPLE_EVERY: Duration = Duration::from_millis(200);
 /// Each node's disk in the scenarios that fill disks: a tmpfs this large on its data dir (a
 /// node's busybox image, sandboxes and store take ~15 MiB).
 const DISK_SIZE: &str = "256m";
+/// libfaketime (Debian's `faketime` package), preloaded into every agent of the scenarios that
+/// move clocks; the multi-threaded build, for tokio's workers.
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 /// The file a disk-full fault fills a node's disk with.
 const FILLER: &str = "chaos-filler";
 
@@ -623,6 +626,10 @@ impl FaultDriver<'_> {
                 // The node's images went with its data dir; its fenced pods need busybox.
                 crate::import_busybox(&self.agents[*node])?;
             }
+            Fault::ClockSkew { node, offset_s } => {
+                set_clock(self.agents[*node].data_dir(), *offset_s)?;
+                self.await_clock(*node, 0, *offset_s).await?;
+            }
             Fault::DiskFull { node } => {
                 let filled = fill(self.agents[*node].data_dir())?;
                 self.note(format!(
@@ -647,6 +654,10 @@ impl FaultDriver<'_> {
             Fault::Kill { node } | Fault::Wipe { node } => self.agents[*node].restart().await?,
             Fault::Pause { node } => self.agents[*node].resume()?,
             Fault::Restart { .. } => {}
+            Fault::ClockSkew { node, offset_s } => {
+                set_clock(self.agents[*node].data_dir(), 0)?;
+                self.await_clock(*node, *offset_s, 0).await?;
+            }
             Fault::DiskFull { node } => {
                 let filler = self.agents[*node].data_dir().join(FILLER);
                 std::fs::remove_file(&filler)
@@ -659,6 +670,33 @@ impl FaultDriver<'_> {
         }
         self.note(format!("end {}", fault.name()));
         Ok(())
+    }
+
+    /// Waits until node `node`'s agent, whose clock moves from `from_s` to `to_s` seconds off,
+    /// tells the time `to_s` off (±2 s: the Date header has whole seconds), read from its API's
+    /// `Date` header, and notes it. A clock fault that did not take is a harness error, not a
+    /// quiet pass. Only a clock moved forward is checked: hyper renders the Date header of each
+    /// worker thread again only once the clock passes the second it last rendered, so after a
+    /// step back the header stands still until the clock catches up.
+    async fn await_clock(&mut self, node: usize, from_s: i32, to_s: i32) -> anyhow::Result<()> {
+        if to_s < from_s {
+            return Ok(());
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let seen = clock_offset(&self.lab.host(node), self.lab.address(node));
+            if let Some(seen) = seen
+                && (seen - i64::from(to_s)).abs() <= 2
+            {
+                self.note(format!("n{node}'s API answers with a Date {seen:+} s off"));
+                return Ok(());
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "n{node}'s clock did not move to {to_s:+} s (its API's Date header is {seen:?} s off)"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
     }
 
     async fn play(&mut self, steps: &[Step]) -> anyhow::Result<()> {
@@ -705,6 +743,7 @@ fn describe(fault: &Fault) -> String {
         | Fault::DiskFull { node } => {
             format!("n{node}")
         }
+        Fault::ClockSkew { node, offset_s } => format!("n{node} {offset_s:+} s"),
         Fault::PartitionAndKill { groups, node } => format!(
             "{}, n{node} killed",
             groups
@@ -755,6 +794,21 @@ impl Drop for Disks {
             }
         }
     }
+}
+
+/// The libfaketime offset file of node `i` (beside its data dir, as its log is).
+fn clock_file(root: &Path, i: usize) -> PathBuf {
+    root.join(format!("n{i}.faketime"))
+}
+
+/// Sets the wall clock of the agent whose data dir is `data_dir` `offset_s` seconds off (0:
+/// right); libfaketime re-reads the file within a second.
+fn set_clock(data_dir: &Path, offset_s: i32) -> anyhow::Result<()> {
+    let mut name = data_dir.file_name().unwrap_or_default().to_owned();
+    name.push(".faketime");
+    let file = data_dir.with_file_name(name);
+    std::fs::write(&file, format!("{offset_s:+}\n"))
+        .with_context(|| format!("setting the clock in {}", file.display()))
 }
 
 /// Fills the filesystem of `data_dir` with one file until the kernel refuses more (ENOSPC);
@@ -829,6 +883,36 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     let heartbeats = root.path().join("heartbeats");
     std::fs::create_dir_all(&heartbeats)?;
     let allow = heartbeats.to_string_lossy().into_owned();
+    let clocks = config.scenario.needs_clocks();
+    if clocks {
+        anyhow::ensure!(
+            Path::new(LIBFAKETIME).is_file(),
+            "the clock-skew scenario needs {LIBFAKETIME} (apt-get install faketime)"
+        );
+        for i in 0..config.nodes {
+            std::fs::write(clock_file(root.path(), i), "+0\n")?;
+        }
+    }
+    let clock_env = |i: usize| -> Vec<(String, String)> {
+        if !clocks {
+            return Vec::new();
+        }
+        [
+            ("LD_PRELOAD", LIBFAKETIME.to_owned()),
+            (
+                "FAKETIME_TIMESTAMP_FILE",
+                clock_file(root.path(), i).to_string_lossy().into_owned(),
+            ),
+            // Re-read every second, so a fault moves the clock within a second.
+            ("FAKETIME_CACHE_DURATION", "1".to_owned()),
+            // Timers, timeouts and leases run on the monotonic clock, as on a host whose
+            // wall clock is wrong.
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    };
     let mut agents = crate::start_cluster_in(
         root.path(),
         &lab,
@@ -841,6 +925,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
             "--host-path-allow",
             &allow,
         ],
+        &clock_env,
     )
     .await?;
     for agent in &agents {
@@ -1285,6 +1370,42 @@ fn unauthenticated_calls(host: &str, address: std::net::IpAddr) -> Vec<(String, 
             (what.to_owned(), status)
         })
         .collect()
+}
+
+/// How far (in whole seconds) the clock of the agent at `address` in namespace `host` is from
+/// this process's, by the `Date` header of its API's answer (any answer: no token needed).
+fn clock_offset(host: &str, address: std::net::IpAddr) -> Option<i64> {
+    let url = format!("https://{address}:{API_PORT}/version");
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            host,
+            "curl",
+            "-sk",
+            "-m",
+            "3",
+            "-o",
+            "/dev/null",
+            "-D",
+            "-",
+        ])
+        .arg(&url)
+        .output()
+        .ok()?;
+    let now = std::time::SystemTime::now();
+    let headers = String::from_utf8_lossy(&out.stdout).into_owned();
+    let date = headers.lines().find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.eq_ignore_ascii_case("date")
+            .then(|| value.trim().to_owned())
+    })?;
+    let told = httpdate::parse_http_date(&date).ok()?;
+    let secs = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64())
+    };
+    Some((secs(told) - secs(now)).round() as i64)
 }
 
 /// What is left of a lab named `prefix` with data under `root`: namespaces, processes, mounts.

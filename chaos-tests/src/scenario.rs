@@ -33,6 +33,9 @@ pub enum Fault {
     /// The node's data dir (its own small tmpfs) filled until writes fail with ENOSPC; the
     /// space is freed when the fault ends. The agent keeps running.
     DiskFull { node: usize },
+    /// The node's wall clock set `offset_s` seconds ahead (or behind, negative) of the others'
+    /// (libfaketime; monotonic time untouched), then set right again.
+    ClockSkew { node: usize, offset_s: i32 },
     /// A partition with the minority's first node killed as well.
     PartitionAndKill {
         groups: Vec<Vec<usize>>,
@@ -70,7 +73,8 @@ impl Fault {
             | Fault::Pause { node }
             | Fault::Restart { node }
             | Fault::Wipe { node }
-            | Fault::DiskFull { node } => vec![*node],
+            | Fault::DiskFull { node }
+            | Fault::ClockSkew { node, .. } => vec![*node],
         }
     }
 
@@ -85,6 +89,7 @@ impl Fault {
             Fault::Restart { .. } => "restart",
             Fault::Wipe { .. } => "wipe",
             Fault::DiskFull { .. } => "disk-full",
+            Fault::ClockSkew { .. } => "clock-skew",
             Fault::PartitionAndKill { .. } => "partition+kill",
         }
     }
@@ -120,6 +125,7 @@ enum Kind {
     Restart,
     Wipe,
     DiskFull,
+    ClockSkew,
     PartitionAndKill,
 }
 
@@ -133,6 +139,7 @@ const ALL: &[Kind] = &[
     Kind::Restart,
     Kind::Wipe,
     Kind::DiskFull,
+    Kind::ClockSkew,
     Kind::PartitionAndKill,
 ];
 
@@ -186,6 +193,12 @@ pub const SCENARIOS: &[Scenario] = &[
         fault_ms: (3_000, 8_000),
     },
     Scenario {
+        name: "clock-skew",
+        about: "one agent's wall clock 10-50 s fast or slow (libfaketime), then right again",
+        kinds: &[Kind::ClockSkew],
+        fault_ms: (4_000, 10_000),
+    },
+    Scenario {
         name: "partition-kill",
         about: "a partition with a node of the minority killed too",
         kinds: &[Kind::PartitionAndKill],
@@ -203,6 +216,11 @@ impl Scenario {
     /// Whether its faults fill disks: each node's data dir is then its own small tmpfs.
     pub fn needs_disks(&self) -> bool {
         self.kinds.contains(&Kind::DiskFull)
+    }
+
+    /// Whether its faults move clocks: every agent then runs under libfaketime.
+    pub fn needs_clocks(&self) -> bool {
+        self.kinds.contains(&Kind::ClockSkew)
     }
 }
 
@@ -319,6 +337,17 @@ fn fault(kind: Kind, nodes: usize, rng: &mut Xoshiro256PlusPlus) -> Fault {
         },
         Kind::Kill => Fault::Kill { node },
         Kind::DiskFull => Fault::DiskFull { node },
+        Kind::ClockSkew => {
+            let offset_s = rng.random_range(10..=50);
+            Fault::ClockSkew {
+                node,
+                offset_s: if rng.random_range(0..2) == 0 {
+                    offset_s
+                } else {
+                    -offset_s
+                },
+            }
+        }
         Kind::Pause => Fault::Pause { node },
         Kind::Restart => Fault::Restart { node },
         Kind::Wipe => Fault::Wipe { node },

@@ -22,6 +22,7 @@ const PROFILE: &[&str] = &[
     "pause",
     "restart",
     "disk-full",
+    "clock-skew",
     "partition-kill",
 ];
 
