@@ -3,7 +3,10 @@
 //! merged after a partition) can still send a node more than it holds. The node is the last to
 //! decide: pods it already runs keep their place; a new one is admitted only if its requests fit
 //! in what the admitted pods leave of the node's allocatable, else it is refused with the
-//! kubelet's reasons (`OutOfcpu`, `OutOfmemory`, `OutOfpods`) and auctioned again. Pure.
+//! kubelet's reasons (`OutOfcpu`, `OutOfmemory`, `OutOfpods`) and auctioned again. Pods that
+//! still run here without being bound here (deleted, or bound elsewhere while the agent was
+//! down) hold the requests recorded in their sandbox until they are gone. Pure: the kubelet's
+//! sync loop hands [`Admission::decide`] what it observed and acts on the verdicts.
 
 use std::collections::BTreeMap;
 
@@ -15,6 +18,39 @@ pub struct Refusal {
     /// `OutOfcpu`, `OutOfmemory` or `OutOfpods`.
     pub reason: &'static str,
     pub message: String,
+}
+
+/// What the node knows of one pod: bound here, running here, or both.
+#[derive(Debug, Clone)]
+pub struct Candidate<'a> {
+    pub uid: &'a str,
+    /// Bound to this node.
+    pub bound: Option<BoundHere<'a>>,
+    /// A sandbox of it was found here, with the requests recorded in it.
+    pub sandbox: Option<Resources>,
+    /// A pod worker runs it here.
+    pub worker: bool,
+    /// Owned by a DaemonSet: it belongs to this node and is never handed back.
+    pub daemon: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct BoundHere<'a> {
+    /// `metadata.creationTimestamp`: new pods are admitted oldest first.
+    pub created: &'a str,
+    /// Its requests; `None` when its spec cannot run here at all (reported as
+    /// `InvalidPodSpec` elsewhere, never weighed against what is free).
+    pub requests: Option<Resources>,
+}
+
+/// A refused pod, and what the kubelet must do about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub refusal: Refusal,
+    /// The refusal is new: log it (once, not on every sync).
+    pub report: bool,
+    /// Hand it back to the auction (clear its binding, epoch + 1), until that was written.
+    pub hand_back: bool,
 }
 
 /// The pods this node has admitted and their requests.
@@ -56,6 +92,55 @@ impl Admission {
         self.admitted.retain(|uid, _| bound_or_running(uid));
         self.refused.retain(|uid| bound_or_running(uid));
         self.handed_back.retain(|uid| bound_or_running(uid));
+    }
+
+    /// One admission pass over every pod bound or running here: forgets pods gone, keeps what
+    /// runs here (bound or not), then admits the bound pods new here oldest first while they
+    /// fit. Returns the refused ones.
+    pub fn decide(
+        &mut self,
+        allocatable: Resources,
+        pods: &[Candidate<'_>],
+    ) -> BTreeMap<String, Verdict> {
+        let present: std::collections::BTreeSet<&str> = pods
+            .iter()
+            .filter(|p| p.bound.is_some() || p.sandbox.is_some())
+            .map(|p| p.uid)
+            .collect();
+        self.retain(|uid| present.contains(uid));
+        for pod in pods {
+            if let (None, Some(recorded)) = (pod.bound, pod.sandbox)
+                && !self.is_admitted(pod.uid)
+            {
+                self.keep(pod.uid, recorded);
+            }
+        }
+        let mut new: Vec<(&Candidate<'_>, BoundHere<'_>)> = pods
+            .iter()
+            .filter(|p| !self.is_admitted(p.uid))
+            .filter_map(|p| p.bound.map(|b| (p, b)))
+            .collect();
+        new.sort_by(|(a, ab), (b, bb)| (ab.created, a.uid).cmp(&(bb.created, b.uid)));
+        let mut verdicts = BTreeMap::new();
+        for (pod, bound) in new {
+            let Some(requests) = bound.requests else {
+                continue;
+            };
+            if pod.sandbox.is_some() || pod.worker {
+                self.keep(pod.uid, requests);
+                continue;
+            }
+            let Err(refusal) = self.admit(allocatable, pod.uid, requests) else {
+                continue;
+            };
+            let verdict = Verdict {
+                refusal,
+                report: self.first_refusal(pod.uid),
+                hand_back: !pod.daemon && !self.is_handed_back(pod.uid),
+            };
+            verdicts.insert(pod.uid.to_owned(), verdict);
+        }
+        verdicts
     }
 
     /// Admits `uid` if `requests` fit in `allocatable` beside the admitted pods.
@@ -159,6 +244,85 @@ mod tests {
             a.admit(NODE, "z", pod(100, 0)).unwrap_err().reason,
             "OutOfcpu"
         );
+    }
+
+    fn bound<'a>(uid: &'a str, created: &'a str, cpu: Option<u64>) -> Candidate<'a> {
+        Candidate {
+            uid,
+            bound: Some(BoundHere {
+                created,
+                requests: cpu.map(|c| pod(c, 0)),
+            }),
+            sandbox: None,
+            worker: false,
+            daemon: false,
+        }
+    }
+
+    fn refused(verdicts: &BTreeMap<String, Verdict>) -> Vec<(&str, &str, bool, bool)> {
+        verdicts
+            .iter()
+            .map(|(uid, v)| (uid.as_str(), v.refusal.reason, v.report, v.hand_back))
+            .collect()
+    }
+
+    /// One pass at a time, as the sync loop calls it: each row is (what the node sees, the
+    /// refusals expected: uid, reason, reported, handed back).
+    #[test]
+    fn decide_table() {
+        let orphan = |uid, cpu| Candidate {
+            uid,
+            bound: None,
+            sandbox: Some(pod(cpu, 0)),
+            worker: false,
+            daemon: false,
+        };
+        let mut a = Admission::default();
+        // Oldest first: `old` (created first, listed last) takes the room `new` wanted.
+        let pass = [
+            bound("new", "2026-12-02T10:00:01Z", Some(1_500)),
+            bound("old", "2026-12-02T10:00:00Z", Some(1_500)),
+        ];
+        assert_eq!(
+            refused(&a.decide(NODE, &pass)),
+            [("new", "OutOfcpu", true, true)]
+        );
+        // The next pass: still refused, not reported again; the kubelet wrote the hand-back.
+        a.handed_back("new");
+        assert_eq!(
+            refused(&a.decide(NODE, &pass)),
+            [("new", "OutOfcpu", false, false)]
+        );
+
+        // A restarted agent finds `old` still running although it is no longer bound here: it
+        // holds its recorded requests, so a new pod that would fit an empty node is refused.
+        let mut a = Admission::default();
+        let pass = [
+            orphan("old", 1_500),
+            bound("next", "2026-12-02T10:00:02Z", Some(1_000)),
+        ];
+        assert_eq!(
+            refused(&a.decide(NODE, &pass)),
+            [("next", "OutOfcpu", true, true)]
+        );
+        // Once it is gone, its room is free.
+        let pass = [bound("next", "2026-12-02T10:00:02Z", Some(1_000))];
+        assert_eq!(refused(&a.decide(NODE, &pass)), []);
+        assert!(a.is_admitted("next") && !a.is_admitted("old"));
+
+        // Found running (a sandbox or a worker): kept, even beyond the node; a spec that cannot
+        // run is not weighed; a DaemonSet's pod is refused but never handed back.
+        let mut a = Admission::default();
+        let mut running = bound("running", "2026-12-02T10:00:00Z", Some(1_800));
+        running.worker = true;
+        let mut also = bound("also", "2026-12-02T10:00:01Z", Some(1_800));
+        also.sandbox = Some(pod(1_800, 0));
+        let invalid = bound("invalid", "2026-12-02T10:00:02Z", None);
+        let mut daemon = bound("daemon", "2026-12-02T10:00:03Z", Some(100));
+        daemon.daemon = true;
+        let verdicts = a.decide(NODE, &[running, also, invalid, daemon]);
+        assert_eq!(refused(&verdicts), [("daemon", "OutOfcpu", true, false)]);
+        assert!(a.is_admitted("running") && a.is_admitted("also") && !a.is_admitted("invalid"));
     }
 
     #[test]

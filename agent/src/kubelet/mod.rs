@@ -535,61 +535,54 @@ impl Kubelet {
         workers: &HashMap<String, PodWorker>,
     ) -> HashMap<String, admission::Refusal> {
         use crate::scheduler::model::Resources;
-        admission.retain(|uid| bound.contains_key(uid) || observed.contains_key(uid));
-        // Pods that run here without being bound here (deleted, or bound elsewhere, while this
-        // agent was down) hold their resources until they are gone: count them first.
-        for (uid, pod) in observed {
-            if !bound.contains_key(uid) && !admission.is_admitted(uid) {
+        let sandbox_requests = |uid: &str| {
+            observed.get(uid).map(|pod| {
                 let sandbox = &pod.sandbox;
-                admission.keep(
-                    uid,
-                    Resources::new(sandbox.cpu_request_millis, sandbox.memory_request_bytes, 1),
-                );
-            }
-        }
-        let mut new: Vec<(&String, &Arc<BoundPod>)> = bound
+                Resources::new(sandbox.cpu_request_millis, sandbox.memory_request_bytes, 1)
+            })
+        };
+        let mut pods: Vec<admission::Candidate<'_>> = bound
             .iter()
-            .filter(|(uid, _)| !admission.is_admitted(uid))
+            .map(|(uid, pod)| admission::Candidate {
+                uid,
+                bound: Some(admission::BoundHere {
+                    created: pod.object["metadata"]["creationTimestamp"]
+                        .as_str()
+                        .unwrap_or_default(),
+                    requests: pod.plan.as_ref().ok().map(|plan| plan.requests),
+                }),
+                sandbox: sandbox_requests(uid),
+                worker: workers.contains_key(uid),
+                daemon: pod.object["metadata"]["ownerReferences"]
+                    .as_array()
+                    .is_some_and(|refs| refs.iter().any(|r| r["kind"] == "DaemonSet")),
+            })
             .collect();
-        new.sort_by(|a, b| {
-            let created = |p: &BoundPod| {
-                p.object["metadata"]["creationTimestamp"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned()
-            };
-            (created(a.1), a.0).cmp(&(created(b.1), b.0))
-        });
+        pods.extend(
+            observed
+                .keys()
+                .filter(|uid| !bound.contains_key(*uid))
+                .map(|uid| admission::Candidate {
+                    uid,
+                    bound: None,
+                    sandbox: sandbox_requests(uid),
+                    worker: workers.contains_key(uid),
+                    daemon: false,
+                }),
+        );
+        let verdicts = admission.decide(self.config.allocatable, &pods);
         let mut refused = HashMap::new();
-        for (uid, pod) in new {
-            // A pod this node cannot run at all is reported as such (InvalidPodSpec), not
-            // weighed against what is free.
-            let Ok(plan) = &pod.plan else {
-                continue;
-            };
-            let requests = plan.requests;
-            if observed.contains_key(uid) || workers.contains_key(uid) {
-                admission.keep(uid, requests);
-                continue;
-            }
-            let Err(refusal) = admission.admit(self.config.allocatable, uid, requests) else {
-                continue;
-            };
-            let daemon = pod.object["metadata"]["ownerReferences"]
-                .as_array()
-                .is_some_and(|refs| refs.iter().any(|r| r["kind"] == "DaemonSet"));
-            if admission.first_refusal(uid) {
+        for (uid, verdict) in verdicts {
+            let refusal = verdict.refusal;
+            if verdict.report {
                 warn!(pod = %uid, reason = refusal.reason, message = %refusal.message,
-                      "pod refused at admission{}", if daemon { "" } else { "; auctioned again" });
+                      "pod refused at admission{}", if verdict.hand_back { "; auctioned again" } else { "" });
             }
             // Until the cleared binding is written (the scheduler may not know the pod yet).
-            if !daemon
-                && !admission.is_handed_back(uid)
-                && handle.block_on(self.scheduling.unbind(uid, None))
-            {
-                admission.handed_back(uid);
+            if verdict.hand_back && handle.block_on(self.scheduling.unbind(&uid, None)) {
+                admission.handed_back(&uid);
             }
-            refused.insert(uid.clone(), refusal);
+            refused.insert(uid, refusal);
         }
         refused
     }
