@@ -165,6 +165,10 @@ pub struct StoreInfo {
     /// Nodes that must hold a write before this node acknowledges it.
     #[serde(default)]
     pub write_quorum: usize,
+    /// Peer connections this node's endpoint refused at the TLS handshake (a node without the
+    /// cluster's secret), both directions, since it started.
+    #[serde(default)]
+    pub handshakes_refused: u64,
 }
 
 /// An error of the control API, with the field it is about when there is one.
@@ -361,6 +365,7 @@ async fn store_handler(State(state): State<ControlState>) -> Json<StoreInfo> {
         load(&traffic.pushes_refused),
     );
     let write_quorum = state.replication.quorum_needed();
+    let handshakes_refused = state.replication.refused_handshakes();
     Json(state.replication.read(|s| StoreInfo {
         digest: s.root_digest(),
         resource_version: s.resource_version(),
@@ -371,6 +376,7 @@ async fn store_handler(State(state): State<ControlState>) -> Json<StoreInfo> {
         entries_refused,
         pushes_refused,
         write_quorum,
+        handshakes_refused,
     }))
 }
 

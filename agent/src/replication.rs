@@ -162,6 +162,11 @@ impl Replication {
         }
     }
 
+    /// Peer connections refused at the TLS handshake by this node's endpoint.
+    pub fn refused_handshakes(&self) -> u64 {
+        self.endpoint.refused_handshakes()
+    }
+
     /// Reads under the store lock.
     pub fn read<T>(&self, f: impl FnOnce(&Store) -> T) -> T {
         f(&self.store.lock().unwrap())

@@ -194,6 +194,13 @@ struct Inner {
 }
 
 impl PeerEndpoint {
+    /// Connections refused at the TLS handshake since the endpoint was bound (a peer without the
+    /// cluster's certificates, or one this node cannot verify), both directions: the evidence
+    /// that a stranger tried, which the log shows only once per 30 s per peer.
+    pub fn refused_handshakes(&self) -> u64 {
+        self.inner.refusals.lock().unwrap().count
+    }
+
     /// Binds the endpoint and starts accepting authenticated peers. Must run inside a tokio
     /// runtime.
     pub fn bind(
@@ -703,6 +710,8 @@ async fn write_loop(inner: Arc<Inner>, peer: SocketAddr, mut rx: mpsc::Receiver<
 #[derive(Default)]
 struct RefusalLog {
     last: HashMap<SocketAddr, Instant>,
+    /// Handshakes refused for authentication, every one (the log shows one per interval).
+    count: u64,
 }
 
 impl RefusalLog {
@@ -717,6 +726,7 @@ impl RefusalLog {
             debug!(%peer, %error, direction, "connection failed");
             return;
         }
+        self.count = self.count.saturating_add(1);
         let now = Instant::now();
         if self
             .last

@@ -242,6 +242,23 @@ impl Membership {
         out
     }
 
+    /// Each live node's heartbeat as this node last saw it (node id, heartbeat). A node's
+    /// heartbeat advances once per gossip round of that node, so a reader can tell that rounds
+    /// went by (and reached it) without timing them.
+    pub async fn heartbeats(&self) -> Vec<(String, u64)> {
+        let chitchat = self.handle.chitchat();
+        let chitchat = chitchat.lock().await;
+        let mut out: Vec<(String, u64)> = live_ids(&chitchat, &self.tracker)
+            .into_iter()
+            .map(|id| {
+                let heartbeat = chitchat.node_state(id).map_or(0, |s| s.heartbeat().into());
+                (id.node_id.to_string(), heartbeat)
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Every live node's keys starting with `prefix`, this node's included (newest generation
     /// of each node id): (node id, key, value).
     pub async fn dynamic_values(&self, prefix: &str) -> Vec<(String, String, String)> {

@@ -415,6 +415,11 @@ async fn metrics_text(state: &ApiState) -> Response {
             vec![(String::new(), load(&traffic.pushes_refused))],
         ),
         (
+            "shoal_peer_handshakes_refused_total",
+            "Peer connections refused at the TLS handshake (no cluster certificate), both directions.",
+            vec![(String::new(), state.replication.refused_handshakes() as f64)],
+        ),
+        (
             "shoal_pods_running",
             "Pods with a running container on this node.",
             vec![(String::new(), running)],

@@ -124,8 +124,20 @@ async fn agent_with_another_secret_never_gets_in() {
     let stranger = AgentProcess::start(strangers.spec("intruder").join(agents[0].gossip_addr()))
         .await
         .unwrap();
-    // Let the intruder try for many gossip rounds (200 ms each).
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Evidence that the intruder tried, not a pause: the seed refused its handshake again and
+    // again (it retries every gossip round, 200 ms).
+    wait_until(
+        "the seed to refuse the intruder 5 times",
+        Duration::from_secs(30),
+        || async {
+            agents[0]
+                .store_info()
+                .await
+                .is_ok_and(|info| info.handshakes_refused >= 5)
+        },
+    )
+    .await
+    .unwrap();
     for agent in &agents {
         let members = agent.members().await.unwrap();
         assert_eq!(members.len(), 3, "{}: {members:?}", agent.name());

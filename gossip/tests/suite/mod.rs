@@ -19,6 +19,8 @@ trait TestNet: Send + Sync {
 
 struct QuicNet {
     identity: ClusterIdentity,
+    /// The endpoints handed out, by node index.
+    endpoints: std::sync::Mutex<std::collections::HashMap<usize, PeerEndpoint>>,
 }
 
 impl QuicNet {
@@ -26,7 +28,12 @@ impl QuicNet {
         Self {
             identity: ClusterIdentity::derive(&ClusterSecret::from_bytes([secret_byte; 32]))
                 .unwrap(),
+            endpoints: Default::default(),
         }
+    }
+
+    fn endpoint(&self, i: usize) -> PeerEndpoint {
+        self.endpoints.lock().unwrap()[&i].clone()
     }
 }
 
@@ -44,6 +51,7 @@ impl TestNet for QuicNet {
         )
         .unwrap();
         let addr = endpoint.local_addr();
+        self.endpoints.lock().unwrap().insert(i, endpoint.clone());
         let transport = QuicTransport::new(
             endpoint,
             &format!("id{i}"),
@@ -193,7 +201,22 @@ async fn cluster_converges_and_detects_failure(net: &dyn TestNet) {
     // (readers polling the values skip the rounds in between).
     let quiet = nodes[0].values_version().await;
     assert_eq!(quiet.len(), 4, "{quiet:?}");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Rounds went by, and not a pause: every node's heartbeat, as node 0 sees it, advanced by
+    // three or more.
+    let before = nodes[0].heartbeats().await;
+    wait_until(
+        "three gossip rounds of every node seen",
+        Duration::from_secs(10),
+        || async {
+            let now = nodes[0].heartbeats().await;
+            now.len() == before.len()
+                && now
+                    .iter()
+                    .zip(&before)
+                    .all(|((id, hb), (was_id, was))| id == was_id && *hb >= was + 3)
+        },
+    )
+    .await;
     assert_eq!(nodes[0].values_version().await, quiet);
     nodes[2].set_dynamic("pod.x", Some("1".into())).await;
     wait_until(
@@ -271,8 +294,15 @@ async fn a_node_with_another_secret_stays_outside() {
         },
     )
     .await;
-    // Give the stranger many gossip rounds to try.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Evidence that the stranger tried, not a pause: the seed refused its handshake again and
+    // again (it gossips every 50 ms).
+    let seed_endpoint = cluster.endpoint(10);
+    wait_until(
+        "the seed to refuse the stranger 5 times",
+        Duration::from_secs(10),
+        || async { seed_endpoint.refused_handshakes() >= 5 },
+    )
+    .await;
     for node in [&seed, &other] {
         assert!(node.members().await.iter().all(|m| m.node_id != "id2"));
     }
