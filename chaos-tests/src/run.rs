@@ -672,28 +672,33 @@ impl FaultDriver<'_> {
         Ok(())
     }
 
-    /// Waits until node `node`'s agent, whose clock moves from `from_s` to `to_s` seconds off,
+    /// Confirms that node `node`'s agent, whose clock moves from `from_s` to `to_s` seconds off,
     /// tells the time `to_s` off (±2 s: the Date header has whole seconds), read from its API's
-    /// `Date` header, and notes it. A clock fault that did not take is a harness error, not a
-    /// quiet pass. Only a clock moved forward is checked: hyper renders the Date header of each
-    /// worker thread again only once the clock passes the second it last rendered, so after a
-    /// step back the header stands still until the clock catches up.
+    /// `Date` header, and notes it; a step that does not take is a harness error, not a quiet
+    /// pass. Only a step from a right clock forward is checked: hyper renders each worker
+    /// thread's Date header again only once the clock passes the second it last rendered, so
+    /// after any step back (this fault's, or an earlier one's on the node) some threads keep
+    /// answering with a later date until the clock catches up. Each probe is a new connection.
     async fn await_clock(&mut self, node: usize, from_s: i32, to_s: i32) -> anyhow::Result<()> {
-        if to_s < from_s {
+        if from_s != 0 || to_s <= 0 {
             return Ok(());
         }
         let deadline = Instant::now() + Duration::from_secs(5);
+        let mut seen = Vec::new();
         loop {
-            let seen = clock_offset(&self.lab.host(node), self.lab.address(node));
-            if let Some(seen) = seen
-                && (seen - i64::from(to_s)).abs() <= 2
+            let offset = clock_offset(&self.lab.host(node), self.lab.address(node));
+            if let Some(offset) = offset
+                && (offset - i64::from(to_s)).abs() <= 2
             {
-                self.note(format!("n{node}'s API answers with a Date {seen:+} s off"));
+                self.note(format!(
+                    "n{node}'s API answers with a Date {offset:+} s off"
+                ));
                 return Ok(());
             }
+            seen.push(offset);
             anyhow::ensure!(
                 Instant::now() < deadline,
-                "n{node}'s clock did not move to {to_s:+} s (its API's Date header is {seen:?} s off)"
+                "n{node}'s clock did not move to {to_s:+} s (its API's Date headers were {seen:?} s off)"
             );
             tokio::time::sleep(Duration::from_millis(250)).await;
         }

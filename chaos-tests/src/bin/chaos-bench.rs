@@ -59,7 +59,8 @@ fn main() -> anyhow::Result<()> {
         let mut convergence = Vec::new();
         let mut rates = Vec::new();
         let mut replaced = Vec::new();
-        let (mut faults, mut ok, mut fail, mut unknown, mut violations) = (0, 0, 0, 0, 0);
+        let (mut faults, mut ok, mut fail, mut unknown) = (0, 0, 0, 0);
+        let mut violations: std::collections::BTreeMap<&str, usize> = Default::default();
         for seed in 1..=args.seeds {
             let report =
                 runtime.block_on(run(RunConfig::new(s, args.nodes, args.duration, seed)))?;
@@ -69,7 +70,9 @@ fn main() -> anyhow::Result<()> {
             ok += report.history.count(Outcome::Ok);
             fail += report.history.count(Outcome::Fail);
             unknown += report.history.count(Outcome::Unknown);
-            violations += report.violations.len();
+            for v in &report.violations {
+                *violations.entry(v.checker).or_default() += 1;
+            }
             replaced.extend(
                 shoal_chaos::report::fenced_moves(&report.fenced_runs, &report.steps)
                     .iter()
@@ -79,11 +82,29 @@ fn main() -> anyhow::Result<()> {
         convergence.sort_unstable();
         replaced.sort_unstable();
         let rate = rates.iter().sum::<f64>() / rates.len().max(1) as f64;
+        // A run whose stores never agreed within the bound.
+        let ms = |v: u64| {
+            if v == u64::MAX {
+                "never".to_owned()
+            } else {
+                v.to_string()
+            }
+        };
+        let total: usize = violations.values().sum();
+        let violations = if total == 0 {
+            "0".to_owned()
+        } else {
+            let by: Vec<String> = violations
+                .iter()
+                .map(|(c, n)| format!("{c}: {n}"))
+                .collect();
+            format!("{total} ({})", by.join(", "))
+        };
         println!(
             "| {name} | {} | {faults} | {} / {} | {rate:.1} | {ok} / {fail} / {unknown} | {} | {violations} |",
             args.seeds,
-            percentile(&convergence, 0.5),
-            convergence.last().copied().unwrap_or(0),
+            ms(percentile(&convergence, 0.5)),
+            ms(convergence.last().copied().unwrap_or(0)),
             if replaced.is_empty() {
                 "0".to_owned()
             } else {
