@@ -348,18 +348,6 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     } else {
         None
     };
-    crate::controllers::Controllers::new(
-        node.numeric_id(),
-        replication.clone(),
-        membership.clone(),
-        pod_statuses.clone(),
-        crate::controllers::ControllerConfig {
-            service_cidr: config.service_cidr,
-            ..Default::default()
-        },
-        events.clone(),
-    )
-    .start();
     let images = if config.no_runtime {
         None
     } else {
@@ -420,6 +408,20 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         events.clone(),
     );
     logs.start()?;
+    crate::controllers::Controllers::new(
+        node.numeric_id(),
+        replication.clone(),
+        membership.clone(),
+        pod_statuses.clone(),
+        crate::controllers::ControllerConfig {
+            service_cidr: config.service_cidr,
+            hpa_sync: config.hpa_sync,
+            ..Default::default()
+        },
+        events.clone(),
+        Some(logs.clone()),
+    )
+    .start();
 
     let socket_path = paths::control_socket(&config.data_dir);
     let socket = ControlSocket::bind(&socket_path).map_err(|source| AgentError::ControlSocket {

@@ -62,6 +62,10 @@ pub struct AgentFlags {
     /// How long a node without a majority keeps its `fenced` pods, e.g. `5s`.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub fence_timeout: Option<Duration>,
+    /// How often a HorizontalPodAutoscaler this node owns is synced (default 15s, as
+    /// kube-controller-manager's --horizontal-pod-autoscaler-sync-period).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub hpa_sync_period: Option<Duration>,
     /// Period of desired-state anti-entropy, e.g. `1s`.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub anti_entropy_interval: Option<Duration>,
@@ -217,6 +221,8 @@ pub struct SchedulingFile {
     pub eviction_delay: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
     pub fence_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub hpa_sync_period: Option<Duration>,
 }
 
 /// The resolved configuration the agent runs with.
@@ -251,6 +257,8 @@ pub struct AgentConfig {
     pub eviction_delay: Duration,
     /// Default 5 s.
     pub fence_timeout: Duration,
+    /// Default 15 s.
+    pub hpa_sync: Duration,
     /// Default 10 s.
     pub restart_backoff: Duration,
     /// Default 1 h.
@@ -396,6 +404,11 @@ impl AgentConfig {
                 .fence_timeout
                 .or(file.scheduling.fence_timeout)
                 .unwrap_or(Duration::from_secs(5)),
+            hpa_sync: flags
+                .hpa_sync_period
+                .or(file.scheduling.hpa_sync_period)
+                .filter(|d| !d.is_zero())
+                .unwrap_or(Duration::from_secs(15)),
             restart_backoff: flags
                 .restart_backoff
                 .or(file.kubelet.restart_backoff)

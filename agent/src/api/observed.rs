@@ -105,7 +105,7 @@ pub fn with_status(state: &ApiState, kind: &str, mut object: Value) -> Value {
         }
         "Namespace" => json!({"phase": "Active"}),
         "Service" => json!({"loadBalancer": {}}),
-        "HorizontalPodAutoscaler" => json!({"currentReplicas": 0, "desiredReplicas": 0}),
+        "HorizontalPodAutoscaler" => crate::controllers::hpa::status(&object),
         _ => return object,
     };
     if let Some(map) = object.as_object_mut() {

@@ -471,7 +471,9 @@ fn columns(kind: &str) -> Vec<Column> {
                     o["spec"]["scaleTargetRef"]["name"].as_str().unwrap_or("")
                 ))
             }),
-            col("Targets", "string", 0, |_| json!("<unknown>")),
+            col("Targets", "string", 0, |o| {
+                json!(crate::controllers::hpa::targets_column(o))
+            }),
             col("MinPods", "integer", 0, |o| {
                 json!(o["spec"]["minReplicas"].as_i64().unwrap_or(1))
             }),

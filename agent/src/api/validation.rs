@@ -271,6 +271,9 @@ pub fn validate(kind: &str, object: &Value) -> Result<(), FieldError> {
             }
             Ok(())
         }
+        "HorizontalPodAutoscaler" => crate::controllers::hpa::Spec::parse(object)
+            .map(|_| ())
+            .map_err(|(field, message)| err(field, message)),
         "PodCIDRBlock" => {
             let name = object["metadata"]["name"].as_str().unwrap_or_default();
             let Some((block, holder)) = shoal_net::lease::parse_lease_name(name) else {
@@ -475,6 +478,7 @@ pub fn default(kind: &str, object: &mut Value) {
             }
         }
         "Secret" => default_field(object, "type", json!("Opaque")),
+        "HorizontalPodAutoscaler" => crate::controllers::hpa::default(object),
         _ => {}
     }
 }

@@ -109,6 +109,24 @@ pub fn deleted(object: &Value) -> Option<NewEvent> {
     ))
 }
 
+/// An autoscaler changed its target's replicas (Kubernetes' `SuccessfulRescale`, on the HPA).
+pub fn rescaled(namespace: &str, name: &str, uid: &str, message: &str) -> NewEvent {
+    NewEvent::new(
+        ObjectRef {
+            api_version: "autoscaling/v2".into(),
+            kind: "HorizontalPodAutoscaler".into(),
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: uid.into(),
+            field_path: String::new(),
+        },
+        EventType::Normal,
+        "SuccessfulRescale",
+        message,
+        "horizontal-pod-autoscaler",
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

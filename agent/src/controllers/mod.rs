@@ -13,6 +13,7 @@
 pub mod cron_job;
 pub mod deployment;
 pub mod events;
+pub mod hpa;
 pub mod job;
 pub mod namespace;
 pub mod replica_set;
@@ -45,6 +46,9 @@ pub struct ControllerConfig {
     pub debounce: Duration,
     /// Where Service ClusterIPs come from (`--service-cidr`).
     pub service_cidr: ipnet::Ipv4Net,
+    /// How often an HorizontalPodAutoscaler is synced (`--hpa-sync-period`; Kubernetes'
+    /// `--horizontal-pod-autoscaler-sync-period`, 15 s).
+    pub hpa_sync: Duration,
 }
 
 impl Default for ControllerConfig {
@@ -55,6 +59,7 @@ impl Default for ControllerConfig {
             service_cidr: shoal_net::service_ip::DEFAULT_SERVICE_CIDR
                 .parse()
                 .expect("the default parses"),
+            hpa_sync: Duration::from_secs(15),
         }
     }
 }
@@ -68,6 +73,10 @@ pub struct Controllers {
     config: ControllerConfig,
     /// Where the controllers' Events go (this node's recorder).
     events: Arc<crate::events::Recorder>,
+    /// The nodes' usage samples (the autoscalers' metrics), if this agent reads them.
+    usage: Option<Arc<crate::kubelet::node_service::NodeService>>,
+    /// What each autoscaler this node owns remembers ([`hpa::Memory`]), by uid.
+    autoscalers: std::sync::Mutex<std::collections::HashMap<String, hpa::Memory>>,
 }
 
 /// Everything one pass decides with: the workloads and pods of each namespace, with the
@@ -77,6 +86,7 @@ pub struct Snapshot {
     pub replica_sets: Vec<Value>,
     pub jobs: Vec<Value>,
     pub cron_jobs: Vec<Value>,
+    pub autoscalers: Vec<Value>,
     pub pods: BTreeMap<String, NamespacePods>,
 }
 
@@ -183,23 +193,32 @@ pub fn release_replaced_owners(views: &mut [PodView], owners: &[(&str, &[Value])
 impl Snapshot {
     /// Reads the store and the pod statuses.
     pub fn read(replication: &Replication, statuses: &PodStatusCache) -> Self {
-        let (deployments, replica_sets, jobs, cron_jobs, pods) = replication.read(|s| {
-            let deployments = s.list("apps", "Deployment", None);
-            let replica_sets = s.list("apps", "ReplicaSet", None);
-            let jobs = s.list("batch", "Job", None);
-            let cron_jobs = s.list("batch", "CronJob", None);
-            // Without a workload no pod is anyone's to reconcile: none is read.
-            let idle = deployments.is_empty()
-                && replica_sets.is_empty()
-                && jobs.is_empty()
-                && cron_jobs.is_empty();
-            let pods = if idle {
-                Vec::new()
-            } else {
-                s.list("", "Pod", None)
-            };
-            (deployments, replica_sets, jobs, cron_jobs, pods)
-        });
+        let (deployments, replica_sets, jobs, cron_jobs, autoscalers, pods) =
+            replication.read(|s| {
+                let deployments = s.list("apps", "Deployment", None);
+                let replica_sets = s.list("apps", "ReplicaSet", None);
+                let jobs = s.list("batch", "Job", None);
+                let cron_jobs = s.list("batch", "CronJob", None);
+                let autoscalers = s.list("autoscaling", "HorizontalPodAutoscaler", None);
+                // Without a workload no pod is anyone's to reconcile: none is read.
+                let idle = deployments.is_empty()
+                    && replica_sets.is_empty()
+                    && jobs.is_empty()
+                    && cron_jobs.is_empty();
+                let pods = if idle {
+                    Vec::new()
+                } else {
+                    s.list("", "Pod", None)
+                };
+                (
+                    deployments,
+                    replica_sets,
+                    jobs,
+                    cron_jobs,
+                    autoscalers,
+                    pods,
+                )
+            });
         let mut views: Vec<PodView> = pods
             .into_iter()
             .map(|pod| {
@@ -214,6 +233,7 @@ impl Snapshot {
             replica_sets,
             jobs,
             cron_jobs,
+            autoscalers,
             pods: by_namespace,
         }
     }
@@ -300,6 +320,7 @@ impl Controllers {
         statuses: Arc<PodStatusCache>,
         config: ControllerConfig,
         events: Arc<crate::events::Recorder>,
+        usage: Option<Arc<crate::kubelet::node_service::NodeService>>,
     ) -> Arc<Self> {
         Arc::new(Self {
             node_id,
@@ -308,6 +329,8 @@ impl Controllers {
             statuses,
             config,
             events,
+            usage,
+            autoscalers: Default::default(),
         })
     }
 
@@ -329,7 +352,14 @@ impl Controllers {
         let wakes = |change: &shoal_state::Change| {
             matches!(
                 change.key.kind.as_str(),
-                "Pod" | "ReplicaSet" | "Deployment" | "Job" | "CronJob" | "Service" | "Namespace"
+                "Pod"
+                    | "ReplicaSet"
+                    | "Deployment"
+                    | "Job"
+                    | "CronJob"
+                    | "Service"
+                    | "Namespace"
+                    | "HorizontalPodAutoscaler"
             )
         };
         loop {
@@ -450,6 +480,7 @@ impl Controllers {
                 now,
             ));
         }
+        actions.extend(self.autoscale(&snapshot, &live, now).await);
         // Concurrently: each write waits for its quorum, and a ReplicaSet of 100 creates 100.
         futures_util::StreamExt::for_each_concurrent(
             futures_util::stream::iter(actions),
@@ -460,6 +491,64 @@ impl Controllers {
         self.service_ips(&live).await;
         self.namespaces(&live).await;
         controlled
+    }
+
+    /// One sync of each autoscaler this node owns that is due ([`hpa::reconcile`]), from the
+    /// usage every live node samples (asked only when one is due).
+    async fn autoscale(&self, snapshot: &Snapshot, live: &[u64], now: u64) -> Vec<Action> {
+        let owned: Vec<&Value> = snapshot
+            .autoscalers
+            .iter()
+            .filter(|h| self.owns(h, live))
+            .collect();
+        let sync_ms = u64::try_from(self.config.hpa_sync.as_millis()).unwrap_or(u64::MAX);
+        let due = {
+            let mut memories = self.autoscalers.lock().unwrap_or_else(|e| e.into_inner());
+            memories.retain(|uid, _| owned.iter().any(|h| uid_of(h) == uid));
+            owned
+                .iter()
+                .any(|h| memories.get(uid_of(h)).is_none_or(|m| m.due(now, sync_ms)))
+        };
+        let Some(source) = self.usage.as_ref().filter(|_| due) else {
+            return Vec::new();
+        };
+        let usage: std::collections::HashMap<String, hpa::Usage> = source
+            .cluster_usage()
+            .await
+            .into_iter()
+            .flat_map(|node| node.pods)
+            .map(|pod| {
+                let sum = pod
+                    .containers
+                    .iter()
+                    .fold(hpa::Usage::default(), |u, c| hpa::Usage {
+                        cpu_nanocores: u.cpu_nanocores.saturating_add(c.cpu_nanocores),
+                        memory_bytes: u.memory_bytes.saturating_add(c.memory_working_set_bytes),
+                    });
+                (pod.uid, sum)
+            })
+            .collect();
+        let mut memories = self.autoscalers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut actions = Vec::new();
+        for autoscaler in owned {
+            let namespace = namespace_of(autoscaler);
+            let reference = &autoscaler["spec"]["scaleTargetRef"];
+            let target_name = reference["name"].as_str().unwrap_or("");
+            let targets = match reference["kind"].as_str() {
+                Some("Deployment") => &snapshot.deployments,
+                Some("ReplicaSet") => &snapshot.replica_sets,
+                _ => &Vec::new(),
+            };
+            let target = targets
+                .iter()
+                .find(|t| namespace_of(t) == namespace && name_of(t) == target_name);
+            let pods: Vec<&PodView> = snapshot.pods_in(namespace).iter().collect();
+            let memory = memories.entry(uid_of(autoscaler).to_owned()).or_default();
+            actions.extend(hpa::reconcile(
+                autoscaler, target, &pods, &usage, memory, now, sync_ms,
+            ));
+        }
+        actions
     }
 
     /// Creates the built-in namespaces (their owner: the node owning a fixed name), and empties
@@ -744,6 +833,34 @@ impl Controllers {
                     Err(e) => debug!(object = %key, error = %e, "controller delete failed"),
                 }
             }
+            Action::Scale {
+                kind: kind_name,
+                namespace,
+                name,
+                uid,
+                replicas,
+                autoscaler,
+                autoscaler_uid,
+                message,
+            } => {
+                let Some(key) = key_of(kind_name, &namespace, &name) else {
+                    return;
+                };
+                let scaled = self
+                    .write_over(key, &uid, "a scale", |current| {
+                        current["spec"]["replicas"] = serde_json::json!(replicas);
+                        true
+                    })
+                    .await;
+                if scaled.is_some() {
+                    self.record(Some(events::rescaled(
+                        &namespace,
+                        &autoscaler,
+                        &autoscaler_uid,
+                        &message,
+                    )));
+                }
+            }
             Action::Annotate {
                 kind: kind_name,
                 namespace,
@@ -776,7 +893,8 @@ const WRITE_ATTEMPTS: u32 = 5;
 /// The store key of a kind controllers write.
 fn key_of(kind_name: &str, namespace: &str, name: &str) -> Option<ObjectKey> {
     let group_version = match kind_name {
-        "ReplicaSet" => "apps/v1",
+        "ReplicaSet" | "Deployment" => "apps/v1",
+        "HorizontalPodAutoscaler" => "autoscaling/v2",
         "Job" | "CronJob" => "batch/v1",
         _ => "v1",
     };
@@ -865,6 +983,7 @@ mod tests {
             replica_sets: vec![],
             jobs: vec![],
             cron_jobs: vec![],
+            autoscalers: vec![],
             pods: Snapshot::group(vec![
                 view("a", "default", Some("rs1")),
                 view("b", "default", None),

@@ -101,6 +101,18 @@ pub enum Action {
         uid: String,
         annotations: BTreeMap<String, String>,
     },
+    /// The target's `spec.replicas` set (what the `/scale` subresource changes), by the
+    /// HorizontalPodAutoscaler `autoscaler`, for the reason `message`.
+    Scale {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+        uid: String,
+        replicas: i64,
+        autoscaler: String,
+        autoscaler_uid: String,
+        message: String,
+    },
 }
 
 impl Action {

@@ -21,7 +21,17 @@ const LIMIT: Duration = Duration::from_secs(60);
 
 /// A 3-agent cluster with the test images on every node and a 1 s restart back-off.
 async fn lab() -> ApiLab {
-    let api = ApiLab::start_with(3, |_| vec!["--restart-backoff".into(), "1s".into()]).await;
+    lab_with(&[]).await
+}
+
+/// [`lab`], every agent started with the extra flags `extra` too.
+async fn lab_with(extra: &[&str]) -> ApiLab {
+    let api = ApiLab::start_with(3, |_| {
+        let mut flags = vec!["--restart-backoff".to_owned(), "1s".to_owned()];
+        flags.extend(extra.iter().map(|f| (*f).to_owned()));
+        flags
+    })
+    .await;
     for agent in 0..api.agents.len() {
         for image in ["busybox-1.oci.tar", "httpd-1.oci.tar"] {
             import_image(

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::Value;
 use shoal_agent::testkit::wait_until;
 
-use super::{LIMIT, lab};
+use super::{LIMIT, lab, lab_with};
 
 const WEB: &str = r#"apiVersion: apps/v1
 kind: Deployment
@@ -642,4 +642,151 @@ async fn nodes_are_labelled_tainted_cordoned_and_drained_with_kubectl() {
     api.ok(0, &["taint", "nodes", "n0", "dedicated=db:NoSchedule-"]);
     api.ok(0, &["delete", "deployment", "web"]);
     api.ok(0, &["delete", "pod", "pinned", "--wait=false"]);
+}
+
+/// Pods that burn CPU (up to their 200m limit, 4× their 50m request) until the Unix time
+/// `UNTIL`, then idle: the same deadline for the pods the autoscaler adds.
+const BURNER: &str = r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {name: burn}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: burn}}
+  template:
+    metadata: {labels: {app: burn}}
+    spec:
+      containers:
+      - name: burn
+        image: shoal.local/busybox:1
+        command: [sh, -c, 'while [ "$(date +%s)" -lt "$UNTIL" ]; do :; done; exec sleep 3600']
+        env: [{name: UNTIL, value: "@UNTIL@"}]
+        resources: {requests: {cpu: 50m}, limits: {cpu: 200m}}
+"#;
+
+fn replicas_of(api: &crate::api::ApiLab, agent: usize, deployment: &str) -> Option<i64> {
+    json_of(api, agent, &["get", "deployment", deployment, "-o", "json"])["spec"]["replicas"]
+        .as_i64()
+}
+
+/// `kubectl autoscale` of a CPU-burning Deployment: the HPA (owned by one agent, synced from
+/// the usage every node samples) scales it up to maxReplicas while it burns and, once the
+/// load stops and the (patched, 5 s) scale-down window has passed, back to minReplicas;
+/// `kubectl get hpa` shows current/target utilisation, and the rescales are Events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_autoscaler_scales_a_cpu_burning_deployment_up_and_back_down() {
+    let api = lab_with(&["--hpa-sync-period", "2s"]).await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let until = now + 45;
+    let file = api.manifest("burn.yaml", &BURNER.replace("@UNTIL@", &until.to_string()));
+    api.ok(0, &["apply", "-f", &file]);
+    // Refused naming the field, as the apiserver does.
+    let bad = api.manifest(
+        "bad-hpa.yaml",
+        "apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata: {name: bad}\nspec:\n  scaleTargetRef: {apiVersion: apps/v1, kind: Deployment, name: burn}\n  minReplicas: 4\n  maxReplicas: 2\n",
+    );
+    let (ok, _, err) = api.kubectl(0, &["apply", "-f", &bad]);
+    assert!(!ok && err.contains("spec.minReplicas"), "{err}");
+    api.ok(
+        1,
+        &[
+            "autoscale",
+            "deployment",
+            "burn",
+            "--cpu=50%",
+            "--min=1",
+            "--max=3",
+        ],
+    );
+    let hpa = json_of(&api, 2, &["get", "hpa", "burn", "-o", "json"]);
+    assert_eq!(hpa["apiVersion"], "autoscaling/v2", "{hpa:#}");
+    assert_eq!(
+        hpa["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"],
+        50
+    );
+
+    let scaled_up = wait_until(
+        "the autoscaler to reach 3 replicas",
+        Duration::from_secs(40),
+        || {
+            let replicas = replicas_of(&api, 2, "burn");
+            async move { replicas == Some(3) }
+        },
+    )
+    .await;
+    let hpa = json_of(&api, 0, &["get", "hpa", "burn", "-o", "json"]);
+    assert!(scaled_up.is_ok(), "hpa: {:#}", hpa["status"]);
+    let utilization =
+        hpa["status"]["currentMetrics"][0]["resource"]["current"]["averageUtilization"].as_u64();
+    assert!(utilization.is_some_and(|u| u > 50), "{:#}", hpa["status"]);
+    let table = api.ok(1, &["get", "hpa", "burn"]);
+    eprintln!("{table}");
+    assert!(
+        table.contains("cpu: ") && table.contains("%/50%") && table.contains("Deployment/burn"),
+        "{table}"
+    );
+    // Scaling down waits 5 minutes by default: this one waits 5 s.
+    api.ok(
+        2,
+        &[
+            "patch",
+            "hpa",
+            "burn",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"behavior":{"scaleDown":{"stabilizationWindowSeconds":5}}}}"#,
+        ],
+    );
+    let stored = json_of(&api, 0, &["get", "hpa", "burn", "-o", "json"]);
+    assert_eq!(
+        stored["spec"]["behavior"]["scaleDown"]["policies"][0]["type"], "Percent",
+        "behavior defaulted: {:#}",
+        stored["spec"]
+    );
+    // Up to 3 replicas while the pods burn: never more than maxReplicas.
+    let mut most = 0;
+    let scaled_down = wait_until(
+        "the autoscaler to return to 1 replica once the load stopped",
+        Duration::from_secs(90),
+        || {
+            let replicas = replicas_of(&api, 1, "burn").unwrap_or(0);
+            most = most.max(replicas);
+            async move { replicas == 1 }
+        },
+    )
+    .await;
+    let hpa = json_of(&api, 0, &["get", "hpa", "burn", "-o", "json"]);
+    assert!(scaled_down.is_ok(), "hpa: {:#}", hpa["status"]);
+    assert!(most <= 3, "scaled beyond maxReplicas: {most}");
+    let ended = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(ended >= until, "scaled down while the pods still burned");
+    assert_eq!(hpa["status"]["desiredReplicas"], 1, "{:#}", hpa["status"]);
+    let events = api.ok(
+        2,
+        &[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.kind=HorizontalPodAutoscaler,reason=SuccessfulRescale",
+        ],
+    );
+    eprintln!("{events}");
+    let described = api.ok(1, &["describe", "hpa", "burn"]);
+    assert!(
+        described.contains("ScalingActive")
+            && described.contains("ValidMetricFound")
+            && described.contains("SuccessfulRescale"),
+        "{described}"
+    );
+    assert!(
+        events.contains(
+            "New size: 3; reason: cpu resource utilization (percentage of request) above target"
+        ) && events.contains("New size: 1; reason: All metrics below target"),
+        "{events}"
+    );
 }

@@ -120,6 +120,7 @@ fn main() {
             replica_sets: listed_sets,
             jobs: Vec::new(),
             cron_jobs: Vec::new(),
+            autoscalers: Vec::new(),
             pods: Snapshot::group(views),
         };
         let t1 = thread_cpu();
