@@ -860,6 +860,13 @@ impl Store {
         Some(Self::present(key, entry))
     }
 
+    /// A deleted object not yet collected, as it was when deleted (with `deletionTimestamp`):
+    /// the garbage collector reads how an owner was deleted from it.
+    pub fn deleted(&self, key: &ObjectKey) -> Option<Value> {
+        let entry = self.entries.get(key).filter(|e| e.state.is_deleted())?;
+        Some(Self::present(key, entry))
+    }
+
     /// Live objects of one kind (`group`, `kind`), optionally in one namespace, in key order.
     pub fn list(&self, group: &str, kind: &str, namespace: Option<&str>) -> Vec<Value> {
         self.entries

@@ -950,11 +950,37 @@ async fn write(
         assign_cluster_ip(state, &mut valid, mode)?;
         assign_node_ports(state, &mut valid, mode)?;
     }
+    use crate::controllers::garbage;
+    // Being deleted is not undone by an update (the apiserver keeps deletionTimestamp).
+    let stored = state.replication.read(|s| s.get(&valid.key));
+    if let Some(stored) = stored.filter(garbage::deletion_requested)
+        && valid.body["metadata"].is_object()
+    {
+        let meta = &mut valid.body["metadata"];
+        if !meta["annotations"].is_object() {
+            meta["annotations"] = json!({});
+        }
+        for a in [garbage::DELETION_ANNOTATION, garbage::POLICY_ANNOTATION] {
+            if let Some(v) = stored["metadata"]["annotations"][a].as_str() {
+                meta["annotations"][a] = json!(v);
+            }
+        }
+    }
+    let key = valid.key.clone();
     let (object, created) = state
         .replication
         .write(valid, mode)
         .await
         .map_err(|e| write_error(resource.kind, name, e))?;
+    // The last finalizer of an object being deleted removed: it goes now.
+    if garbage::finish(&object, 0) == garbage::Finish::Delete {
+        let uid = object["metadata"]["uid"].as_str().map(str::to_owned);
+        state
+            .replication
+            .delete(&key, uid.as_deref())
+            .await
+            .map_err(|e| write_error(resource.kind, name, e))?;
+    }
     let code = if created {
         StatusCode::CREATED
     } else {
@@ -1059,6 +1085,40 @@ pub async fn delete(request: &Request<'_>, name: &str) -> Result<Response, ApiEr
             .await
             .map(|o| json_response(StatusCode::OK, &o));
     }
+    if let Some(current) = state.replication.read(|s| s.get(&key)) {
+        if let Some(want) = uid
+            && current["metadata"]["uid"] != want
+        {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "Conflict",
+                format!(
+                    "Operation cannot be fulfilled on {} \"{name}\": Precondition failed: UID in precondition: {want}, UID in object meta: {}",
+                    resource.plural,
+                    current["metadata"]["uid"].as_str().unwrap_or("")
+                ),
+            ));
+        }
+        // An object with finalizers, or deleted in the foreground, stays (being deleted) until
+        // they are gone (`controllers::garbage`); an orphaning delete says so on the object
+        // first, so its tombstone tells every node to keep the dependents.
+        let finalizers = current["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| !f.is_empty());
+        let deferred = policy == "Foreground"
+            || finalizers
+            || crate::controllers::garbage::deletion_requested(&current);
+        if deferred || policy == "Orphan" {
+            let marked =
+                mark_for_deletion(state, resource, namespace, name, &policy, deferred).await?;
+            if deferred {
+                return Ok(json_response(
+                    StatusCode::OK,
+                    &observed::with_status(state, resource.kind, marked),
+                ));
+            }
+        }
+    }
     let object = state
         .replication
         .delete(&key, uid)
@@ -1073,6 +1133,57 @@ pub async fn delete(request: &Request<'_>, name: &str) -> Result<Response, ApiEr
         StatusCode::OK,
         &observed::with_status(state, resource.kind, object),
     ))
+}
+
+/// Writes how `name` is being deleted ([`crate::controllers::garbage::mark_deleting`]; with
+/// `deferred`, that it is being deleted, otherwise only the policy) over its stored version.
+async fn mark_for_deletion(
+    state: &ApiState,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+    name: &str,
+    policy: &str,
+    deferred: bool,
+) -> Result<Value, ApiError> {
+    let mut attempt = 1;
+    loop {
+        let mut current = get_object(state, resource, namespace, name).await?;
+        let changed = if deferred {
+            crate::controllers::garbage::mark_deleting(&mut current, policy, &now_rfc3339())
+        } else {
+            if !current["metadata"]["annotations"].is_object() {
+                current["metadata"]["annotations"] = json!({});
+            }
+            let annotations = &mut current["metadata"]["annotations"];
+            let unchanged = annotations[crate::controllers::garbage::POLICY_ANNOTATION] == policy;
+            annotations[crate::controllers::garbage::POLICY_ANNOTATION] = json!(policy);
+            !unchanged
+        };
+        if !changed {
+            return Ok(current);
+        }
+        let read_rv = current["metadata"]["resourceVersion"]
+            .as_str()
+            .map(str::to_owned);
+        let mut valid = prepare(
+            resource,
+            namespace,
+            Some(name),
+            strip_server_fields(current),
+            &Query::default(),
+        )?;
+        valid.resource_version = read_rv;
+        match state.replication.write(valid, WriteMode::Update).await {
+            Ok((object, _)) => return Ok(object),
+            Err(e) => {
+                let e = write_error(resource.plural, name, e);
+                if e.code != StatusCode::CONFLICT || attempt >= PATCH_ATTEMPTS {
+                    return Err(e);
+                }
+                attempt += 1;
+            }
+        }
+    }
 }
 
 /// DELETE of a Namespace, as Kubernetes does it: it turns `Terminating` (its deletionTimestamp

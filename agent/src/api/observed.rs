@@ -69,6 +69,7 @@ fn workload_world(
 
 /// Adds the observed `status` to a stored object.
 pub fn with_status(state: &ApiState, kind: &str, mut object: Value) -> Value {
+    crate::controllers::garbage::render_deletion(&mut object);
     let status = match kind {
         "Pod" => pod_status(state, &object),
         "Deployment" => {

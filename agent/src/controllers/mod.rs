@@ -13,6 +13,7 @@
 pub mod cron_job;
 pub mod deployment;
 pub mod events;
+pub mod garbage;
 pub mod hpa;
 pub mod job;
 pub mod namespace;
@@ -77,6 +78,8 @@ pub struct Controllers {
     usage: Option<Arc<crate::kubelet::node_service::NodeService>>,
     /// What each autoscaler this node owns remembers ([`hpa::Memory`]), by uid.
     autoscalers: std::sync::Mutex<std::collections::HashMap<String, hpa::Memory>>,
+    /// When the garbage collector last ran (ms since the epoch).
+    collected_ms: std::sync::atomic::AtomicU64,
 }
 
 /// Everything one pass decides with: the workloads and pods of each namespace, with the
@@ -193,7 +196,7 @@ pub fn release_replaced_owners(views: &mut [PodView], owners: &[(&str, &[Value])
 impl Snapshot {
     /// Reads the store and the pod statuses.
     pub fn read(replication: &Replication, statuses: &PodStatusCache) -> Self {
-        let (deployments, replica_sets, jobs, cron_jobs, autoscalers, pods) =
+        let (mut deployments, mut replica_sets, mut jobs, mut cron_jobs, autoscalers, mut pods) =
             replication.read(|s| {
                 let deployments = s.list("apps", "Deployment", None);
                 let replica_sets = s.list("apps", "ReplicaSet", None);
@@ -219,6 +222,16 @@ impl Snapshot {
                     pods,
                 )
             });
+        // Objects being deleted (finalizers pending) show it as the API shows them.
+        for object in deployments
+            .iter_mut()
+            .chain(replica_sets.iter_mut())
+            .chain(jobs.iter_mut())
+            .chain(cron_jobs.iter_mut())
+            .chain(pods.iter_mut())
+        {
+            garbage::render_deletion(object);
+        }
         let mut views: Vec<PodView> = pods
             .into_iter()
             .map(|pod| {
@@ -331,6 +344,7 @@ impl Controllers {
             events,
             usage,
             autoscalers: Default::default(),
+            collected_ms: Default::default(),
         })
     }
 
@@ -490,7 +504,174 @@ impl Controllers {
         .await;
         self.service_ips(&live).await;
         self.namespaces(&live).await;
+        let now = now_ms();
+        let last = self.collected_ms.load(std::sync::atomic::Ordering::Relaxed);
+        if now >= last.saturating_add(GARBAGE_INTERVAL_MS) {
+            self.collected_ms
+                .store(now, std::sync::atomic::Ordering::Relaxed);
+            self.collect_garbage(&live, now).await;
+        }
         controlled
+    }
+
+    /// One round of [`garbage`] collection: each dependent whose first owner this node owns
+    /// is judged from what the store holds of its owners, and each object being deleted that
+    /// this node owns is finished; what a round leaves undone (a failed write, a dependent
+    /// still going) the next one does.
+    async fn collect_garbage(&self, live: &[u64], now: u64) {
+        use garbage::{Finish, Owner, Verdict};
+        struct Dependent {
+            key: ObjectKey,
+            uid: String,
+            verdict: Verdict,
+            blocked_by_own: bool,
+        }
+        let (dependents, finishing) = self.replication.read(|s| {
+            let mut objects: Vec<(ObjectKey, Value)> = Vec::new();
+            for k in shoal_state::KINDS {
+                for o in s.list(k.group, k.kind, None) {
+                    let key = ObjectKey::new(
+                        k,
+                        o["metadata"]["namespace"].as_str().unwrap_or(""),
+                        o["metadata"]["name"].as_str().unwrap_or(""),
+                    );
+                    objects.push((key, o));
+                }
+            }
+            let mut blocking: std::collections::HashMap<String, usize> = Default::default();
+            for (_, o) in &objects {
+                for (r, blocks) in garbage::owner_references(o) {
+                    if blocks && let Some(uid) = r["uid"].as_str() {
+                        *blocking.entry(uid.to_owned()).or_default() += 1;
+                    }
+                }
+            }
+            let mut owners: std::collections::HashMap<ObjectKey, (Option<Value>, Option<Value>)> =
+                Default::default();
+            let mut dependents = Vec::new();
+            let mut finishing = Vec::new();
+            for (key, o) in &objects {
+                let uid = uid_of(o).to_owned();
+                if garbage::deletion_requested(o) && self.owns(o, live) {
+                    let blocked = blocking.get(&uid).copied().unwrap_or(0);
+                    match garbage::finish(o, blocked) {
+                        Finish::Nothing => {}
+                        step => finishing.push((key.clone(), uid.clone(), step)),
+                    }
+                }
+                let refs = garbage::owner_references(o);
+                let Some(first) = refs.first().and_then(|(r, _)| r["uid"].as_str()) else {
+                    continue;
+                };
+                if crate::scheduler::auction::auctioneer(first, live.iter().copied())
+                    != Some(self.node_id)
+                {
+                    continue;
+                }
+                let judged: Vec<(String, Owner)> = refs
+                    .iter()
+                    .map(|(r, _)| {
+                        let owner_uid = r["uid"].as_str().unwrap_or("").to_owned();
+                        let owner_key = r["apiVersion"]
+                            .as_str()
+                            .and_then(|v| kind::lookup(v, r["kind"].as_str().unwrap_or("")))
+                            .map(|info| {
+                                ObjectKey::new(
+                                    info,
+                                    if info.namespaced { &key.namespace } else { "" },
+                                    r["name"].as_str().unwrap_or(""),
+                                )
+                            });
+                        let owner = match owner_key {
+                            Some(owner_key) => {
+                                let (live_owner, gone) =
+                                    owners.entry(owner_key.clone()).or_insert_with(|| {
+                                        let mut live_owner = s.get(&owner_key);
+                                        if let Some(o) = live_owner.as_mut() {
+                                            garbage::render_deletion(o);
+                                        }
+                                        (live_owner, s.deleted(&owner_key))
+                                    });
+                                Owner::of(&owner_uid, live_owner.as_ref(), gone.as_ref())
+                            }
+                            // A kind this agent does not store cannot be judged: kept.
+                            None => Owner::Live,
+                        };
+                        (owner_uid, owner)
+                    })
+                    .collect();
+                let verdict = garbage::judge(
+                    &judged,
+                    garbage::dependent_created_ms(o),
+                    s.last_sync_ms(),
+                    now,
+                );
+                if verdict != Verdict::Keep {
+                    dependents.push(Dependent {
+                        key: key.clone(),
+                        uid: uid.clone(),
+                        verdict,
+                        blocked_by_own: blocking.get(&uid).is_some_and(|n| *n > 0),
+                    });
+                }
+            }
+            (dependents, finishing)
+        });
+        for d in dependents {
+            match d.verdict {
+                Verdict::Keep => {}
+                Verdict::DropReferences(uids) => {
+                    self.write_over(d.key, &d.uid, "owner references", |current| {
+                        if let Some(refs) = current["metadata"]["ownerReferences"].as_array_mut() {
+                            refs.retain(|r| {
+                                !uids.iter().any(|u| r["uid"].as_str() == Some(u.as_str()))
+                            });
+                        }
+                        true
+                    })
+                    .await;
+                }
+                // It has dependents that block it: it waits for them, as its owner waits.
+                Verdict::Delete { foreground: true } if d.blocked_by_own => {
+                    self.write_over(d.key, &d.uid, "a foreground deletion", |current| {
+                        garbage::mark_deleting(current, "Foreground", &now_rfc3339())
+                    })
+                    .await;
+                }
+                Verdict::Delete { .. } => match self.replication.delete(&d.key, Some(&d.uid)).await
+                {
+                    Ok(stored) => {
+                        info!(object = %d.key, "garbage collected");
+                        self.record(events::deleted(&stored));
+                    }
+                    Err(e) => debug!(object = %d.key, error = %e, "garbage not collected"),
+                },
+            }
+        }
+        for (key, uid, step) in finishing {
+            let mut remaining = true;
+            if step == Finish::RemoveForeground {
+                let written = self
+                    .write_over(key.clone(), &uid, "a finalizer removal", |current| {
+                        if let Some(list) = current["metadata"]["finalizers"].as_array_mut() {
+                            list.retain(|f| f != garbage::FOREGROUND);
+                        }
+                        true
+                    })
+                    .await;
+                remaining = written.is_none_or(|w| {
+                    w["metadata"]["finalizers"]
+                        .as_array()
+                        .is_some_and(|f| !f.is_empty())
+                });
+            }
+            if step == Finish::Delete || !remaining {
+                match self.replication.delete(&key, Some(&uid)).await {
+                    Ok(_) => info!(object = %key, "finalized and deleted"),
+                    Err(e) => debug!(object = %key, error = %e, "not deleted yet"),
+                }
+            }
+        }
     }
 
     /// One sync of each autoscaler this node owns that is due ([`hpa::reconcile`]), from the
@@ -886,6 +1067,9 @@ impl Controllers {
     }
 }
 
+/// How often the garbage collector runs.
+const GARBAGE_INTERVAL_MS: u64 = 2_000;
+
 /// How often a controller's write is laid over a newer version before it gives up (the next
 /// pass decides again).
 const WRITE_ATTEMPTS: u32 = 5;
@@ -903,6 +1087,11 @@ fn key_of(kind_name: &str, namespace: &str, name: &str) -> Option<ObjectKey> {
         namespace,
         name,
     ))
+}
+
+/// Now, as `metadata` timestamps are written.
+fn now_rfc3339() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
 }
 
 /// Milliseconds since the epoch (0 before it).

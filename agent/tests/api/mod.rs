@@ -10,6 +10,8 @@ use shoal_agent::testkit::{AgentProcess, alive_count, wait_until};
 
 use crate::Lab;
 
+mod garbage;
+
 const CONVERGE: Duration = Duration::from_secs(30);
 
 /// A cluster of agents serving the API, with a kubeconfig per agent.

@@ -1,0 +1,422 @@
+//! Garbage collection through `ownerReferences`, and finalizers, as Kubernetes' garbage
+//! collector does them — level-triggered and pure: from what the store holds of each owner
+//! (live, being deleted, a tombstone, another incarnation, nothing), whether a dependent stays,
+//! loses some references, or goes ([`judge`]); and whether an object being deleted may go
+//! ([`finish`]). The shell (`controllers::Controllers::collect_garbage`) runs it on the owner
+//! node of each dependent's first owner, and again every round until nothing is left to do,
+//! so a collection interrupted by a crash or a partition is simply continued.
+//!
+//! How an owner was deleted travels with its tombstone: a DELETE with
+//! `propagationPolicy: Orphan` first writes [`POLICY_ANNOTATION`] on the object, so any node
+//! that sees the tombstone — whatever else it has seen — drops the references instead of
+//! deleting the dependents. An object with finalizers, or deleted with `Foreground`
+//! (the `foregroundDeletion` finalizer), is not deleted at once: it gets
+//! [`DELETION_ANNOTATION`] (served as `metadata.deletionTimestamp`, the store keeps no server
+//! fields) and stays until its finalizers are gone.
+//!
+//! The store is eventually consistent, so an owner *absent* here may be a write not yet
+//! replicated: an unknown owner is taken for gone only after [`UNKNOWN_GRACE_MS`] of the
+//! dependent's life, and a replaced incarnation only [`REPLACED_GRACE_MS`] after the new one was
+//! created (until then its controller may adopt the dependent).
+
+use serde_json::{Value, json};
+
+pub use super::namespace::DELETION_ANNOTATION;
+
+/// How the object was deleted (`Orphan`, `Foreground`, `Background`), kept on its tombstone.
+pub const POLICY_ANNOTATION: &str = "shoal.io/propagation-policy";
+
+/// Kubernetes' finalizer of a foreground deletion: the owner waits for its blocking dependents.
+pub const FOREGROUND: &str = "foregroundDeletion";
+
+/// How long a dependent may name an owner this store knows nothing of before it is collected.
+pub const UNKNOWN_GRACE_MS: u64 = 300_000;
+
+/// How long after a new incarnation of its owner's name a dependent of the old one is
+/// collected (unless the new one adopted it).
+pub const REPLACED_GRACE_MS: u64 = 30_000;
+
+/// What the store holds of one owner reference.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owner {
+    /// The referenced incarnation, not being deleted.
+    Live,
+    /// The referenced incarnation, being deleted (finalizers pending); `foreground`: it waits
+    /// for its dependents to go.
+    Deleting { foreground: bool },
+    /// Its tombstone; `orphan`: deleted with `propagationPolicy: Orphan`.
+    Deleted { orphan: bool },
+    /// Another incarnation of the same name, created at `since_ms`.
+    Replaced { since_ms: u64 },
+    /// Nothing of that name.
+    Unknown,
+}
+
+impl Owner {
+    /// The owner `uid` from the live object and the tombstone stored under its key.
+    pub fn of(uid: &str, live: Option<&Value>, deleted: Option<&Value>) -> Self {
+        if let Some(live) = live {
+            if live["metadata"]["uid"] == uid {
+                if deletion_requested(live) {
+                    return Owner::Deleting {
+                        foreground: has_finalizer(live, FOREGROUND),
+                    };
+                }
+                return Owner::Live;
+            }
+            return Owner::Replaced {
+                since_ms: created_ms(live),
+            };
+        }
+        match deleted {
+            Some(gone) if gone["metadata"]["uid"] == uid => Owner::Deleted {
+                orphan: gone["metadata"]["annotations"][POLICY_ANNOTATION] == "Orphan",
+            },
+            _ => Owner::Unknown,
+        }
+    }
+}
+
+/// What becomes of a dependent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Keep,
+    /// Its references to these owner uids go (the owners were orphaning it, are gone while
+    /// another owner lives, or wait for it while another owner lives).
+    DropReferences(Vec<String>),
+    /// It goes; `foreground`: an owner waits for it, so it waits for its own dependents.
+    Delete {
+        foreground: bool,
+    },
+}
+
+/// Kubernetes' classification of a dependent's owners (`attemptToDeleteItem`): with a solid
+/// owner left the dependent stays and loses only its references to the others; with none, it
+/// is deleted if an owner is gone or waits for it, and only loses its references if every
+/// owner orphaned it.
+///
+/// `synced_ms`: when this store last completed a sync with a peer. An unknown owner counts as
+/// gone only if that happened after the grace too (a node that just joined, or came back with
+/// an empty data dir, may hold the dependents before their owners arrive).
+pub fn judge(
+    owners: &[(String, Owner)],
+    dependent_created_ms: u64,
+    synced_ms: u64,
+    now_ms: u64,
+) -> Verdict {
+    let (mut solid, mut dangling, mut waiting, mut orphaned) = (0, Vec::new(), 0, Vec::new());
+    for (uid, owner) in owners {
+        match owner {
+            Owner::Live | Owner::Deleting { foreground: false } => solid += 1,
+            Owner::Deleting { foreground: true } => {
+                waiting += 1;
+                dangling.push(uid.clone());
+            }
+            Owner::Deleted { orphan: true } => orphaned.push(uid.clone()),
+            Owner::Deleted { orphan: false } => dangling.push(uid.clone()),
+            Owner::Replaced { since_ms } => {
+                if now_ms.saturating_sub(*since_ms) >= REPLACED_GRACE_MS {
+                    dangling.push(uid.clone());
+                } else {
+                    solid += 1;
+                }
+            }
+            Owner::Unknown => {
+                let after_grace = dependent_created_ms.saturating_add(UNKNOWN_GRACE_MS);
+                if now_ms >= after_grace && synced_ms >= after_grace {
+                    dangling.push(uid.clone());
+                } else {
+                    solid += 1;
+                }
+            }
+        }
+    }
+    if solid > 0 {
+        let mut drop = dangling;
+        drop.extend(orphaned);
+        if drop.is_empty() {
+            return Verdict::Keep;
+        }
+        drop.sort();
+        return Verdict::DropReferences(drop);
+    }
+    if dangling.is_empty() {
+        if orphaned.is_empty() {
+            return Verdict::Keep;
+        }
+        orphaned.sort();
+        return Verdict::DropReferences(orphaned);
+    }
+    Verdict::Delete {
+        foreground: waiting > 0,
+    }
+}
+
+/// What becomes of an object being deleted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finish {
+    Nothing,
+    /// Its `foregroundDeletion` finalizer goes: no blocking dependent is left.
+    RemoveForeground,
+    /// No finalizer is left: it goes.
+    Delete,
+}
+
+/// `blocking`: how many dependents still name it with `blockOwnerDeletion: true`.
+pub fn finish(object: &Value, blocking: usize) -> Finish {
+    if !deletion_requested(object) || object["kind"] == "Namespace" {
+        return Finish::Nothing;
+    }
+    if has_finalizer(object, FOREGROUND) {
+        return if blocking == 0 {
+            Finish::RemoveForeground
+        } else {
+            Finish::Nothing
+        };
+    }
+    if finalizers(object).next().is_none() {
+        Finish::Delete
+    } else {
+        Finish::Nothing
+    }
+}
+
+pub fn deletion_requested(object: &Value) -> bool {
+    object["metadata"]["annotations"][DELETION_ANNOTATION].is_string()
+}
+
+fn finalizers(object: &Value) -> impl Iterator<Item = &str> {
+    object["metadata"]["finalizers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+}
+
+pub fn has_finalizer(object: &Value, name: &str) -> bool {
+    finalizers(object).any(|f| f == name)
+}
+
+fn created_ms(object: &Value) -> u64 {
+    object["metadata"]["creationTimestamp"]
+        .as_str()
+        .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The dependent's creation time (ms since the epoch).
+pub fn dependent_created_ms(object: &Value) -> u64 {
+    created_ms(object)
+}
+
+/// Marks `object` as being deleted with `policy` (a DELETE of an object that may not go at
+/// once): the request time, the policy, and for `Foreground` its finalizer. Returns whether
+/// anything changed.
+pub fn mark_deleting(object: &mut Value, policy: &str, now: &str) -> bool {
+    let mut changed = false;
+    let meta = &mut object["metadata"];
+    if !meta["annotations"].is_object() {
+        meta["annotations"] = json!({});
+    }
+    if !meta["annotations"][DELETION_ANNOTATION].is_string() {
+        meta["annotations"][DELETION_ANNOTATION] = json!(now);
+        changed = true;
+    }
+    if meta["annotations"][POLICY_ANNOTATION] != policy {
+        meta["annotations"][POLICY_ANNOTATION] = json!(policy);
+        changed = true;
+    }
+    if policy == "Foreground" && !has_finalizer(object, FOREGROUND) {
+        let meta = &mut object["metadata"];
+        if !meta["finalizers"].is_array() {
+            meta["finalizers"] = json!([]);
+        }
+        if let Some(list) = meta["finalizers"].as_array_mut() {
+            list.push(json!(FOREGROUND));
+        }
+        changed = true;
+    }
+    changed
+}
+
+/// Shows a stored object being deleted as the apiserver does: `deletionTimestamp` (from
+/// [`DELETION_ANNOTATION`]) and `deletionGracePeriodSeconds: 0`.
+pub fn render_deletion(object: &mut Value) {
+    let Some(since) = object["metadata"]["annotations"][DELETION_ANNOTATION]
+        .as_str()
+        .map(str::to_owned)
+    else {
+        return;
+    };
+    if object["metadata"]["deletionTimestamp"].is_null() {
+        object["metadata"]["deletionTimestamp"] = json!(since);
+        object["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+    }
+}
+
+/// The uids `object` names as owners, with whether each blocks its owner's deletion.
+pub fn owner_references(object: &Value) -> Vec<(&Value, bool)> {
+    object["metadata"]["ownerReferences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| (r, r["blockOwnerDeletion"] == true))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owners(list: &[(&str, Owner)]) -> Vec<(String, Owner)> {
+        list.iter()
+            .map(|(u, o)| ((*u).to_owned(), o.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn a_dependent_goes_with_its_last_owner_and_keeps_a_live_one() {
+        let now = 1_000_000;
+        let cases = [
+            (vec![("a", Owner::Live)], Verdict::Keep),
+            (
+                vec![("a", Owner::Deleted { orphan: false })],
+                Verdict::Delete { foreground: false },
+            ),
+            // Orphaned: the references go, the dependent stays.
+            (
+                vec![("a", Owner::Deleted { orphan: true })],
+                Verdict::DropReferences(vec!["a".into()]),
+            ),
+            // One owner left: only the gone one's reference goes.
+            (
+                vec![("a", Owner::Live), ("b", Owner::Deleted { orphan: false })],
+                Verdict::DropReferences(vec!["b".into()]),
+            ),
+            // An owner deleting in the foreground waits for it: deleted in the foreground too.
+            (
+                vec![("a", Owner::Deleting { foreground: true })],
+                Verdict::Delete { foreground: true },
+            ),
+            // ...unless another owner holds it: then it only lets the deleting one go.
+            (
+                vec![
+                    ("a", Owner::Deleting { foreground: true }),
+                    ("b", Owner::Live),
+                ],
+                Verdict::DropReferences(vec!["a".into()]),
+            ),
+            // An owner with finalizers pending in the background still holds it.
+            (
+                vec![("a", Owner::Deleting { foreground: false })],
+                Verdict::Keep,
+            ),
+            // Orphaned by one, the other gone: it goes.
+            (
+                vec![
+                    ("a", Owner::Deleted { orphan: true }),
+                    ("b", Owner::Deleted { orphan: false }),
+                ],
+                Verdict::Delete { foreground: false },
+            ),
+            (vec![], Verdict::Keep),
+        ];
+        for (list, want) in cases {
+            assert_eq!(judge(&owners(&list), 0, now, now), want, "{list:?}");
+        }
+    }
+
+    #[test]
+    fn an_owner_not_seen_here_is_waited_for_before_its_dependents_go() {
+        // Unknown: perhaps not replicated yet; gone once the dependent is 5 minutes old.
+        let unknown = owners(&[("a", Owner::Unknown)]);
+        let later = 1_000 + UNKNOWN_GRACE_MS;
+        assert_eq!(judge(&unknown, 1_000, 61_000, 61_000), Verdict::Keep);
+        assert_eq!(
+            judge(&unknown, 1_000, later, later),
+            Verdict::Delete { foreground: false }
+        );
+        // ...and only once this store has synced with a peer since: a store that has not may
+        // simply not hold the owner yet.
+        assert_eq!(
+            judge(&unknown, 1_000, later - 1, later + 60_000),
+            Verdict::Keep
+        );
+        // Replaced by a newer incarnation of the name: its controller may adopt the dependent
+        // first (ReplicaSets and Jobs do); collected 30 s after the new one appeared.
+        let replaced = owners(&[("a", Owner::Replaced { since_ms: 50_000 })]);
+        assert_eq!(judge(&replaced, 0, 0, 60_000), Verdict::Keep);
+        assert_eq!(
+            judge(&replaced, 0, 0, 50_000 + REPLACED_GRACE_MS),
+            Verdict::Delete { foreground: false }
+        );
+    }
+
+    #[test]
+    fn the_store_tells_which_owner_it_is() {
+        let live = json!({"metadata": {"uid": "u1", "creationTimestamp": "2026-12-02T00:00:10Z"}});
+        assert_eq!(Owner::of("u1", Some(&live), None), Owner::Live);
+        assert_eq!(
+            Owner::of("u0", Some(&live), None),
+            Owner::Replaced {
+                since_ms: 1_796_169_610_000
+            }
+        );
+        let mut deleting = live.clone();
+        mark_deleting(&mut deleting, "Foreground", "2026-12-02T00:01:00Z");
+        assert_eq!(
+            Owner::of("u1", Some(&deleting), None),
+            Owner::Deleting { foreground: true }
+        );
+        let mut gone = json!({"metadata": {"uid": "u1"}});
+        assert_eq!(
+            Owner::of("u1", None, Some(&gone)),
+            Owner::Deleted { orphan: false }
+        );
+        gone["metadata"]["annotations"] = json!({POLICY_ANNOTATION: "Orphan"});
+        assert_eq!(
+            Owner::of("u1", None, Some(&gone)),
+            Owner::Deleted { orphan: true }
+        );
+        // A tombstone of another incarnation says nothing of this one.
+        assert_eq!(Owner::of("u9", None, Some(&gone)), Owner::Unknown);
+        assert_eq!(Owner::of("u1", None, None), Owner::Unknown);
+    }
+
+    #[test]
+    fn an_object_being_deleted_goes_once_its_finalizers_are_gone() {
+        let mut object = json!({"kind": "ConfigMap", "metadata": {"name": "x", "finalizers": ["example.com/keep"]}});
+        assert_eq!(finish(&object, 0), Finish::Nothing, "not being deleted");
+        assert!(mark_deleting(
+            &mut object,
+            "Background",
+            "2026-12-02T00:00:00Z"
+        ));
+        assert!(!mark_deleting(
+            &mut object,
+            "Background",
+            "2026-12-02T00:09:00Z"
+        ));
+        assert_eq!(finish(&object, 0), Finish::Nothing, "a user's finalizer");
+        object["metadata"]["finalizers"] = json!([]);
+        assert_eq!(finish(&object, 0), Finish::Delete);
+        // Foreground: waits for the blocking dependents, then its finalizer goes.
+        let mut owner = json!({"kind": "Deployment", "metadata": {"name": "web"}});
+        mark_deleting(&mut owner, "Foreground", "2026-12-02T00:00:00Z");
+        assert_eq!(owner["metadata"]["finalizers"], json!([FOREGROUND]));
+        assert_eq!(finish(&owner, 2), Finish::Nothing);
+        assert_eq!(finish(&owner, 0), Finish::RemoveForeground);
+        // Shown as the apiserver shows it; the first request's time is kept.
+        render_deletion(&mut owner);
+        assert_eq!(
+            owner["metadata"]["deletionTimestamp"],
+            "2026-12-02T00:00:00Z"
+        );
+        assert_eq!(owner["metadata"]["deletionGracePeriodSeconds"], 0);
+        // Namespaces are the namespace controller's.
+        let mut ns = json!({"kind": "Namespace", "metadata": {"name": "team"}});
+        mark_deleting(&mut ns, "Background", "2026-12-02T00:00:00Z");
+        assert_eq!(finish(&ns, 0), Finish::Nothing);
+    }
+}
