@@ -38,7 +38,9 @@ pub fn services_with_backends(
         return Vec::new();
     }
     let mut by_namespace: BTreeMap<String, Vec<(Value, Option<Value>)>> = BTreeMap::new();
-    for pod in pods {
+    for mut pod in pods {
+        // A pod being deleted is terminating (its `deletionTimestamp`, as the API shows it).
+        crate::controllers::garbage::render_deletion(&mut pod);
         let status = statuses.status_of(&pod);
         let ns = pod["metadata"]["namespace"]
             .as_str()

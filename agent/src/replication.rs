@@ -179,6 +179,28 @@ impl Replication {
         object: ValidObject,
         mode: WriteMode,
     ) -> Result<(Value, bool), WriteError> {
+        self.write_lingering(object, mode, Duration::ZERO).await
+    }
+
+    /// [`Replication::write`], then up to `linger` more for every live peer to hold it: for
+    /// writes every node must see before the client acts on them (a cordon before the drain's
+    /// evictions: the replacements' auction must not bid the cordoned node). Durable at quorum
+    /// as any write; a peer that does not answer within `linger` only delays the answer.
+    pub async fn write_everywhere(
+        &self,
+        object: ValidObject,
+        mode: WriteMode,
+        linger: Duration,
+    ) -> Result<(Value, bool), WriteError> {
+        self.write_lingering(object, mode, linger).await
+    }
+
+    async fn write_lingering(
+        &self,
+        object: ValidObject,
+        mode: WriteMode,
+        linger: Duration,
+    ) -> Result<(Value, bool), WriteError> {
         let peers = self.live_peers().await;
         self.check_reachable(peers.len())?;
         // One object's commit (a single fsync) runs here, not through `on_disk`: the hand-off
@@ -206,7 +228,7 @@ impl Replication {
             .change
             .as_ref()
             .is_some_and(|c| c.event == shoal_state::EventType::Added);
-        self.await_quorum(acks, peers.len()).await?;
+        self.await_quorum(acks, peers.len(), linger).await?;
         Ok((written.object, created))
     }
 
@@ -231,7 +253,7 @@ impl Replication {
                 Err(e) => return Err(e.into()),
             }
         };
-        self.await_quorum(acks, peers.len()).await?;
+        self.await_quorum(acks, peers.len(), Duration::ZERO).await?;
         Ok(result?)
     }
 
@@ -340,6 +362,7 @@ impl Replication {
         &self,
         mut acks: tokio::sync::mpsc::Receiver<bool>,
         peers: usize,
+        linger: Duration,
     ) -> Result<(), WriteError> {
         let needed = self.quorum_needed();
         let mut acked = 1; // this node: committed and fsync'd
@@ -359,6 +382,15 @@ impl Replication {
             }
         }
         if acked >= needed {
+            // Lingering for the rest (a refusal or a silent peer ends it early or at the limit).
+            let until = tokio::time::Instant::now() + linger;
+            let mut answered = acked;
+            while !linger.is_zero() && answered < peers + 1 {
+                match tokio::time::timeout_at(until, acks.recv()).await {
+                    Ok(Some(_)) => answered += 1,
+                    Ok(None) | Err(_) => break,
+                }
+            }
             Ok(())
         } else {
             Err(WriteError::NotDurable {

@@ -165,9 +165,11 @@ async fn edit_node(
             WriteMode::Create
         };
         valid.resource_version = settings_rv;
+        // Every live node sees a cordon or a taint before the client goes on (`kubectl drain`
+        // evicts next: the replacements' auction must not place them on this node).
         state
             .replication
-            .write(valid, mode)
+            .write_everywhere(valid, mode, std::time::Duration::from_secs(2))
             .await
             .map_err(|e| write_error(info.plural, name, e))?;
     }
@@ -960,7 +962,11 @@ async fn write(
         if !meta["annotations"].is_object() {
             meta["annotations"] = json!({});
         }
-        for a in [garbage::DELETION_ANNOTATION, garbage::POLICY_ANNOTATION] {
+        for a in [
+            garbage::DELETION_ANNOTATION,
+            garbage::POLICY_ANNOTATION,
+            garbage::GRACE_ANNOTATION,
+        ] {
             if let Some(v) = stored["metadata"]["annotations"][a].as_str() {
                 meta["annotations"][a] = json!(v);
             }
@@ -973,7 +979,9 @@ async fn write(
         .await
         .map_err(|e| write_error(resource.kind, name, e))?;
     // The last finalizer of an object being deleted removed: it goes now.
-    if garbage::finish(&object, 0) == garbage::Finish::Delete {
+    if garbage::finish(&object, 0, garbage::kubelet_pending(&object, &|_| true))
+        == garbage::Finish::Delete
+    {
         let uid = object["metadata"]["uid"].as_str().map(str::to_owned);
         state
             .replication
@@ -1105,12 +1113,34 @@ pub async fn delete(request: &Request<'_>, name: &str) -> Result<Response, ApiEr
         let finalizers = current["metadata"]["finalizers"]
             .as_array()
             .is_some_and(|f| !f.is_empty());
+        // A pod on a node is deleted gracefully: its node stops it (within the grace period:
+        // the DELETE's, else the pod's) and then deletes it; `--grace-period=0 --force` and
+        // pods no node holds go at once.
+        let grace = query
+            .get("gracePeriodSeconds")
+            .and_then(|g| g.parse::<i64>().ok())
+            .or_else(|| options["gracePeriodSeconds"].as_i64());
+        let pod = info.kind == "Pod" && info.group.is_empty();
+        let graceful = pod
+            && grace != Some(0)
+            && current["spec"]["nodeName"]
+                .as_str()
+                .is_some_and(|n| !n.is_empty());
         let deferred = policy == "Foreground"
             || finalizers
-            || crate::controllers::garbage::deletion_requested(&current);
+            || graceful
+            || (!pod && crate::controllers::garbage::deletion_requested(&current));
         if deferred || policy == "Orphan" {
+            // As the apiserver: the DELETE's grace, else the pod's own (default 30 s).
+            let grace = graceful.then(|| {
+                grace
+                    .or_else(|| current["spec"]["terminationGracePeriodSeconds"].as_i64())
+                    .unwrap_or(30)
+                    .max(0) as u64
+            });
             let marked =
-                mark_for_deletion(state, resource, namespace, name, &policy, deferred).await?;
+                mark_for_deletion(state, resource, namespace, name, &policy, deferred, grace)
+                    .await?;
             if deferred {
                 return Ok(json_response(
                     StatusCode::OK,
@@ -1144,12 +1174,17 @@ async fn mark_for_deletion(
     name: &str,
     policy: &str,
     deferred: bool,
+    grace: Option<u64>,
 ) -> Result<Value, ApiError> {
     let mut attempt = 1;
     loop {
         let mut current = get_object(state, resource, namespace, name).await?;
         let changed = if deferred {
-            crate::controllers::garbage::mark_deleting(&mut current, policy, &now_rfc3339())
+            let marked =
+                crate::controllers::garbage::mark_deleting(&mut current, policy, &now_rfc3339());
+            let shortened =
+                grace.is_some_and(|g| crate::controllers::garbage::set_grace(&mut current, g));
+            marked || shortened
         } else {
             if !current["metadata"]["annotations"].is_object() {
                 current["metadata"]["annotations"] = json!({});

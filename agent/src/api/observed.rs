@@ -59,9 +59,11 @@ fn workload_world(
         )
     });
     let views = pods
-        .iter()
-        .map(|p| {
-            crate::controllers::workload::PodView::new(p, state.pod_statuses.status_of(p).as_ref())
+        .into_iter()
+        .map(|mut p| {
+            crate::controllers::garbage::render_deletion(&mut p);
+            let status = state.pod_statuses.status_of(&p);
+            crate::controllers::workload::PodView::from_object(p, status.as_ref())
         })
         .collect();
     (sets, views)

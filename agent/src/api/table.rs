@@ -118,7 +118,14 @@ fn columns(kind: &str) -> Vec<Column> {
                     .count();
                 json!(format!("{ready}/{total}"))
             }),
-            col("Status", "string", 0, |o| o["status"]["phase"].clone()),
+            // kubectl's printer: a pod being deleted is `Terminating` whatever its phase.
+            col("Status", "string", 0, |o| {
+                if o["metadata"]["deletionTimestamp"].is_string() {
+                    json!("Terminating")
+                } else {
+                    o["status"]["phase"].clone()
+                }
+            }),
             col("Restarts", "string", 0, |o| {
                 json!(
                     containers(o, "/status/containerStatuses")

@@ -26,6 +26,9 @@ pub use super::namespace::DELETION_ANNOTATION;
 /// How the object was deleted (`Orphan`, `Foreground`, `Background`), kept on its tombstone.
 pub const POLICY_ANNOTATION: &str = "shoal.io/propagation-policy";
 
+/// The grace period a pod's deletion gave it (seconds), served as `deletionGracePeriodSeconds`.
+pub const GRACE_ANNOTATION: &str = "shoal.io/deletion-grace-seconds";
+
 /// Kubernetes' finalizer of a foreground deletion: the owner waits for its blocking dependents.
 pub const FOREGROUND: &str = "foregroundDeletion";
 
@@ -162,8 +165,9 @@ pub enum Finish {
     Delete,
 }
 
-/// `blocking`: how many dependents still name it with `blockOwnerDeletion: true`.
-pub fn finish(object: &Value, blocking: usize) -> Finish {
+/// `blocking`: how many dependents still name it with `blockOwnerDeletion: true`;
+/// `kubelet_pending`: a pod whose node is alive, which stops it and then deletes it.
+pub fn finish(object: &Value, blocking: usize, kubelet_pending: bool) -> Finish {
     if !deletion_requested(object) || object["kind"] == "Namespace" {
         return Finish::Nothing;
     }
@@ -174,11 +178,43 @@ pub fn finish(object: &Value, blocking: usize) -> Finish {
             Finish::Nothing
         };
     }
-    if finalizers(object).next().is_none() {
+    if finalizers(object).next().is_none() && !kubelet_pending {
         Finish::Delete
     } else {
         Finish::Nothing
     }
+}
+
+/// Whether the node `node` (alive, by name) must stop `pod` before it goes: a pod being
+/// deleted that is bound to a live node.
+pub fn kubelet_pending(pod: &Value, alive: &dyn Fn(&str) -> bool) -> bool {
+    pod["kind"] == "Pod"
+        && pod["spec"]["nodeName"]
+            .as_str()
+            .is_some_and(|n| !n.is_empty() && alive(n))
+}
+
+/// The grace period a pod's deletion gave it, if any (ms).
+pub fn deletion_grace_ms(object: &Value) -> Option<u64> {
+    object["metadata"]["annotations"][GRACE_ANNOTATION]
+        .as_str()?
+        .parse::<u64>()
+        .ok()
+        .map(|s| s.saturating_mul(1000))
+}
+
+/// Records `seconds` as the deletion's grace period unless a shorter one was given (a second
+/// DELETE may shorten it, never lengthen it). Returns whether it changed.
+pub fn set_grace(object: &mut Value, seconds: u64) -> bool {
+    if deletion_grace_ms(object).is_some_and(|ms| ms <= seconds.saturating_mul(1000)) {
+        return false;
+    }
+    let meta = &mut object["metadata"];
+    if !meta["annotations"].is_object() {
+        meta["annotations"] = json!({});
+    }
+    meta["annotations"][GRACE_ANNOTATION] = json!(seconds.to_string());
+    true
 }
 
 pub fn deletion_requested(object: &Value) -> bool {
@@ -241,7 +277,7 @@ pub fn mark_deleting(object: &mut Value, policy: &str, now: &str) -> bool {
 }
 
 /// Shows a stored object being deleted as the apiserver does: `deletionTimestamp` (from
-/// [`DELETION_ANNOTATION`]) and `deletionGracePeriodSeconds: 0`.
+/// [`DELETION_ANNOTATION`]) and `deletionGracePeriodSeconds` (a pod's grace, else 0).
 pub fn render_deletion(object: &mut Value) {
     let Some(since) = object["metadata"]["annotations"][DELETION_ANNOTATION]
         .as_str()
@@ -250,8 +286,9 @@ pub fn render_deletion(object: &mut Value) {
         return;
     };
     if object["metadata"]["deletionTimestamp"].is_null() {
+        let grace = deletion_grace_ms(object).map_or(0, |ms| ms / 1000);
         object["metadata"]["deletionTimestamp"] = json!(since);
-        object["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+        object["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
     }
 }
 
@@ -387,7 +424,7 @@ mod tests {
     #[test]
     fn an_object_being_deleted_goes_once_its_finalizers_are_gone() {
         let mut object = json!({"kind": "ConfigMap", "metadata": {"name": "x", "finalizers": ["example.com/keep"]}});
-        assert_eq!(finish(&object, 0), Finish::Nothing, "not being deleted");
+        assert_eq!(finish(&object, 0, false), Finish::Nothing, "not being deleted");
         assert!(mark_deleting(
             &mut object,
             "Background",
@@ -398,15 +435,15 @@ mod tests {
             "Background",
             "2026-12-02T00:09:00Z"
         ));
-        assert_eq!(finish(&object, 0), Finish::Nothing, "a user's finalizer");
+        assert_eq!(finish(&object, 0, false), Finish::Nothing, "a user's finalizer");
         object["metadata"]["finalizers"] = json!([]);
-        assert_eq!(finish(&object, 0), Finish::Delete);
+        assert_eq!(finish(&object, 0, false), Finish::Delete);
         // Foreground: waits for the blocking dependents, then its finalizer goes.
         let mut owner = json!({"kind": "Deployment", "metadata": {"name": "web"}});
         mark_deleting(&mut owner, "Foreground", "2026-12-02T00:00:00Z");
         assert_eq!(owner["metadata"]["finalizers"], json!([FOREGROUND]));
-        assert_eq!(finish(&owner, 2), Finish::Nothing);
-        assert_eq!(finish(&owner, 0), Finish::RemoveForeground);
+        assert_eq!(finish(&owner, 2, false), Finish::Nothing);
+        assert_eq!(finish(&owner, 0, false), Finish::RemoveForeground);
         // Shown as the apiserver shows it; the first request's time is kept.
         render_deletion(&mut owner);
         assert_eq!(
@@ -417,6 +454,27 @@ mod tests {
         // Namespaces are the namespace controller's.
         let mut ns = json!({"kind": "Namespace", "metadata": {"name": "team"}});
         mark_deleting(&mut ns, "Background", "2026-12-02T00:00:00Z");
-        assert_eq!(finish(&ns, 0), Finish::Nothing);
+        assert_eq!(finish(&ns, 0, false), Finish::Nothing);
+    }
+
+    #[test]
+    fn a_pod_being_deleted_waits_for_its_live_node_with_the_shortest_grace_given() {
+        let mut pod = json!({"kind": "Pod", "metadata": {"name": "p"}, "spec": {"nodeName": "n1"}});
+        mark_deleting(&mut pod, "Background", "2026-12-02T00:00:00Z");
+        assert!(set_grace(&mut pod, 30));
+        assert!(set_grace(&mut pod, 5), "a second delete may shorten it");
+        assert!(!set_grace(&mut pod, 20), "...never lengthen it");
+        assert_eq!(deletion_grace_ms(&pod), Some(5_000));
+        let alive = |n: &str| n == "n1";
+        let dead = |_: &str| false;
+        assert!(kubelet_pending(&pod, &alive));
+        assert!(
+            !kubelet_pending(&pod, &dead),
+            "a dead node's pod goes at once"
+        );
+        render_deletion(&mut pod);
+        assert_eq!(pod["metadata"]["deletionGracePeriodSeconds"], 5);
+        let unbound = json!({"kind": "Pod", "metadata": {"name": "q"}, "spec": {}});
+        assert!(!kubelet_pending(&unbound, &alive));
     }
 }

@@ -520,6 +520,15 @@ impl Controllers {
     /// still going) the next one does.
     async fn collect_garbage(&self, live: &[u64], now: u64) {
         use garbage::{Finish, Owner, Verdict};
+        let alive_names: HashSet<String> = self
+            .membership
+            .members()
+            .await
+            .into_iter()
+            .filter(|m| m.is_self || matches!(m.state, MemberState::Alive | MemberState::Suspect))
+            .map(|m| m.name().to_owned())
+            .collect();
+        let alive = |name: &str| alive_names.contains(name);
         struct Dependent {
             key: ObjectKey,
             uid: String,
@@ -554,7 +563,7 @@ impl Controllers {
                 let uid = uid_of(o).to_owned();
                 if garbage::deletion_requested(o) && self.owns(o, live) {
                     let blocked = blocking.get(&uid).copied().unwrap_or(0);
-                    match garbage::finish(o, blocked) {
+                    match garbage::finish(o, blocked, garbage::kubelet_pending(o, &alive)) {
                         Finish::Nothing => {}
                         step => finishing.push((key.clone(), uid.clone(), step)),
                     }

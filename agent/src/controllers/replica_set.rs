@@ -70,7 +70,8 @@ pub fn reconcile<'a>(
         }
     }
     // Ended pods count for nothing; they are cleaned up (their logs went with their node).
-    for pod in mine.iter().filter(|p| !p.is_active()) {
+    // Terminating ones count for nothing either, and are their node's to finish.
+    for pod in mine.iter().filter(|p| !p.is_active() && !p.deleting) {
         actions.push(Action::delete_pod(pod));
     }
     let mut active: Vec<&PodView> = mine.into_iter().filter(|p| p.is_active()).collect();
@@ -205,6 +206,16 @@ mod tests {
             )
             .is_empty()
         );
+    }
+
+    #[test]
+    fn a_terminating_pod_is_not_counted_nor_deleted_again() {
+        let mut terminating = pod("web-a", Some("rs1"), Some("n1"), "Running", true, 1);
+        terminating.deleting = true;
+        let actions = reconcile(&rs(1), &[terminating], &mut counter());
+        // Its replacement starts at once; the terminating pod is its node's to finish.
+        assert_eq!(actions.len(), 1, "{actions:?}");
+        assert!(matches!(&actions[0], Action::Create(_)), "{actions:?}");
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub struct PodView {
     pub ready: bool,
     /// `metadata.creationTimestamp`, ms since the epoch (0 if absent).
     pub created_ms: u64,
+    /// Being deleted (`deletionTimestamp`: its node is stopping it).
+    pub deleting: bool,
     /// The stored object (for adoption and release, which rewrite its owner references).
     pub object: Value,
 }
@@ -69,13 +71,15 @@ impl PodView {
             phase,
             ready,
             created_ms: created_ms(&object),
+            deleting: !meta["deletionTimestamp"].is_null(),
             object,
         }
     }
 
-    /// Not yet ended (Succeeded and Failed pods do not count toward replicas).
+    /// Not yet ended nor being deleted (Succeeded, Failed and terminating pods do not count
+    /// toward replicas, as in Kubernetes: a replacement starts while one terminates).
     pub fn is_active(&self) -> bool {
-        !matches!(self.phase, Phase::Succeeded | Phase::Failed)
+        !self.deleting && !matches!(self.phase, Phase::Succeeded | Phase::Failed)
     }
 }
 

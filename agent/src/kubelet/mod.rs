@@ -407,6 +407,9 @@ impl Kubelet {
             let now = now_ms();
             let pod = bound.get(&uid);
             let mut fenced = false;
+            // A pod being deleted is stopped (gracefully), then its object deleted.
+            let deleting =
+                pod.is_some_and(|p| crate::controllers::garbage::deletion_requested(&p.object));
             let plan: Option<&pod::PodPlan> = match pod.map(|p| &p.plan) {
                 Some(Ok(plan)) => {
                     let policy = Policy::parse(
@@ -415,7 +418,7 @@ impl Kubelet {
                             .map(String::as_str),
                     );
                     fenced = fenced_stop && policy == Policy::Fenced;
-                    (!fenced).then_some(plan)
+                    (!fenced && !deleting).then_some(plan)
                 }
                 Some(Err(error)) => {
                     // Not runnable as written (the API validates, but a newer peer may not):
@@ -443,6 +446,12 @@ impl Kubelet {
                 });
             if fenced || moved_fenced {
                 worker.stop_now();
+            }
+            if deleting
+                && let Some(ms) =
+                    pod.and_then(|p| crate::controllers::garbage::deletion_grace_ms(&p.object))
+            {
+                worker.limit_grace(ms);
             }
             let decision = worker.decide(now, plan, seen.is_some(), containers);
             busy |= decision
@@ -489,12 +498,20 @@ impl Kubelet {
                     let object = &pod.expect("a status comes with a spec").object;
                     statuses.insert(uid.clone(), Some(report(object, status)));
                 }
+                // A pod being deleted keeps showing what it last was while it stops.
+                None if deleting => {
+                    let key = format!("{}{uid}", status::KEY_PREFIX);
+                    statuses.insert(uid.clone(), published.get(&key).cloned());
+                }
                 None => {
                     statuses.insert(uid.clone(), None);
                 }
             }
             if decision.finished {
                 workers.remove(&uid);
+                if deleting && let Some(pod) = pod {
+                    self.delete_stopped(handle, &pod.object);
+                }
             }
         }
         // Publish what changed; withdraw statuses of pods no longer here.
@@ -520,6 +537,26 @@ impl Kubelet {
             };
         }
         busy
+    }
+
+    /// Deletes the object of a pod being deleted once it stopped here, unless finalizers
+    /// still hold it (then it stays, stopped, until they are removed).
+    fn delete_stopped(&self, handle: &tokio::runtime::Handle, object: &Value) {
+        use crate::controllers::garbage;
+        if garbage::finish(object, 0, false) != garbage::Finish::Delete {
+            return;
+        }
+        let meta = &object["metadata"];
+        let key = shoal_state::ObjectKey::new(
+            shoal_state::kind::lookup("v1", "Pod").expect("Pod is a known kind"),
+            meta["namespace"].as_str().unwrap_or("default"),
+            meta["name"].as_str().unwrap_or(""),
+        );
+        let uid = meta["uid"].as_str();
+        match handle.block_on(self.replication.delete(&key, uid)) {
+            Ok(_) => info!(pod = %key, "stopped and deleted"),
+            Err(error) => warn!(pod = %key, %error, "stopped; deleting it again next round"),
+        }
     }
 
     /// Node admission ([`admission`]): pods running here (or with a worker) keep their place;

@@ -414,6 +414,12 @@ impl PodWorker {
     }
 
     /// Decides what to do now.
+    /// Stops within `ms` at most from now on (a deletion's grace period, shorter than the
+    /// pod's own).
+    pub fn limit_grace(&mut self, ms: u64) {
+        self.grace_ms = Some(self.grace_ms.map_or(ms, |g| g.min(ms)));
+    }
+
     pub fn decide(
         &mut self,
         now_ms: u64,

@@ -158,7 +158,16 @@ spec:
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(listed, ["keep"], "the canary directory changed");
-    api.ok(0, &["delete", "pod", "symlink", "--wait=true"]);
+    api.ok(
+        0,
+        &[
+            "delete",
+            "pod",
+            "symlink",
+            "--wait=true",
+            "--grace-period=1",
+        ],
+    );
 }
 
 /// Issue #13, hole 3: quantities multiplied without overflow checks panicked the kubelet
@@ -630,7 +639,10 @@ spec:
         let message = container_status(&pod, "c")["state"]["waiting"]["message"].to_string();
         assert!(message.contains(says), "{name}: {message}");
     }
-    api.ok(0, &["delete", "pod", "logs", "--wait=true"]);
+    api.ok(
+        0,
+        &["delete", "pod", "logs", "--wait=true", "--grace-period=1"],
+    );
 }
 
 /// On a node started with `--allow-privileged`, what the default node refuses is supported

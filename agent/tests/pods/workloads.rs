@@ -194,7 +194,7 @@ async fn a_deployment_runs_rolls_scales_and_heals_through_kubectl() {
         .as_str()
         .unwrap()
         .to_owned();
-    api.ok(1, &["delete", "pod", &victim]);
+    api.ok(1, &["delete", "pod", &victim, "--grace-period=1"]);
     wait_until("a replacement", LIMIT, || {
         let pods = web_pods(&api, 0);
         let ok = pods.len() == 2
@@ -235,7 +235,7 @@ async fn a_deployment_runs_rolls_scales_and_heals_through_kubectl() {
     })
     .await
     .unwrap();
-    api.ok(0, &["delete", "pod", &quarantined]);
+    api.ok(0, &["delete", "pod", &quarantined, "--grace-period=1"]);
 }
 
 /// The owner of a Deployment (the live node with the highest rendezvous hash of its uid) is
@@ -613,7 +613,16 @@ async fn nodes_are_labelled_tainted_cordoned_and_drained_with_kubectl() {
     assert!(on(0, "n0").is_empty(), "n0 is tainted: {:?}", on(0, "n0"));
     let before_on_n1 = on(0, "n1");
     // Cordon and drain n1 through agent 2: its web pods are evicted and replaced elsewhere.
-    let out = api.ok(2, &["drain", "n1", "--ignore-daemonsets", "--timeout=60s"]);
+    let out = api.ok(
+        2,
+        &[
+            "drain",
+            "n1",
+            "--ignore-daemonsets",
+            "--timeout=60s",
+            "--grace-period=1",
+        ],
+    );
     assert!(out.contains("drained"), "{out}");
     assert!(
         api.ok(0, &["get", "node", "n1"])
@@ -789,4 +798,112 @@ async fn an_autoscaler_scales_a_cpu_burning_deployment_up_and_back_down() {
         ) && events.contains("New size: 1; reason: All metrics below target"),
         "{events}"
     );
+}
+
+/// Deleting a pod is graceful, as in Kubernetes: the pod stays, shown being deleted with its
+/// grace period, while its node stops it (its shell traps TERM and takes a while to leave);
+/// its ReplicaSet does not count it and starts a replacement meanwhile; then the node deletes
+/// it. `--grace-period=0 --force` removes a pod at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_pod_is_graceful_and_its_replica_set_replaces_it_meanwhile() {
+    let api = lab().await;
+    let file = api.manifest(
+        "term.yaml",
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {name: term}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: term}}
+  template:
+    metadata: {labels: {app: term}}
+    spec:
+      terminationGracePeriodSeconds: 20
+      containers:
+      - name: c
+        image: shoal.local/busybox:1
+        command: [sh, -c, 'trap "sleep 4; exit 0" TERM; while :; do sleep 1; done']
+"#,
+    );
+    api.ok(0, &["apply", "-f", &file]);
+    let pods = |agent: usize| {
+        json_of(
+            &api,
+            agent,
+            &["get", "pods", "-l", "app=term", "-o", "json"],
+        )["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    wait_until("term's pod to run", LIMIT, || {
+        let p = pods(0);
+        let ok = p.len() == 1 && p[0]["status"]["phase"] == "Running";
+        async move { ok }
+    })
+    .await
+    .unwrap();
+    let first = pods(0)[0]["metadata"]["name"].as_str().unwrap().to_owned();
+    api.ok(1, &["delete", "pod", &first, "--wait=false"]);
+    let (_, out, err) = api.kubectl(2, &["get", "pod", &first, "-o", "json"]);
+    let terminating: Value = serde_json::from_str(&out).unwrap_or_else(|_| {
+        let logs: Vec<String> = api
+            .agents
+            .iter()
+            .flat_map(|a| {
+                a.log()
+                    .lines()
+                    .filter(|l| l.contains("deleted") || l.contains("term-"))
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        panic!("{err}\n{}", logs.join("\n"))
+    });
+    assert!(
+        terminating["metadata"]["deletionTimestamp"].is_string(),
+        "{:#}",
+        terminating["metadata"]
+    );
+    assert_eq!(terminating["metadata"]["deletionGracePeriodSeconds"], 20);
+    // The replacement starts while the first one is still terminating.
+    let mut both = false;
+    wait_until("a replacement beside the terminating pod", LIMIT, || {
+        let p = pods(0);
+        both |= p.len() == 2
+            && p.iter().any(|p| {
+                p["metadata"]["name"] == first.as_str()
+                    && p["metadata"]["deletionTimestamp"].is_string()
+            })
+            && p.iter()
+                .any(|p| p["metadata"]["deletionTimestamp"].is_null());
+        let ok = both;
+        async move { ok }
+    })
+    .await
+    .unwrap();
+    api.ok(
+        0,
+        &[
+            "wait",
+            "--for=delete",
+            &format!("pod/{first}"),
+            "--timeout=60s",
+        ],
+    );
+    let replacement = pods(1)
+        .iter()
+        .find(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .and_then(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+        .unwrap();
+    api.ok(
+        2,
+        &["delete", "pod", &replacement, "--grace-period=0", "--force"],
+    );
+    let (ok, _, err) = api.kubectl(2, &["get", "pod", &replacement]);
+    assert!(
+        !ok && err.contains("NotFound"),
+        "force-deleted at once: {err}"
+    );
+    api.ok(0, &["delete", "deployment", "term"]);
 }
