@@ -19,7 +19,10 @@
 //! dependent's life, and a replaced incarnation only [`REPLACED_GRACE_MS`] after the new one was
 //! created (until then its controller may adopt the dependent).
 
+use std::collections::HashMap;
+
 use serde_json::{Value, json};
+use shoal_state::{ObjectKey, kind};
 
 pub use super::namespace::DELETION_ANNOTATION;
 
@@ -302,6 +305,120 @@ pub fn owner_references(object: &Value) -> Vec<(&Value, bool)> {
         .collect()
 }
 
+/// The live object (as stored) and the tombstone under a key.
+pub type Stored<'a> = &'a dyn Fn(&ObjectKey) -> (Option<Value>, Option<Value>);
+
+/// What one round reads besides the objects.
+pub struct Round<'a> {
+    /// The live object (as stored) and the tombstone under a key.
+    pub stored: Stored<'a>,
+    /// Whether this node owns the object of this uid (rendezvous over the live nodes).
+    pub mine: &'a dyn Fn(&str) -> bool,
+    /// Whether the node of this name is alive.
+    pub alive: &'a dyn Fn(&str) -> bool,
+    /// When this store last completed a sync with a peer ([`judge`]).
+    pub synced_ms: u64,
+    pub now_ms: u64,
+}
+
+/// A dependent this round acts on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    pub key: ObjectKey,
+    pub uid: String,
+    pub verdict: Verdict,
+    /// Dependents of its own block it (`blockOwnerDeletion`): deleted in the foreground, it
+    /// waits for them.
+    pub blocked_by_own: bool,
+}
+
+/// What one round does: dependents judged ([`judge`]) and objects being deleted finished
+/// ([`finish`]), of those this node owns.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub dependents: Vec<Step>,
+    pub finishing: Vec<(ObjectKey, String, Finish)>,
+}
+
+/// One round over every stored object (`objects`): the dependents whose first owner this
+/// node owns are judged, the objects being deleted that it owns finished. Each owner is read
+/// once however many dependents name it.
+pub fn plan(objects: &[(ObjectKey, Value)], round: &Round) -> Plan {
+    let mut blocking: HashMap<&str, usize> = HashMap::new();
+    for (_, o) in objects {
+        for (r, blocks) in owner_references(o) {
+            if blocks && let Some(uid) = r["uid"].as_str() {
+                *blocking.entry(uid).or_default() += 1;
+            }
+        }
+    }
+    let mut owners: HashMap<ObjectKey, (Option<Value>, Option<Value>)> = HashMap::new();
+    let mut plan = Plan::default();
+    for (key, o) in objects {
+        let uid = o["metadata"]["uid"].as_str().unwrap_or("");
+        let blocked = blocking.get(uid).copied().unwrap_or(0);
+        if deletion_requested(o) && (round.mine)(uid) {
+            match finish(o, blocked, kubelet_pending(o, round.alive)) {
+                Finish::Nothing => {}
+                step => plan.finishing.push((key.clone(), uid.to_owned(), step)),
+            }
+        }
+        let refs = owner_references(o);
+        let Some(first) = refs.first().and_then(|(r, _)| r["uid"].as_str()) else {
+            continue;
+        };
+        if !(round.mine)(first) {
+            continue;
+        }
+        let judged: Vec<(String, Owner)> = refs
+            .iter()
+            .map(|(r, _)| {
+                let owner_uid = r["uid"].as_str().unwrap_or("").to_owned();
+                let owner_key = r["apiVersion"]
+                    .as_str()
+                    .and_then(|v| kind::lookup(v, r["kind"].as_str().unwrap_or("")))
+                    .map(|info| {
+                        ObjectKey::new(
+                            info,
+                            if info.namespaced { &key.namespace } else { "" },
+                            r["name"].as_str().unwrap_or(""),
+                        )
+                    });
+                let owner = match owner_key {
+                    Some(owner_key) => {
+                        let (live, gone) = owners.entry(owner_key.clone()).or_insert_with(|| {
+                            let (mut live, gone) = (round.stored)(&owner_key);
+                            if let Some(o) = live.as_mut() {
+                                render_deletion(o);
+                            }
+                            (live, gone)
+                        });
+                        Owner::of(&owner_uid, live.as_ref(), gone.as_ref())
+                    }
+                    // A kind this agent does not store cannot be judged: kept.
+                    None => Owner::Live,
+                };
+                (owner_uid, owner)
+            })
+            .collect();
+        let verdict = judge(
+            &judged,
+            dependent_created_ms(o),
+            round.synced_ms,
+            round.now_ms,
+        );
+        if verdict != Verdict::Keep {
+            plan.dependents.push(Step {
+                key: key.clone(),
+                uid: uid.to_owned(),
+                verdict,
+                blocked_by_own: blocked > 0,
+            });
+        }
+    }
+    plan
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -424,7 +541,11 @@ mod tests {
     #[test]
     fn an_object_being_deleted_goes_once_its_finalizers_are_gone() {
         let mut object = json!({"kind": "ConfigMap", "metadata": {"name": "x", "finalizers": ["example.com/keep"]}});
-        assert_eq!(finish(&object, 0, false), Finish::Nothing, "not being deleted");
+        assert_eq!(
+            finish(&object, 0, false),
+            Finish::Nothing,
+            "not being deleted"
+        );
         assert!(mark_deleting(
             &mut object,
             "Background",
@@ -435,7 +556,11 @@ mod tests {
             "Background",
             "2026-12-02T00:09:00Z"
         ));
-        assert_eq!(finish(&object, 0, false), Finish::Nothing, "a user's finalizer");
+        assert_eq!(
+            finish(&object, 0, false),
+            Finish::Nothing,
+            "a user's finalizer"
+        );
         object["metadata"]["finalizers"] = json!([]);
         assert_eq!(finish(&object, 0, false), Finish::Delete);
         // Foreground: waits for the blocking dependents, then its finalizer goes.
@@ -455,6 +580,64 @@ mod tests {
         let mut ns = json!({"kind": "Namespace", "metadata": {"name": "team"}});
         mark_deleting(&mut ns, "Background", "2026-12-02T00:00:00Z");
         assert_eq!(finish(&ns, 0, false), Finish::Nothing);
+    }
+
+    #[test]
+    fn a_round_reads_each_owner_once_and_acts_only_on_what_this_node_owns() {
+        let rs_kind = kind::lookup("apps/v1", "ReplicaSet").unwrap();
+        let pod_kind = kind::lookup("v1", "Pod").unwrap();
+        let pod = |name: &str, owner_uid: &str| {
+            (
+                ObjectKey::new(pod_kind, "default", name),
+                json!({"kind": "Pod", "metadata": {"name": name, "namespace": "default", "uid": format!("u-{name}"),
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web",
+                        "uid": owner_uid, "controller": true, "blockOwnerDeletion": true}]}}),
+            )
+        };
+        // The ReplicaSet `web` was deleted (uid rs-1) and re-created (rs-2, long ago).
+        let objects = vec![
+            pod("a", "rs-1"),
+            pod("b", "rs-1"),
+            pod("c", "rs-2"),
+            pod("d", "rs-9"),
+        ];
+        let reads = std::cell::Cell::new(0);
+        let stored = |key: &ObjectKey| {
+            reads.set(reads.get() + 1);
+            assert_eq!(key.kind, rs_kind.kind);
+            (
+                Some(
+                    json!({"metadata": {"uid": "rs-2", "creationTimestamp": "2026-01-01T00:00:00Z"}}),
+                ),
+                None,
+            )
+        };
+        let mine = |uid: &str| uid != "rs-9";
+        let plan = plan(
+            &objects,
+            &Round {
+                stored: &stored,
+                mine: &mine,
+                alive: &|_| true,
+                synced_ms: 0,
+                now_ms: 1_800_000_000_000,
+            },
+        );
+        assert_eq!(reads.get(), 1, "one read of web for every pod naming it");
+        // a and b belong to the replaced incarnation (long replaced): collected; c to the
+        // live one: kept; d's owner is another node's to judge.
+        let gone: Vec<&str> = plan
+            .dependents
+            .iter()
+            .map(|d| d.key.name.as_str())
+            .collect();
+        assert_eq!(gone, ["a", "b"]);
+        assert!(
+            plan.dependents
+                .iter()
+                .all(|d| d.verdict == Verdict::Delete { foreground: false })
+        );
+        assert!(plan.finishing.is_empty());
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! ([`replica_set::removal_rank`]).
 
 pub mod cron_job;
+pub mod daemon_set;
 pub mod deployment;
 pub mod events;
 pub mod garbage;
@@ -519,7 +520,7 @@ impl Controllers {
     /// this node owns is finished; what a round leaves undone (a failed write, a dependent
     /// still going) the next one does.
     async fn collect_garbage(&self, live: &[u64], now: u64) {
-        use garbage::{Finish, Owner, Verdict};
+        use garbage::{Finish, Verdict};
         let alive_names: HashSet<String> = self
             .membership
             .members()
@@ -529,13 +530,7 @@ impl Controllers {
             .map(|m| m.name().to_owned())
             .collect();
         let alive = |name: &str| alive_names.contains(name);
-        struct Dependent {
-            key: ObjectKey,
-            uid: String,
-            verdict: Verdict,
-            blocked_by_own: bool,
-        }
-        let (dependents, finishing) = self.replication.read(|s| {
+        let plan = self.replication.read(|s| {
             let mut objects: Vec<(ObjectKey, Value)> = Vec::new();
             for k in shoal_state::KINDS {
                 for o in s.list(k.group, k.kind, None) {
@@ -547,85 +542,23 @@ impl Controllers {
                     objects.push((key, o));
                 }
             }
-            let mut blocking: std::collections::HashMap<String, usize> = Default::default();
-            for (_, o) in &objects {
-                for (r, blocks) in garbage::owner_references(o) {
-                    if blocks && let Some(uid) = r["uid"].as_str() {
-                        *blocking.entry(uid.to_owned()).or_default() += 1;
-                    }
-                }
-            }
-            let mut owners: std::collections::HashMap<ObjectKey, (Option<Value>, Option<Value>)> =
-                Default::default();
-            let mut dependents = Vec::new();
-            let mut finishing = Vec::new();
-            for (key, o) in &objects {
-                let uid = uid_of(o).to_owned();
-                if garbage::deletion_requested(o) && self.owns(o, live) {
-                    let blocked = blocking.get(&uid).copied().unwrap_or(0);
-                    match garbage::finish(o, blocked, garbage::kubelet_pending(o, &alive)) {
-                        Finish::Nothing => {}
-                        step => finishing.push((key.clone(), uid.clone(), step)),
-                    }
-                }
-                let refs = garbage::owner_references(o);
-                let Some(first) = refs.first().and_then(|(r, _)| r["uid"].as_str()) else {
-                    continue;
-                };
-                if crate::scheduler::auction::auctioneer(first, live.iter().copied())
-                    != Some(self.node_id)
-                {
-                    continue;
-                }
-                let judged: Vec<(String, Owner)> = refs
-                    .iter()
-                    .map(|(r, _)| {
-                        let owner_uid = r["uid"].as_str().unwrap_or("").to_owned();
-                        let owner_key = r["apiVersion"]
-                            .as_str()
-                            .and_then(|v| kind::lookup(v, r["kind"].as_str().unwrap_or("")))
-                            .map(|info| {
-                                ObjectKey::new(
-                                    info,
-                                    if info.namespaced { &key.namespace } else { "" },
-                                    r["name"].as_str().unwrap_or(""),
-                                )
-                            });
-                        let owner = match owner_key {
-                            Some(owner_key) => {
-                                let (live_owner, gone) =
-                                    owners.entry(owner_key.clone()).or_insert_with(|| {
-                                        let mut live_owner = s.get(&owner_key);
-                                        if let Some(o) = live_owner.as_mut() {
-                                            garbage::render_deletion(o);
-                                        }
-                                        (live_owner, s.deleted(&owner_key))
-                                    });
-                                Owner::of(&owner_uid, live_owner.as_ref(), gone.as_ref())
-                            }
-                            // A kind this agent does not store cannot be judged: kept.
-                            None => Owner::Live,
-                        };
-                        (owner_uid, owner)
-                    })
-                    .collect();
-                let verdict = garbage::judge(
-                    &judged,
-                    garbage::dependent_created_ms(o),
-                    s.last_sync_ms(),
-                    now,
-                );
-                if verdict != Verdict::Keep {
-                    dependents.push(Dependent {
-                        key: key.clone(),
-                        uid: uid.clone(),
-                        verdict,
-                        blocked_by_own: blocking.get(&uid).is_some_and(|n| *n > 0),
-                    });
-                }
-            }
-            (dependents, finishing)
+            let stored = |key: &ObjectKey| (s.get(key), s.deleted(key));
+            let mine = |uid: &str| {
+                crate::scheduler::auction::auctioneer(uid, live.iter().copied())
+                    == Some(self.node_id)
+            };
+            garbage::plan(
+                &objects,
+                &garbage::Round {
+                    stored: &stored,
+                    mine: &mine,
+                    alive: &alive,
+                    synced_ms: s.last_sync_ms(),
+                    now_ms: now,
+                },
+            )
         });
+        let (dependents, finishing) = (plan.dependents, plan.finishing);
         for d in dependents {
             match d.verdict {
                 Verdict::Keep => {}
