@@ -310,6 +310,12 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         membership.clone(),
         config.name.clone(),
     ));
+    let pod_statuses = Arc::new(crate::kubelet::status::PodStatusCache::default());
+    tokio::spawn(
+        pod_statuses
+            .clone()
+            .follow(membership.clone(), std::time::Duration::from_millis(100)),
+    );
     let scheduling = crate::scheduling::Scheduling::new(
         node.numeric_id(),
         replication.clone(),
@@ -326,15 +332,9 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             ..Default::default()
         },
         events.clone(),
+        pod_statuses.clone(),
     );
     scheduling.start()?;
-
-    let pod_statuses = Arc::new(crate::kubelet::status::PodStatusCache::default());
-    tokio::spawn(
-        pod_statuses
-            .clone()
-            .follow(membership.clone(), std::time::Duration::from_millis(100)),
-    );
     let service_plane = if let Some(bridge) = &bridge {
         let bridge = bridge.clone();
         Some(crate::services::start(

@@ -78,6 +78,8 @@ pub struct Scheduling {
     events: Arc<Recorder>,
     /// Wakes the loop before its tick when a pod needs an auction.
     wake: tokio::sync::Notify,
+    /// The pods' gossiped statuses (a DaemonSet's rolling update counts its available pods).
+    statuses: Arc<crate::kubelet::status::PodStatusCache>,
 }
 
 /// A pod as scheduling needs it, parsed once per change.
@@ -162,6 +164,7 @@ impl Scheduling {
         endpoint: PeerEndpoint,
         config: SchedulingConfig,
         events: Arc<Recorder>,
+        statuses: Arc<crate::kubelet::status::PodStatusCache>,
     ) -> Arc<Self> {
         let scheduler = Scheduler::new(self_id, config.auction.clone());
         Arc::new(Self {
@@ -171,6 +174,7 @@ impl Scheduling {
             endpoint,
             config,
             events,
+            statuses,
             started: Instant::now(),
             wake: tokio::sync::Notify::new(),
             state: Mutex::new(State {
@@ -395,7 +399,13 @@ impl Scheduling {
                 &cluster,
             )
             .is_ok();
-            let exists = self.replication.read(|s| s.get(&key)).is_some();
+            let existing = self.replication.read(|s| s.get(&key));
+            let exists = existing.is_some();
+            if let Some(pod) = existing.filter(|_| fits) {
+                self.update_daemon_pod(&ds, &pod, &key, &this.name, &cluster)
+                    .await;
+                continue;
+            }
             if fits && !exists {
                 candidate["spec"]["nodeName"] = json!(this.name);
                 if let Some(meta) = candidate["metadata"].as_object_mut() {
@@ -434,6 +444,85 @@ impl Scheduling {
         }
     }
 
+    /// The nodes `ds`'s pod fits, by name.
+    fn fitting_nodes(ds: &Value, cluster: &ClusterView) -> Vec<String> {
+        let mut fitting: Vec<String> = cluster
+            .nodes()
+            .filter(|node| {
+                PodRequest::from_pod(&daemon_pod(ds, &node.name)).is_ok_and(|request| {
+                    crate::scheduler::predicates::check(
+                        &request,
+                        node,
+                        Resources::default(),
+                        cluster,
+                    )
+                    .is_ok()
+                })
+            })
+            .map(|node| node.name.clone())
+            .collect();
+        fitting.sort_unstable();
+        fitting
+    }
+
+    /// The pods of `ds` on each node as this node sees them (for its rolling update).
+    fn daemon_node_pods(&self, ds: &Value) -> Vec<crate::controllers::daemon_set::NodePod> {
+        let uid = ds["metadata"]["uid"].as_str().unwrap_or_default();
+        let namespace = ds["metadata"]["namespace"].as_str();
+        let pods = self.replication.read(|s| s.list("", "Pod", namespace));
+        pods.into_iter()
+            .filter(|p| {
+                p["metadata"]["ownerReferences"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|r| r["uid"] == uid && r["controller"] == true)
+            })
+            .filter_map(|p| {
+                let node = p["spec"]["nodeName"].as_str()?.to_owned();
+                let status = self.statuses.status_of(&p);
+                let view = crate::controllers::workload::PodView::from_object(p, status.as_ref());
+                let deleting = crate::controllers::garbage::deletion_requested(&view.object);
+                Some(crate::controllers::daemon_set::NodePod {
+                    node,
+                    hash: view
+                        .labels
+                        .get(crate::controllers::daemon_set::HASH_LABEL)
+                        .cloned(),
+                    available: view.ready && !deleting,
+                })
+            })
+            .collect()
+    }
+
+    /// This node's pod of `ds` runs an older template: replaced now if the rolling update
+    /// lets this node go ([`crate::controllers::daemon_set::replace_now`]); the next round
+    /// claims the new one.
+    async fn update_daemon_pod(
+        &self,
+        ds: &Value,
+        pod: &Value,
+        key: &ObjectKey,
+        me: &str,
+        cluster: &ClusterView,
+    ) {
+        use crate::controllers::daemon_set;
+        let current = daemon_set::current_hash(ds);
+        if pod["metadata"]["labels"][daemon_set::HASH_LABEL] == current.as_str() {
+            return;
+        }
+        let fitting = Self::fitting_nodes(ds, cluster);
+        let view = self.daemon_node_pods(ds);
+        if !daemon_set::replace_now(ds, me, &fitting, &view) {
+            return;
+        }
+        let uid = pod["metadata"]["uid"].as_str();
+        match self.replication.delete(key, uid).await {
+            Ok(_) => info!(pod = %key, "replacing an outdated DaemonSet pod"),
+            Err(e) => debug!(pod = %key, error = %e, "outdated DaemonSet pod not deleted"),
+        }
+    }
+
     /// A DaemonSet's status as observed (DESIGN.md §3): the live nodes its pod fits
     /// (`desiredNumberScheduled`), its pods on fitting nodes, on nodes it no longer fits
     /// (misscheduled), and the ready ones, from `pods` (its namespace's, with their reported
@@ -444,21 +533,8 @@ impl Scheduling {
         pods: &[crate::controllers::workload::PodView],
     ) -> Value {
         let state = self.state.lock().unwrap();
-        let fitting: std::collections::HashSet<String> = state
-            .cluster
-            .nodes()
-            .filter(|node| {
-                PodRequest::from_pod(&daemon_pod(ds, &node.name)).is_ok_and(|request| {
-                    crate::scheduler::predicates::check(
-                        &request,
-                        node,
-                        Resources::default(),
-                        &state.cluster,
-                    )
-                    .is_ok()
-                })
-            })
-            .map(|node| node.name.clone())
+        let fitting: std::collections::HashSet<String> = Self::fitting_nodes(ds, &state.cluster)
+            .into_iter()
             .collect();
         drop(state);
         let uid = ds["metadata"]["uid"].as_str();
@@ -471,11 +547,21 @@ impl Scheduling {
             .filter(|p| p.node.as_ref().is_some_and(|n| fitting.contains(n)))
             .count();
         let ready = owned.iter().filter(|p| p.ready).count();
+        let hash = crate::controllers::daemon_set::current_hash(ds);
+        let updated = owned
+            .iter()
+            .filter(|p| p.node.as_ref().is_some_and(|n| fitting.contains(n)))
+            .filter(|p| {
+                p.labels
+                    .get(crate::controllers::daemon_set::HASH_LABEL)
+                    .is_some_and(|h| *h == hash)
+            })
+            .count();
         json!({
             "observedGeneration": ds["metadata"]["generation"],
             "desiredNumberScheduled": fitting.len(),
             "currentNumberScheduled": on_fitting,
-            "updatedNumberScheduled": on_fitting,
+            "updatedNumberScheduled": updated,
             "numberMisscheduled": owned.len() - on_fitting,
             "numberReady": ready,
             "numberAvailable": ready,
@@ -895,13 +981,19 @@ fn daemon_pod(ds: &Value, node_name: &str) -> Value {
         }
         spec["tolerations"] = Value::Array(tolerations);
     }
+    let mut labels = template["metadata"]["labels"].clone();
+    if !labels.is_object() {
+        labels = json!({});
+    }
+    labels[crate::controllers::daemon_set::HASH_LABEL] =
+        json!(crate::controllers::daemon_set::current_hash(ds));
     json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": format!("{ds_name}-{node_name}"),
             "namespace": ds["metadata"]["namespace"].as_str().unwrap_or("default"),
-            "labels": template["metadata"]["labels"],
+            "labels": labels,
             "annotations": template["metadata"]["annotations"],
             "ownerReferences": [{
                 "apiVersion": "apps/v1", "kind": "DaemonSet", "name": ds_name,

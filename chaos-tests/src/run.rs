@@ -975,12 +975,11 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     // that hole is open, so the named scenarios do not start there.
     let steady = Instant::now();
     loop {
-        let running: std::collections::BTreeSet<String> = std::fs::read_dir(&heartbeats)?
-            .filter_map(|e| e.ok())
-            .filter_map(|e| {
-                let name = e.file_name().to_string_lossy().into_owned();
-                name.rsplitn(3, '_').nth(2).map(str::to_owned)
-            })
+        // The same reading of the evidence as checker 4's: a run with a heartbeat.
+        let running: std::collections::BTreeSet<String> = fenced_runs(&heartbeats, 0)?
+            .into_iter()
+            .filter(|run| run.beats > 0)
+            .map(|run| run.pod)
             .collect();
         if (0..FENCED_PODS).all(|i| running.contains(&fenced_name(i))) {
             break;

@@ -221,7 +221,12 @@ pub fn validate(kind: &str, object: &Value) -> Result<(), FieldError> {
     match kind {
         "Pod" => validate_pod_spec(&object["spec"], "spec"),
         "Deployment" | "ReplicaSet" | "DaemonSet" => validate_template(object, true),
-        "Job" => validate_template(object, false),
+        "Job" => {
+            validate_template(object, false)?;
+            crate::controllers::job::failure_policy(object)
+                .map(|_| ())
+                .map_err(|(field, message)| err(field, message))
+        }
         "CronJob" => {
             crate::controllers::cron_job::schedule(object)
                 .map_err(|(field, message)| err(field, message))?;

@@ -314,6 +314,8 @@ mod tests {
                 result,
                 index: None,
                 at_ms: scheduled_ms(&j).unwrap() + 1000,
+                action: None,
+                message: None,
             };
             j["metadata"]["annotations"][format!("{}pod", job::LEDGER_PREFIX)] =
                 json!(serde_json::to_string(&ended).unwrap());

@@ -47,6 +47,217 @@ pub struct Ended {
     pub index: Option<u64>,
     /// When the owner recorded it, ms since the epoch.
     pub at_ms: u64,
+    /// What `spec.podFailurePolicy` made of a failure (decided when it was recorded: the
+    /// pod's exit codes are observed state, gone with the pod).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<FailureAction>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// What a `podFailurePolicy` rule does with a failed pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FailureAction {
+    /// The Job fails at once (reason `PodFailurePolicy`).
+    FailJob,
+    /// The failure is not counted toward `backoffLimit`.
+    Ignore,
+    /// Counted, as without a policy.
+    Count,
+}
+
+/// One rule of `spec.podFailurePolicy`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailureRule {
+    pub action: FailureAction,
+    pub on_exit_codes: Option<ExitCodes>,
+    /// (type, status) of pod conditions, any of which matches.
+    pub on_conditions: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExitCodes {
+    pub container: Option<String>,
+    pub not_in: bool,
+    pub values: Vec<i64>,
+}
+
+/// The rules of `job`'s `spec.podFailurePolicy`, checked as the apiserver checks them (the
+/// error names the field). FailIndex needs `backoffLimitPerIndex`, which is not served.
+pub fn failure_policy(job: &Value) -> Result<Vec<FailureRule>, (String, String)> {
+    let policy = &job["spec"]["podFailurePolicy"];
+    if policy.is_null() {
+        return Ok(Vec::new());
+    }
+    let restart = &job["spec"]["template"]["spec"]["restartPolicy"];
+    if !restart.is_null() && restart != "Never" {
+        return Err((
+            "spec.template.spec.restartPolicy".into(),
+            format!(
+                "Invalid value: {restart}: only \"Never\" is supported when podFailurePolicy is specified"
+            ),
+        ));
+    }
+    let containers: Vec<&str> = ["containers", "initContainers"]
+        .iter()
+        .flat_map(|f| {
+            job["spec"]["template"]["spec"][f]
+                .as_array()
+                .into_iter()
+                .flatten()
+        })
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    let mut rules = Vec::new();
+    for (i, r) in policy["rules"].as_array().into_iter().flatten().enumerate() {
+        let at = format!("spec.podFailurePolicy.rules[{i}]");
+        let action = match r["action"].as_str() {
+            Some("FailJob") => FailureAction::FailJob,
+            Some("Ignore") => FailureAction::Ignore,
+            Some("Count") => FailureAction::Count,
+            Some("FailIndex") => {
+                return Err((
+                    format!("{at}.action"),
+                    "Invalid value: \"FailIndex\": requires backoffLimitPerIndex, which Shoal does not serve".into(),
+                ));
+            }
+            other => {
+                return Err((
+                    format!("{at}.action"),
+                    format!(
+                        "Unsupported value: {other:?}: supported values: \"Count\", \"FailIndex\", \"FailJob\", \"Ignore\""
+                    ),
+                ));
+            }
+        };
+        let codes = &r["onExitCodes"];
+        let conditions = &r["onPodConditions"];
+        if codes.is_null() == conditions.is_null() {
+            return Err((
+                at,
+                "Invalid value: specifying one of onExitCodes and onPodConditions is required"
+                    .into(),
+            ));
+        }
+        let on_exit_codes = if codes.is_null() {
+            None
+        } else {
+            let not_in = match codes["operator"].as_str() {
+                Some("In") => false,
+                Some("NotIn") => true,
+                other => {
+                    return Err((
+                        format!("{at}.onExitCodes.operator"),
+                        format!(
+                            "Unsupported value: {other:?}: supported values: \"In\", \"NotIn\""
+                        ),
+                    ));
+                }
+            };
+            let values: Vec<i64> = codes["values"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_i64)
+                .collect();
+            if values.is_empty() || values.len() > 255 {
+                return Err((
+                    format!("{at}.onExitCodes.values"),
+                    "Invalid value: must have between 1 and 255 exit codes".into(),
+                ));
+            }
+            if !not_in && values.contains(&0) {
+                return Err((
+                    format!("{at}.onExitCodes.values"),
+                    "Invalid value: 0: must not be 0 for the In operator".into(),
+                ));
+            }
+            let container = codes["containerName"].as_str().map(str::to_owned);
+            if let Some(c) = &container
+                && !containers.contains(&c.as_str())
+            {
+                return Err((
+                    format!("{at}.onExitCodes.containerName"),
+                    format!(
+                        "Invalid value: {c:?}: must be one of the container or initContainer names in the pod template"
+                    ),
+                ));
+            }
+            Some(ExitCodes {
+                container,
+                not_in,
+                values,
+            })
+        };
+        let on_conditions = conditions
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                (
+                    c["type"].as_str().unwrap_or("").to_owned(),
+                    c["status"].as_str().unwrap_or("True").to_owned(),
+                )
+            })
+            .collect();
+        rules.push(FailureRule {
+            action,
+            on_exit_codes,
+            on_conditions,
+        });
+    }
+    Ok(rules)
+}
+
+/// The first rule a failed pod matches, with Kubernetes' message (containers that exited 0
+/// never match an exit-code rule; app containers are looked at before init containers).
+pub fn judge_failure(rules: &[FailureRule], pod: &PodView) -> Option<(FailureAction, String)> {
+    for (i, rule) in rules.iter().enumerate() {
+        if let Some(codes) = &rule.on_exit_codes {
+            let matching = [false, true].into_iter().find_map(|init| {
+                pod.terminated.iter().find(|(name, code, is_init)| {
+                    *is_init == init
+                        && *code != 0
+                        && codes.container.as_deref().is_none_or(|c| c == name)
+                        && codes.values.contains(code) != codes.not_in
+                })
+            });
+            if let Some((name, code, _)) = matching {
+                let what = match rule.action {
+                    FailureAction::FailJob => "FailJob",
+                    FailureAction::Ignore => "Ignore",
+                    FailureAction::Count => "Count",
+                };
+                return Some((
+                    rule.action,
+                    format!(
+                        "Container {name} for pod {}/{} failed with exit code {code} matching {what} rule at index {i}",
+                        pod.namespace, pod.name
+                    ),
+                ));
+            }
+        } else if rule
+            .on_conditions
+            .iter()
+            .any(|want| pod.conditions.iter().any(|have| have == want))
+        {
+            return Some((
+                rule.action,
+                format!(
+                    "Pod {}/{} has condition {} matching {:?} rule at index {i}",
+                    pod.namespace,
+                    pod.name,
+                    rule.on_conditions
+                        .iter()
+                        .map(|(t, _)| t.as_str())
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    rule.action
+                ),
+            ));
+        }
+    }
+    None
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,7 +315,7 @@ pub enum Finished {
     Failed {
         at_ms: u64,
         reason: &'static str,
-        message: &'static str,
+        message: String,
     },
 }
 
@@ -136,11 +347,16 @@ pub fn progress(job: &Value, ledger: &BTreeMap<String, Ended>, now_ms: u64) -> P
         .values()
         .filter(|e| e.result == Outcome::Succeeded)
         .collect();
+    // Failures a podFailurePolicy rule ignores do not count.
     let mut failures: Vec<u64> = ledger
         .values()
-        .filter(|e| e.result == Outcome::Failed)
+        .filter(|e| e.result == Outcome::Failed && e.action != Some(FailureAction::Ignore))
         .map(|e| e.at_ms)
         .collect();
+    let fail_job = ledger
+        .values()
+        .filter(|e| e.action == Some(FailureAction::FailJob))
+        .min_by_key(|e| e.at_ms);
     successes.sort_by_key(|e| (e.at_ms, e.index));
     failures.sort_unstable();
     // When each unit of completion was first reached (Indexed: per index; else per success).
@@ -172,24 +388,32 @@ pub fn progress(job: &Value, ledger: &BTreeMap<String, Ended>, now_ms: u64) -> P
         .and_then(|s| s.checked_mul(1000))
         .and_then(|ms| created_ms(job).checked_add(ms))
         .filter(|at| *at <= now_ms);
-    let failed_at = match (backoff_at, deadline_at) {
-        (Some(b), Some(d)) if d < b => Some((
+    let deadline = |d| {
+        (
             d,
             "DeadlineExceeded",
-            "Job was active longer than specified deadline",
-        )),
+            "Job was active longer than specified deadline".to_owned(),
+        )
+    };
+    let mut failed_at = match (backoff_at, deadline_at) {
+        (Some(b), Some(d)) if d < b => Some(deadline(d)),
         (Some(b), _) => Some((
             b,
             "BackoffLimitExceeded",
-            "Job has reached the specified backoff limit",
+            "Job has reached the specified backoff limit".to_owned(),
         )),
-        (None, Some(d)) => Some((
-            d,
-            "DeadlineExceeded",
-            "Job was active longer than specified deadline",
-        )),
+        (None, Some(d)) => Some(deadline(d)),
         (None, None) => None,
     };
+    if let Some(e) = fail_job
+        && failed_at.as_ref().is_none_or(|(at, ..)| e.at_ms <= *at)
+    {
+        failed_at = Some((
+            e.at_ms,
+            "PodFailurePolicy",
+            e.message.clone().unwrap_or_default(),
+        ));
+    }
     let finished = match (complete_at, failed_at) {
         (Some(c), Some((f, ..))) if c <= f => Some(Finished::Complete { at_ms: c }),
         (_, Some((at_ms, reason, message))) => Some(Finished::Failed {
@@ -249,6 +473,8 @@ pub fn reconcile(
     // 1. Record every ended pod not yet in the ledger (one write, before anything else is
     //    decided from it).
     let mut record = BTreeMap::new();
+    // Validated by the API; a policy a newer peer wrote that does not parse here is none.
+    let rules = failure_policy(job).unwrap_or_default();
     for pod in &owned {
         let result = match pod.phase {
             Phase::Succeeded => Outcome::Succeeded,
@@ -258,10 +484,15 @@ pub fn reconcile(
         if ledger.contains_key(&pod.uid) {
             continue;
         }
+        let judged = (result == Outcome::Failed)
+            .then(|| judge_failure(&rules, pod))
+            .flatten();
         let ended = Ended {
             result,
             index: index_of(pod),
             at_ms: now_ms,
+            action: judged.as_ref().map(|(a, _)| *a),
+            message: judged.map(|(_, m)| m),
         };
         record.insert(
             format!("{LEDGER_PREFIX}{}", pod.uid),
@@ -718,6 +949,122 @@ mod tests {
         assert_eq!(s["conditions"][1]["type"], "Failed");
         assert_eq!(s["conditions"][1]["reason"], "BackoffLimitExceeded");
         assert!(creates(&reconcile(&j, &world, T0 + 60_000, &mut counter())).is_empty());
+    }
+
+    /// A failed pod whose container `c` exited with `code`.
+    fn failed_with(name: &str, code: i64) -> PodView {
+        let mut p = pod(name, "Failed", None);
+        p.terminated = vec![("c".into(), code, false)];
+        p
+    }
+
+    #[test]
+    fn the_pod_failure_policy_fails_the_job_ignores_or_counts_failures_by_exit_code() {
+        let j = job(json!({"backoffLimit": 0, "podFailurePolicy": {"rules": [
+            {"action": "FailJob", "onExitCodes": {"containerName": "c", "operator": "In", "values": [42]}},
+            {"action": "Ignore", "onExitCodes": {"operator": "In", "values": [7]}},
+            {"action": "Count", "onExitCodes": {"operator": "NotIn", "values": [7, 42]}},
+        ]}}));
+        // Exit 7 is ignored: with backoffLimit 0 the Job goes on, and a replacement starts
+        // (after the backoff of the failures that count: none).
+        let world = [failed_with("a", 7)];
+        let a = reconcile(&j, &world, T0 + 1_000, &mut counter());
+        let j1 = recorded(&j, &a);
+        let s = status(&j1, &world, T0 + 1_000);
+        assert!(s["conditions"].is_null(), "{s}");
+        assert_eq!(s["failed"], 0, "ignored failures are not counted");
+        assert_eq!(
+            creates(&reconcile(&j1, &world, T0 + 1_000, &mut counter())).len(),
+            1
+        );
+        // Exit 42 fails the Job at once, with Kubernetes' reason and message.
+        let world = [failed_with("a", 7), failed_with("b", 42)];
+        let j2 = recorded(&j1, &reconcile(&j1, &world, T0 + 2_000, &mut counter()));
+        let s = status(&j2, &world, T0 + 2_000);
+        assert_eq!(s["conditions"][1]["type"], "Failed");
+        assert_eq!(s["conditions"][1]["reason"], "PodFailurePolicy");
+        assert_eq!(
+            s["conditions"][1]["message"],
+            "Container c for pod default/b failed with exit code 42 matching FailJob rule at index 0"
+        );
+        // Exit 3 matches NotIn [7, 42]: counted, past backoffLimit 0.
+        let world = [failed_with("a", 7), failed_with("c", 3)];
+        let j3 = recorded(&j1, &reconcile(&j1, &world, T0 + 2_000, &mut counter()));
+        let s = status(&j3, &world, T0 + 2_000);
+        assert_eq!(s["conditions"][1]["reason"], "BackoffLimitExceeded");
+        // The decision is in the ledger: the pod (and its exit code) may be gone since.
+        let s = status(&j2, &[], T0 + 5_000);
+        assert_eq!(s["conditions"][1]["reason"], "PodFailurePolicy");
+    }
+
+    #[test]
+    fn pod_failure_policies_are_checked_naming_the_field() {
+        let refused = |policy: Value, restart: &str| {
+            let mut j = job(json!({"podFailurePolicy": policy}));
+            j["spec"]["template"]["spec"]["restartPolicy"] = json!(restart);
+            failure_policy(&j).unwrap_err().0
+        };
+        let rule = |r: Value| json!({"rules": [r]});
+        let codes = json!({"operator": "In", "values": [1]});
+        assert_eq!(
+            refused(
+                rule(json!({"action": "FailJob", "onExitCodes": codes})),
+                "OnFailure"
+            ),
+            "spec.template.spec.restartPolicy"
+        );
+        assert_eq!(
+            refused(
+                rule(json!({"action": "Explode", "onExitCodes": codes})),
+                "Never"
+            ),
+            "spec.podFailurePolicy.rules[0].action"
+        );
+        assert_eq!(
+            refused(
+                rule(json!({"action": "FailIndex", "onExitCodes": codes})),
+                "Never"
+            ),
+            "spec.podFailurePolicy.rules[0].action"
+        );
+        assert_eq!(
+            refused(rule(json!({"action": "Ignore"})), "Never"),
+            "spec.podFailurePolicy.rules[0]"
+        );
+        assert_eq!(
+            refused(
+                rule(json!({"action": "Ignore", "onExitCodes": {"operator": "In", "values": [0]}})),
+                "Never"
+            ),
+            "spec.podFailurePolicy.rules[0].onExitCodes.values"
+        );
+        assert_eq!(
+            refused(
+                rule(
+                    json!({"action": "Ignore", "onExitCodes": {"containerName": "x", "operator": "In", "values": [1]}})
+                ),
+                "Never"
+            ),
+            "spec.podFailurePolicy.rules[0].onExitCodes.containerName"
+        );
+        // A condition rule matches the pod's reported conditions.
+        let j = job(json!({"podFailurePolicy": {"rules": [
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]}}));
+        let rules = failure_policy(&j).unwrap();
+        let mut p = pod("a", "Failed", None);
+        assert_eq!(judge_failure(&rules, &p), None);
+        p.conditions
+            .push(("DisruptionTarget".into(), "True".into()));
+        assert_eq!(
+            judge_failure(&rules, &p).map(|(a, _)| a),
+            Some(FailureAction::Ignore)
+        );
+        // A container that exited 0 never matches (NotIn included).
+        let j = job(json!({"podFailurePolicy": {"rules": [
+            {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [5]}}]}}));
+        let rules = failure_policy(&j).unwrap();
+        assert_eq!(judge_failure(&rules, &failed_with("z", 0)), None);
+        assert!(judge_failure(&rules, &failed_with("z", 1)).is_some());
     }
 
     #[test]

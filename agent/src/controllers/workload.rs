@@ -33,6 +33,10 @@ pub struct PodView {
     pub created_ms: u64,
     /// Being deleted (`deletionTimestamp`: its node is stopping it).
     pub deleting: bool,
+    /// Containers that ended, as its node reports them: (name, exit code, init container).
+    pub terminated: Vec<(String, i64, bool)>,
+    /// The pod's conditions as its node reports them: (type, status).
+    pub conditions: Vec<(String, String)>,
     /// The stored object (for adoption and release, which rewrite its owner references).
     pub object: Value,
 }
@@ -72,6 +76,18 @@ impl PodView {
             ready,
             created_ms: created_ms(&object),
             deleting: !meta["deletionTimestamp"].is_null(),
+            terminated: status.map(terminated_containers).unwrap_or_default(),
+            conditions: status
+                .and_then(|s| s["conditions"].as_array())
+                .into_iter()
+                .flatten()
+                .filter_map(|c| {
+                    Some((
+                        c["type"].as_str()?.to_owned(),
+                        c["status"].as_str()?.to_owned(),
+                    ))
+                })
+                .collect(),
             object,
         }
     }
@@ -81,6 +97,26 @@ impl PodView {
     pub fn is_active(&self) -> bool {
         !self.deleting && !matches!(self.phase, Phase::Succeeded | Phase::Failed)
     }
+}
+
+/// The ended containers of a pod status: (name, exit code, init container).
+fn terminated_containers(status: &Value) -> Vec<(String, i64, bool)> {
+    [
+        ("containerStatuses", false),
+        ("initContainerStatuses", true),
+    ]
+    .into_iter()
+    .flat_map(|(field, init)| {
+        status[field]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(move |c| {
+                let code = c["state"]["terminated"]["exitCode"].as_i64()?;
+                Some((c["name"].as_str()?.to_owned(), code, init))
+            })
+    })
+    .collect()
 }
 
 /// What a reconcile asks the shell to write (through the same store API users write with).

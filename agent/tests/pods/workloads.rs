@@ -907,3 +907,154 @@ spec:
     );
     api.ok(0, &["delete", "deployment", "term"]);
 }
+
+/// A Job whose pod exits 42, with a podFailurePolicy that fails the Job on 42: it fails on the
+/// first pod (reason `PodFailurePolicy`), where its backoffLimit of 6 would otherwise retry for
+/// minutes; a policy the apiserver would refuse is refused naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_failure_policy_fails_a_job_on_its_first_matching_exit_code() {
+    let api = lab().await;
+    let job = |restart: &str| {
+        format!(
+            r#"apiVersion: batch/v1
+kind: Job
+metadata: {{name: fatal}}
+spec:
+  backoffLimit: 6
+  podFailurePolicy:
+    rules:
+    - {{action: FailJob, onExitCodes: {{containerName: c, operator: In, values: [42]}}}}
+    - {{action: Ignore, onExitCodes: {{operator: In, values: [7]}}}}
+  template:
+    spec:
+      restartPolicy: {restart}
+      containers:
+      - {{name: c, image: shoal.local/busybox:1, command: [sh, -c, "exit 42"]}}
+"#
+        )
+    };
+    let (ok, _, err) = api.kubectl(
+        0,
+        &["apply", "-f", &api.manifest("bad.yaml", &job("OnFailure"))],
+    );
+    assert!(
+        !ok && err.contains("spec.template.spec.restartPolicy"),
+        "{err}"
+    );
+    api.ok(
+        1,
+        &["apply", "-f", &api.manifest("fatal.yaml", &job("Never"))],
+    );
+    let (ok, out, err) = api.kubectl(
+        2,
+        &[
+            "wait",
+            "--for=condition=failed",
+            "job/fatal",
+            "--timeout=60s",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    let j = json_of(&api, 0, &["get", "job", "fatal", "-o", "json"]);
+    let failed = j["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Failed")
+        .cloned()
+        .unwrap();
+    assert_eq!(failed["reason"], "PodFailurePolicy", "{failed:#}");
+    assert!(
+        failed["message"]
+            .as_str()
+            .unwrap()
+            .contains("failed with exit code 42 matching FailJob rule at index 0"),
+        "{failed:#}"
+    );
+    assert_eq!(j["status"]["failed"], 1);
+    assert_eq!(
+        job_pods(&api, "fatal").len(),
+        1,
+        "no retry after a FailJob rule"
+    );
+}
+
+/// `kubectl set image` on a DaemonSet rolls it node by node (RollingUpdate, maxUnavailable 1):
+/// sampled all along, never more than one of its three nodes is without an available pod;
+/// `kubectl rollout status` returns once every node runs the new template.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_set_rolls_to_a_new_template_one_node_at_a_time() {
+    let api = lab().await;
+    let file = api.manifest(
+        "ds.yaml",
+        r#"apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: agent}
+spec:
+  selector: {matchLabels: {app: agent}}
+  template:
+    metadata: {labels: {app: agent}}
+    spec:
+      containers:
+      - name: c
+        image: shoal.local/busybox:1
+        command: [sh, -c, 'trap "exit 0" TERM; while :; do sleep 1; done']
+"#,
+    );
+    api.ok(0, &["apply", "-f", &file]);
+    api.ok(
+        1,
+        &["rollout", "status", "daemonset/agent", "--timeout=90s"],
+    );
+    let pods = |agent: usize| {
+        json_of(
+            &api,
+            agent,
+            &["get", "pods", "-l", "app=agent", "-o", "json"],
+        )["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(pods(0).len(), 3);
+    api.ok(
+        2,
+        &["set", "image", "daemonset/agent", "c=shoal.local/httpd:1"],
+    );
+    let available = |p: &Value| ready(p) && p["metadata"]["deletionTimestamp"].is_null();
+    let mut fewest = usize::MAX;
+    let rolled = wait_until(
+        "the DaemonSet to run the new image everywhere",
+        LIMIT,
+        || {
+            let now = pods(0);
+            fewest = fewest.min(now.iter().filter(|p| available(p)).count());
+            let done = now.len() == 3
+                && now.iter().all(|p| {
+                    available(p) && p["spec"]["containers"][0]["image"] == "shoal.local/httpd:1"
+                });
+            async move { done }
+        },
+    )
+    .await;
+    let ds = json_of(&api, 0, &["get", "daemonset", "agent", "-o", "json"]);
+    assert!(
+        rolled.is_ok(),
+        "status: {:#}\npods: {:#?}",
+        ds["status"],
+        pods(0)
+    );
+    assert!(
+        fewest >= 2,
+        "{fewest} of 3 nodes had an available pod at one point"
+    );
+    assert_eq!(
+        ds["status"]["updatedNumberScheduled"], 3,
+        "{:#}",
+        ds["status"]
+    );
+    api.ok(
+        1,
+        &["rollout", "status", "daemonset/agent", "--timeout=30s"],
+    );
+}
