@@ -500,6 +500,14 @@ impl Memory {
             .fold(0i64, |sum, (_, n)| sum.saturating_add(*n))
     }
 
+    /// The count at the start of a policy's period: `current` less what this owner added in
+    /// it, plus what it removed.
+    fn period_start(&self, current: i64, period_ms: u64, now_ms: u64) -> i64 {
+        current
+            .saturating_sub(Self::changed_within(&self.up_events, period_ms, now_ms))
+            .saturating_add(Self::changed_within(&self.down_events, period_ms, now_ms))
+    }
+
     fn forget_before(&mut self, cutoff_ms: u64) {
         self.recommendations.retain(|(at, _)| *at >= cutoff_ms);
         self.up_events.retain(|(at, _)| *at >= cutoff_ms);
@@ -670,17 +678,7 @@ fn scale_up_limit(current: i64, memory: &Memory, rules: &Rules, now_ms: u64) -> 
         return current;
     }
     let proposals = rules.policies.iter().map(|p| {
-        let start = current
-            .saturating_sub(Memory::changed_within(
-                &memory.up_events,
-                p.period_ms,
-                now_ms,
-            ))
-            .saturating_add(Memory::changed_within(
-                &memory.down_events,
-                p.period_ms,
-                now_ms,
-            ));
+        let start = memory.period_start(current, p.period_ms, now_ms);
         match p.kind {
             PolicyKind::Pods => start.saturating_add(p.value),
             PolicyKind::Percent => (start as f64 * (1.0 + p.value as f64 / 100.0)).ceil() as i64,
@@ -699,17 +697,7 @@ fn scale_down_limit(current: i64, memory: &Memory, rules: &Rules, now_ms: u64) -
         return current;
     }
     let proposals = rules.policies.iter().map(|p| {
-        let start = current
-            .saturating_sub(Memory::changed_within(
-                &memory.up_events,
-                p.period_ms,
-                now_ms,
-            ))
-            .saturating_add(Memory::changed_within(
-                &memory.down_events,
-                p.period_ms,
-                now_ms,
-            ));
+        let start = memory.period_start(current, p.period_ms, now_ms);
         match p.kind {
             PolicyKind::Pods => start.saturating_sub(p.value),
             PolicyKind::Percent => (start as f64 * (1.0 - p.value as f64 / 100.0)) as i64,
