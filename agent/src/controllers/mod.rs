@@ -18,6 +18,8 @@ pub mod garbage;
 pub mod hpa;
 pub mod job;
 pub mod namespace;
+#[cfg(test)]
+mod partition_sim;
 pub mod replica_set;
 pub mod service_ip;
 pub mod workload;
@@ -194,35 +196,59 @@ pub fn release_replaced_owners(views: &mut [PodView], owners: &[(&str, &[Value])
     }
 }
 
+/// What a [`Snapshot`] reads from the store, before the pods' statuses join it.
+pub struct Listed {
+    pub deployments: Vec<Value>,
+    pub replica_sets: Vec<Value>,
+    pub jobs: Vec<Value>,
+    pub cron_jobs: Vec<Value>,
+    pub autoscalers: Vec<Value>,
+    pub pods: Vec<Value>,
+}
+
 impl Snapshot {
     /// Reads the store and the pod statuses.
     pub fn read(replication: &Replication, statuses: &PodStatusCache) -> Self {
-        let (mut deployments, mut replica_sets, mut jobs, mut cron_jobs, autoscalers, mut pods) =
-            replication.read(|s| {
-                let deployments = s.list("apps", "Deployment", None);
-                let replica_sets = s.list("apps", "ReplicaSet", None);
-                let jobs = s.list("batch", "Job", None);
-                let cron_jobs = s.list("batch", "CronJob", None);
-                let autoscalers = s.list("autoscaling", "HorizontalPodAutoscaler", None);
-                // Without a workload no pod is anyone's to reconcile: none is read.
-                let idle = deployments.is_empty()
-                    && replica_sets.is_empty()
-                    && jobs.is_empty()
-                    && cron_jobs.is_empty();
-                let pods = if idle {
-                    Vec::new()
-                } else {
-                    s.list("", "Pod", None)
-                };
-                (
-                    deployments,
-                    replica_sets,
-                    jobs,
-                    cron_jobs,
-                    autoscalers,
-                    pods,
-                )
-            });
+        Self::from_listed(replication.read(Self::list), |pod| statuses.status_of(pod))
+    }
+
+    /// The workloads of `store` and, if there is any, every pod.
+    pub fn list(store: &shoal_state::Store) -> Listed {
+        let deployments = store.list("apps", "Deployment", None);
+        let replica_sets = store.list("apps", "ReplicaSet", None);
+        let jobs = store.list("batch", "Job", None);
+        let cron_jobs = store.list("batch", "CronJob", None);
+        let autoscalers = store.list("autoscaling", "HorizontalPodAutoscaler", None);
+        // Without a workload no pod is anyone's to reconcile: none is read.
+        let idle = deployments.is_empty()
+            && replica_sets.is_empty()
+            && jobs.is_empty()
+            && cron_jobs.is_empty();
+        let pods = if idle {
+            Vec::new()
+        } else {
+            store.list("", "Pod", None)
+        };
+        Listed {
+            deployments,
+            replica_sets,
+            jobs,
+            cron_jobs,
+            autoscalers,
+            pods,
+        }
+    }
+
+    /// What was listed, each pod with the status its node reports (`status_of`).
+    pub fn from_listed(listed: Listed, status_of: impl Fn(&Value) -> Option<Value>) -> Self {
+        let Listed {
+            mut deployments,
+            mut replica_sets,
+            mut jobs,
+            mut cron_jobs,
+            autoscalers,
+            mut pods,
+        } = listed;
         // Objects being deleted (finalizers pending) show it as the API shows them.
         for object in deployments
             .iter_mut()
@@ -236,7 +262,7 @@ impl Snapshot {
         let mut views: Vec<PodView> = pods
             .into_iter()
             .map(|pod| {
-                let status = statuses.status_of(&pod);
+                let status = status_of(&pod);
                 PodView::from_object(pod, status.as_ref())
             })
             .collect();
@@ -310,6 +336,51 @@ impl Snapshot {
             .cloned()
             .collect()
     }
+}
+
+/// What the workload controllers decide in one pass over `snapshot` at `now_ms`, for the
+/// objects `owns` says are this node's: the pure core the shell's loop and the partition
+/// simulator both run. `random` yields the entropy of new objects' names.
+pub fn decide(
+    snapshot: &Snapshot,
+    owns: &dyn Fn(&Value) -> bool,
+    now_ms: u64,
+    random: &mut dyn FnMut() -> u64,
+) -> Vec<Action> {
+    let mut actions = Vec::new();
+    for d in snapshot.deployments.iter().filter(|d| owns(d)) {
+        let namespace = namespace_of(d);
+        actions.extend(deployment::reconcile(
+            d,
+            &snapshot.replica_sets_in(namespace),
+            snapshot.pods_in(namespace),
+        ));
+    }
+    for rs in snapshot.replica_sets.iter().filter(|r| owns(r)) {
+        actions.extend(replica_set::reconcile(
+            rs,
+            snapshot.replica_set_candidates(rs),
+            random,
+        ));
+    }
+    for job in snapshot.jobs.iter().filter(|j| owns(j)) {
+        actions.extend(job::reconcile(
+            job,
+            snapshot.owned_by(namespace_of(job), uid_of(job)),
+            now_ms,
+            random,
+        ));
+    }
+    for cron_job in snapshot.cron_jobs.iter().filter(|c| owns(c)) {
+        let namespace = namespace_of(cron_job);
+        actions.extend(cron_job::reconcile(
+            cron_job,
+            &snapshot.jobs_in(namespace),
+            snapshot.pods_in(namespace),
+            now_ms,
+        ));
+    }
+    actions
 }
 
 fn namespace_of(object: &Value) -> &str {
@@ -460,41 +531,9 @@ impl Controllers {
             .filter(|p| p.controller_uid.is_some())
             .map(|p| p.uid.clone())
             .collect();
-        let mut actions = Vec::new();
-        for d in snapshot.deployments.iter().filter(|d| self.owns(d, &live)) {
-            let namespace = namespace_of(d);
-            actions.extend(deployment::reconcile(
-                d,
-                &snapshot.replica_sets_in(namespace),
-                snapshot.pods_in(namespace),
-            ));
-        }
-        let mut random = || rand::random::<u64>();
-        for rs in snapshot.replica_sets.iter().filter(|r| self.owns(r, &live)) {
-            actions.extend(replica_set::reconcile(
-                rs,
-                snapshot.replica_set_candidates(rs),
-                &mut random,
-            ));
-        }
         let now = now_ms();
-        for job in snapshot.jobs.iter().filter(|j| self.owns(j, &live)) {
-            actions.extend(job::reconcile(
-                job,
-                snapshot.owned_by(namespace_of(job), uid_of(job)),
-                now,
-                &mut random,
-            ));
-        }
-        for cron_job in snapshot.cron_jobs.iter().filter(|c| self.owns(c, &live)) {
-            let namespace = namespace_of(cron_job);
-            actions.extend(cron_job::reconcile(
-                cron_job,
-                &snapshot.jobs_in(namespace),
-                snapshot.pods_in(namespace),
-                now,
-            ));
-        }
+        let mut random = || rand::random::<u64>();
+        let mut actions = decide(&snapshot, &|o| self.owns(o, &live), now, &mut random);
         actions.extend(self.autoscale(&snapshot, &live, now).await);
         // Concurrently: each write waits for its quorum, and a ReplicaSet of 100 creates 100.
         futures_util::StreamExt::for_each_concurrent(
@@ -856,25 +895,13 @@ impl Controllers {
     ) -> Option<Value> {
         for attempt in 1..=WRITE_ATTEMPTS {
             let current = self.replication.read(|s| s.get(&key))?;
-            let mut current = current;
-            if current["metadata"]["uid"] != uid || !change(&mut current) {
-                return None;
-            }
-            let read_rv = current["metadata"]["resourceVersion"]
-                .as_str()
-                .map(str::to_owned);
-            if let Some(meta) = current["metadata"].as_object_mut() {
-                meta.retain(|_, v| !v.is_null());
-                meta.remove("resourceVersion");
-            }
-            let mut valid = match shoal_state::validate(current, &key.namespace) {
+            let valid = match overlay(&key, uid, current, &mut change)? {
                 Ok(valid) => valid,
                 Err(e) => {
                     warn!(object = %key, error = %e, "controller built an invalid {what}");
                     return None;
                 }
             };
-            valid.resource_version = read_rv;
             match self.replication.write(valid, WriteMode::Update).await {
                 Ok((written, _)) => {
                     info!(object = %key, "controller wrote {what}");
@@ -895,9 +922,24 @@ impl Controllers {
     }
 
     async fn apply(&self, action: Action) {
-        match action {
-            Action::Create(object) | Action::Update(object) if object.is_null() => {}
-            Action::Create(object) => {
+        let rescaled = match &action {
+            Action::Scale {
+                namespace,
+                autoscaler,
+                autoscaler_uid,
+                message,
+                ..
+            } => Some(events::rescaled(
+                namespace,
+                autoscaler,
+                autoscaler_uid,
+                message,
+            )),
+            _ => None,
+        };
+        match write_of(action) {
+            None => {}
+            Some(Write::Create(object)) => {
                 let what = describe(&object);
                 let namespace = namespace_of(&object).to_owned();
                 match shoal_state::validate(object, &namespace) {
@@ -913,41 +955,23 @@ impl Controllers {
                     }
                 }
             }
-            Action::Update(object) => {
-                // Controllers change only owner references, annotations and replicas.
-                let Some(info) = object["apiVersion"]
-                    .as_str()
-                    .and_then(|v| kind::lookup(v, object["kind"].as_str().unwrap_or("")))
-                else {
-                    return;
-                };
-                let key = ObjectKey::new(info, namespace_of(&object), name_of(&object));
+            Some(Write::Over { key, uid, lay }) => {
                 let mut from = None;
                 let written = self
-                    .write_over(key, uid_of(&object), "an update", |current| {
-                        for field in ["ownerReferences", "annotations"] {
-                            current["metadata"][field] = object["metadata"][field].clone();
-                        }
-                        if !object["spec"]["replicas"].is_null() {
-                            from = current["spec"]["replicas"].as_i64();
-                            current["spec"]["replicas"] = object["spec"]["replicas"].clone();
-                        }
+                    .write_over(key, &uid, lay.what(), |current| {
+                        from = lay.apply(current);
                         true
                     })
                     .await;
-                if let (Some(written), Some(from)) = (written, from) {
-                    self.record(events::scaled(&written, from));
+                if let Some(written) = written {
+                    if let Some(event) = rescaled {
+                        self.record(Some(event));
+                    } else if let Some(from) = from {
+                        self.record(events::scaled(&written, from));
+                    }
                 }
             }
-            Action::Delete {
-                kind: kind_name,
-                namespace,
-                name,
-                uid,
-            } => {
-                let Some(key) = key_of(kind_name, &namespace, &name) else {
-                    return;
-                };
+            Some(Write::Delete { key, uid }) => {
                 match self.replication.delete(&key, Some(&uid)).await {
                     Ok(stored) => {
                         info!(object = %key, "controller deleted");
@@ -956,57 +980,156 @@ impl Controllers {
                     Err(e) => debug!(object = %key, error = %e, "controller delete failed"),
                 }
             }
-            Action::Scale {
-                kind: kind_name,
-                namespace,
-                name,
-                uid,
-                replicas,
-                autoscaler,
-                autoscaler_uid,
-                message,
-            } => {
-                let Some(key) = key_of(kind_name, &namespace, &name) else {
-                    return;
-                };
-                let scaled = self
-                    .write_over(key, &uid, "a scale", |current| {
-                        current["spec"]["replicas"] = serde_json::json!(replicas);
-                        true
-                    })
-                    .await;
-                if scaled.is_some() {
-                    self.record(Some(events::rescaled(
-                        &namespace,
-                        &autoscaler,
-                        &autoscaler_uid,
-                        &message,
-                    )));
+        }
+    }
+}
+
+/// A controller's [`Action`] as a store write: what the shell and the partition simulator
+/// both do with one.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Write {
+    /// Validated (defaults, uid and creation time are the store's) and created.
+    Create(Value),
+    /// `lay` laid over the object `key` as stored now, if it is still the incarnation `uid`.
+    Over {
+        key: ObjectKey,
+        uid: String,
+        lay: Lay,
+    },
+    /// The incarnation `uid` of `key` deleted.
+    Delete { key: ObjectKey, uid: String },
+}
+
+/// What a controller changes in an object as stored now; nothing else of it (a binding, a
+/// user's edit, another writer's annotations) is touched.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Lay {
+    /// Owner references and annotations as in this object, and `spec.replicas` if it sets one
+    /// (adoption, release, a Deployment's scaling of its ReplicaSets).
+    Update(Value),
+    /// `spec.replicas` (what the `/scale` subresource changes).
+    Replicas(i64),
+    /// These annotations added (existing keys kept: each is a register of its own).
+    Annotations(BTreeMap<String, String>),
+}
+
+impl Lay {
+    /// Changes `current`; returns its `spec.replicas` before if an [`Lay::Update`] set it.
+    pub fn apply(&self, current: &mut Value) -> Option<i64> {
+        match self {
+            Lay::Update(object) => {
+                for field in ["ownerReferences", "annotations"] {
+                    current["metadata"][field] = object["metadata"][field].clone();
                 }
+                if object["spec"]["replicas"].is_null() {
+                    return None;
+                }
+                let from = current["spec"]["replicas"].as_i64();
+                current["spec"]["replicas"] = object["spec"]["replicas"].clone();
+                from
             }
-            Action::Annotate {
-                kind: kind_name,
-                namespace,
-                name,
-                uid,
-                annotations,
-            } => {
-                let Some(key) = key_of(kind_name, &namespace, &name) else {
-                    return;
-                };
-                self.write_over(key, &uid, "a record", |current| {
-                    if !current["metadata"]["annotations"].is_object() {
-                        current["metadata"]["annotations"] = serde_json::json!({});
-                    }
-                    for (k, v) in &annotations {
-                        current["metadata"]["annotations"][k] = Value::String(v.clone());
-                    }
-                    true
-                })
-                .await;
+            Lay::Replicas(replicas) => {
+                current["spec"]["replicas"] = serde_json::json!(replicas);
+                None
+            }
+            Lay::Annotations(annotations) => {
+                if !current["metadata"]["annotations"].is_object() {
+                    current["metadata"]["annotations"] = serde_json::json!({});
+                }
+                for (k, v) in annotations {
+                    current["metadata"]["annotations"][k] = Value::String(v.clone());
+                }
+                None
             }
         }
     }
+
+    fn what(&self) -> &'static str {
+        match self {
+            Lay::Update(_) => "an update",
+            Lay::Replicas(_) => "a scale",
+            Lay::Annotations(_) => "a record",
+        }
+    }
+}
+
+/// The write `action` asks for (`None`: nothing to write, or a kind controllers do not write).
+pub fn write_of(action: Action) -> Option<Write> {
+    match action {
+        Action::Create(object) | Action::Update(object) if object.is_null() => None,
+        Action::Create(object) => Some(Write::Create(object)),
+        Action::Update(object) => {
+            let info = object["apiVersion"]
+                .as_str()
+                .and_then(|v| kind::lookup(v, object["kind"].as_str().unwrap_or("")))?;
+            let key = ObjectKey::new(info, namespace_of(&object), name_of(&object));
+            let uid = uid_of(&object).to_owned();
+            Some(Write::Over {
+                key,
+                uid,
+                lay: Lay::Update(object),
+            })
+        }
+        Action::Delete {
+            kind,
+            namespace,
+            name,
+            uid,
+        } => Some(Write::Delete {
+            key: key_of(kind, &namespace, &name)?,
+            uid,
+        }),
+        Action::Scale {
+            kind,
+            namespace,
+            name,
+            uid,
+            replicas,
+            ..
+        } => Some(Write::Over {
+            key: key_of(kind, &namespace, &name)?,
+            uid,
+            lay: Lay::Replicas(replicas),
+        }),
+        Action::Annotate {
+            kind,
+            namespace,
+            name,
+            uid,
+            annotations,
+        } => Some(Write::Over {
+            key: key_of(kind, &namespace, &name)?,
+            uid,
+            lay: Lay::Annotations(annotations),
+        }),
+    }
+}
+
+/// `change` laid over `current` (the object `key` as stored now) as the write that replaces
+/// it from the version read (a write in between makes the store refuse it as a conflict).
+/// `None` if `current` is another incarnation than `uid` or `change` declines.
+pub fn overlay(
+    key: &ObjectKey,
+    uid: &str,
+    mut current: Value,
+    change: &mut dyn FnMut(&mut Value) -> bool,
+) -> Option<Result<shoal_state::ValidObject, shoal_state::ObjectError>> {
+    if current["metadata"]["uid"] != uid || !change(&mut current) {
+        return None;
+    }
+    let read_rv = current["metadata"]["resourceVersion"]
+        .as_str()
+        .map(str::to_owned);
+    if let Some(meta) = current["metadata"].as_object_mut() {
+        meta.retain(|_, v| !v.is_null());
+        meta.remove("resourceVersion");
+    }
+    Some(
+        shoal_state::validate(current, &key.namespace).map(|mut valid| {
+            valid.resource_version = read_rv;
+            valid
+        }),
+    )
 }
 
 /// How often the garbage collector runs.
