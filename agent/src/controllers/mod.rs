@@ -8,7 +8,9 @@
 //!
 //! After a partition both sides' owners may have acted; the next reconcile on the healed
 //! cluster removes the surplus in the same deterministic order everywhere
-//! ([`replica_set::removal_rank`]).
+//! ([`replica_set::removal_rank`]). The partition simulator (`partition_sim.rs`, tests) runs
+//! this module's pure core — [`decide`], [`write_of`], [`overlay`], [`garbage_plan`],
+//! [`garbage_writes`] — on both sides of a cut over real stores and checks the healed state.
 
 pub mod cron_job;
 pub mod daemon_set;
@@ -559,7 +561,6 @@ impl Controllers {
     /// this node owns is finished; what a round leaves undone (a failed write, a dependent
     /// still going) the next one does.
     async fn collect_garbage(&self, live: &[u64], now: u64) {
-        use garbage::{Finish, Verdict};
         let alive_names: HashSet<String> = self
             .membership
             .members()
@@ -569,88 +570,33 @@ impl Controllers {
             .map(|m| m.name().to_owned())
             .collect();
         let alive = |name: &str| alive_names.contains(name);
-        let plan = self.replication.read(|s| {
-            let mut objects: Vec<(ObjectKey, Value)> = Vec::new();
-            for k in shoal_state::KINDS {
-                for o in s.list(k.group, k.kind, None) {
-                    let key = ObjectKey::new(
-                        k,
-                        o["metadata"]["namespace"].as_str().unwrap_or(""),
-                        o["metadata"]["name"].as_str().unwrap_or(""),
-                    );
-                    objects.push((key, o));
-                }
-            }
-            let stored = |key: &ObjectKey| (s.get(key), s.deleted(key));
-            let mine = |uid: &str| {
-                crate::scheduler::auction::auctioneer(uid, live.iter().copied())
-                    == Some(self.node_id)
-            };
-            garbage::plan(
-                &objects,
-                &garbage::Round {
-                    stored: &stored,
-                    mine: &mine,
-                    alive: &alive,
-                    synced_ms: s.last_sync_ms(),
-                    now_ms: now,
-                },
-            )
-        });
-        let (dependents, finishing) = (plan.dependents, plan.finishing);
-        for d in dependents {
-            match d.verdict {
-                Verdict::Keep => {}
-                Verdict::DropReferences(uids) => {
-                    self.write_over(d.key, &d.uid, "owner references", |current| {
-                        if let Some(refs) = current["metadata"]["ownerReferences"].as_array_mut() {
-                            refs.retain(|r| {
-                                !uids.iter().any(|u| r["uid"].as_str() == Some(u.as_str()))
-                            });
+        let plan = self
+            .replication
+            .read(|s| garbage_plan(s, self.node_id, live, &alive, now));
+        for step in garbage_writes(plan, &now_rfc3339()) {
+            match step.write {
+                Write::Over { key, uid, lay } => {
+                    let written = self
+                        .write_over(key.clone(), &uid, lay.what(), |current| lay.apply(current))
+                        .await;
+                    if step.then_delete && written.is_some_and(|w| !has_finalizers(&w)) {
+                        match self.replication.delete(&key, Some(&uid)).await {
+                            Ok(_) => info!(object = %key, "finalized and deleted"),
+                            Err(e) => debug!(object = %key, error = %e, "not deleted yet"),
                         }
-                        true
-                    })
-                    .await;
+                    }
                 }
-                // It has dependents that block it: it waits for them, as its owner waits.
-                Verdict::Delete { foreground: true } if d.blocked_by_own => {
-                    self.write_over(d.key, &d.uid, "a foreground deletion", |current| {
-                        garbage::mark_deleting(current, "Foreground", &now_rfc3339())
-                    })
-                    .await;
-                }
-                Verdict::Delete { .. } => match self.replication.delete(&d.key, Some(&d.uid)).await
+                Write::Delete { key, uid } => match self.replication.delete(&key, Some(&uid)).await
                 {
                     Ok(stored) => {
-                        info!(object = %d.key, "garbage collected");
-                        self.record(events::deleted(&stored));
-                    }
-                    Err(e) => debug!(object = %d.key, error = %e, "garbage not collected"),
-                },
-            }
-        }
-        for (key, uid, step) in finishing {
-            let mut remaining = true;
-            if step == Finish::RemoveForeground {
-                let written = self
-                    .write_over(key.clone(), &uid, "a finalizer removal", |current| {
-                        if let Some(list) = current["metadata"]["finalizers"].as_array_mut() {
-                            list.retain(|f| f != garbage::FOREGROUND);
+                        info!(object = %key, "garbage collected");
+                        if step.announce {
+                            self.record(events::deleted(&stored));
                         }
-                        true
-                    })
-                    .await;
-                remaining = written.is_none_or(|w| {
-                    w["metadata"]["finalizers"]
-                        .as_array()
-                        .is_some_and(|f| !f.is_empty())
-                });
-            }
-            if step == Finish::Delete || !remaining {
-                match self.replication.delete(&key, Some(&uid)).await {
-                    Ok(_) => info!(object = %key, "finalized and deleted"),
-                    Err(e) => debug!(object = %key, error = %e, "not deleted yet"),
-                }
+                    }
+                    Err(e) => debug!(object = %key, error = %e, "garbage not collected"),
+                },
+                Write::Create(_) => {}
             }
         }
     }
@@ -959,8 +905,8 @@ impl Controllers {
                 let mut from = None;
                 let written = self
                     .write_over(key, &uid, lay.what(), |current| {
-                        from = lay.apply(current);
-                        true
+                        from = lay.scales_from(current);
+                        lay.apply(current)
                     })
                     .await;
                 if let Some(written) = written {
@@ -1011,27 +957,27 @@ pub enum Lay {
     Replicas(i64),
     /// These annotations added (existing keys kept: each is a register of its own).
     Annotations(BTreeMap<String, String>),
+    /// The references to these owner uids removed (the garbage collector's orphaning).
+    DropOwners(Vec<String>),
+    /// Marked as being deleted in the foreground at this time ([`garbage::mark_deleting`]).
+    MarkForeground(String),
+    /// This finalizer removed.
+    RemoveFinalizer(&'static str),
 }
 
 impl Lay {
-    /// Changes `current`; returns its `spec.replicas` before if an [`Lay::Update`] set it.
-    pub fn apply(&self, current: &mut Value) -> Option<i64> {
+    /// Changes `current`; false if there is nothing to write.
+    pub fn apply(&self, current: &mut Value) -> bool {
         match self {
             Lay::Update(object) => {
                 for field in ["ownerReferences", "annotations"] {
                     current["metadata"][field] = object["metadata"][field].clone();
                 }
-                if object["spec"]["replicas"].is_null() {
-                    return None;
+                if !object["spec"]["replicas"].is_null() {
+                    current["spec"]["replicas"] = object["spec"]["replicas"].clone();
                 }
-                let from = current["spec"]["replicas"].as_i64();
-                current["spec"]["replicas"] = object["spec"]["replicas"].clone();
-                from
             }
-            Lay::Replicas(replicas) => {
-                current["spec"]["replicas"] = serde_json::json!(replicas);
-                None
-            }
+            Lay::Replicas(replicas) => current["spec"]["replicas"] = serde_json::json!(replicas),
             Lay::Annotations(annotations) => {
                 if !current["metadata"]["annotations"].is_object() {
                     current["metadata"]["annotations"] = serde_json::json!({});
@@ -1039,8 +985,30 @@ impl Lay {
                 for (k, v) in annotations {
                     current["metadata"]["annotations"][k] = Value::String(v.clone());
                 }
-                None
             }
+            Lay::DropOwners(uids) => {
+                if let Some(refs) = current["metadata"]["ownerReferences"].as_array_mut() {
+                    refs.retain(|r| !uids.iter().any(|u| r["uid"].as_str() == Some(u.as_str())));
+                }
+            }
+            Lay::MarkForeground(now) => return garbage::mark_deleting(current, "Foreground", now),
+            Lay::RemoveFinalizer(name) => {
+                if let Some(list) = current["metadata"]["finalizers"].as_array_mut() {
+                    list.retain(|f| f != name);
+                }
+            }
+        }
+        true
+    }
+
+    /// `current`'s `spec.replicas` if this changes it from a Deployment's decision (what the
+    /// `ScalingReplicaSet` Event tells).
+    pub fn scales_from(&self, current: &Value) -> Option<i64> {
+        match self {
+            Lay::Update(object) if !object["spec"]["replicas"].is_null() => {
+                current["spec"]["replicas"].as_i64()
+            }
+            _ => None,
         }
     }
 
@@ -1049,6 +1017,9 @@ impl Lay {
             Lay::Update(_) => "an update",
             Lay::Replicas(_) => "a scale",
             Lay::Annotations(_) => "a record",
+            Lay::DropOwners(_) => "owner references",
+            Lay::MarkForeground(_) => "a foreground deletion",
+            Lay::RemoveFinalizer(_) => "a finalizer removal",
         }
     }
 }
@@ -1130,6 +1101,111 @@ pub fn overlay(
             valid
         }),
     )
+}
+
+/// One round of [`garbage`] collection over every object of `store`, as node `node` sees it
+/// (`live`: the nodes owners are chosen among; `alive`: whether a node of that name is up).
+pub fn garbage_plan(
+    store: &shoal_state::Store,
+    node: u64,
+    live: &[u64],
+    alive: &dyn Fn(&str) -> bool,
+    now_ms: u64,
+) -> garbage::Plan {
+    let mut objects: Vec<(ObjectKey, Value)> = Vec::new();
+    for k in shoal_state::KINDS {
+        for o in store.list(k.group, k.kind, None) {
+            let key = ObjectKey::new(
+                k,
+                o["metadata"]["namespace"].as_str().unwrap_or(""),
+                o["metadata"]["name"].as_str().unwrap_or(""),
+            );
+            objects.push((key, o));
+        }
+    }
+    let stored = |key: &ObjectKey| (store.get(key), store.deleted(key));
+    let mine =
+        |uid: &str| crate::scheduler::auction::auctioneer(uid, live.iter().copied()) == Some(node);
+    garbage::plan(
+        &objects,
+        &garbage::Round {
+            stored: &stored,
+            mine: &mine,
+            alive,
+            synced_ms: store.last_sync_ms(),
+            now_ms,
+        },
+    )
+}
+
+/// One write of a garbage-collection round.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Collect {
+    pub write: Write,
+    /// Then deleted, if the object written has no finalizer left (a foreground deletion whose
+    /// last blocking dependent went).
+    pub then_delete: bool,
+    /// A dependent collected: an Event tells it.
+    pub announce: bool,
+}
+
+/// The writes that carry out `plan` (`now`: the time a foreground deletion is marked with).
+pub fn garbage_writes(plan: garbage::Plan, now: &str) -> Vec<Collect> {
+    use garbage::{Finish, Verdict};
+    let mut writes = Vec::new();
+    let step = |write, then_delete, announce| Collect {
+        write,
+        then_delete,
+        announce,
+    };
+    for d in plan.dependents {
+        let (key, uid) = (d.key, d.uid);
+        match d.verdict {
+            Verdict::Keep => {}
+            Verdict::DropReferences(uids) => writes.push(step(
+                Write::Over {
+                    key,
+                    uid,
+                    lay: Lay::DropOwners(uids),
+                },
+                false,
+                false,
+            )),
+            // It has dependents that block it: it waits for them, as its owner waits.
+            Verdict::Delete { foreground: true } if d.blocked_by_own => writes.push(step(
+                Write::Over {
+                    key,
+                    uid,
+                    lay: Lay::MarkForeground(now.to_owned()),
+                },
+                false,
+                false,
+            )),
+            Verdict::Delete { .. } => writes.push(step(Write::Delete { key, uid }, false, true)),
+        }
+    }
+    for (key, uid, finish) in plan.finishing {
+        match finish {
+            Finish::Nothing => {}
+            Finish::RemoveForeground => writes.push(step(
+                Write::Over {
+                    key,
+                    uid,
+                    lay: Lay::RemoveFinalizer(garbage::FOREGROUND),
+                },
+                true,
+                false,
+            )),
+            Finish::Delete => writes.push(step(Write::Delete { key, uid }, false, false)),
+        }
+    }
+    writes
+}
+
+fn has_finalizers(object: &Value) -> bool {
+    object["metadata"]["finalizers"]
+        .as_array()
+        .is_some_and(|f| !f.is_empty())
 }
 
 /// How often the garbage collector runs.

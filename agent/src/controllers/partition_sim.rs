@@ -18,17 +18,21 @@ use serde_json::{Value, json};
 use shoal_state::{ObjectKey, Store, StoreConfig, WriteMode};
 
 use super::workload::{Phase, PodView, replicas, selector, selects};
-use super::{Snapshot, Write, decide, job, namespace_of, overlay, uid_of, write_of};
+use super::{
+    Snapshot, Write, decide, garbage, garbage_plan, garbage_writes, has_finalizers, job,
+    namespace_of, overlay, uid_of, write_of,
+};
 use crate::scheduler::auction::auctioneer;
 
 /// The simulated epoch (ms).
 const START_MS: u64 = 1_800_000_000_000;
-/// One round: every node's controllers, the kubelets and the scheduler act once.
+/// One round (by default): every node's controllers and garbage collector, the kubelets and
+/// the scheduler act once.
 const ROUND_MS: u64 = 1_000;
 /// Rounds a Job's pod runs before it succeeds.
 const JOB_ROUNDS: u64 = 2;
 /// Rounds the healed cluster gets to settle.
-const SETTLE_ROUNDS: u64 = 60;
+const SETTLE_ROUNDS: u64 = 300;
 
 fn node_name(id: u64) -> String {
     format!("node-{id}")
@@ -104,6 +108,7 @@ struct Sim {
     sides: [(Vec<u64>, Store); 2],
     partitioned: bool,
     now_ms: u64,
+    round_ms: u64,
     round: u64,
     seed: u64,
     kubelets: Kubelets,
@@ -121,6 +126,7 @@ impl Sim {
             sides,
             partitioned: false,
             now_ms: START_MS,
+            round_ms: ROUND_MS,
             round: 0,
             seed: 0x5eed_1234_abcd_ef01,
             kubelets: Kubelets::default(),
@@ -170,13 +176,14 @@ impl Sim {
                 .merge_remote_at(entries, self.now_ms)
                 .expect("merge");
             assert!(outcome.rejected.is_empty(), "{:?}", outcome.rejected);
+            self.sides[to].1.mark_synced(self.now_ms).expect("synced");
         }
     }
 
     /// One round; returns how many writes changed a store.
     fn round(&mut self) -> usize {
         self.round += 1;
-        self.now_ms += ROUND_MS;
+        self.now_ms += self.round_ms;
         let groups: Vec<(usize, Vec<u64>)> = if self.partitioned {
             vec![(0, self.sides[0].0.clone()), (1, self.sides[1].0.clone())]
         } else {
@@ -196,6 +203,7 @@ impl Sim {
                 for action in actions {
                     writes += apply(&mut self.sides[side].1, action, self.now_ms);
                 }
+                writes += collect(&mut self.sides[side].1, node, &live, self.now_ms);
             }
             writes += bind(&mut self.sides[side].1, &live, self.now_ms);
         }
@@ -205,13 +213,15 @@ impl Sim {
         writes
     }
 
-    /// Rounds until more in a row than a Job's pod runs write nothing; panics if the cluster does not settle.
+    /// Rounds until nothing is written for longer than anything waits (a Job's pod runs, the
+    /// garbage collector's grace for a replaced owner's dependents); panics if the cluster
+    /// does not settle.
     fn settle(&mut self) {
+        let wait = (JOB_ROUNDS + 1).max(garbage::REPLACED_GRACE_MS.div_ceil(self.round_ms) + 1);
         let mut quiet = 0;
         for _ in 0..SETTLE_ROUNDS {
             quiet = if self.round() == 0 { quiet + 1 } else { 0 };
-            // A running Job pod writes nothing until it ends: quiet for longer than it runs.
-            if quiet > JOB_ROUNDS + 1 {
+            if quiet > wait {
                 return;
             }
         }
@@ -229,37 +239,67 @@ impl Sim {
     }
 }
 
-/// Writes `action` to `store` as the shell writes it to the replicated store; 1 if that
-/// changed it. A write the store refuses (a delete of a pod already gone, a conflict) is
-/// left, as the shell leaves it, to the next pass.
+/// Writes `action` to `store`; 1 if that changed it.
 fn apply(store: &mut Store, action: super::Action, now_ms: u64) -> usize {
-    let written = match write_of(action) {
-        None => return 0,
-        Some(Write::Create(object)) => {
+    write_of(action).map_or(0, |write| {
+        usize::from(execute(store, write, now_ms).is_some_and(|w| w.change.is_some()))
+    })
+}
+
+/// One round of the garbage collector of `node`, as the shell runs it.
+fn collect(store: &mut Store, node: u64, live: &[u64], now_ms: u64) -> usize {
+    let names: Vec<String> = live.iter().map(|n| node_name(*n)).collect();
+    let alive = |name: &str| names.iter().any(|n| n == name);
+    let plan = garbage_plan(store, node, live, &alive, now_ms);
+    let at = job_time(now_ms);
+    let mut writes = 0;
+    for step in garbage_writes(plan, &at) {
+        let (key, uid) = match &step.write {
+            Write::Over { key, uid, .. } | Write::Delete { key, uid } => (key.clone(), uid.clone()),
+            Write::Create(_) => continue,
+        };
+        let Some(written) = execute(store, step.write, now_ms) else {
+            continue;
+        };
+        writes += usize::from(written.change.is_some());
+        if step.then_delete
+            && !has_finalizers(&written.object)
+            && store.delete_at(&key, Some(&uid), now_ms).is_ok()
+        {
+            writes += 1;
+        }
+    }
+    writes
+}
+
+fn job_time(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+        .to_string()
+}
+
+/// Writes `write` to `store` as the shell writes it to the replicated store. A write the
+/// store refuses (a delete of a pod already gone, a conflict) is left, as the shell leaves
+/// it, to the next pass.
+fn execute(store: &mut Store, write: Write, now_ms: u64) -> Option<shoal_state::Written> {
+    let written = match write {
+        Write::Create(object) => {
             let namespace = namespace_of(&object).to_owned();
             let valid =
                 shoal_state::validate(object, &namespace).expect("controllers build valid objects");
             store.write_at(valid, WriteMode::Create, now_ms)
         }
-        Some(Write::Over { key, uid, lay }) => {
-            let Some(current) = store.get(&key) else {
-                return 0;
-            };
-            let Some(valid) = overlay(&key, &uid, current, &mut |c| {
-                lay.apply(c);
-                true
-            }) else {
-                return 0;
-            };
+        Write::Over { key, uid, lay } => {
+            let current = store.get(&key)?;
+            let valid = overlay(&key, &uid, current, &mut |c| lay.apply(c))?;
             store.write_at(
                 valid.expect("controllers build valid objects"),
                 WriteMode::Update,
                 now_ms,
             )
         }
-        Some(Write::Delete { key, uid }) => store.delete_at(&key, Some(&uid), now_ms),
+        Write::Delete { key, uid } => store.delete_at(&key, Some(&uid), now_ms),
     };
-    written.map_or(0, |w| usize::from(w.change.is_some()))
+    written.ok()
 }
 
 /// The scheduler's part: unbound pods, and pods bound to nodes this side cannot see, are
@@ -328,6 +368,31 @@ fn check(
         .chain(&snapshot.jobs)
         .map(|o| (uid_of(o), o))
         .collect();
+    let stored: BTreeSet<&str> = snapshot
+        .deployments
+        .iter()
+        .chain(&snapshot.replica_sets)
+        .chain(&snapshot.jobs)
+        .chain(&snapshot.cron_jobs)
+        .map(uid_of)
+        .collect();
+    // No object, ended or not, is left to an owner the merge dropped (the garbage collector's).
+    let objects = all_pods
+        .iter()
+        .map(|p| &p.object)
+        .chain(&snapshot.replica_sets)
+        .chain(&snapshot.jobs);
+    for object in objects {
+        if let Some(owner) = super::workload::controller_of(object)
+            && !stored.contains(owner.as_str())
+        {
+            errors.push(format!(
+                "{} {} names the controller {owner}, which is not stored",
+                object["kind"].as_str().unwrap_or("object"),
+                name(object)
+            ));
+        }
+    }
     for pod in all_pods.iter().filter(|p| p.is_active()) {
         match pod.controller_uid.as_deref() {
             Some(uid) if owners.contains_key(uid) => {}
@@ -452,6 +517,33 @@ fn check(
                 name(j),
                 status["completedIndexes"]
             ));
+        }
+    }
+    // Each CronJob: one Job per scheduled time, none missed between its first and its last.
+    for cj in &snapshot.cron_jobs {
+        let mut times: Vec<u64> = snapshot
+            .jobs
+            .iter()
+            .filter(|j| super::workload::controller_of(j).as_deref() == Some(uid_of(cj)))
+            .filter_map(|j| {
+                let at = j["metadata"]["annotations"][super::cron_job::SCHEDULED_KEY].as_str()?;
+                humantime::parse_rfc3339(at).ok()
+            })
+            .filter_map(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_millis() as u64)
+            .collect();
+        times.sort_unstable();
+        let schedule = super::cron_job::schedule(cj).map_err(|(_, e)| e)?;
+        for pair in times.windows(2) {
+            if schedule.next(pair[0]) != Some(pair[1]) {
+                errors.push(format!(
+                    "CronJob {}: Jobs scheduled at {} and then {} (expected {:?})",
+                    name(cj),
+                    pair[0],
+                    pair[1],
+                    schedule.next(pair[0])
+                ));
+            }
         }
     }
     if errors.is_empty() {
@@ -692,4 +784,80 @@ fn the_checker_names_each_violation() {
         error.contains("ReplicaSet default/web has 3 active pods"),
         "{error}"
     );
+}
+
+#[test]
+fn a_cron_job_scheduled_on_both_sides_keeps_one_job_per_time() {
+    let mut sim = Sim::new();
+    sim.round_ms = 10_000;
+    sim.user_write(
+        0,
+        json!({"apiVersion": "batch/v1", "kind": "CronJob",
+            "metadata": {"name": "tick", "namespace": "default"},
+            "spec": {"schedule": "*/1 * * * *", "successfulJobsHistoryLimit": 20,
+                "jobTemplate": {"spec": {"template": {"spec": {"restartPolicy": "Never",
+                    "containers": [{"name": "c", "image": "busybox"}]}}}}}}),
+        WriteMode::Create,
+    );
+    for _ in 0..9 {
+        sim.round();
+    }
+    // Cut for three and a half scheduled times: each side starts its own Job of each, under
+    // the same name.
+    sim.partitioned = true;
+    for _ in 0..21 {
+        sim.round();
+    }
+    let jobs = |store: &Store| -> Vec<(String, String)> {
+        store
+            .list("batch", "Job", None)
+            .iter()
+            .map(|j| (super::name_of(j).to_owned(), uid_of(j).to_owned()))
+            .collect()
+    };
+    let (a, b) = (jobs(&sim.sides[0].1), jobs(&sim.sides[1].1));
+    let names = |jobs: &[(String, String)]| jobs.iter().map(|j| j.0.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&a), names(&b), "the same Jobs by name on both sides");
+    assert_eq!(a.len(), 5);
+    assert!(a.iter().zip(&b).filter(|(x, y)| x.1 != y.1).count() >= 3);
+    sim.partitioned = false;
+    sim.sync();
+    // The merge kept one incarnation of each Job: the other's pods name a dropped owner.
+    let error = sim.check().unwrap_err();
+    assert!(error.contains("which is not stored"), "{error}");
+    let key = key("batch/v1", "CronJob", "tick");
+    sim.user_edit(0, &key, |cj| cj["spec"]["suspend"] = json!(true));
+    sim.sync();
+    sim.settle();
+    sim.check().unwrap();
+    assert_eq!(sim.sides[0].1.list("batch", "Job", None).len(), 5);
+}
+
+/// Every workload at once, cut at different moments for different lengths, with different
+/// names drawn: each heals to the invariants.
+#[test]
+fn cuts_at_any_moment_heal_to_the_invariants() {
+    for case in 0..12u64 {
+        let mut sim = Sim::new();
+        sim.seed ^= case.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        sim.user_write(0, replica_set("web", 3), WriteMode::Create);
+        sim.user_write(0, deployment("api", 3), WriteMode::Create);
+        sim.user_write(0, batch_job("batch", 4, 2, false), WriteMode::Create);
+        sim.user_write(0, batch_job("indexed", 4, 2, true), WriteMode::Create);
+        for _ in 0..case % 4 {
+            sim.round();
+        }
+        sim.partitioned = true;
+        let side = (case % 2) as usize;
+        sim.user_edit(side, &key("apps/v1", "ReplicaSet", "web"), |rs| {
+            rs["spec"]["replicas"] = json!(1 + case % 5)
+        });
+        for _ in 0..3 + case {
+            sim.round();
+        }
+        sim.partitioned = false;
+        sim.sync();
+        sim.settle();
+        sim.check().unwrap_or_else(|e| panic!("case {case}: {e}"));
+    }
 }
