@@ -1,10 +1,12 @@
 //! Reconcile cost of one controller pass on one agent: N ReplicaSets of R replicas in one
 //! namespace (N × R pods, all bound, running and ready — the steady state, where a pass decides
-//! nothing) run through the same pure `replica_set::reconcile` the agent's loop calls, on the
-//! same candidates (`Snapshot::replica_set_candidates`: its own pods and the orphans), after
-//! building the pods' views from their JSON objects and gossiped statuses and grouping them as
-//! `Snapshot::read` does. Reports CPU time and heap allocations per pass; the pass runs at most once per
-//! `debounce` (50 ms) and at least once per `resync` (1 s).
+//! nothing), held in a real store (`shoal_state::Store`, loaded in one merge) and run through
+//! the code the agent's loop runs: `Snapshot::list` under the store lock, `Snapshot::from_listed`
+//! (pod views with their gossiped statuses, grouped by owner) and `controllers::decide` with
+//! this node owning every object (the worst case). Then one garbage-collection round,
+//! `controllers::garbage_plan` over the same store (what the agent runs every 2 s). Reports CPU
+//! time and heap allocations; the pass runs at most once per `debounce` (50 ms) and at least
+//! once per `resync` (1 s).
 //!
 //! Usage: cargo run --release -p shoal-chaos --bin reconcile-bench -- --replica-sets 1000 --replicas 10
 
@@ -13,8 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use clap::Parser;
 use serde_json::{Value, json};
-use shoal_agent::controllers::workload::PodView;
-use shoal_agent::controllers::{Snapshot, garbage, replica_set};
+use shoal_agent::controllers::{Snapshot, decide, garbage_plan};
+use shoal_state::{ObjectState, Stamp, Store, StoreConfig, WireEntry, hlc::Timestamp};
 
 /// The system allocator, counting allocations.
 struct Counting;
@@ -51,27 +53,39 @@ struct Args {
     passes: usize,
 }
 
+/// When the objects were written (ms since the epoch), and "now" for the pass.
+const NOW_MS: u64 = 1_800_000_000_000;
+
 fn replica_set(i: usize, replicas: usize) -> Value {
     json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
-        "metadata": {"name": format!("web{i}"), "namespace": "default", "uid": format!("rs{i}"),
-            "generation": 1, "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "metadata": {"name": format!("web{i}"), "namespace": "default"},
         "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": format!("web{i}")}},
             "template": {"metadata": {"labels": {"app": format!("web{i}")}},
                 "spec": {"containers": [{"name": "web", "image": "shoal.local/httpd:1"}]}}}})
 }
 
-fn pod(rs: usize, j: usize) -> (Value, Value) {
-    let object = json!({"apiVersion": "v1", "kind": "Pod",
+fn pod(rs: usize, j: usize) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": format!("web{rs}-{j:05}"), "namespace": "default",
-            "uid": format!("p{rs}-{j}"), "labels": {"app": format!("web{rs}")},
-            "creationTimestamp": "2026-01-01T00:00:01Z",
+            "labels": {"app": format!("web{rs}")},
             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                "name": format!("web{rs}"), "uid": format!("rs{rs}"), "controller": true}]},
+                "name": format!("web{rs}"), "uid": format!("rs{rs}"), "controller": true,
+                "blockOwnerDeletion": true}]},
         "spec": {"nodeName": format!("n{}", j % 3),
-            "containers": [{"name": "web", "image": "shoal.local/httpd:1"}]}});
-    let status = json!({"phase": "Running",
-        "conditions": [{"type": "Ready", "status": "True"}]});
-    (object, status)
+            "containers": [{"name": "web", "image": "shoal.local/httpd:1"}]}})
+}
+
+/// The store's entry of `object` under `uid`, as a peer would send it.
+fn entry(object: Value, uid: String) -> WireEntry {
+    let valid = shoal_state::validate(object, "default").expect("a valid object");
+    let stamp = Stamp {
+        time: Timestamp::new(NOW_MS, 0),
+        node: 1,
+    };
+    WireEntry {
+        key: valid.key,
+        state: ObjectState::create(uid, stamp, &valid.body),
+    }
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -93,111 +107,70 @@ fn thread_cpu() -> f64 {
 
 fn main() {
     let args = Args::parse();
-    let sets: Vec<Value> = (0..args.replica_sets)
-        .map(|i| replica_set(i, args.replicas))
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut store = Store::open(StoreConfig::new(dir.path().join("state"), 1)).expect("store");
+    let entries: Vec<WireEntry> = (0..args.replica_sets)
+        .flat_map(|i| {
+            std::iter::once(entry(replica_set(i, args.replicas), format!("rs{i}")))
+                .chain((0..args.replicas).map(move |j| entry(pod(i, j), format!("p{i}-{j}"))))
+        })
         .collect();
-    let pods: Vec<(Value, Value)> = (0..args.replica_sets)
-        .flat_map(|i| (0..args.replicas).map(move |j| pod(i, j)))
-        .collect();
+    let objects = entries.len();
+    let outcome = store.merge_remote_at(entries, NOW_MS).expect("loaded");
+    assert!(outcome.rejected.is_empty(), "{:?}", outcome.rejected);
+    let status = json!({"phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True"}]});
+    let live = [1u64];
     let mut random = || 0u64;
-    let (mut views_cpu, mut reconcile_cpu, mut allocations, mut bytes) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut decided = 0;
+    let (mut list_cpu, mut views_cpu, mut decide_cpu, mut allocations, mut bytes) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..args.passes {
-        // What the store's list hands over (its copy is the store's cost, not the pass's).
-        let (listed, listed_sets): (Vec<(Value, Value)>, Vec<Value>) = (pods.clone(), sets.clone());
         let (a0, b0) = (
             ALLOCATIONS.load(Ordering::Relaxed),
             ALLOCATED.load(Ordering::Relaxed),
         );
         let t0 = thread_cpu();
-        let views: Vec<PodView> = listed
-            .into_iter()
-            .map(|(object, status)| PodView::from_object(object, Some(&status)))
-            .collect();
-        let snapshot = Snapshot {
-            deployments: Vec::new(),
-            replica_sets: listed_sets,
-            jobs: Vec::new(),
-            cron_jobs: Vec::new(),
-            autoscalers: Vec::new(),
-            pods: Snapshot::group(views),
-        };
+        let listed = Snapshot::list(&store);
         let t1 = thread_cpu();
-        let mut actions = 0;
-        for rs in &snapshot.replica_sets {
-            actions +=
-                replica_set::reconcile(rs, snapshot.replica_set_candidates(rs), &mut random).len();
-        }
+        let snapshot = Snapshot::from_listed(listed, |_| Some(status.clone()));
         let t2 = thread_cpu();
-        views_cpu.push(t1 - t0);
-        reconcile_cpu.push(t2 - t1);
+        let actions = decide(&snapshot, &|_| true, NOW_MS, &mut random);
+        let t3 = thread_cpu();
+        assert!(
+            actions.is_empty(),
+            "the steady state needs no action: {actions:?}"
+        );
+        list_cpu.push(t1 - t0);
+        views_cpu.push(t2 - t1);
+        decide_cpu.push(t3 - t2);
         allocations.push((ALLOCATIONS.load(Ordering::Relaxed) - a0) as f64);
         bytes.push((ALLOCATED.load(Ordering::Relaxed) - b0) as f64);
-        decided = actions;
         drop(snapshot);
     }
-    assert_eq!(decided, 0, "the steady state needs no action");
-    let (views, reconcile) = (median(views_cpu), median(reconcile_cpu));
+    let (list, views, decided) = (median(list_cpu), median(views_cpu), median(decide_cpu));
     println!(
-        "| ReplicaSets | pods | pod views built and grouped (CPU) | reconcile of every ReplicaSet (CPU) | pass total (CPU) | allocations per pass | bytes allocated per pass |"
+        "| ReplicaSets | pods | list (store lock held) | views built and grouped | decide | pass total | allocations per pass | bytes allocated per pass |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     println!(
-        "| {} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.0} | {:.1} MB |",
+        "| {} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.0} | {:.1} MB |",
         args.replica_sets,
-        pods.len(),
+        args.replica_sets * args.replicas,
+        list * 1e3,
         views * 1e3,
-        reconcile * 1e3,
-        (views + reconcile) * 1e3,
+        decided * 1e3,
+        (list + views + decided) * 1e3,
         median(allocations),
         median(bytes) / 1e6,
     );
-    garbage_round(&sets, &pods, args.passes);
-}
 
-/// One garbage collector round ([`garbage::plan`], what the agent runs every 2 s) over the same
-/// objects, with this node owning every one (the worst case) and every owner alive: nothing to
-/// do, every dependent judged. The store's listing and copying of the objects, done under its
-/// lock before the round, is not included.
-fn garbage_round(sets: &[Value], pods: &[(Value, Value)], passes: usize) {
-    let rs_kind = shoal_state::kind::lookup("apps/v1", "ReplicaSet").expect("a stored kind");
-    let pod_kind = shoal_state::kind::lookup("v1", "Pod").expect("a stored kind");
-    let key = |kind, o: &Value| {
-        shoal_state::ObjectKey::new(
-            kind,
-            o["metadata"]["namespace"].as_str().unwrap_or(""),
-            o["metadata"]["name"].as_str().unwrap_or(""),
-        )
-    };
-    let by_key: std::collections::HashMap<shoal_state::ObjectKey, Value> = sets
-        .iter()
-        .map(|rs| (key(rs_kind, rs), rs.clone()))
-        .collect();
-    let objects: Vec<(shoal_state::ObjectKey, Value)> = sets
-        .iter()
-        .map(|rs| (key(rs_kind, rs), rs.clone()))
-        .chain(pods.iter().map(|(p, _)| {
-            let mut p = p.clone();
-            p["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] = json!(true);
-            (key(pod_kind, &p), p)
-        }))
-        .collect();
-    let stored = |k: &shoal_state::ObjectKey| (by_key.get(k).cloned(), None);
+    // One garbage collector round over the same store, this node owning every object and
+    // every node alive: nothing to do, every dependent judged.
     let (mut cpu, mut allocations) = (Vec::new(), Vec::new());
-    for _ in 0..passes {
+    for _ in 0..args.passes {
         let a0 = ALLOCATIONS.load(Ordering::Relaxed);
         let t0 = thread_cpu();
-        let plan = garbage::plan(
-            &objects,
-            &garbage::Round {
-                stored: &stored,
-                mine: &|_| true,
-                alive: &|_| true,
-                synced_ms: 0,
-                now_ms: 1_800_000_000_000,
-            },
-        );
+        let plan = garbage_plan(&store, 1, &live, &|_| true, NOW_MS);
         cpu.push(thread_cpu() - t0);
         allocations.push((ALLOCATIONS.load(Ordering::Relaxed) - a0) as f64);
         assert!(
@@ -206,11 +179,12 @@ fn garbage_round(sets: &[Value], pods: &[(Value, Value)], passes: usize) {
         );
     }
     println!();
-    println!("| objects | garbage round (CPU) | allocations per round |");
+    println!(
+        "| objects | garbage round: list every kind and plan (store lock held) | allocations per round |"
+    );
     println!("|---|---|---|");
     println!(
-        "| {} | {:.1} ms | {:.0} |",
-        objects.len(),
+        "| {objects} | {:.1} ms | {:.0} |",
         median(cpu) * 1e3,
         median(allocations)
     );
