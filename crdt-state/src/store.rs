@@ -869,14 +869,20 @@ impl Store {
 
     /// Live objects of one kind (`group`, `kind`), optionally in one namespace, in key order.
     pub fn list(&self, group: &str, kind: &str, namespace: Option<&str>) -> Vec<Value> {
+        // Keys sort by (group, kind, namespace, name): the kind's (and namespace's) objects are
+        // one range, read without visiting the others.
+        let first = ObjectKey {
+            group: group.to_owned(),
+            kind: kind.to_owned(),
+            namespace: namespace.unwrap_or_default().to_owned(),
+            name: String::new(),
+        };
         self.entries
-            .iter()
-            .filter(|(k, e)| {
-                k.group == group
-                    && k.kind == kind
-                    && namespace.is_none_or(|ns| k.namespace == ns)
-                    && !e.state.is_deleted()
+            .range(first..)
+            .take_while(|(k, _)| {
+                k.group == group && k.kind == kind && namespace.is_none_or(|ns| k.namespace == ns)
             })
+            .filter(|(_, e)| !e.state.is_deleted())
             .map(|(k, e)| Self::present(k, e))
             .collect()
     }

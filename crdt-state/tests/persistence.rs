@@ -359,3 +359,68 @@ fn a_full_disk_fails_writes_and_the_store_writes_again_once_space_is_back() {
         assert!(store.get(&key(name)).is_some(), "{name} survived a restart");
     }
 }
+
+/// A list reads one kind's range of keys: exactly that kind's live objects (not a kind whose
+/// name it prefixes, nor a namespace whose name it prefixes, nor a deleted one), in key order.
+#[test]
+fn a_list_returns_exactly_its_kind_and_namespace() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path(), "a", 1);
+    let objects = [
+        ("v1", "Pod", "a", "p1"),
+        ("v1", "Pod", "ab", "p2"),
+        ("v1", "Pod", "a", "p0"),
+        ("v1", "Service", "a", "s1"),
+        ("v1", "ServiceAccount", "a", "sa1"),
+        ("v1", "ConfigMap", "a", "c1"),
+        ("apps/v1", "ReplicaSet", "a", "r1"),
+        ("v1", "Pod", "b", "gone"),
+    ];
+    for (api_version, kind_name, namespace, name) in objects {
+        let mut body = serde_json::json!({"apiVersion": api_version, "kind": kind_name,
+            "metadata": {"name": name, "namespace": namespace}});
+        match kind_name {
+            "Pod" => {
+                body["spec"] = serde_json::json!({"containers": [{"name": "c", "image": "i"}]})
+            }
+            "Service" => body["spec"] = serde_json::json!({"ports": [{"port": 80}]}),
+            "ReplicaSet" => {
+                body["spec"] = serde_json::json!({"selector": {"matchLabels": {"a": "b"}},
+                    "template": {"metadata": {"labels": {"a": "b"}},
+                        "spec": {"containers": [{"name": "c", "image": "i"}]}}})
+            }
+            _ => {}
+        }
+        let valid = shoal_state::validate(body, namespace).unwrap();
+        store.write_at(valid, WriteMode::Create, T0).unwrap();
+    }
+    let pod = kind::lookup("v1", "Pod").unwrap();
+    store
+        .delete_at(&ObjectKey::new(pod, "b", "gone"), None, T0 + 1)
+        .unwrap();
+    let names = |list: Vec<serde_json::Value>| -> Vec<String> {
+        list.iter()
+            .map(|o| {
+                format!(
+                    "{}/{}",
+                    o["metadata"]["namespace"].as_str().unwrap(),
+                    o["metadata"]["name"].as_str().unwrap()
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        names(store.list("", "Pod", None)),
+        ["a/p0", "a/p1", "ab/p2"]
+    );
+    assert_eq!(names(store.list("", "Pod", Some("a"))), ["a/p0", "a/p1"]);
+    assert_eq!(names(store.list("", "Pod", Some("ab"))), ["ab/p2"]);
+    assert!(store.list("", "Pod", Some("b")).is_empty());
+    assert_eq!(names(store.list("", "Service", None)), ["a/s1"]);
+    assert_eq!(
+        names(store.list("", "ServiceAccount", Some("a"))),
+        ["a/sa1"]
+    );
+    assert_eq!(names(store.list("apps", "ReplicaSet", Some("a"))), ["a/r1"]);
+    assert!(store.list("apps", "Deployment", None).is_empty());
+}

@@ -305,6 +305,24 @@ pub fn owner_references(object: &Value) -> Vec<(&Value, bool)> {
         .collect()
 }
 
+/// The store key of the owner `reference` of the dependent stored under `dependent` (`None`
+/// for a kind this agent does not store).
+pub fn owner_key(reference: &Value, dependent: &ObjectKey) -> Option<ObjectKey> {
+    let info = kind::lookup(
+        reference["apiVersion"].as_str()?,
+        reference["kind"].as_str().unwrap_or(""),
+    )?;
+    Some(ObjectKey::new(
+        info,
+        if info.namespaced {
+            &dependent.namespace
+        } else {
+            ""
+        },
+        reference["name"].as_str().unwrap_or(""),
+    ))
+}
+
 /// The live object (as stored) and the tombstone under a key.
 pub type Stored<'a> = &'a dyn Fn(&ObjectKey) -> (Option<Value>, Option<Value>);
 
@@ -374,17 +392,7 @@ pub fn plan(objects: &[(ObjectKey, Value)], round: &Round) -> Plan {
             .iter()
             .map(|(r, _)| {
                 let owner_uid = r["uid"].as_str().unwrap_or("").to_owned();
-                let owner_key = r["apiVersion"]
-                    .as_str()
-                    .and_then(|v| kind::lookup(v, r["kind"].as_str().unwrap_or("")))
-                    .map(|info| {
-                        ObjectKey::new(
-                            info,
-                            if info.namespaced { &key.namespace } else { "" },
-                            r["name"].as_str().unwrap_or(""),
-                        )
-                    });
-                let owner = match owner_key {
+                let owner = match owner_key(r, key) {
                     Some(owner_key) => {
                         let (live, gone) = owners.entry(owner_key.clone()).or_insert_with(|| {
                             let (mut live, gone) = (round.stored)(&owner_key);

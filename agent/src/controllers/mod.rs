@@ -569,10 +569,18 @@ impl Controllers {
             .filter(|m| m.is_self || matches!(m.state, MemberState::Alive | MemberState::Suspect))
             .map(|m| m.name().to_owned())
             .collect();
-        let alive = |name: &str| alive_names.contains(name);
-        let plan = self
-            .replication
-            .read(|s| garbage_plan(s, self.node_id, live, &alive, now));
+        // The store's lock is held for the copy only; the round runs off the async workers.
+        let read = self.replication.read(GarbageRead::of);
+        let (node, live) = (self.node_id, live.to_vec());
+        let planned = tokio::task::spawn_blocking(move || {
+            let alive = |name: &str| alive_names.contains(name);
+            garbage_plan(&read, node, &live, &alive, now)
+        })
+        .await;
+        let Ok(plan) = planned else {
+            warn!("the garbage collector's round panicked; the next one runs as usual");
+            return;
+        };
         for step in garbage_writes(plan, &now_rfc3339()) {
             match step.write {
                 Write::Over { key, uid, lay } => {
@@ -1103,36 +1111,73 @@ pub fn overlay(
     )
 }
 
-/// One round of [`garbage`] collection over every object of `store`, as node `node` sees it
+/// What a round of [`garbage`] collection reads from the store, under its lock: every object,
+/// the tombstones of the owners they name that are not live, and when the store last synced.
+/// The round itself ([`garbage_plan`]) runs after the lock is released.
+pub struct GarbageRead {
+    objects: Vec<(ObjectKey, Value)>,
+    tombstones: std::collections::HashMap<ObjectKey, Value>,
+    synced_ms: u64,
+}
+
+impl GarbageRead {
+    pub fn of(store: &shoal_state::Store) -> Self {
+        let mut objects: Vec<(ObjectKey, Value)> = Vec::new();
+        for k in shoal_state::KINDS {
+            for o in store.list(k.group, k.kind, None) {
+                let key = ObjectKey::new(
+                    k,
+                    o["metadata"]["namespace"].as_str().unwrap_or(""),
+                    o["metadata"]["name"].as_str().unwrap_or(""),
+                );
+                objects.push((key, o));
+            }
+        }
+        let mut tombstones = std::collections::HashMap::new();
+        for (key, o) in &objects {
+            for (reference, _) in garbage::owner_references(o) {
+                if let Some(owner) = garbage::owner_key(reference, key)
+                    && !tombstones.contains_key(&owner)
+                    && let Some(tombstone) = store.deleted(&owner)
+                {
+                    tombstones.insert(owner, tombstone);
+                }
+            }
+        }
+        Self {
+            objects,
+            tombstones,
+            synced_ms: store.last_sync_ms(),
+        }
+    }
+}
+
+/// One round of [`garbage`] collection over what `read` holds, as node `node` sees it
 /// (`live`: the nodes owners are chosen among; `alive`: whether a node of that name is up).
 pub fn garbage_plan(
-    store: &shoal_state::Store,
+    read: &GarbageRead,
     node: u64,
     live: &[u64],
     alive: &dyn Fn(&str) -> bool,
     now_ms: u64,
 ) -> garbage::Plan {
-    let mut objects: Vec<(ObjectKey, Value)> = Vec::new();
-    for k in shoal_state::KINDS {
-        for o in store.list(k.group, k.kind, None) {
-            let key = ObjectKey::new(
-                k,
-                o["metadata"]["namespace"].as_str().unwrap_or(""),
-                o["metadata"]["name"].as_str().unwrap_or(""),
-            );
-            objects.push((key, o));
-        }
-    }
-    let stored = |key: &ObjectKey| (store.get(key), store.deleted(key));
+    let live_objects: std::collections::HashMap<&ObjectKey, &Value> =
+        read.objects.iter().map(|(key, o)| (key, o)).collect();
+    let stored = |key: &ObjectKey| {
+        (
+            live_objects.get(key).map(|o| (*o).clone()),
+            read.tombstones.get(key).cloned(),
+        )
+    };
     let mine =
         |uid: &str| crate::scheduler::auction::auctioneer(uid, live.iter().copied()) == Some(node);
     garbage::plan(
-        &objects,
+        &read.objects,
         &garbage::Round {
             stored: &stored,
             mine: &mine,
             alive,
-            synced_ms: store.last_sync_ms(),
+            synced_ms: read.synced_ms,
             now_ms,
         },
     )

@@ -19,8 +19,8 @@ use shoal_state::{ObjectKey, Store, StoreConfig, WriteMode};
 
 use super::workload::{Phase, PodView, replicas, selector, selects};
 use super::{
-    Snapshot, Write, decide, garbage, garbage_plan, garbage_writes, has_finalizers, job,
-    namespace_of, overlay, uid_of, write_of,
+    GarbageRead, Snapshot, Write, decide, garbage, garbage_plan, garbage_writes, has_finalizers,
+    job, namespace_of, overlay, uid_of, write_of,
 };
 use crate::scheduler::auction::auctioneer;
 
@@ -250,7 +250,7 @@ fn apply(store: &mut Store, action: super::Action, now_ms: u64) -> usize {
 fn collect(store: &mut Store, node: u64, live: &[u64], now_ms: u64) -> usize {
     let names: Vec<String> = live.iter().map(|n| node_name(*n)).collect();
     let alive = |name: &str| names.iter().any(|n| n == name);
-    let plan = garbage_plan(store, node, live, &alive, now_ms);
+    let plan = garbage_plan(&GarbageRead::of(store), node, live, &alive, now_ms);
     let at = job_time(now_ms);
     let mut writes = 0;
     for step in garbage_writes(plan, &at) {
