@@ -191,12 +191,20 @@ async fn fenced_pods_move_only_on_the_majority_side_and_only_later() {
     )
     .await
     .unwrap();
-    tokio::time::sleep(Duration::from_secs(7)).await;
-    assert_eq!(
-        node_of(minor, "fenced-n0").await,
-        "n0",
-        "a side without a majority never replaces a fenced pod"
-    );
+    // Watched, not looked at once: for longer than the majority's fenced delay (5.2 s) after
+    // the minority's auction has acted, every observation shows the fenced pod still bound to
+    // n0 (a replacement that came and went would be caught too).
+    let watch_until = Instant::now() + Duration::from_secs(7);
+    let mut observations = 0;
+    while Instant::now() < watch_until {
+        assert_eq!(
+            node_of(minor, "fenced-n0").await,
+            "n0",
+            "a side without a majority never replaces a fenced pod (observation {observations})"
+        );
+        observations += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     lab.heal().unwrap();
     wait_for_identical_digests(&agents.iter().collect::<Vec<_>>(), LIMIT)

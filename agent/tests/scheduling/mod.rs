@@ -243,10 +243,20 @@ async fn daemonset_pods_are_claimed_by_each_matching_node() {
         .await
         .unwrap();
     }
-    // No pod for the node that does not match, and no auction moved anything.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let (ok, _, _) = api.kubectl(0, &["get", "pod", "agent-n2"]);
-    assert!(!ok, "n2 (zone b) must not claim a pod");
+    // No pod for the node that does not match, and no auction moved anything: watched over
+    // more than one resync of n2's claims (every observation, not one look after a sleep).
+    let watch_until = std::time::Instant::now() + Duration::from_millis(1500);
+    while std::time::Instant::now() < watch_until {
+        let (ok, _, _) = api.kubectl(0, &["get", "pod", "agent-n2"]);
+        assert!(!ok, "n2 (zone b) must not claim a pod");
+        for node in ["n0", "n1"] {
+            assert_eq!(
+                node_of(&api, 2, &format!("agent-{node}")),
+                node,
+                "no auction moves a DaemonSet pod"
+            );
+        }
+    }
     let owners = api.ok(
         1,
         &[
