@@ -2,7 +2,8 @@
 //! and the usage their nodes sample (what `kubectl top` shows), the replica count the target
 //! should have — Kubernetes' algorithm (`pkg/controller/podautoscaler`): the usage ratio with a
 //! 10% tolerance, pods without metrics and unready pods filled in on the side that dampens the
-//! change, the largest proposal over the metrics, the scale-down stabilisation window, the
+//! change (for CPU, a pod's sample counts once it ran ready for a sample window within its
+//! first 5 minutes, [`cpu_unready`]), the largest proposal over the metrics, the scale-down stabilisation window, the
 //! scale-up/-down rate policies of `spec.behavior` (or, without one, the legacy limit of
 //! max(2 × current, 4)), and `minReplicas`/`maxReplicas`. Only the target's `spec.replicas`
 //! changes ([`Action::Scale`], the `/scale` subresource's field).
@@ -518,12 +519,39 @@ impl Memory {
 /// A condition of the status: (type, status, reason, message).
 type Condition = (&'static str, bool, &'static str, String);
 
+/// Kubernetes' `--horizontal-pod-autoscaler-cpu-initialization-period`: for this long after a
+/// pod starts its CPU sample counts only once it has been ready for a whole sample window.
+pub const CPU_INITIALIZATION_PERIOD_MS: u64 = 300_000;
+
+/// Kubernetes' `--horizontal-pod-autoscaler-initial-readiness-delay`: after the initialization
+/// period, an unready pod's sample is ignored only if it has not been ready since this long
+/// after its start (it never became ready); one that became unready later counts.
+pub const INITIAL_READINESS_DELAY_MS: u64 = 30_000;
+
+/// The window of a usage sample: each node samples its pods' CPU every second
+/// (`kubelet::metrics`), a rate over the second before.
+pub const SAMPLE_WINDOW_MS: u64 = 1_000;
+
+/// Whether `pod`'s CPU sample at `now_ms` may not be the usage of a running, ready pod (start-up
+/// CPU is not load): Kubernetes' rule. Without a start time or a Ready condition it is unready.
+pub fn cpu_unready(pod: &PodView, now_ms: u64) -> bool {
+    let (Some(started), Some(changed)) = (pod.started_ms, pod.ready_changed_ms) else {
+        return true;
+    };
+    if now_ms < started.saturating_add(CPU_INITIALIZATION_PERIOD_MS) {
+        !pod.ready || now_ms < changed.saturating_add(SAMPLE_WINDOW_MS)
+    } else {
+        !pod.ready && started.saturating_add(INITIAL_READINESS_DELAY_MS) > changed
+    }
+}
+
 /// One metric's proposal: replicas, and its `currentMetrics` entry.
 fn propose(
     metric: &Metric,
     current: i64,
     pods: &[&PodView],
     usage: &HashMap<String, Usage>,
+    now_ms: u64,
 ) -> Result<(i64, Value), String> {
     let resource = metric.resource;
     // Requests summed over containers; Kubernetes refuses a container without one.
@@ -558,8 +586,9 @@ fn propose(
         }
         requests.insert(&pod.uid, total);
     }
-    // Kubernetes' groupPods: deleted and failed pods are ignored, pending pods (and for CPU
-    // pods not ready) are unready, pods without a sample are missing.
+    // Kubernetes' groupPods: deleted and ended pods are ignored, pending pods are unready,
+    // pods without a sample are missing, and for CPU pods whose sample may not show them
+    // running ready are unready ([`cpu_unready`]).
     let mut samples: HashMap<&str, u64> = HashMap::new();
     let mut ready_count = 0i64;
     let mut unready = Vec::new();
@@ -573,18 +602,20 @@ fn propose(
         {
             continue;
         }
-        if pod.phase == super::workload::Phase::Pending || (resource == Resource::Cpu && !pod.ready)
-        {
+        if pod.phase == super::workload::Phase::Pending {
             unready.push(pod.uid.as_str());
             continue;
         }
-        match usage.get(&pod.uid) {
-            Some(u) => {
-                samples.insert(&pod.uid, u.of(resource));
-                ready_count += 1;
-            }
-            None => missing.push(pod.uid.as_str()),
+        let Some(u) = usage.get(&pod.uid) else {
+            missing.push(pod.uid.as_str());
+            continue;
+        };
+        if resource == Resource::Cpu && cpu_unready(pod, now_ms) {
+            unready.push(pod.uid.as_str());
+            continue;
         }
+        samples.insert(&pod.uid, u.of(resource));
+        ready_count += 1;
     }
     if samples.is_empty() {
         return Err(format!(
@@ -999,7 +1030,7 @@ pub fn reconcile(
         let mut metrics = Vec::new();
         let mut failures = Vec::new();
         for metric in &spec.metrics {
-            match propose(metric, current, &selected, usage) {
+            match propose(metric, current, &selected, usage, now_ms) {
                 Ok((replicas, shown)) => {
                     metrics.push(shown);
                     if best.as_ref().is_none_or(|(b, _)| replicas > *b) {
@@ -1158,8 +1189,13 @@ mod tests {
             &json!({"metadata": {"name": format!("web-{i}"), "namespace": "default",
                     "uid": format!("pod-{i}"), "labels": {"app": "web"}},
                 "spec": {"containers": [{"name": "web", "resources": resources}]}}),
-            Some(&json!({"phase": phase, "conditions": [
-                {"type": "Ready", "status": if ready { "True" } else { "False" }}]})),
+            // Started at the epoch, its readiness settled 5 s later: the tests' syncs (at
+            // 1,000 s) are past the CPU initialization period.
+            Some(
+                &json!({"phase": phase, "startTime": "1970-01-01T00:00:00Z", "conditions": [
+                {"type": "Ready", "status": if ready { "True" } else { "False" },
+                    "lastTransitionTime": "1970-01-01T00:00:05Z"}]}),
+            ),
         )
     }
 
@@ -1303,6 +1339,48 @@ mod tests {
             )),
             Some(2)
         );
+    }
+
+    #[test]
+    fn cpu_samples_count_once_a_pod_runs_ready_as_kubernetes_counts_them() {
+        let at = |ms: u64| rfc3339(ms);
+        let view = |started: Option<u64>, ready: bool, changed: Option<u64>| {
+            let mut status = json!({"phase": "Running", "conditions": [
+                {"type": "Ready", "status": if ready { "True" } else { "False" }}]});
+            if let Some(s) = started {
+                status["startTime"] = json!(at(s));
+            }
+            if let Some(c) = changed {
+                status["conditions"][0]["lastTransitionTime"] = json!(at(c));
+            }
+            PodView::new(
+                &json!({"metadata": {"name": "p", "uid": "p"}}),
+                Some(&status),
+            )
+        };
+        let t0 = 1_800_000_000_000;
+        let init = CPU_INITIALIZATION_PERIOD_MS;
+        // (started, ready, Ready changed, now, unready)
+        let cases = [
+            // No start time or no transition time: unready.
+            (None, true, Some(t0), t0 + init * 2, true),
+            (Some(t0), true, None, t0 + init * 2, true),
+            // Within the initialization period: ready for a whole sample window counts.
+            (Some(t0), true, Some(t0 + 2_000), t0 + 2_500, true),
+            (Some(t0), true, Some(t0 + 2_000), t0 + 3_000, false),
+            (Some(t0), false, Some(t0 + 2_000), t0 + 60_000, true),
+            // After it: unready counts only if it never became ready (unready since start-up).
+            (Some(t0), false, Some(t0 + 5_000), t0 + init + 1, true),
+            (Some(t0), false, Some(t0 + 120_000), t0 + init + 1, false),
+            (Some(t0), true, Some(t0 + 5_000), t0 + init + 1, false),
+        ];
+        for (i, (started, ready, changed, now, unready)) in cases.into_iter().enumerate() {
+            assert_eq!(
+                cpu_unready(&view(started, ready, changed), now),
+                unready,
+                "case {i}"
+            );
+        }
     }
 
     #[test]

@@ -37,6 +37,10 @@ pub struct PodView {
     pub terminated: Vec<(String, i64, bool)>,
     /// The pod's conditions as its node reports them: (type, status).
     pub conditions: Vec<(String, String)>,
+    /// When its node started it (`status.startTime`, ms since the epoch).
+    pub started_ms: Option<u64>,
+    /// When its Ready condition last changed (`lastTransitionTime`, ms since the epoch).
+    pub ready_changed_ms: Option<u64>,
     /// The stored object (for adoption and release, which rewrite its owner references).
     pub object: Value,
 }
@@ -62,7 +66,15 @@ impl PodView {
             .into_iter()
             .flatten()
             .any(|c| c["type"] == "Ready" && c["status"] == "True");
+        let ready_changed_ms = status
+            .and_then(|s| s["conditions"].as_array())
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "Ready")
+            .and_then(|c| time_ms(&c["lastTransitionTime"]));
         Self {
+            started_ms: status.and_then(|s| time_ms(&s["startTime"])),
+            ready_changed_ms,
             namespace: meta["namespace"].as_str().unwrap_or("default").to_owned(),
             name: text(&meta["name"]),
             uid: text(&meta["uid"]),
@@ -186,11 +198,14 @@ pub fn controller_of(object: &Value) -> Option<String> {
 }
 
 pub fn created_ms(object: &Value) -> u64 {
-    object["metadata"]["creationTimestamp"]
-        .as_str()
-        .and_then(|t| humantime::parse_rfc3339(t).ok())
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_millis() as u64)
+    time_ms(&object["metadata"]["creationTimestamp"]).unwrap_or(0)
+}
+
+/// An RFC 3339 time as ms since the epoch (`None`: absent, malformed or before the epoch).
+fn time_ms(v: &Value) -> Option<u64> {
+    let t = humantime::parse_rfc3339(v.as_str()?).ok()?;
+    let d = t.duration_since(std::time::UNIX_EPOCH).ok()?;
+    u64::try_from(d.as_millis()).ok()
 }
 
 /// `spec.selector` of a workload; an empty or invalid one selects nothing (the API refuses

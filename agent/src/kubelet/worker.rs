@@ -149,6 +149,9 @@ pub struct PodWorker {
     config: WorkerConfig,
     grace_ms: Option<u64>,
     first_seen_ms: Option<u64>,
+    /// Each condition's status and when it last changed (its `lastTransitionTime`; the
+    /// autoscaler reads when a pod became ready from it).
+    transitions: HashMap<&'static str, (bool, u64)>,
     stopping: HashMap<(String, u32), Stopping>,
     start_errors: HashMap<String, StartError>,
     probes: HashMap<(String, u32, ProbeKind), ProbeState>,
@@ -566,7 +569,7 @@ impl PodWorker {
             }
             views.push(view);
         }
-        let status = self.status(plan, &views, init_complete, init_failed, first_seen);
+        let status = self.status(plan, &views, init_complete, init_failed, first_seen, now_ms);
         Decision {
             actions,
             status: Some(status),
@@ -795,12 +798,13 @@ impl PodWorker {
     }
 
     fn status(
-        &self,
+        &mut self,
         plan: &PodPlan,
         views: &[ContainerView],
         init_complete: bool,
         init_failed: bool,
         first_seen_ms: u64,
+        now_ms: u64,
     ) -> Value {
         let mut init_statuses = Vec::new();
         let mut statuses = Vec::new();
@@ -873,8 +877,23 @@ impl PodWorker {
         };
         let all_ready = main.iter().all(|v| v.ready);
         let since = rfc3339(first_seen_ms);
+        // A condition's time is when its status last changed (the first one: when the pod
+        // was first seen).
+        let mut changed = HashMap::new();
+        for (kind, ok) in [
+            ("Initialized", init_complete),
+            ("Ready", all_ready),
+            ("ContainersReady", all_ready),
+        ] {
+            let entry = self.transitions.entry(kind).or_insert((ok, first_seen_ms));
+            if entry.0 != ok {
+                *entry = (ok, now_ms);
+            }
+            changed.insert(kind, rfc3339(entry.1));
+        }
         let condition = |kind: &str, ok: bool, reason: &str| {
-            let mut c = json!({"type": kind, "status": if ok { "True" } else { "False" }, "lastProbeTime": null, "lastTransitionTime": since});
+            let at = changed.get(kind).cloned().unwrap_or_else(|| since.clone());
+            let mut c = json!({"type": kind, "status": if ok { "True" } else { "False" }, "lastProbeTime": null, "lastTransitionTime": at});
             if !ok && !reason.is_empty() {
                 c["reason"] = json!(reason);
             }
@@ -1352,6 +1371,17 @@ mod tests {
         let status = w.decide(1_100, Some(&p), true, &run).status.unwrap();
         assert_eq!(status["conditions"][1]["status"], "True", "{status}");
         assert_eq!(status["containerStatuses"][0]["ready"], true);
+        // Each condition carries when it last changed: Ready now, Initialized at the start.
+        assert_eq!(
+            status["conditions"][1]["lastTransitionTime"],
+            rfc3339(1_100)
+        );
+        assert_eq!(status["conditions"][0]["lastTransitionTime"], rfc3339(0));
+        let status = w.decide(1_500, Some(&p), true, &run).status.unwrap();
+        assert_eq!(
+            status["conditions"][1]["lastTransitionTime"],
+            rfc3339(1_100)
+        );
         // Readiness failing (3 times) turns Ready off without a restart.
         for t in [2_000, 3_000, 4_000] {
             w.decide(t, Some(&p), true, &run);
@@ -1366,7 +1396,12 @@ mod tests {
         }
         let d = w.decide(4_100, Some(&p), true, &run);
         assert!(!d.actions.iter().any(|a| matches!(a, Action::Signal { .. })));
-        assert_eq!(d.status.unwrap()["conditions"][1]["status"], "False");
+        let status = d.status.unwrap();
+        assert_eq!(status["conditions"][1]["status"], "False");
+        assert_eq!(
+            status["conditions"][1]["lastTransitionTime"],
+            rfc3339(4_100)
+        );
     }
 
     #[test]
