@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use shoal_gossip::{Channel, IncomingFrames, MemberState, Membership, PeerEndpoint, keys};
+use shoal_gossip::{
+    Channel, IncomingFrames, IncomingRequests, MemberState, Membership, PeerEndpoint, keys,
+};
 use shoal_state::{ObjectKey, WriteMode, kind};
 use tracing::{debug, info, warn};
 
@@ -23,6 +25,7 @@ use crate::scheduler::auction::{
     AuctionConfig, Binding, Message, NodeId, Output, Scheduler, World, auctioneer,
 };
 use crate::scheduler::cluster::ClusterView;
+use crate::scheduler::lease::{self, LeaseReply, LeaseRequest};
 use crate::scheduler::model::{NodeView, PodRequest, Resources, Taint, TaintEffect};
 use crate::scheduler::partition::{self, FenceConfig, Policy};
 
@@ -136,6 +139,20 @@ struct State {
     /// What this node's views say about its fenced pods (the pure core the simulator drives
     /// too); it starts stopped.
     fence: partition::Fence,
+    /// The membership baseline majorities are counted against (the last tick's).
+    baseline: usize,
+    /// Run leases of fenced pods this node gives its peers and itself ([`lease`]).
+    grantor: Option<lease::Grantor>,
+    /// Run leases this node holds for the fenced pods bound to it.
+    holder: lease::Holder,
+    /// When this node last asked for its run leases.
+    last_lease_round: Option<Duration>,
+}
+
+/// The binding `pods` hold for `uid`: the node it names and its epoch.
+fn bound_to(pods: &HashMap<String, PodEntry>, uid: &str) -> Option<(String, u64)> {
+    pods.get(uid)
+        .and_then(|p| p.node_name.clone().map(|node| (node, p.epoch)))
 }
 
 fn to_taint(t: &shoal_gossip::NodeTaint) -> Option<Taint> {
@@ -167,6 +184,7 @@ impl Scheduling {
         statuses: Arc<crate::kubelet::status::PodStatusCache>,
     ) -> Arc<Self> {
         let scheduler = Scheduler::new(self_id, config.auction.clone());
+        let grantor = lease::Grantor::new(Duration::ZERO, config.fence.lease_term);
         Arc::new(Self {
             self_id,
             replication,
@@ -179,6 +197,7 @@ impl Scheduling {
             wake: tokio::sync::Notify::new(),
             state: Mutex::new(State {
                 scheduler: Some(scheduler),
+                grantor: Some(grantor),
                 ..State::default()
             }),
         })
@@ -187,11 +206,13 @@ impl Scheduling {
     /// Starts the loop, the pod cache and the message handler.
     pub fn start(self: &Arc<Self>) -> Result<(), shoal_gossip::EndpointError> {
         let incoming = self.endpoint.subscribe(Channel::Auction)?;
+        let lease_requests = self.endpoint.subscribe_requests(Channel::Fence)?;
         // Subscribe before the first listing, so no change falls between them.
         let changes = self.replication.subscribe();
         self.reload_pods();
         tokio::spawn(self.clone().follow(changes));
         tokio::spawn(self.clone().receive(incoming));
+        tokio::spawn(self.clone().serve_leases(lease_requests));
         tokio::spawn(self.clone().run());
         Ok(())
     }
@@ -285,6 +306,140 @@ impl Scheduling {
         state.fence.must_stop()
     }
 
+    /// Whether the fenced pod `uid` may run here now: this node's fenced pods are not stopped
+    /// ([`Self::must_stop_fenced`]) and it holds the pod's run lease at the epoch of its
+    /// binding ([`lease`]).
+    pub fn may_run_fenced(&self, uid: &str) -> bool {
+        let now = self.now();
+        let state = self.state.lock().unwrap();
+        !state.fence.must_stop()
+            && state
+                .pods
+                .get(uid)
+                .is_some_and(|p| state.holder.holds(uid, p.epoch, now, state.baseline))
+    }
+
+    /// Asks this node's own grantor and every live peer for the run leases of the fenced pods
+    /// bound here, all in one request per peer; replies are taken in as they come. Every
+    /// 500 ms, or every tick while one of them is not held.
+    fn lease_round(self: &Arc<Self>) {
+        let now = self.now();
+        let hold = self.config.fence.lease_hold;
+        let (asks, peers) = {
+            let mut guard = self.state.lock().unwrap();
+            let state = &mut *guard;
+            let Some((name, _)) = state.addresses.get(&self.self_id).cloned() else {
+                return;
+            };
+            let asks: Vec<lease::Ask> = state
+                .pods
+                .values()
+                .filter(|p| p.policy == Policy::Fenced && p.node_name.as_deref() == Some(&name))
+                .map(|p| lease::Ask {
+                    uid: p.request.uid.clone(),
+                    epoch: p.epoch,
+                })
+                .collect();
+            let wanted: std::collections::HashSet<&str> =
+                asks.iter().map(|a| a.uid.as_str()).collect();
+            state.holder.retain(now, |uid| wanted.contains(uid));
+            let all_held = asks
+                .iter()
+                .all(|a| state.holder.holds(&a.uid, a.epoch, now, state.baseline));
+            let due = match state.last_lease_round {
+                None => true,
+                Some(last) if all_held => now >= last + Duration::from_millis(500),
+                Some(last) => now >= last + self.config.tick,
+            };
+            if asks.is_empty() || !due {
+                return;
+            }
+            state.last_lease_round = Some(now);
+            let granted = match state.grantor.as_mut() {
+                Some(grantor) => {
+                    grantor.answer(now, &name, &asks, |uid| bound_to(&state.pods, uid))
+                }
+                None => Vec::new(),
+            };
+            let reply = LeaseReply {
+                granted,
+                baseline: u32::try_from(state.baseline).unwrap_or(u32::MAX),
+            };
+            let me = format!("{:016x}", self.self_id);
+            state.holder.on_reply(now, hold, &me, &asks, &reply);
+            let peers: Vec<(NodeId, SocketAddr)> = state
+                .addresses
+                .iter()
+                .filter(|(id, _)| **id != self.self_id)
+                .map(|(id, (_, addr))| (*id, *addr))
+                .collect();
+            (asks, peers)
+        };
+        let payload = Arc::new(
+            rmp_serde::to_vec(&LeaseRequest { asks: asks.clone() })
+                .expect("lease requests serialize"),
+        );
+        let asks = Arc::new(asks);
+        for (peer, addr) in peers {
+            let this = self.clone();
+            let payload = payload.clone();
+            let asks = asks.clone();
+            tokio::spawn(async move {
+                let answer = this
+                    .endpoint
+                    .request(addr, Channel::Fence, &payload, Duration::from_secs(1))
+                    .await;
+                match answer.map(|bytes| rmp_serde::from_slice::<LeaseReply>(&bytes)) {
+                    Ok(Ok(reply)) => {
+                        let grantor = format!("{peer:016x}");
+                        let mut state = this.state.lock().unwrap();
+                        state.holder.on_reply(now, hold, &grantor, &asks, &reply);
+                    }
+                    Ok(Err(error)) => warn!(%addr, %error, "refused a malformed lease reply"),
+                    Err(error) => debug!(%addr, %error, "lease request not answered"),
+                }
+            });
+        }
+    }
+
+    /// Answers peers' run-lease requests with this node's grantor.
+    async fn serve_leases(self: Arc<Self>, mut requests: IncomingRequests) {
+        while let Some(request) = requests.recv().await {
+            let reply = match self.answer_lease(&request.node_id, &request.payload) {
+                Ok(reply) => reply,
+                Err(error) => {
+                    warn!(peer = %request.peer, node = %request.node_id, %error, "refused a lease request");
+                    LeaseReply {
+                        granted: Vec::new(),
+                        baseline: 0,
+                    }
+                }
+            };
+            request.respond(rmp_serde::to_vec(&reply).expect("lease replies serialize"));
+        }
+    }
+
+    /// The grantor's answer to the node `node_id` (from its certificate): only a node this one
+    /// sees alive, and only for the pods its store binds to that node.
+    fn answer_lease(&self, node_id: &str, payload: &[u8]) -> Result<LeaseReply, String> {
+        let request: LeaseRequest =
+            rmp_serde::from_slice(payload).map_err(|e| format!("malformed lease request: {e}"))?;
+        lease::validate(&request)?;
+        let id = node_numeric_id(node_id)
+            .ok_or_else(|| format!("node id {node_id:?} is not a hex number"))?;
+        let now = self.now();
+        let mut guard = self.state.lock().unwrap();
+        let state = &mut *guard;
+        let baseline = u32::try_from(state.baseline).unwrap_or(u32::MAX);
+        let granted = match (state.addresses.get(&id), state.grantor.as_mut()) {
+            (Some((holder, _)), Some(grantor)) => {
+                grantor.answer(now, holder, &request.asks, |uid| bound_to(&state.pods, uid))
+            }
+            _ => Vec::new(),
+        };
+        Ok(LeaseReply { granted, baseline })
+    }
+
     /// Why no node took a pod, if an auctioneer said so.
     pub fn unschedulable_reason(&self, pod_uid: &str) -> Option<String> {
         self.state
@@ -309,6 +464,7 @@ impl Scheduling {
                 _ = self.wake.notified() => {}
             }
             let outputs = self.tick().await;
+            self.lease_round();
             // The round decided fenced pods may run here: say so to their shims.
             if let Some(path) = &self.config.fence_lease
                 && !self.must_stop_fenced()
@@ -670,6 +826,7 @@ impl Scheduling {
                 }
             }
         }
+        state.baseline = baseline;
         let majority = state.fence.has_majority();
         let mut pending = Vec::new();
         let mut dead_since = std::mem::take(&mut state.dead_since);

@@ -26,15 +26,19 @@ pub enum Channel {
     /// Long-lived sessions with one node (exec, port-forward): a bidirectional stream whose
     /// first frame says what the session is; after it the stream carries the session's bytes.
     Session = 5,
+    /// Run leases of fenced pods: a holder's request and a grantor's answer, as
+    /// request/response.
+    Fence = 6,
 }
 
 impl Channel {
-    pub const ALL: [Channel; 5] = [
+    pub const ALL: [Channel; 6] = [
         Channel::Gossip,
         Channel::Sync,
         Channel::Auction,
         Channel::Node,
         Channel::Session,
+        Channel::Fence,
     ];
 
     fn from_code(code: u8) -> Option<Self> {
@@ -54,6 +58,8 @@ impl Channel {
             Channel::Node => 9 << 20,
             // Only the session's opening header is a frame.
             Channel::Session => 64 << 10,
+            // Up to 10,000 pod uids with their epochs.
+            Channel::Fence => 2 << 20,
         }
     }
 }

@@ -417,7 +417,9 @@ impl Kubelet {
                             .get(partition::ANNOTATION)
                             .map(String::as_str),
                     );
-                    fenced = fenced_stop && policy == Policy::Fenced;
+                    // A fenced pod runs only while this node holds its run lease.
+                    fenced = policy == Policy::Fenced
+                        && (fenced_stop || !self.scheduling.may_run_fenced(&uid));
                     (!fenced && !deleting).then_some(plan)
                 }
                 Some(Err(error)) => {

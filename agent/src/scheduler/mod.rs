@@ -8,6 +8,7 @@
 
 pub mod auction;
 pub mod cluster;
+pub mod lease;
 pub mod model;
 pub mod partition;
 pub mod predicates;

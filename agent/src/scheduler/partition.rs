@@ -23,6 +23,11 @@
 //!    100 ms poll) later (`runtime::lease`): the same bound as 1., without the agent.
 //! 5. Majorities are of the baseline ([`Fence`]), which never shrinks: two sides cannot both
 //!    hold one, however long the partition lasts.
+//! 6. Points 1–5 are about a pod bound to one node that moves. Two auctioneers whose views
+//!    differ for a moment can also bind one pod to two nodes at once, each binding acknowledged
+//!    by a quorum, before the merge picks one: a fenced pod therefore also runs only while its
+//!    node holds a run lease on it from a majority of the baseline ([`super::lease`]), which
+//!    at most one node can hold at a time, whatever the stores say meanwhile.
 
 use std::time::Duration;
 
@@ -54,6 +59,12 @@ pub struct FenceConfig {
     pub fence_timeout: Duration,
     /// `R`: how long a fenced pod's node must be dead before a replacement.
     pub replace_after: Duration,
+    /// How long a grantor honours a run lease it gave ([`super::lease::Grantor`]).
+    pub lease_term: Duration,
+    /// How long a holder counts a grant, from when it asked (less than `lease_term`: the
+    /// margin covers stopping the container and clock-rate drift). It is `F`: a node cut off
+    /// from the majority keeps its fenced pods as long as the fence timeout lets it.
+    pub lease_hold: Duration,
 }
 
 impl FenceConfig {
@@ -63,6 +74,8 @@ impl FenceConfig {
             detection_bound,
             fence_timeout,
             replace_after: detection_bound + fence_timeout + Duration::from_secs(1),
+            lease_term: fence_timeout + Duration::from_secs(1),
+            lease_hold: fence_timeout,
         }
     }
 
@@ -71,6 +84,12 @@ impl FenceConfig {
             return Err(format!(
                 "fenced replacement delay {:?} must exceed detection bound {:?} + fence timeout {:?}",
                 self.replace_after, self.detection_bound, self.fence_timeout
+            ));
+        }
+        if self.lease_hold >= self.lease_term {
+            return Err(format!(
+                "run lease hold {:?} must be shorter than the lease term {:?}",
+                self.lease_hold, self.lease_term
             ));
         }
         Ok(())
