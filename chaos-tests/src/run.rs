@@ -222,6 +222,11 @@ fn fenced_name(i: usize) -> String {
     format!("chaos-fenced-{i}")
 }
 
+/// The fenced pods created inside the first fault.
+fn late_fenced_name(i: usize) -> String {
+    format!("chaos-fenced-late-{i}")
+}
+
 /// The host's uptime in ms (the heartbeats' clock).
 fn uptime_ms() -> anyhow::Result<u64> {
     let text = std::fs::read_to_string("/proc/uptime")?;
@@ -528,6 +533,34 @@ impl Workload {
                 _ => scales.1 += 1,
             }
         }
+    }
+
+    /// Creates `pods` (fenced) `at_ms` into the run — inside the first fault, so they are
+    /// auctioned and bound while the views disagree — through the agents in turn, each until
+    /// one acknowledges it or the workload stops. Returns the names acknowledged (checker 4
+    /// holds those to its rule).
+    async fn fenced_during_faults(self: Arc<Self>, at_ms: u64, pods: Vec<Value>) -> Vec<String> {
+        let wait = at_ms.saturating_sub(self.ms());
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        let mut acknowledged = Vec::new();
+        let mut next = 0usize;
+        for pod in pods {
+            let body = serde_json::to_vec(&pod).expect("json");
+            while !self.stop.load(Ordering::Relaxed) {
+                let client = &self.clients[next % self.clients.len()];
+                next += 1;
+                let put = client.send(hyper::Method::PUT, "/v1/objects", Some(body.clone()));
+                if let Ok(Ok((200 | 201, _))) =
+                    tokio::time::timeout(Duration::from_secs(5), put).await
+                {
+                    let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+                    acknowledged.push(name.to_owned());
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        acknowledged
     }
 
     /// Every 500 ms until the workload stops: whom each agent and the intruder list as members
@@ -970,9 +1003,8 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
         );
     }
     // The faults start from a steady state: each fenced pod runs somewhere (its first
-    // heartbeat is written). A fenced pod bound during a partition can still run twice (#14
-    // hole (d): two auctioneers with different views each bind it), which checker 4 catches;
-    // that hole is open, so the named scenarios do not start there.
+    // heartbeat is written), so the time to move one is measured from a known place. More
+    // fenced pods are created inside the first fault (below).
     let steady = Instant::now();
     loop {
         // The same reading of the evidence as checker 4's: a run with a heartbeat.
@@ -1044,6 +1076,21 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
         .collect();
     let scaler = tokio::spawn(workload.clone().scaler_loop(config.seed ^ 0x5ca1e));
     let sampler = tokio::spawn(workload.clone().membership_sampler());
+    let late_fenced = tokio::spawn(
+        workload.clone().fenced_during_faults(
+            steps.first().map_or(0, |s| s.start_ms) + 500,
+            (0..FENCED_PODS)
+                .map(|i| {
+                    fenced_pod(
+                        &late_fenced_name(i),
+                        &late_fenced_name(i),
+                        true,
+                        &heartbeats,
+                    )
+                })
+                .collect(),
+        ),
+    );
     let mut driver = FaultDriver {
         lab: &lab,
         agents: &mut agents,
@@ -1060,6 +1107,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     }
     let _ = scaler.await;
     let _ = sampler.await;
+    let late_fenced = late_fenced.await.unwrap_or_default();
     played?;
     let quiet_ms = started.elapsed().as_millis() as u64;
 
@@ -1147,8 +1195,25 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
 
     // Checker 4, from the fenced containers' own heartbeats (they have run all along; the
     // self-test's twin has run for the replica checker's wait at least).
+    let names: Vec<String> = (0..FENCED_PODS)
+        .map(fenced_name)
+        .chain(late_fenced.iter().cloned())
+        .collect();
+    // Those created during the faults may still be waiting for their node's run lease: each
+    // must leave a heartbeat (checker 4 says so if one never does).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let running: std::collections::BTreeSet<String> = fenced_runs(&heartbeats, 0)?
+            .into_iter()
+            .filter(|run| run.beats > 0)
+            .map(|run| run.pod)
+            .collect();
+        if names.iter().all(|n| running.contains(n)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let fenced_runs = fenced_runs(&heartbeats, start_uptime_ms)?;
-    let names: Vec<String> = (0..FENCED_PODS).map(fenced_name).collect();
     let fence = checker::fenced(&names, &fenced_runs);
     checkers.push((checker::FENCED, fence.len()));
     violations.extend(fence);
