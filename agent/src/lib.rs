@@ -14,6 +14,7 @@ pub mod control;
 pub mod controllers;
 pub mod endpoints;
 pub mod events;
+pub mod fault_injection;
 pub mod host;
 pub mod images;
 pub mod kubelet;

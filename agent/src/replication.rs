@@ -201,6 +201,10 @@ impl Replication {
         mode: WriteMode,
         linger: Duration,
     ) -> Result<(Value, bool), WriteError> {
+        #[cfg(feature = "fault-injection")]
+        if let Some(answer) = crate::fault_injection::dropped(&object) {
+            return Ok((answer, true));
+        }
         let peers = self.live_peers().await;
         self.check_reachable(peers.len())?;
         // One object's commit (a single fsync) runs here, not through `on_disk`: the hand-off

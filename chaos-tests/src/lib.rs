@@ -31,6 +31,26 @@ pub fn shoal_binary() -> anyhow::Result<std::path::PathBuf> {
     )
 }
 
+/// Builds the agent with its test-only `fault-injection` feature (debug, into
+/// `target/fault-injection`, beside the product build, which it never replaces) and returns its
+/// `shoal` binary: the chaos self-test's agent, which drops an acknowledged write on purpose.
+pub fn fault_injection_binary() -> anyhow::Result<std::path::PathBuf> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let target = root.join("target/fault-injection");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
+    let status = std::process::Command::new(cargo)
+        .current_dir(&root)
+        .args(["build", "--locked", "-p", "shoal-agent", "--bin", "shoal"])
+        .args(["--features", "fault-injection", "--target-dir"])
+        .arg(&target)
+        .status()?;
+    anyhow::ensure!(
+        status.success(),
+        "cargo build --features fault-injection failed"
+    );
+    Ok(target.join("debug/shoal"))
+}
+
 /// The project's test images (`examples/images/build.sh`), built into `target/test-images`.
 pub fn test_images() -> anyhow::Result<std::path::PathBuf> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -67,25 +87,28 @@ pub async fn start_cluster(
     flags: &[&str],
 ) -> anyhow::Result<(tempfile::TempDir, Vec<shoal_agent::testkit::AgentProcess>)> {
     let root = tempfile::tempdir()?;
-    let agents = start_agents(root.path(), lab, n, flags, false, &|_| Vec::new()).await?;
+    let binary = shoal_binary()?;
+    let agents = start_agents(&binary, root.path(), lab, n, flags, false, &|_| Vec::new()).await?;
     Ok((root, agents))
 }
 
 /// Like [`start_cluster`], with the data dirs under `root`, and every agent (host 0 too, through
 /// host 1) started with `--join`, as an operator lists seeds on every node: a host whose data
 /// dir is wiped rejoins the cluster instead of starting a new one. Agent `i` also gets the
-/// environment `env(i)`.
+/// environment `env(i)`. The agents run `binary`.
 pub async fn start_cluster_in(
+    binary: &std::path::Path,
     root: &std::path::Path,
     lab: &lab::NetLab,
     n: usize,
     flags: &[&str],
     env: &dyn Fn(usize) -> Vec<(String, String)>,
 ) -> anyhow::Result<Vec<shoal_agent::testkit::AgentProcess>> {
-    start_agents(root, lab, n, flags, true, env).await
+    start_agents(binary, root, lab, n, flags, true, env).await
 }
 
 async fn start_agents(
+    binary: &std::path::Path,
     root: &std::path::Path,
     lab: &lab::NetLab,
     n: usize,
@@ -94,13 +117,12 @@ async fn start_agents(
     env: &dyn Fn(usize) -> Vec<(String, String)>,
 ) -> anyhow::Result<Vec<shoal_agent::testkit::AgentProcess>> {
     use shoal_agent::testkit::{AgentProcess, AgentSpec, alive_count, init_secret, wait_until};
-    let binary = shoal_binary()?;
     let secret = root.join("secret");
-    init_secret(&binary, &secret)?;
+    init_secret(binary, &secret)?;
     let addr = |i: usize| std::net::SocketAddr::new(lab.address(i), 7600);
     let mut agents = Vec::new();
     for i in 0..n {
-        let mut spec = AgentSpec::new(&binary, root, &format!("n{i}"), &secret)
+        let mut spec = AgentSpec::new(binary, root, &format!("n{i}"), &secret)
             .bind(addr(i))
             .netns(&lab.host(i));
         for flag in flags {

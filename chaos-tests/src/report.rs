@@ -158,7 +158,7 @@ pub fn markdown(report: &RunReport) -> String {
     if c.sabotage {
         let _ = writeln!(
             out,
-            "| self-test | the invariants of checkers 3, 4, 5 and 6 were broken on purpose |"
+            "| self-test | the invariants of checkers 3, 4, 5 and 6 were broken on purpose, and a write that a fault-injection agent drops was sent |"
         );
     }
     let moves = fenced_moves(&report.fenced_runs, &report.steps);

@@ -71,12 +71,16 @@ pub struct RunConfig {
     /// Concurrent workload clients and the register objects they write.
     pub clients: usize,
     pub keys: usize,
-    /// The checkers' self-test: the run breaks four invariants on purpose — the agent meant
+    /// The checkers' self-test: the run breaks five invariants on purpose — the agent meant
     /// to be without the secret is given the cluster's; once the faults are healed a pod of a
     /// foreign controller joins the Deployment's; an unfenced twin of a fenced pod writes that
-    /// pod's heartbeats; and a process granted 4 cpus of shares runs in host 0's agent's pod
-    /// cgroups — so checkers 3, 4, 5 and 6 must report them.
+    /// pod's heartbeats; a process granted 4 cpus of shares runs in host 0's agent's pod
+    /// cgroups; and a write of [`DROPPED_KEY`] is sent, which a fault-injection build of the
+    /// agent (`binary`) acknowledges and drops — so checkers 3, 4, 5 and 6 (and 1, with that
+    /// build) must report them.
     pub sabotage: bool,
+    /// The agent binary (none: [`crate::shoal_binary`]).
+    pub binary: Option<PathBuf>,
 }
 
 impl RunConfig {
@@ -91,6 +95,7 @@ impl RunConfig {
             clients: 4,
             keys: 8,
             sabotage: false,
+            binary: None,
         }
     }
 }
@@ -176,11 +181,19 @@ fn register(key: &str, value: &str) -> Value {
     let mut object = json!({"apiVersion": "v1", "kind": "ConfigMap",
            "metadata": {"name": key, "namespace": "default", "labels": {"shoal-chaos": "register"}},
            "data": {"v": value}});
+    if key == DROPPED_KEY {
+        object["metadata"]["annotations"] =
+            json!({shoal_agent::fault_injection::DROP_ANNOTATION: "true"});
+    }
     if key.starts_with(BLOB_PREFIX) {
         object["data"]["pad"] = json!(format!("{value}:").repeat(BLOB_BYTES / (value.len() + 1)));
     }
     object
 }
+
+/// The self-test's register: a fault-injection build of the agent acknowledges its write and
+/// stores it nowhere ([`shoal_agent::fault_injection`]), so checker 1 must report it.
+pub const DROPPED_KEY: &str = "reg-dropped";
 
 /// Keys of the workload's one-off large writes.
 const BLOB_PREFIX: &str = "blob-";
@@ -449,48 +462,54 @@ impl Workload {
             } else {
                 Request::Delete { key }
             };
-            let invoked_ms = self.ms();
-            let client = &self.clients[node];
-            let call = async {
-                match &request {
-                    Request::Write { key, value } => {
-                        let body = serde_json::to_vec(&register(key, value)).expect("json");
-                        client
-                            .send(hyper::Method::PUT, "/v1/objects", Some(body))
-                            .await
-                    }
-                    Request::Delete { key } => {
-                        let path = format!("/v1/objects/configmaps/{key}?namespace=default");
-                        client.send(hyper::Method::DELETE, &path, None).await
-                    }
-                }
-            };
-            let (answer, connect_failed) =
-                match tokio::time::timeout(Duration::from_secs(10), call).await {
-                    Ok(Ok((status, bytes))) => (
-                        Ok((
-                            status,
-                            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-                        )),
-                        false,
-                    ),
-                    Ok(Err(e @ ClientError::Connect { .. })) => (Err(e.to_string()), true),
-                    Ok(Err(e)) => (Err(e.to_string()), false),
-                    Err(_) => (Err("no answer within 10 s".into()), false),
-                };
-            let (outcome, uid, detail) = classify(&answer, connect_failed);
-            self.ops.lock().unwrap().push(Op {
-                id,
-                node,
-                request,
-                invoked_ms,
-                completed_ms: self.ms(),
-                outcome,
-                uid,
-                created: detail == "201",
-                detail,
-            });
+            let op = self.perform(id, node, request).await;
+            self.ops.lock().unwrap().push(op);
             tokio::time::sleep(Duration::from_millis(rng.random_range(50..150))).await;
+        }
+    }
+
+    /// Sends one operation to agent `node` and records how it ended.
+    async fn perform(&self, id: u64, node: usize, request: Request) -> Op {
+        let invoked_ms = self.ms();
+        let client = &self.clients[node];
+        let call = async {
+            match &request {
+                Request::Write { key, value } => {
+                    let body = serde_json::to_vec(&register(key, value)).expect("json");
+                    client
+                        .send(hyper::Method::PUT, "/v1/objects", Some(body))
+                        .await
+                }
+                Request::Delete { key } => {
+                    let path = format!("/v1/objects/configmaps/{key}?namespace=default");
+                    client.send(hyper::Method::DELETE, &path, None).await
+                }
+            }
+        };
+        let (answer, connect_failed) =
+            match tokio::time::timeout(Duration::from_secs(10), call).await {
+                Ok(Ok((status, bytes))) => (
+                    Ok((
+                        status,
+                        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+                    )),
+                    false,
+                ),
+                Ok(Err(e @ ClientError::Connect { .. })) => (Err(e.to_string()), true),
+                Ok(Err(e)) => (Err(e.to_string()), false),
+                Err(_) => (Err("no answer within 10 s".into()), false),
+            };
+        let (outcome, uid, detail) = classify(&answer, connect_failed);
+        Op {
+            id,
+            node,
+            request,
+            invoked_ms,
+            completed_ms: self.ms(),
+            outcome,
+            uid,
+            created: detail == "201",
+            detail,
         }
     }
 }
@@ -951,7 +970,12 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
         .map(|(k, v)| (k.to_owned(), v))
         .collect()
     };
+    let binary = match &config.binary {
+        Some(path) => path.clone(),
+        None => crate::shoal_binary()?,
+    };
     let mut agents = crate::start_cluster_in(
+        &binary,
         root.path(),
         &lab,
         config.nodes,
@@ -971,7 +995,6 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     }
     // Checker 6's agent: another cluster's secret, the same seeds, beside host 0's agent.
     let intruder_addr = std::net::SocketAddr::new(lab.address(0), 7601);
-    let binary = crate::shoal_binary()?;
     let intruder_secret = if config.sabotage {
         root.path().join("secret")
     } else {
@@ -1109,6 +1132,16 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     let _ = sampler.await;
     let late_fenced = late_fenced.await.unwrap_or_default();
     played?;
+    if config.sabotage {
+        // Recorded like any write: a fault-injection agent acknowledges it and drops it.
+        let id = workload.next_id.fetch_add(1, Ordering::Relaxed);
+        let request = Request::Write {
+            key: DROPPED_KEY.to_owned(),
+            value: format!("v{id}"),
+        };
+        let op = workload.perform(id, 0, request).await;
+        workload.ops.lock().unwrap().push(op);
+    }
     let quiet_ms = started.elapsed().as_millis() as u64;
 
     // Checker 2: the stores agree within the bound.

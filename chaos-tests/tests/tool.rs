@@ -55,15 +55,18 @@ async fn every_named_scenario_passes_every_checker() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
-/// The checkers can fail against the real agents: a run that gives the cluster's secret to the
-/// agent meant to lack it, adds a foreign controller's pod to the Deployment's and runs an
-/// unfenced twin of a fenced pod and grants a process 4 cpus in a node's pod cgroups must be
-/// reported by checkers 3, 4, 5 and 6 (and by nothing else).
+/// The checkers can fail against the real agents: a run on a fault-injection build of the agent
+/// (which acknowledges one write and drops it) that gives the cluster's secret to the agent
+/// meant to lack it, adds a foreign controller's pod to the Deployment's, runs an unfenced twin
+/// of a fenced pod and grants a process 4 cpus in a node's pod cgroups must be reported by
+/// checkers 1, 3, 4, 5 and 6 (and by nothing else).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_self_test_run_is_caught_by_the_replica_fencing_overcommit_and_secret_checkers() {
+async fn the_self_test_run_is_caught_by_the_write_replica_fencing_overcommit_and_secret_checkers() {
     let _lab = LAB.lock().await;
     let mut config = RunConfig::new(scenario("loss").unwrap(), 5, Duration::from_secs(8), 7);
     config.sabotage = true;
+    config.binary =
+        Some(shoal_chaos::fault_injection_binary().expect("the fault-injection agent builds"));
     // Counts that never become exact are waited for this long.
     config.converge_bound = Duration::from_secs(20);
     let report = run(config).await.expect("the harness runs");
@@ -72,6 +75,7 @@ async fn the_self_test_run_is_caught_by_the_replica_fencing_overcommit_and_secre
     assert_eq!(
         caught,
         [
+            shoal_chaos::checker::ACKNOWLEDGED_WRITES,
             shoal_chaos::checker::REPLICAS,
             shoal_chaos::checker::OVERCOMMIT,
             shoal_chaos::checker::FENCED,
@@ -82,6 +86,8 @@ async fn the_self_test_run_is_caught_by_the_replica_fencing_overcommit_and_secre
         markdown(&report)
     );
     let text = markdown(&report);
+    let lost = format!("to {} is lost", shoal_chaos::run::DROPPED_KEY);
+    assert!(text.contains(&lost), "{text}");
     assert!(text.contains("chaos-app-stray"), "{text}");
     assert!(text.contains("intruder"), "{text}");
     assert!(text.contains("chaos-fenced-0 ran twice at once"), "{text}");

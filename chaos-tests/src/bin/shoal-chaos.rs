@@ -53,8 +53,10 @@ enum Command {
         #[arg(long, default_value_t = 4)]
         clients: usize,
         /// The checkers' self-test: give the agent meant to lack the secret the cluster's, add
-        /// a pod of a foreign controller to the Deployment's after the faults, and run an
-        /// unfenced twin of a fenced pod; the run must then fail checkers 3, 4 and 6.
+        /// a pod of a foreign controller to the Deployment's after the faults, run an unfenced
+        /// twin of a fenced pod, grant a process 4 cpus in node 0's pod cgroups and send a write
+        /// a fault-injection agent drops; the run must then fail checkers 3, 4, 5 and 6 (and 1
+        /// when `SHOAL_BIN` is an agent built with `--features fault-injection`).
         #[arg(long)]
         self_test: bool,
     },
