@@ -651,7 +651,7 @@ impl FaultDriver<'_> {
     }
 
     fn filters(&mut self, fault: &Fault) -> anyhow::Result<()> {
-        let blocked = scenario::blocked_pairs(fault);
+        let blocked = scenario::blocked_pairs(fault, self.agents.len());
         let loss = match fault {
             Fault::Loss { node, percent } => vec![(*node, *percent)],
             _ => Vec::new(),
@@ -665,7 +665,8 @@ impl FaultDriver<'_> {
             Fault::Partition { .. }
             | Fault::OneWay { .. }
             | Fault::Bridge { .. }
-            | Fault::Loss { .. } => self.filters(fault)?,
+            | Fault::Loss { .. }
+            | Fault::Flap { .. } => self.filters(fault)?,
             Fault::Kill { node } => self.agents[*node].kill()?,
             Fault::Pause { node } => self.agents[*node].pause()?,
             Fault::Restart { node } => {
@@ -702,7 +703,8 @@ impl FaultDriver<'_> {
             Fault::Partition { .. }
             | Fault::OneWay { .. }
             | Fault::Bridge { .. }
-            | Fault::Loss { .. } => self.lab.set_filters(&[], &[])?,
+            | Fault::Loss { .. }
+            | Fault::Flap { .. } => self.lab.set_filters(&[], &[])?,
             Fault::Kill { node } | Fault::Wipe { node } => self.agents[*node].restart().await?,
             Fault::Pause { node } => self.agents[*node].resume()?,
             Fault::Restart { .. } => {}
@@ -760,6 +762,25 @@ impl FaultDriver<'_> {
         for step in steps {
             sleep_until(self.started, step.start_ms).await;
             self.start(&step.fault).await?;
+            if let Fault::Flap { node, period_ms } = &step.fault {
+                // Cut at the start; then reconnected and cut again in turns until the end.
+                let mut cut = true;
+                let mut at = step.start_ms + period_ms;
+                while at < step.end_ms {
+                    sleep_until(self.started, at).await;
+                    cut = !cut;
+                    if cut {
+                        self.filters(&step.fault)?;
+                    } else {
+                        self.lab.set_filters(&[], &[])?;
+                    }
+                    self.note(format!(
+                        "n{node} {}",
+                        if cut { "cut off" } else { "reconnected" }
+                    ));
+                    at += period_ms;
+                }
+            }
             sleep_until(self.started, step.end_ms).await;
             self.end(&step.fault).await?;
         }
@@ -801,6 +822,7 @@ fn describe(fault: &Fault) -> String {
             format!("n{node}")
         }
         Fault::ClockSkew { node, offset_s } => format!("n{node} {offset_s:+} s"),
+        Fault::Flap { node, period_ms } => format!("n{node} every {period_ms} ms"),
         Fault::PartitionAndKill { groups, node } => format!(
             "{}, n{node} killed",
             groups
@@ -974,22 +996,28 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
         Some(path) => path.clone(),
         None => crate::shoal_binary()?,
     };
-    let mut agents = crate::start_cluster_in(
-        &binary,
-        root.path(),
-        &lab,
-        config.nodes,
-        &[
-            "--api",
-            &api,
-            "--fence-timeout",
-            FENCE_TIMEOUT,
-            "--host-path-allow",
-            &allow,
-        ],
-        &clock_env,
-    )
-    .await?;
+    let mut flags = vec![
+        "--api".to_owned(),
+        api,
+        "--fence-timeout".to_owned(),
+        FENCE_TIMEOUT.to_owned(),
+        "--host-path-allow".to_owned(),
+        allow,
+    ];
+    if let Some(grace_ms) = config.scenario.dead_node_grace_ms {
+        // The agents' config file, for what has no flag.
+        let file = root.path().join("agent.toml");
+        std::fs::write(
+            &file,
+            format!("[gossip]\ndead-node-grace-period = \"{grace_ms}ms\"\n"),
+        )?;
+        flags.push("--config".to_owned());
+        flags.push(file.to_string_lossy().into_owned());
+    }
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut agents =
+        crate::start_cluster_in(&binary, root.path(), &lab, config.nodes, &flags, &clock_env)
+            .await?;
     for agent in &agents {
         crate::import_busybox(agent)?;
     }
@@ -1121,7 +1149,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
         log: Vec::new(),
     };
     let played = driver.play(&steps).await;
-    let fault_log = std::mem::take(&mut driver.log);
+    let mut fault_log = std::mem::take(&mut driver.log);
     // The workload stops with the last heal, so the time the stores take to agree is the
     // time to repair what the faults did.
     workload.stop.store(true, Ordering::Relaxed);
@@ -1293,6 +1321,34 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
                 .unauthenticated
                 .push((agent.name().to_owned(), what, status));
         }
+    }
+    if let Some(grace_ms) = config.scenario.dead_node_grace_ms {
+        // The scenario is about what happens once members are forgotten: show that they were.
+        let lab_names: Vec<String> = agents.iter().map(|a| a.name().to_owned()).collect();
+        let mut forgot = std::collections::BTreeMap::new();
+        for (agent, at, names) in &intrusion.views {
+            let missing: Vec<&str> = lab_names
+                .iter()
+                .filter(|n| !names.contains(n))
+                .map(String::as_str)
+                .collect();
+            if !missing.is_empty() {
+                forgot
+                    .entry(agent.clone())
+                    .or_insert_with(|| (*at, missing.join(",")));
+            }
+        }
+        anyhow::ensure!(
+            !forgot.is_empty(),
+            "no agent ever forgot a member: the faults did not outlast the {grace_ms} ms dead-node grace period"
+        );
+        for (agent, (at, missing)) in forgot {
+            fault_log.push((
+                at,
+                format!("{agent} first listed no {missing} (dead-node grace {grace_ms} ms)"),
+            ));
+        }
+        fault_log.sort_by_key(|(at, _)| *at);
     }
     let secret = checker::secret(&intrusion);
     checkers.push((checker::SECRET, secret.len()));

@@ -41,6 +41,9 @@ pub enum Fault {
         groups: Vec<Vec<usize>>,
         node: usize,
     },
+    /// A flapping link: `node` cut off from every other node and reconnected, in turns of
+    /// `period_ms`, for the fault's span (it starts cut).
+    Flap { node: usize, period_ms: u64 },
 }
 
 impl Fault {
@@ -74,7 +77,8 @@ impl Fault {
             | Fault::Restart { node }
             | Fault::Wipe { node }
             | Fault::DiskFull { node }
-            | Fault::ClockSkew { node, .. } => vec![*node],
+            | Fault::ClockSkew { node, .. }
+            | Fault::Flap { node, .. } => vec![*node],
         }
     }
 
@@ -91,6 +95,7 @@ impl Fault {
             Fault::DiskFull { .. } => "disk-full",
             Fault::ClockSkew { .. } => "clock-skew",
             Fault::PartitionAndKill { .. } => "partition+kill",
+            Fault::Flap { .. } => "flap",
         }
     }
 }
@@ -112,6 +117,9 @@ pub struct Scenario {
     kinds: &'static [Kind],
     /// How long each fault lasts, in ms (inclusive range).
     fault_ms: (u64, u64),
+    /// The agents' dead-node grace period (none: their default, 10 min), for faults that must
+    /// outlast it.
+    pub dead_node_grace_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,6 +135,7 @@ enum Kind {
     DiskFull,
     ClockSkew,
     PartitionAndKill,
+    Flap,
 }
 
 const ALL: &[Kind] = &[
@@ -141,6 +150,7 @@ const ALL: &[Kind] = &[
     Kind::DiskFull,
     Kind::ClockSkew,
     Kind::PartitionAndKill,
+    Kind::Flap,
 ];
 
 pub const SCENARIOS: &[Scenario] = &[
@@ -149,66 +159,91 @@ pub const SCENARIOS: &[Scenario] = &[
         about: "symmetric partitions of random shapes (majority/minority, three ways)",
         kinds: &[Kind::Partition],
         fault_ms: (4_000, 10_000),
+        dead_node_grace_ms: None,
     },
     Scenario {
         name: "one-way",
         about: "one-way partitions: a group's packets to the others are dropped, not theirs",
         kinds: &[Kind::OneWay],
         fault_ms: (4_000, 10_000),
+        dead_node_grace_ms: None,
     },
     Scenario {
         name: "bridge",
         about: "bridge partitions: one node sees both halves, the halves do not see each other",
         kinds: &[Kind::Bridge],
         fault_ms: (4_000, 10_000),
+        dead_node_grace_ms: None,
     },
     Scenario {
         name: "loss",
         about: "random packet loss (20-60%) into one node",
         kinds: &[Kind::Loss],
         fault_ms: (4_000, 10_000),
+        dead_node_grace_ms: None,
     },
     Scenario {
         name: "kill",
         about: "kill -9 of one node, started again with its data dir",
         kinds: &[Kind::Kill],
         fault_ms: (2_000, 8_000),
+        dead_node_grace_ms: None,
     },
     Scenario {
         name: "pause",
         about: "SIGSTOP of one node (silent, sockets open), then SIGCONT",
         kinds: &[Kind::Pause],
         fault_ms: (2_000, 8_000),
+        dead_node_grace_ms: None,
     },
     Scenario {
         name: "restart",
         about: "graceful restarts, and restarts with the data dir wiped",
         kinds: &[Kind::Restart, Kind::Wipe],
         fault_ms: (2_000, 6_000),
+        dead_node_grace_ms: None,
     },
     Scenario {
         name: "disk-full",
         about: "one node's data dir (a 256 MiB tmpfs) full until writes fail, then freed",
         kinds: &[Kind::DiskFull],
         fault_ms: (3_000, 8_000),
+        dead_node_grace_ms: None,
     },
     Scenario {
         name: "clock-skew",
         about: "one agent's wall clock 10-50 s fast or slow (libfaketime), then right again",
         kinds: &[Kind::ClockSkew],
         fault_ms: (4_000, 10_000),
+        dead_node_grace_ms: None,
     },
     Scenario {
         name: "partition-kill",
         about: "a partition with a node of the minority killed too",
         kinds: &[Kind::PartitionAndKill],
         fault_ms: (4_000, 10_000),
+        dead_node_grace_ms: None,
+    },
+    Scenario {
+        name: "flap",
+        about: "a flapping link: one node cut off and reconnected every 0.3-1.5 s",
+        kinds: &[Kind::Flap],
+        fault_ms: (4_000, 10_000),
+        dead_node_grace_ms: None,
+    },
+    Scenario {
+        name: "long-partition",
+        about: "a partition longer than the dead-node grace period (6 s here): each side forgets the other's nodes, then they meet again",
+        kinds: &[Kind::Partition],
+        fault_ms: (13_000, 16_000),
+        dead_node_grace_ms: Some(6_000),
     },
     Scenario {
         name: "random",
         about: "any of the above, one at a time, for soaks",
         kinds: ALL,
         fault_ms: (2_000, 10_000),
+        dead_node_grace_ms: None,
     },
 ];
 
@@ -357,11 +392,16 @@ fn fault(kind: Kind, nodes: usize, rng: &mut Xoshiro256PlusPlus) -> Fault {
             let node = minority[rng.random_range(0..minority.len())];
             Fault::PartitionAndKill { groups, node }
         }
+        Kind::Flap => Fault::Flap {
+            node,
+            period_ms: rng.random_range(300..=1_500),
+        },
     }
 }
 
-/// The (from, to) host pairs whose packets a network fault drops. Empty for process faults.
-pub fn blocked_pairs(fault: &Fault) -> Vec<(usize, usize)> {
+/// The (from, to) host pairs of `nodes` hosts whose packets a network fault drops (a flapping
+/// link: while it is cut). Empty for process faults.
+pub fn blocked_pairs(fault: &Fault, nodes: usize) -> Vec<(usize, usize)> {
     let between = |a: &[usize], b: &[usize]| -> Vec<(usize, usize)> {
         a.iter()
             .flat_map(|x| b.iter().map(move |y| (*x, *y)))
@@ -380,6 +420,12 @@ pub fn blocked_pairs(fault: &Fault) -> Vec<(usize, usize)> {
             pairs
         }
         Fault::OneWay { from, to } => between(from, to),
+        Fault::Flap { node, .. } => {
+            let others: Vec<usize> = (0..nodes).filter(|n| n != node).collect();
+            let mut pairs = between(&[*node], &others);
+            pairs.extend(between(&others, &[*node]));
+            pairs
+        }
         Fault::Bridge { left, right, .. } => {
             let mut pairs = between(left, right);
             pairs.extend(between(right, left));
@@ -436,7 +482,7 @@ mod tests {
             all.sort_unstable();
             assert_eq!(all, [0, 1, 2, 3, 4], "{g:?}");
             assert!(g.iter().all(|x| !x.is_empty()), "{g:?}");
-            let pairs = blocked_pairs(&Fault::Partition { groups: g.clone() });
+            let pairs = blocked_pairs(&Fault::Partition { groups: g.clone() }, 5);
             for (a, b) in &pairs {
                 assert!(pairs.contains(&(*b, *a)));
                 assert!(!g.iter().any(|x| x.contains(a) && x.contains(b)));
@@ -451,13 +497,37 @@ mod tests {
             left: vec![1, 2],
             right: vec![3, 4],
         };
-        let pairs = blocked_pairs(&bridge);
+        let pairs = blocked_pairs(&bridge, 5);
         assert_eq!(pairs.len(), 8);
         assert!(pairs.iter().all(|(a, b)| *a != 0 && *b != 0));
         let one_way = Fault::OneWay {
             from: vec![0],
             to: vec![1, 2],
         };
-        assert_eq!(blocked_pairs(&one_way), [(0, 1), (0, 2)]);
+        assert_eq!(blocked_pairs(&one_way, 3), [(0, 1), (0, 2)]);
+        let flap = Fault::Flap {
+            node: 1,
+            period_ms: 500,
+        };
+        assert_eq!(
+            blocked_pairs(&flap, 3),
+            [(1, 0), (1, 2), (0, 1), (2, 1)],
+            "a flapping node is cut off both ways"
+        );
+    }
+
+    #[test]
+    fn a_long_partition_outlasts_the_grace_period_it_sets() {
+        let s = scenario("long-partition").unwrap();
+        let grace = s.dead_node_grace_ms.unwrap();
+        for seed in 0..50 {
+            let steps = schedule(s, 5, 24_000, seed);
+            assert!(!steps.is_empty(), "seed {seed}: a 24 s run has one");
+            for step in steps {
+                // Failure detection (~3.2 s) + the grace, with time to spare before the heal.
+                assert!(step.end_ms - step.start_ms > grace + 5_000, "{step:?}");
+                assert!(matches!(step.fault, Fault::Partition { .. }));
+            }
+        }
     }
 }

@@ -24,6 +24,8 @@ const PROFILE: &[&str] = &[
     "disk-full",
     "clock-skew",
     "partition-kill",
+    "flap",
+    "long-partition",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
