@@ -107,6 +107,34 @@ pub async fn start_cluster_in(
     start_agents(binary, root, lab, n, flags, true, env).await
 }
 
+/// The agent of `lab`'s host `i` (named `n<i>`, gossip on port 7600 of its address, data dir and
+/// the cluster secret under `root`), with `flags`, `env`, and `--join` to each host of `seeds`.
+pub fn lab_agent_spec(
+    binary: &std::path::Path,
+    root: &std::path::Path,
+    lab: &lab::NetLab,
+    i: usize,
+    flags: &[&str],
+    env: Vec<(String, String)>,
+    seeds: &[usize],
+) -> shoal_agent::testkit::AgentSpec {
+    let addr = |i: usize| std::net::SocketAddr::new(lab.address(i), 7600);
+    let mut spec =
+        shoal_agent::testkit::AgentSpec::new(binary, root, &format!("n{i}"), &root.join("secret"))
+            .bind(addr(i))
+            .netns(&lab.host(i));
+    for flag in flags {
+        spec = spec.arg(*flag);
+    }
+    for (key, value) in env {
+        spec = spec.env(key, value);
+    }
+    for seed in seeds {
+        spec = spec.join(addr(*seed));
+    }
+    spec
+}
+
 async fn start_agents(
     binary: &std::path::Path,
     root: &std::path::Path,
@@ -116,26 +144,19 @@ async fn start_agents(
     seed_joins: bool,
     env: &dyn Fn(usize) -> Vec<(String, String)>,
 ) -> anyhow::Result<Vec<shoal_agent::testkit::AgentProcess>> {
-    use shoal_agent::testkit::{AgentProcess, AgentSpec, alive_count, init_secret, wait_until};
+    use shoal_agent::testkit::{AgentProcess, alive_count, init_secret, wait_until};
     let secret = root.join("secret");
     init_secret(binary, &secret)?;
-    let addr = |i: usize| std::net::SocketAddr::new(lab.address(i), 7600);
     let mut agents = Vec::new();
     for i in 0..n {
-        let mut spec = AgentSpec::new(binary, root, &format!("n{i}"), &secret)
-            .bind(addr(i))
-            .netns(&lab.host(i));
-        for flag in flags {
-            spec = spec.arg(*flag);
-        }
-        for (key, value) in env(i) {
-            spec = spec.env(key, value);
-        }
-        if i > 0 {
-            spec = spec.join(addr(0));
+        let seeds: &[usize] = if i > 0 {
+            &[0]
         } else if seed_joins && n > 1 {
-            spec = spec.join(addr(1));
-        }
+            &[1]
+        } else {
+            &[]
+        };
+        let spec = lab_agent_spec(binary, root, lab, i, flags, env(i), seeds);
         agents.push(AgentProcess::start(spec).await?);
     }
     for a in &agents {

@@ -638,7 +638,9 @@ impl Workload {
 /// Plays the fault schedule against the lab and the agents.
 struct FaultDriver<'a> {
     lab: &'a NetLab,
-    agents: &'a mut [AgentProcess],
+    agents: &'a mut Vec<AgentProcess>,
+    /// The agent a [`Fault::PartitionAndJoin`] starts (host `agents.len()`), until it does.
+    joiner: Option<shoal_agent::testkit::AgentSpec>,
     started: Instant,
     log: Vec<(u64, String)>,
 }
@@ -694,6 +696,21 @@ impl FaultDriver<'_> {
                 self.filters(fault)?;
                 self.agents[*node].kill()?;
             }
+            Fault::PartitionAndJoin { node, .. } => {
+                self.filters(fault)?;
+                // Later such faults find it running: then they only partition.
+                if let Some(spec) = self.joiner.take() {
+                    anyhow::ensure!(
+                        self.agents.len() == *node,
+                        "the joiner is host {node}, but {} agents run",
+                        self.agents.len()
+                    );
+                    let agent = AgentProcess::start(spec).await?;
+                    crate::import_busybox(&agent)?;
+                    self.agents.push(agent);
+                    self.note(format!("n{node} started, joining through its side's nodes"));
+                }
+            }
         }
         Ok(())
     }
@@ -721,6 +738,7 @@ impl FaultDriver<'_> {
                 self.lab.set_filters(&[], &[])?;
                 self.agents[*node].restart().await?;
             }
+            Fault::PartitionAndJoin { .. } => self.lab.set_filters(&[], &[])?,
         }
         self.note(format!("end {}", fault.name()));
         Ok(())
@@ -823,6 +841,14 @@ fn describe(fault: &Fault) -> String {
         }
         Fault::ClockSkew { node, offset_s } => format!("n{node} {offset_s:+} s"),
         Fault::Flap { node, period_ms } => format!("n{node} every {period_ms} ms"),
+        Fault::PartitionAndJoin { groups, node } => format!(
+            "{}, n{node} joins",
+            groups
+                .iter()
+                .map(|g| names(g))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        ),
         Fault::PartitionAndKill { groups, node } => format!(
             "{}, n{node} killed",
             groups
@@ -1015,9 +1041,23 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
         flags.push(file.to_string_lossy().into_owned());
     }
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    // A scenario whose last host joins inside a fault starts without it.
+    let joins_late = config.scenario.joins_late();
+    let initial = config.nodes - usize::from(joins_late);
     let mut agents =
-        crate::start_cluster_in(&binary, root.path(), &lab, config.nodes, &flags, &clock_env)
-            .await?;
+        crate::start_cluster_in(&binary, root.path(), &lab, initial, &flags, &clock_env).await?;
+    let joiner = joins_late.then(|| {
+        let seeds: Vec<usize> = (0..initial).collect();
+        crate::lab_agent_spec(
+            &binary,
+            root.path(),
+            &lab,
+            initial,
+            &flags,
+            clock_env(initial),
+            &seeds,
+        )
+    });
     for agent in &agents {
         crate::import_busybox(agent)?;
     }
@@ -1145,6 +1185,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     let mut driver = FaultDriver {
         lab: &lab,
         agents: &mut agents,
+        joiner,
         started,
         log: Vec::new(),
     };

@@ -44,6 +44,12 @@ pub enum Fault {
     /// A flapping link: `node` cut off from every other node and reconnected, in turns of
     /// `period_ms`, for the fault's span (it starts cut).
     Flap { node: usize, period_ms: u64 },
+    /// A partition during which host `node`, whose agent has not run before (the scenario's
+    /// last host), starts and joins through the nodes of its group; it stays when healed.
+    PartitionAndJoin {
+        groups: Vec<Vec<usize>>,
+        node: usize,
+    },
 }
 
 impl Fault {
@@ -60,7 +66,7 @@ impl Fault {
             }
             Fault::OneWay { to, .. } => to.clone(),
             Fault::Bridge { left, right, .. } => left.iter().chain(right).copied().collect(),
-            Fault::PartitionAndKill { groups, node } => {
+            Fault::PartitionAndKill { groups, node } | Fault::PartitionAndJoin { groups, node } => {
                 let mut nodes = groups
                     .iter()
                     .min_by_key(|g| g.len())
@@ -96,6 +102,7 @@ impl Fault {
             Fault::ClockSkew { .. } => "clock-skew",
             Fault::PartitionAndKill { .. } => "partition+kill",
             Fault::Flap { .. } => "flap",
+            Fault::PartitionAndJoin { .. } => "partition+join",
         }
     }
 }
@@ -136,6 +143,8 @@ enum Kind {
     ClockSkew,
     PartitionAndKill,
     Flap,
+    /// Only in its own scenario: its host has no agent until the fault starts one.
+    PartitionAndJoin,
 }
 
 const ALL: &[Kind] = &[
@@ -239,6 +248,13 @@ pub const SCENARIOS: &[Scenario] = &[
         dead_node_grace_ms: Some(6_000),
     },
     Scenario {
+        name: "partition-join",
+        about: "a node that never ran joins during a partition (the last host; its agent starts inside the fault, with every other node as a seed)",
+        kinds: &[Kind::PartitionAndJoin],
+        fault_ms: (10_000, 14_000),
+        dead_node_grace_ms: None,
+    },
+    Scenario {
         name: "random",
         about: "any of the above, one at a time, for soaks",
         kinds: ALL,
@@ -256,6 +272,11 @@ impl Scenario {
     /// Whether its faults move clocks: every agent then runs under libfaketime.
     pub fn needs_clocks(&self) -> bool {
         self.kinds.contains(&Kind::ClockSkew)
+    }
+
+    /// Whether its last host's agent starts only inside a fault (it joins then).
+    pub fn joins_late(&self) -> bool {
+        self.kinds.contains(&Kind::PartitionAndJoin)
     }
 }
 
@@ -392,6 +413,10 @@ fn fault(kind: Kind, nodes: usize, rng: &mut Xoshiro256PlusPlus) -> Fault {
             let node = minority[rng.random_range(0..minority.len())];
             Fault::PartitionAndKill { groups, node }
         }
+        Kind::PartitionAndJoin => Fault::PartitionAndJoin {
+            groups: groups(nodes, rng),
+            node: nodes - 1,
+        },
         Kind::Flap => Fault::Flap {
             node,
             period_ms: rng.random_range(300..=1_500),
@@ -408,7 +433,9 @@ pub fn blocked_pairs(fault: &Fault, nodes: usize) -> Vec<(usize, usize)> {
             .collect()
     };
     match fault {
-        Fault::Partition { groups } | Fault::PartitionAndKill { groups, .. } => {
+        Fault::Partition { groups }
+        | Fault::PartitionAndKill { groups, .. }
+        | Fault::PartitionAndJoin { groups, .. } => {
             let mut pairs = Vec::new();
             for (i, a) in groups.iter().enumerate() {
                 for (j, b) in groups.iter().enumerate() {
@@ -514,6 +541,32 @@ mod tests {
             [(1, 0), (1, 2), (0, 1), (2, 1)],
             "a flapping node is cut off both ways"
         );
+    }
+
+    #[test]
+    fn the_joiner_is_the_last_host_and_joins_inside_a_partition() {
+        let s = scenario("partition-join").unwrap();
+        assert!(s.joins_late());
+        assert!(
+            !scenario("random").unwrap().joins_late(),
+            "random never joins"
+        );
+        for seed in 0..50 {
+            let steps = schedule(s, 5, 24_000, seed);
+            assert!(!steps.is_empty(), "seed {seed}");
+            for step in &steps {
+                let Fault::PartitionAndJoin { groups, node } = &step.fault else {
+                    panic!("{step:?}");
+                };
+                assert_eq!(*node, 4);
+                assert_eq!(groups.iter().filter(|g| g.contains(node)).count(), 1);
+                let pairs = blocked_pairs(&step.fault, 5);
+                assert!(
+                    pairs.iter().any(|(a, _)| a == node),
+                    "it is cut off from a side"
+                );
+            }
+        }
     }
 
     #[test]

@@ -26,6 +26,7 @@ const PROFILE: &[&str] = &[
     "partition-kill",
     "flap",
     "long-partition",
+    "partition-join",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
