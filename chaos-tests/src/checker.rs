@@ -283,7 +283,8 @@ pub struct PodSeen {
     pub node: Option<String>,
 }
 
-/// The chaos workload's Deployment and DaemonSet and their pods at one moment, in one store.
+/// The chaos workload's Deployment, DaemonSet and Job and their pods at one moment, in one
+/// store.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct ReplicaSample {
     pub at_ms: u64,
@@ -300,6 +301,20 @@ pub struct ReplicaSample {
     pub nodes: Vec<String>,
     /// The DaemonSet's selector's pods that are not being deleted.
     pub daemon_pods: Vec<PodSeen>,
+    /// The Job (none: gone).
+    pub job: Option<JobSeen>,
+}
+
+/// An Indexed Job's counts, from the completions recorded in it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct JobSeen {
+    pub completions: u64,
+    /// `status.succeeded`.
+    pub succeeded: u64,
+    /// `status.completedIndexes` (`0-5`).
+    pub completed_indexes: String,
+    /// Whether it has the condition `Complete`.
+    pub complete: bool,
 }
 
 impl ReplicaSample {
@@ -336,6 +351,23 @@ impl ReplicaSample {
                     pod.name,
                     pod.controller.as_deref().unwrap_or("nothing")
                 ));
+            }
+        }
+        match &self.job {
+            None => problems.push("the Job is gone".to_owned()),
+            Some(job) => {
+                let all = match job.completions {
+                    0 => String::new(),
+                    1 => "0".to_owned(),
+                    n => format!("0-{}", n - 1),
+                };
+                if job.succeeded != job.completions || job.completed_indexes != all || !job.complete
+                {
+                    problems.push(format!(
+                        "the Job counts {} of {} completions (indexes {:?}, complete: {})",
+                        job.succeeded, job.completions, job.completed_indexes, job.complete
+                    ));
+                }
             }
         }
         let Some(daemon_set) = &self.daemon_set else {
@@ -375,8 +407,10 @@ impl ReplicaSample {
 }
 
 /// Checker 3: once the faults are healed (`healed_ms`), within `bound_ms` the Deployment has
-/// exactly `spec.replicas` pods, all its ReplicaSets', and the DaemonSet exactly one pod on each
-/// node: no duplicate left by a healed partition, none lost with a killed node. Returns the time
+/// exactly `spec.replicas` pods, all its ReplicaSets', the DaemonSet exactly one pod on each
+/// node, and the Indexed Job exactly its completions, each index once, and `Complete`: no
+/// duplicate left by a healed partition, none lost with a killed node, no completion lost or
+/// counted twice. Returns the time
 /// it took, or the violation with what the last sample still got wrong.
 pub fn replicas(
     samples: &[ReplicaSample],
@@ -876,6 +910,12 @@ mod tests {
             daemon_set: Some("ds".into()),
             nodes: vec!["n0".into(), "n1".into()],
             daemon_pods: vec![pod("d-n0", "ds", "n0"), pod("d-n1", "ds", "n1")],
+            job: Some(JobSeen {
+                completions: 3,
+                succeeded: 3,
+                completed_indexes: "0-2".into(),
+                complete: true,
+            }),
         }
     }
 
@@ -922,6 +962,23 @@ mod tests {
                 .iter()
                 .any(|p| p.contains("DaemonSet is gone"))
         );
+        // A Job completion counted twice, one lost, one not yet complete, and a gone Job.
+        let job_problem = |edit: &dyn Fn(&mut JobSeen)| {
+            let mut sample = exact_sample(0);
+            edit(sample.job.as_mut().unwrap());
+            sample.problems()
+        };
+        let doubled = job_problem(&|j| j.succeeded = 4);
+        assert!(doubled[0].contains("counts 4 of 3"), "{doubled:?}");
+        let lost_index = job_problem(&|j| {
+            j.succeeded = 2;
+            j.completed_indexes = "0,2".into();
+        });
+        assert!(lost_index[0].contains("\"0,2\""), "{lost_index:?}");
+        assert_eq!(job_problem(&|j| j.complete = false).len(), 1);
+        let mut gone = exact_sample(0);
+        gone.job = None;
+        assert_eq!(gone.problems(), ["the Job is gone"]);
 
         let samples = [wrong.clone(), exact_sample(3_000)];
         assert_eq!(replicas(&samples, 1_000, 5_000), Ok(2_000));

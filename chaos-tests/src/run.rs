@@ -16,7 +16,7 @@ use shoal_agent::client::{ClientError, ControlClient};
 use shoal_agent::testkit::AgentProcess;
 
 use crate::checker::{
-    self, DigestSample, Final, Intrusion, Leftovers, PodSeen, ReplicaSample, Violation,
+    self, DigestSample, Final, Intrusion, JobSeen, Leftovers, PodSeen, ReplicaSample, Violation,
 };
 use crate::history::{History, Op, Outcome, Request};
 use crate::lab::{self, NetLab};
@@ -45,6 +45,10 @@ const FENCE_TIMEOUT: &str = "2s";
 /// the auction and the nodes' admission have something to get wrong. 10 × 600m: three fit a
 /// node of 2 cpus, a fourth does not.
 const HEAVY: &str = "chaos-heavy";
+/// Checker 3's Job: Indexed, [`JOB_COMPLETIONS`] completions two at a time, each pod 3 s of
+/// busybox, so it runs through the first faults.
+const JOB: &str = "chaos-job";
+const JOB_COMPLETIONS: u64 = 8;
 const HEAVY_REPLICAS: u64 = 10;
 const HEAVY_CPU: &str = "600m";
 /// How often checker 5 reads the agents' cgroups.
@@ -286,6 +290,17 @@ fn fenced_runs(dir: &Path, start_uptime_ms: u64) -> anyhow::Result<Vec<checker::
     }
     runs.sort_by(|a, b| (&a.pod, a.first_ms).cmp(&(&b.pod, b.first_ms)));
     Ok(runs)
+}
+
+/// Checker 3's Job ([`JOB`]).
+fn job() -> Value {
+    json!({"apiVersion": "batch/v1", "kind": "Job",
+           "metadata": {"name": JOB, "namespace": "default"},
+           "spec": {"completions": JOB_COMPLETIONS, "parallelism": 2, "completionMode": "Indexed",
+                    "backoffLimit": 100,
+                    "template": {"spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                                          "containers": [{"name": "c", "image": "shoal.local/busybox:1",
+                                                          "command": ["sleep", "3"]}]}}}})
 }
 
 /// Checker 5's Deployment: busybox sleeping with a cpu request (PID 1 ignores SIGTERM, so a
@@ -1082,7 +1097,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     let fenced_pods: Vec<Value> = (0..FENCED_PODS)
         .map(|i| fenced_pod(&fenced_name(i), &fenced_name(i), true, &heartbeats))
         .collect();
-    for object in [deployment(2), daemon_set(), heavy_deployment()]
+    for object in [deployment(2), daemon_set(), heavy_deployment(), job()]
         .iter()
         .chain(&fenced_pods)
     {
@@ -1514,6 +1529,26 @@ async fn replica_sample(
             .map(str::to_owned)
     };
     let deployment = agent.object("deployments", "default", APP).await?;
+    // The Job's counts as the API serves them: from the completions its owners recorded in the
+    // Job object (durable, merged across partitions), not from pods, which are cleaned up.
+    let job = agent.object("jobs", "default", JOB).await?.map(|job| {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let status = shoal_agent::controllers::job::status(&job, &[], now_ms);
+        JobSeen {
+            completions: job["spec"]["completions"].as_u64().unwrap_or(1),
+            succeeded: status["succeeded"].as_u64().unwrap_or(0),
+            completed_indexes: status["completedIndexes"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            complete: status["conditions"].as_array().is_some_and(|c| {
+                c.iter()
+                    .any(|c| c["type"] == "Complete" && c["status"] == "True")
+            }),
+        }
+    });
     let daemon_set = agent.object("daemonsets", "default", DAEMON).await?;
     let deployment_uid = deployment.as_ref().map(uid);
     let replica_sets = list("replicasets")
@@ -1552,6 +1587,7 @@ async fn replica_sample(
         daemon_set: daemon_set.as_ref().map(uid),
         nodes: nodes.to_vec(),
         daemon_pods,
+        job,
     })
 }
 
