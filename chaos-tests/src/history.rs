@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "f", rename_all = "lowercase")]
 pub enum Request {
-    /// Create or replace (apply) the register object `key` with `value`.
+    /// Set the register object `key`'s value to `value`: a create (POST), replace (PUT) or
+    /// merge patch (PATCH) through the Kubernetes API (the op's `detail` says which; a create of
+    /// an existing object or a replace or patch of a missing one fails and changes nothing).
     Write { key: String, value: String },
     /// Delete the register object `key`.
     Delete { key: String },

@@ -5,6 +5,7 @@
 pub mod checker;
 pub mod cpu;
 pub mod history;
+pub mod kube;
 pub mod lab;
 pub mod report;
 pub mod run;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde_json::{Value, json};
-use shoal_agent::client::{ClientError, ControlClient};
+use shoal_agent::client::ControlClient;
 use shoal_agent::testkit::AgentProcess;
 
 use crate::checker::{
@@ -413,8 +413,12 @@ pub fn classify(
             body["metadata"]["uid"].as_str().map(str::to_owned),
             status.to_string(),
         ),
-        // Too few nodes reachable: refused before anything was stored.
-        Ok((503, body)) if body["reason"] == "Unavailable" => {
+        // Too few nodes reachable: refused before anything was stored (the control API says
+        // so in `reason`, the Kubernetes API in its Status's cause).
+        Ok((503, body))
+            if body["reason"] == "Unavailable"
+                || body["details"]["causes"][0]["reason"] == "Unavailable" =>
+        {
             (Outcome::Fail, None, "503 Unavailable".to_owned())
         }
         // Stored on the answering node, not yet on the quorum: may take effect.
@@ -434,8 +438,19 @@ pub fn classify(
     }
 }
 
+/// How a workload write goes to the Kubernetes API: create, replace, or patch the register's
+/// value (JSON merge patch), as kubectl create, replace and patch do.
+#[derive(Debug, Clone, Copy)]
+enum Via {
+    Post,
+    Put,
+    Patch,
+}
+
 struct Workload {
+    /// Each agent's control socket (membership samples) and Kubernetes API (the operations).
     clients: Vec<ControlClient>,
+    kube: Vec<crate::kube::KubeClient>,
     keys: usize,
     /// Whether 15% of the writes are one-off 64 KiB objects (`blob-<id>`).
     blobs: bool,
@@ -477,27 +492,49 @@ impl Workload {
             } else {
                 Request::Delete { key }
             };
-            let op = self.perform(id, node, request).await;
+            // Blobs are created whole; a register is created, replaced or patched.
+            let via = match (request.key().starts_with(BLOB_PREFIX), roll % 3) {
+                (true, _) | (false, 0) => Via::Post,
+                (false, 1) => Via::Put,
+                _ => Via::Patch,
+            };
+            let op = self.perform(id, node, request, via).await;
             self.ops.lock().unwrap().push(op);
             tokio::time::sleep(Duration::from_millis(rng.random_range(50..150))).await;
         }
     }
 
-    /// Sends one operation to agent `node` and records how it ended.
-    async fn perform(&self, id: u64, node: usize, request: Request) -> Op {
+    /// Sends one operation to agent `node`'s Kubernetes API and records how it ended.
+    async fn perform(&self, id: u64, node: usize, request: Request, via: Via) -> Op {
         let invoked_ms = self.ms();
-        let client = &self.clients[node];
+        let client = &self.kube[node];
+        const CONFIGMAPS: &str = "/api/v1/namespaces/default/configmaps";
+        const JSON: &str = "application/json";
         let call = async {
-            match &request {
-                Request::Write { key, value } => {
+            match (&request, via) {
+                (Request::Write { key, value }, Via::Post) => {
                     let body = serde_json::to_vec(&register(key, value)).expect("json");
+                    let method = hyper::Method::POST;
+                    client.send(method, CONFIGMAPS, JSON, Some(body)).await
+                }
+                (Request::Write { key, value }, Via::Put) => {
+                    let body = serde_json::to_vec(&register(key, value)).expect("json");
+                    let path = format!("{CONFIGMAPS}/{key}");
                     client
-                        .send(hyper::Method::PUT, "/v1/objects", Some(body))
+                        .send(hyper::Method::PUT, &path, JSON, Some(body))
                         .await
                 }
-                Request::Delete { key } => {
-                    let path = format!("/v1/objects/configmaps/{key}?namespace=default");
-                    client.send(hyper::Method::DELETE, &path, None).await
+                (Request::Write { key, value }, Via::Patch) => {
+                    let body = serde_json::to_vec(&json!({"data": {"v": value}})).expect("json");
+                    let path = format!("{CONFIGMAPS}/{key}");
+                    let merge = "application/merge-patch+json";
+                    client
+                        .send(hyper::Method::PATCH, &path, merge, Some(body))
+                        .await
+                }
+                (Request::Delete { key }, _) => {
+                    let path = format!("{CONFIGMAPS}/{key}");
+                    client.send(hyper::Method::DELETE, &path, JSON, None).await
                 }
             }
         };
@@ -510,11 +547,18 @@ impl Workload {
                     )),
                     false,
                 ),
-                Ok(Err(e @ ClientError::Connect { .. })) => (Err(e.to_string()), true),
+                Ok(Err(e @ crate::kube::KubeError::Connect { .. })) => (Err(e.to_string()), true),
                 Ok(Err(e)) => (Err(e.to_string()), false),
                 Err(_) => (Err("no answer within 10 s".into()), false),
             };
+        let created = matches!(answer, Ok((201, _)));
         let (outcome, uid, detail) = classify(&answer, connect_failed);
+        let method = match (&request, via) {
+            (Request::Delete { .. }, _) => "DELETE",
+            (_, Via::Post) => "POST",
+            (_, Via::Put) => "PUT",
+            (_, Via::Patch) => "PATCH",
+        };
         Op {
             id,
             node,
@@ -523,42 +567,31 @@ impl Workload {
             completed_ms: self.ms(),
             outcome,
             uid,
-            created: detail == "201",
-            detail,
+            created,
+            detail: format!("{method} {detail}"),
         }
     }
 }
 
 impl Workload {
-    /// Sets the Deployment's replicas to a random count through a random agent, every 1–3 s
-    /// (read, change, write back, as `kubectl scale` without a precondition).
+    /// Sets the Deployment's replicas to a random count through a random agent's Kubernetes
+    /// API, every 1–3 s (a merge patch of its `scale` subresource, as `kubectl scale` sends).
     async fn scaler_loop(self: Arc<Self>, seed: u64) {
         use rand::{RngExt, SeedableRng};
         let mut rng = rand::rngs::Xoshiro256PlusPlus::seed_from_u64(seed);
         while !self.stop.load(Ordering::Relaxed) {
             tokio::time::sleep(Duration::from_millis(rng.random_range(1_000..3_000))).await;
-            let client = &self.clients[rng.random_range(0..self.clients.len())];
+            let client = &self.kube[rng.random_range(0..self.kube.len())];
             let replicas = rng.random_range(0..=MAX_REPLICAS);
             let scale = async {
-                let path = format!("/v1/objects/deployments/{APP}?namespace=default");
-                let (status, bytes) = client.send(hyper::Method::GET, &path, None).await.ok()?;
-                let mut object: Value = serde_json::from_slice(&bytes).ok()?;
-                if status != 200 {
-                    return None;
-                }
-                object["spec"]["replicas"] = json!(replicas);
-                if let Some(meta) = object["metadata"].as_object_mut() {
-                    meta.remove("resourceVersion");
-                }
-                if let Some(o) = object.as_object_mut() {
-                    o.remove("status");
-                }
-                let body = serde_json::to_vec(&object).ok()?;
+                let path = format!("/apis/apps/v1/namespaces/default/deployments/{APP}/scale");
+                let body = serde_json::to_vec(&json!({"spec": {"replicas": replicas}})).ok()?;
+                let merge = "application/merge-patch+json";
                 let (status, _) = client
-                    .send(hyper::Method::PUT, "/v1/objects", Some(body))
+                    .send(hyper::Method::PATCH, &path, merge, Some(body))
                     .await
                     .ok()?;
-                (status == 200 || status == 201).then_some(())
+                (status == 200).then_some(())
             };
             let done = tokio::time::timeout(Duration::from_secs(10), scale).await;
             let mut scales = self.scales.lock().unwrap();
@@ -1151,11 +1184,22 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     let stop_cpu = StopOnDrop(Arc::new(AtomicBool::new(false)));
     let cpu_breach_dir = cpu_nodes[0].2.clone();
     let cpu = cpu_sampler(cpu_nodes, started, stop_cpu.0.clone());
+    // The workload's operations go through each agent's Kubernetes API, as kubectl's would.
+    let identity = shoal_gossip::ClusterIdentity::derive(&shoal_gossip::ClusterSecret::load_file(
+        &root.path().join("secret"),
+    )?)?;
+    let kube = (0..agents.len())
+        .map(|i| {
+            let addr = std::net::SocketAddr::new(lab.address(i), API_PORT);
+            crate::kube::KubeClient::new(&lab.host(i), addr, &identity)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let workload = Arc::new(Workload {
         clients: agents
             .iter()
             .map(|a| ControlClient::for_data_dir(a.data_dir()))
             .collect(),
+        kube,
         keys: config.keys,
         blobs: config.scenario.needs_disks(),
         started,
@@ -1223,7 +1267,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
             key: DROPPED_KEY.to_owned(),
             value: format!("v{id}"),
         };
-        let op = workload.perform(id, 0, request).await;
+        let op = workload.perform(id, 0, request, Via::Post).await;
         workload.ops.lock().unwrap().push(op);
     }
     let quiet_ms = started.elapsed().as_millis() as u64;
@@ -1772,6 +1816,16 @@ mod tests {
         assert_eq!(classify(&not_durable, false).0, Outcome::Unknown);
         let unavailable = Ok((503, json!({"reason": "Unavailable"})));
         assert_eq!(classify(&unavailable, false).0, Outcome::Fail);
+        // The Kubernetes API's Status says which in its cause.
+        let status = |cause: &str| {
+            Ok((
+                503,
+                json!({"kind": "Status", "reason": "ServiceUnavailable",
+                       "details": {"causes": [{"reason": cause}]}}),
+            ))
+        };
+        assert_eq!(classify(&status("Unavailable"), false).0, Outcome::Fail);
+        assert_eq!(classify(&status("NotDurable"), false).0, Outcome::Unknown);
         let not_found = Ok((404, json!({"reason": "NotFound"})));
         assert_eq!(classify(&not_found, false).0, Outcome::Fail);
         assert_eq!(classify(&Err("refused".into()), true).0, Outcome::Fail);

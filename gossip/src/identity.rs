@@ -213,6 +213,25 @@ impl ClusterIdentity {
         Ok(config)
     }
 
+    /// TLS for a client of the API server (what a kubeconfig gives kubectl): the server must
+    /// chain to the cluster CA; the client presents no certificate (it sends the bearer token).
+    pub fn api_client_config(&self) -> Result<rustls::ClientConfig, IdentityError> {
+        let tls = |e: rustls::Error| IdentityError::Tls(e.to_string());
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            self.roots(),
+            self.provider.clone(),
+        )
+        .build()
+        .map_err(|e| IdentityError::Tls(e.to_string()))?;
+        let mut config = rustls::ClientConfig::builder_with_provider(self.provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(tls)?
+            .with_webpki_verifier(verifier)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(config)
+    }
+
     /// The CA certificate in PEM, for kubeconfigs.
     pub fn ca_certificate_pem(&self) -> &str {
         &self.ca_pem

@@ -76,11 +76,23 @@ fn object_error(kind: &str, name: &str, e: ObjectError) -> ApiError {
 fn write_error(kind: &str, name: &str, e: WriteError) -> ApiError {
     match e {
         WriteError::Store(e) => store_error(kind, name, e),
-        e @ (WriteError::NotDurable { .. } | WriteError::Unavailable { .. }) => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "ServiceUnavailable",
-            e.to_string(),
-        ),
+        e @ (WriteError::NotDurable { .. } | WriteError::Unavailable { .. }) => {
+            // The cause tells a client whether a retry may find the write done: `NotDurable`
+            // was stored here and replicates later; `Unavailable` stored nothing.
+            let cause = match e {
+                WriteError::NotDurable { .. } => "NotDurable",
+                _ => "Unavailable",
+            };
+            let message = e.to_string();
+            let mut err = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailable",
+                &message,
+            );
+            err.details = Some(json!({"name": name, "kind": kind.to_lowercase(),
+                "causes": [{"reason": cause, "message": message}], "retryAfterSeconds": 1}));
+            err
+        }
     }
 }
 
@@ -2174,4 +2186,44 @@ pub async fn delete_collection(request: &Request<'_>) -> Result<Response, ApiErr
             "items": deleted,
         }),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_below_quorum_says_whether_it_was_stored() {
+        let stored = write_error(
+            "ConfigMap",
+            "c",
+            WriteError::NotDurable {
+                acked: 1,
+                needed: 2,
+                why: "confirmed it within 5s".into(),
+            },
+        )
+        .to_status();
+        let nothing = write_error(
+            "ConfigMap",
+            "c",
+            WriteError::Unavailable {
+                reachable: 1,
+                needed: 2,
+            },
+        )
+        .to_status();
+        for (status, cause) in [(&stored, "NotDurable"), (&nothing, "Unavailable")] {
+            assert_eq!(status["code"], 503);
+            assert_eq!(status["reason"], "ServiceUnavailable");
+            assert_eq!(status["details"]["causes"][0]["reason"], cause, "{status}");
+            assert_eq!(status["details"]["name"], "c");
+        }
+        assert!(
+            nothing["message"]
+                .as_str()
+                .unwrap()
+                .contains("nothing was written")
+        );
+    }
 }
