@@ -62,6 +62,10 @@ pub fn router(
         .route("/v1/self", get(self_info_handler))
         .route("/v1/members", get(members_handler))
         .route("/v1/store", get(store_handler))
+        .route(
+            "/v1/baseline",
+            get(baseline_handler).put(set_baseline_handler),
+        )
         .route("/v1/kubeconfig", get(kubeconfig_handler))
         .route("/v1/watch", get(watch_handler))
         .route("/v1/objects", post(create_handler).put(apply_handler))
@@ -354,6 +358,35 @@ async fn delete_handler(
     let info = kind_named(&kind_name)?;
     let key = key_of(info, &name, &query);
     Ok(Json(state.replication.delete(&key, None).await?))
+}
+
+async fn baseline_handler(State(state): State<ControlState>) -> Json<crate::replication::Baseline> {
+    Json(state.replication.baseline().await)
+}
+
+/// The body of `PUT /v1/baseline`.
+#[derive(Debug, Deserialize)]
+struct SetBaseline {
+    members: u64,
+}
+
+async fn set_baseline_handler(
+    State(state): State<ControlState>,
+    Json(body): Json<SetBaseline>,
+) -> Result<Json<crate::replication::Baseline>, Failure> {
+    state
+        .replication
+        .set_baseline(body.members)
+        .await
+        .map(Json)
+        .map_err(|message| {
+            failure(
+                StatusCode::CONFLICT,
+                "Conflict",
+                message,
+                Some("members".into()),
+            )
+        })
 }
 
 async fn store_handler(State(state): State<ControlState>) -> Json<StoreInfo> {

@@ -68,6 +68,18 @@ enum Command {
         #[arg(long, value_name = "URL")]
         server: Option<String>,
     },
+    /// Show, or set, this node's membership baseline: the most nodes it has known at once
+    /// (persisted). Fenced pods run only with a majority of it, and so do their run leases, so
+    /// once nodes are gone for good, lower it on every remaining node (`--set 3` after two of
+    /// five were removed); the largest baseline any node reports counts. Refused below the
+    /// nodes the membership still lists (the dead are listed until the dead-node grace period).
+    Baseline {
+        #[command(flatten)]
+        target: Target,
+        /// Set it to this many nodes.
+        #[arg(long, value_name = "NODES")]
+        set: Option<u64>,
+    },
     /// Manage the node's images (the store in the agent's data dir, shared with a running agent).
     Image {
         #[command(subcommand)]
@@ -198,6 +210,27 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Ok::<_, anyhow::Error>(serde_json::from_value(value)?)
             })?;
             print!("{}", kubeconfig_yaml(&info, server.as_deref()));
+            Ok(())
+        }
+        Command::Baseline { target, set } => {
+            let client = ControlClient::for_data_dir(&target.data_dir);
+            let baseline: shoal_agent::replication::Baseline = runtime()?.block_on(async {
+                let value = match set {
+                    Some(members) => {
+                        let body = serde_json::to_vec(&serde_json::json!({"members": members}))?;
+                        call(&client, hyper::Method::PUT, "/v1/baseline", Some(body)).await?
+                    }
+                    None => call(&client, hyper::Method::GET, "/v1/baseline", None).await?,
+                };
+                Ok::<_, anyhow::Error>(serde_json::from_value(value)?)
+            })?;
+            println!(
+                "baseline: {} nodes (a majority is {}); the membership lists {}: {}",
+                baseline.members,
+                baseline.members / 2 + 1,
+                baseline.listed.len(),
+                baseline.listed.join(", ")
+            );
             Ok(())
         }
         Command::Image { command } => image(command),

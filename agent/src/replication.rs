@@ -31,6 +31,23 @@ use shoal_state::{
 };
 use tracing::{debug, info, warn};
 
+/// A node's membership baseline: majorities are counted of `members`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Baseline {
+    pub members: u64,
+    /// The member names the membership lists now (alive or not), sorted.
+    pub listed: Vec<String>,
+}
+
+/// The distinct member names of `members`, sorted.
+fn listed_names(members: &[shoal_gossip::Member]) -> Vec<String> {
+    let names: std::collections::BTreeSet<&str> = members
+        .iter()
+        .filter_map(|m| m.meta.as_ref().map(|meta| meta.name.as_str()))
+        .collect();
+    names.into_iter().map(str::to_owned).collect()
+}
+
 /// Tunables of replication.
 #[derive(Debug, Clone)]
 pub struct ReplicationConfig {
@@ -286,15 +303,41 @@ impl Replication {
         Ok(())
     }
 
+    /// The membership baseline (the most nodes known at once, persisted) and the names the
+    /// membership lists now.
+    pub async fn baseline(&self) -> Baseline {
+        let members = self.membership.members().await;
+        self.note_members(&members);
+        Baseline {
+            members: self.read(|s| s.peak_members()),
+            listed: listed_names(&members),
+        }
+    }
+
+    /// Sets this node's baseline to `members` (an operator's word that the nodes beyond it are
+    /// gone for good: majorities, for fencing and run leases, are then counted of `members`).
+    /// Refused below the nodes the membership still lists (dead ones are listed until the
+    /// dead-node grace period forgets them), which would raise it again at once.
+    pub async fn set_baseline(&self, members: u64) -> Result<Baseline, String> {
+        let listed = listed_names(&self.membership.members().await);
+        if members == 0 || (members as usize) < listed.len() {
+            return Err(format!(
+                "members: {members} is below the {} nodes the membership still lists ({}); a dead node is listed until the dead-node grace period forgets it",
+                listed.len(),
+                listed.join(", ")
+            ));
+        }
+        on_disk(|| self.store.lock().unwrap().set_peak_members(members))
+            .map_err(|e| format!("cannot record the baseline: {e}"))?;
+        info!(members, "membership baseline set by the operator");
+        Ok(Baseline { members, listed })
+    }
+
     /// Records how many nodes the membership shows, counted by name: a node whose data dir was
     /// wiped rejoins under a new id while its old one is still remembered, and is still one
     /// node (fencing counts its majorities against the peak of this).
     fn note_members(&self, members: &[shoal_gossip::Member]) {
-        let names: std::collections::HashSet<&str> = members
-            .iter()
-            .filter_map(|m| m.meta.as_ref().map(|meta| meta.name.as_str()))
-            .collect();
-        let count = names.len() as u64;
+        let count = listed_names(members).len() as u64;
         if let Err(error) = on_disk(|| self.store.lock().unwrap().note_members(count)) {
             warn!(%error, "cannot record the cluster size");
         }

@@ -150,9 +150,14 @@ struct State {
 }
 
 /// The binding `pods` hold for `uid`: the node it names and its epoch.
-fn bound_to(pods: &HashMap<String, PodEntry>, uid: &str) -> Option<(String, u64)> {
-    pods.get(uid)
-        .and_then(|p| p.node_name.clone().map(|node| (node, p.epoch)))
+fn bound_to(pods: &HashMap<String, PodEntry>, uid: &str) -> Option<lease::Binding> {
+    pods.get(uid).and_then(|p| {
+        p.node_name.clone().map(|node| lease::Binding {
+            name: format!("{}/{}", p.key.namespace, p.key.name),
+            node,
+            epoch: p.epoch,
+        })
+    })
 }
 
 fn to_taint(t: &shoal_gossip::NodeTaint) -> Option<Taint> {

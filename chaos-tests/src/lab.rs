@@ -187,7 +187,11 @@ fn filter_ruleset(sources: &[String], loss_percent: Option<u8>) -> String {
         rules.push_str(&format!("    ip saddr {{ {} }} drop\n", sources.join(", ")));
     }
     if let Some(p) = loss_percent {
-        rules.push_str(&format!("    numgen random mod 100 < {p} drop\n"));
+        // From the network only: a client on the node itself (loopback) and the node's pods
+        // (its bridge) are not on the lossy link.
+        rules.push_str(&format!(
+            "    iifname \"eth0\" numgen random mod 100 < {p} drop\n"
+        ));
     }
     rules.push_str("  }\n}\n");
     rules
@@ -248,5 +252,29 @@ impl Drop for NetLab {
             let _ = ip(&["netns", "del", &self.host(i)]);
         }
         let _ = ip(&["netns", "del", &self.hub()]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_drop_the_blocked_sources_and_lose_packets_only_from_the_link() {
+        let healed = filter_ruleset(&[], None);
+        assert!(
+            healed.ends_with("delete table inet shoalchaos\n"),
+            "{healed}"
+        );
+        let cut = filter_ruleset(&["10.0.0.2".into(), "10.0.0.3".into()], Some(30));
+        assert!(
+            cut.contains("ip saddr { 10.0.0.2, 10.0.0.3 } drop"),
+            "{cut}"
+        );
+        // Loopback (a client on the node) and the node's bridge (its pods) are not the link.
+        assert!(
+            cut.contains("iifname \"eth0\" numgen random mod 100 < 30 drop"),
+            "{cut}"
+        );
     }
 }

@@ -746,6 +746,16 @@ impl Store {
         self.peak_members
     }
 
+    /// Sets the peak to `members` (≥ 1), lower or higher, persisted: an operator's word that
+    /// the nodes beyond it are gone for good (`shoal baseline --set`). [`Store::note_members`]
+    /// raises it again as soon as more nodes are known at once.
+    pub fn set_peak_members(&mut self, members: u64) -> Result<(), StoreError> {
+        let members = members.max(1);
+        self.commit(&[], &[(META_PEAK_MEMBERS, members)])?;
+        self.peak_members = members;
+        Ok(())
+    }
+
     /// Records that `members` nodes are known now; persisted (fsync) only when it is a new peak.
     pub fn note_members(&mut self, members: u64) -> Result<(), StoreError> {
         if members <= self.peak_members {

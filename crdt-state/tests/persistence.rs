@@ -424,3 +424,30 @@ fn a_list_returns_exactly_its_kind_and_namespace() {
     assert_eq!(names(store.list("apps", "ReplicaSet", Some("a"))), ["a/r1"]);
     assert!(store.list("apps", "Deployment", None).is_empty());
 }
+
+#[test]
+fn the_peak_membership_persists_rises_by_itself_and_lowers_only_when_set() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = open(dir.path(), "a", 1);
+        assert_eq!(store.peak_members(), 0);
+        store.note_members(5).unwrap();
+        store.note_members(3).unwrap();
+        assert_eq!(store.peak_members(), 5, "fewer members now do not lower it");
+    }
+    let mut store = open(dir.path(), "a", 1);
+    assert_eq!(store.peak_members(), 5, "persisted");
+    store.set_peak_members(3).unwrap();
+    assert_eq!(store.peak_members(), 3);
+    drop(store);
+    let mut store = open(dir.path(), "a", 1);
+    assert_eq!(store.peak_members(), 3, "the lowered peak persists");
+    store.note_members(4).unwrap();
+    assert_eq!(
+        store.peak_members(),
+        4,
+        "more members at once raise it again"
+    );
+    store.set_peak_members(0).unwrap();
+    assert_eq!(store.peak_members(), 1, "never below one node");
+}

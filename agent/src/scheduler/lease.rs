@@ -9,7 +9,9 @@
 //! leader; a `fenced` pod must never run twice, so its node also needs a *lease*:
 //!
 //! - **Grantor** (every node): grants pod `P` to node `X` only if its own store binds `P` to `X`
-//!   at the epoch `X` asks for, and it holds no unexpired grant of `P` to another node. A grant
+//!   at the epoch `X` asks for, and it holds no unexpired grant of `P`'s *name* to another node
+//!   (two incarnations of one name, created on both sides of a partition or again after a
+//!   delete, are one pod to fence). A grant
 //!   lasts `term` from when the grantor received the request. A grantor that has just started
 //!   refuses everything for one `term`: grants it gave before a crash are forgotten, and must
 //!   have expired before it gives others.
@@ -30,6 +32,12 @@
 //! drift) and that a holder stops its pod within that margin after its lease lapses (the
 //! kubelet polls every 100 ms; a frozen agent's containers are killed by their shims `hold`
 //! after its last round, [`crate::runtime::lease`]).
+//!
+//! The baseline a holder counts against is the largest of its own and those its grantors
+//! reported with replies whose grants still count (a report lapses with them). Baselines only
+//! grow, except by the operator's `shoal baseline --set`, whose word is that the nodes beyond
+//! the new count never come back; a node still reporting the old count keeps the old majority
+//! for every holder it answers.
 //!
 //! Liveness: once the stores agree on the binding, every grantor grants its node as soon as
 //! any other node's grant has expired, so a conflict costs the winner at most one `term`.
@@ -89,6 +97,17 @@ pub fn validate(request: &LeaseRequest) -> Result<(), String> {
     Ok(())
 }
 
+/// What a grantor's store says of a pod a holder asks about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Binding {
+    /// The pod's `namespace/name`: grants are per name, so two incarnations of one name (a
+    /// pod deleted and created again, or created on both sides of a partition) are one pod
+    /// to fence, as a StatefulSet's identity is.
+    pub name: String,
+    pub node: String,
+    pub epoch: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Grant {
     holder: String,
@@ -100,6 +119,7 @@ struct Grant {
 pub struct Grantor {
     started: Duration,
     term: Duration,
+    /// By pod name.
     grants: HashMap<String, Grant>,
 }
 
@@ -113,14 +133,15 @@ impl Grantor {
         }
     }
 
-    /// Answers `holder`'s asks. `bound_to(uid)` is this node's stored binding of the pod: the
-    /// node it names and the epoch. Returns the uids granted.
+    /// Answers `holder`'s asks. `bound_to(uid)` is this node's stored binding of the pod (none:
+    /// this store has no such pod, for instance an incarnation it replaced). Returns the uids
+    /// granted.
     pub fn answer(
         &mut self,
         now: Duration,
         holder: &str,
         asks: &[Ask],
-        bound_to: impl Fn(&str) -> Option<(String, u64)>,
+        bound_to: impl Fn(&str) -> Option<Binding>,
     ) -> Vec<String> {
         if now < self.started + self.term {
             return Vec::new();
@@ -128,18 +149,21 @@ impl Grantor {
         self.grants.retain(|_, g| g.until > now);
         let mut granted = Vec::new();
         for ask in asks {
-            if bound_to(&ask.uid) != Some((holder.to_owned(), ask.epoch)) {
+            let Some(binding) = bound_to(&ask.uid) else {
+                continue;
+            };
+            if binding.node != holder || binding.epoch != ask.epoch {
                 continue;
             }
             if self
                 .grants
-                .get(&ask.uid)
+                .get(&binding.name)
                 .is_some_and(|g| g.holder != holder)
             {
                 continue;
             }
             self.grants.insert(
-                ask.uid.clone(),
+                binding.name,
                 Grant {
                     holder: holder.to_owned(),
                     until: now + self.term,
@@ -161,8 +185,10 @@ impl Grantor {
 pub struct Holder {
     /// uid -> (epoch, grantor -> counted until).
     grants: HashMap<String, (u64, BTreeMap<String, Duration>)>,
-    /// The largest baseline each grantor reported.
-    baselines: HashMap<String, u32>,
+    /// The baseline each grantor last reported, counted as long as a grant of that reply
+    /// would be (a silent grantor's report lapses with its grants: a baseline lowered by the
+    /// operator takes effect once the nodes that reported the old one stop answering).
+    baselines: HashMap<String, (u32, Duration)>,
 }
 
 impl Holder {
@@ -175,7 +201,8 @@ impl Holder {
         asks: &[Ask],
         reply: &LeaseReply,
     ) {
-        self.baselines.insert(grantor.to_owned(), reply.baseline);
+        self.baselines
+            .insert(grantor.to_owned(), (reply.baseline, sent + hold));
         for ask in asks {
             if !reply.granted.contains(&ask.uid) {
                 // A refusal does not shorten a grant already counted: the grantor still
@@ -207,7 +234,8 @@ impl Holder {
         let baseline = self
             .baselines
             .values()
-            .map(|b| *b as usize)
+            .filter(|(_, until)| *until > now)
+            .map(|(b, _)| *b as usize)
             .max()
             .unwrap_or(0)
             .max(baseline);
@@ -244,8 +272,14 @@ mod tests {
         }]
     }
 
-    fn bound(node: &'static str, epoch: u64) -> impl Fn(&str) -> Option<(String, u64)> {
-        move |_| Some((node.to_owned(), epoch))
+    fn bound(node: &'static str, epoch: u64) -> impl Fn(&str) -> Option<Binding> {
+        move |_| {
+            Some(Binding {
+                name: "default/p".into(),
+                node: node.to_owned(),
+                epoch,
+            })
+        }
     }
 
     #[test]
@@ -264,6 +298,21 @@ mod tests {
         assert_eq!(g.answer(s(12), "y", &ask("p", 2), bound("y", 2)), ["p"]);
         assert_eq!(g.granted(s(12)), 1);
         assert_eq!(g.granted(s(18)), 0);
+    }
+
+    #[test]
+    fn two_incarnations_of_one_name_are_one_pod_to_fence() {
+        let mut g = Grantor::new(s(0), TERM);
+        assert_eq!(g.answer(s(6), "x", &ask("old", 1), bound("x", 1)), ["old"]);
+        // The store now holds a new incarnation of the name, bound to y: refused while x's
+        // grant of the old one runs (until 12 s), granted after.
+        assert!(
+            g.answer(s(7), "y", &ask("new", 1), bound("y", 1))
+                .is_empty()
+        );
+        assert_eq!(g.answer(s(12), "y", &ask("new", 1), bound("y", 1)), ["new"]);
+        // An incarnation this store does not hold is refused.
+        assert!(g.answer(s(20), "x", &ask("old", 1), |_| None).is_empty());
     }
 
     #[test]
@@ -298,6 +347,40 @@ mod tests {
     }
 
     #[test]
+    fn a_baseline_report_lapses_with_its_grantors_grants() {
+        // Nodes d and e reported 5 and went for good; the operator lowered a, b and c to 3.
+        let mut h = Holder::default();
+        let asks = ask("p", 1);
+        let old = LeaseReply {
+            granted: vec!["p".into()],
+            baseline: 5,
+        };
+        h.on_reply(s(10), HOLD, "d", &asks, &old);
+        h.on_reply(s(10), HOLD, "e", &asks, &old);
+        let lowered = LeaseReply {
+            granted: vec!["p".into()],
+            baseline: 3,
+        };
+        h.on_reply(s(20), HOLD, "a", &asks, &lowered);
+        h.on_reply(s(20), HOLD, "b", &asks, &lowered);
+        // d's and e's reports (and grants) lapsed at 15 s: two of three hold it.
+        assert!(h.holds("p", 1, s(21), 3));
+        // While a report of 5 is fresh, two grants are not enough.
+        h.on_reply(
+            s(21),
+            HOLD,
+            "c",
+            &asks,
+            &LeaseReply {
+                granted: vec![],
+                baseline: 5,
+            },
+        );
+        assert!(!h.holds("p", 1, s(22), 3));
+        assert!(!h.holds("p", 1, s(27), 3), "a's and b's grants lapsed too");
+    }
+
+    #[test]
     fn requests_from_peers_are_checked() {
         assert!(validate(&LeaseRequest { asks: ask("p", 1) }).is_ok());
         let long = LeaseRequest {
@@ -320,7 +403,9 @@ mod tests {
 
     /// Two holders, `n` grantors whose stores bind the pod to one or the other until they all
     /// converge on holder 0; requests and replies delayed at random (and lost), grantors
-    /// restarted at random. Returns the instants (ms) both holders held the pod.
+    /// restarted at random. With `incarnations`, the two bindings are two incarnations of one
+    /// name (holder 1 runs the old uid, holder 0 the new one; a store knows only one of them).
+    /// Returns the instants (ms) both holders held the pod.
     fn overlap(
         n: usize,
         delays: &[u64],
@@ -328,7 +413,13 @@ mod tests {
         first_binding: &[bool],
         restarts: &[(usize, u64)],
         broken: bool,
+        incarnations: bool,
     ) -> (Vec<u64>, bool) {
+        let uids = if incarnations {
+            ["p-new", "p-old"]
+        } else {
+            ["p", "p"]
+        };
         let names: Vec<String> = (0..n).map(|i| format!("n{i}")).collect();
         let holders = ["n0", "n1"];
         let mut grantors: Vec<Grantor> = (0..n).map(|_| Grantor::new(s(0), TERM)).collect();
@@ -363,15 +454,23 @@ mod tests {
                     } else {
                         1
                     };
-                    move |_: &str| Some((holders[winner].to_owned(), 1))
+                    move |uid: &str| {
+                        (uid == uids[winner]).then(|| Binding {
+                            name: "default/p".into(),
+                            node: holders[winner].to_owned(),
+                            epoch: 1,
+                        })
+                    }
                 };
-                let asks = ask("p", 1);
+                let asks = ask(uids[h], 1);
                 let mut granted = grantors[g].answer(now, holders[h], &asks, store_says(g));
                 if broken {
                     // A grantor that forgets the one-holder rule.
                     grantors[g] = Grantor::new(Duration::ZERO, TERM);
-                    if granted.is_empty() && store_says(g)("p").unwrap().0 == holders[h] {
-                        granted = vec!["p".into()];
+                    if granted.is_empty()
+                        && store_says(g)(uids[h]).is_some_and(|b| b.node == holders[h])
+                    {
+                        granted = vec![uids[h].into()];
                     }
                 }
                 let reply = LeaseReply {
@@ -380,12 +479,14 @@ mod tests {
                 };
                 holder_state[h].on_reply(sent, HOLD, &names[g], &asks, &reply);
             }
-            if holder_state[0].holds("p", 1, now, n) && holder_state[1].holds("p", 1, now, n) {
+            if holder_state[0].holds(uids[0], 1, now, n)
+                && holder_state[1].holds(uids[1], 1, now, n)
+            {
                 both.push(ms);
             }
         }
         let end = Duration::from_millis(30_000);
-        (both, holder_state[0].holds("p", 1, end, n))
+        (both, holder_state[0].holds(uids[0], 1, end, n))
     }
 
     #[test]
@@ -394,13 +495,19 @@ mod tests {
         // holds the pod before, n0 after; a grantor that forgets its grants lets n0 in while
         // n1's grants still count.
         let split = [false, true, false, true, false];
-        assert!(!overlap(5, &[10], 10_000, &split, &[], true).0.is_empty());
-        let (both, winner_holds) = overlap(5, &[10], 10_000, &split, &[], false);
-        assert!(both.is_empty());
-        assert!(
-            winner_holds,
-            "once the stores agree, their node holds the pod"
-        );
+        for incarnations in [false, true] {
+            assert!(
+                !overlap(5, &[10], 10_000, &split, &[], true, incarnations)
+                    .0
+                    .is_empty()
+            );
+            let (both, winner_holds) = overlap(5, &[10], 10_000, &split, &[], false, incarnations);
+            assert!(both.is_empty());
+            assert!(
+                winner_holds,
+                "once the stores agree, their node holds the pod"
+            );
+        }
     }
 
     proptest! {
@@ -414,8 +521,10 @@ mod tests {
             converge_ms in 0u64..15_000,
             first_binding in proptest::collection::vec(any::<bool>(), 1..8),
             restarts in proptest::collection::vec((0usize..8, (0u64..300).prop_map(|t| t * 50)), 0..4),
+            incarnations in any::<bool>(),
         ) {
-            let (both, _) = overlap(n, &delays, converge_ms, &first_binding, &restarts, false);
+            let (both, _) =
+                overlap(n, &delays, converge_ms, &first_binding, &restarts, false, incarnations);
             prop_assert!(both.is_empty(), "both held the pod at {:?} ms", &both[..both.len().min(5)]);
         }
     }

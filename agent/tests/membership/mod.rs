@@ -269,3 +269,91 @@ async fn a_second_node_with_a_live_nodes_name_is_refused() {
     // The real n1 is untouched.
     all_see_alive(&agents, 2).await;
 }
+
+/// `shoal baseline [--set N]` on `agent`: its output, or its error.
+fn baseline(agent: &AgentProcess, set: Option<u64>) -> Result<String, String> {
+    let mut command = std::process::Command::new(crate::shoal_binary());
+    command
+        .args(["baseline", "--data-dir"])
+        .arg(agent.data_dir());
+    if let Some(n) = set {
+        command.args(["--set", &n.to_string()]);
+    }
+    let out = command.output().expect("shoal baseline runs");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_lowers_the_baseline_once_a_node_is_gone_and_it_persists() {
+    let lab = Lab::new();
+    // Dead members are forgotten 2 s after they are declared dead.
+    let config = lab.path().join("agent.toml");
+    std::fs::write(&config, "[gossip]\ndead-node-grace-period = \"2s\"\n").unwrap();
+    let spec = |name: &str| {
+        lab.spec(name)
+            .arg("--config")
+            .arg(config.to_string_lossy().into_owned())
+    };
+    let n0 = AgentProcess::start(spec("n0")).await.unwrap();
+    let mut agents = vec![n0];
+    for name in ["n1", "n2"] {
+        let agent = AgentProcess::start(spec(name).join(agents[0].gossip_addr()))
+            .await
+            .unwrap();
+        agents.push(agent);
+    }
+    all_see_alive(&agents, 3).await;
+    let shown = baseline(&agents[0], None).unwrap();
+    assert!(
+        shown.starts_with("baseline: 3 nodes (a majority is 2)"),
+        "{shown}"
+    );
+
+    // n2 is gone for good: once n0 and n1 forgot it, the operator lowers their baselines.
+    let mut gone = agents.pop().unwrap();
+    gone.kill().unwrap();
+    for agent in &agents {
+        wait_until("n2 forgotten", Duration::from_secs(30), || async {
+            agent
+                .members()
+                .await
+                .is_ok_and(|m| m.iter().all(|m| m.name() != "n2"))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", agent.log()));
+    }
+    let refused = baseline(&agents[0], Some(1)).unwrap_err();
+    assert!(
+        refused.contains("members: 1 is below the 2 nodes the membership still lists (n0, n1)"),
+        "{refused}"
+    );
+    for agent in &agents {
+        let set = baseline(agent, Some(2)).unwrap();
+        assert!(
+            set.starts_with("baseline: 2 nodes (a majority is 2)"),
+            "{set}"
+        );
+    }
+    // It persists across a restart (two nodes listed do not raise it)...
+    agents[0].terminate().unwrap();
+    agents[0].restart().await.unwrap();
+    all_see_alive(&agents, 2).await;
+    let shown = baseline(&agents[0], None).unwrap();
+    assert!(shown.starts_with("baseline: 2 nodes"), "{shown}");
+    // ...and a third node known again raises it by itself.
+    gone.restart().await.unwrap();
+    agents.push(gone);
+    all_see_alive(&agents, 3).await;
+    for agent in &agents[..2] {
+        let shown = baseline(agent, None).unwrap();
+        assert!(
+            shown.starts_with("baseline: 3 nodes"),
+            "{}: {shown}",
+            agent.name()
+        );
+    }
+}

@@ -62,8 +62,16 @@ fn main() -> anyhow::Result<()> {
         let (mut faults, mut ok, mut fail, mut unknown) = (0, 0, 0, 0);
         let mut violations: std::collections::BTreeMap<&str, usize> = Default::default();
         for seed in 1..=args.seeds {
-            let report =
-                runtime.block_on(run(RunConfig::new(s, args.nodes, args.duration, seed)))?;
+            // Every run keeps its report, so a violation can be read, not only counted.
+            let mut config = RunConfig::new(s, args.nodes, args.duration, seed);
+            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../target/chaos-bench")
+                .join(format!("{name}-{seed}"));
+            config.report_dir = Some(dir.clone());
+            let report = runtime.block_on(run(config))?;
+            if !report.passed() {
+                eprintln!("{name}, seed {seed}: FAILED, see {}", dir.display());
+            }
             convergence.push(report.convergence_ms.unwrap_or(u64::MAX));
             rates.push(report.acked_per_second_during_faults());
             faults += report.steps.len();
