@@ -15,7 +15,8 @@ use crate::scheduler::model::Resources;
 /// Why a pod was refused, in the kubelet's words.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
-    /// `OutOfcpu`, `OutOfmemory` or `OutOfpods`.
+    /// `OutOfcpu`, `OutOfmemory`, `OutOfpods`, or `NodeUnschedulable` (a cordoned node
+    /// refuses what an auction bound to it before the cordon reached the auctioneer).
     pub reason: &'static str,
     pub message: String,
 }
@@ -32,6 +33,8 @@ pub struct Candidate<'a> {
     pub worker: bool,
     /// Owned by a DaemonSet: it belongs to this node and is never handed back.
     pub daemon: bool,
+    /// Bound here by the auction (binding epoch ≥ 1), not by a user's `spec.nodeName`.
+    pub auctioned: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -96,10 +99,14 @@ impl Admission {
 
     /// One admission pass over every pod bound or running here: forgets pods gone, keeps what
     /// runs here (bound or not), then admits the bound pods new here oldest first while they
-    /// fit. Returns the refused ones.
+    /// fit. On a `cordoned` node a new pod the auction bound here is refused instead (the
+    /// cordon is replicated like any write, and an auctioneer may bind before its copy
+    /// arrives); DaemonSet pods and pods a user placed with `spec.nodeName` are admitted, as
+    /// Kubernetes runs them on cordoned nodes. Returns the refused ones.
     pub fn decide(
         &mut self,
         allocatable: Resources,
+        cordoned: bool,
         pods: &[Candidate<'_>],
     ) -> BTreeMap<String, Verdict> {
         let present: std::collections::BTreeSet<&str> = pods
@@ -130,7 +137,15 @@ impl Admission {
                 self.keep(pod.uid, requests);
                 continue;
             }
-            let Err(refusal) = self.admit(allocatable, pod.uid, requests) else {
+            let admitted = if cordoned && pod.auctioned && !pod.daemon {
+                Err(Refusal {
+                    reason: "NodeUnschedulable",
+                    message: "Pod was rejected: the node is cordoned (spec.unschedulable)".into(),
+                })
+            } else {
+                self.admit(allocatable, pod.uid, requests)
+            };
+            let Err(refusal) = admitted else {
                 continue;
             };
             let verdict = Verdict {
@@ -256,6 +271,7 @@ mod tests {
             sandbox: None,
             worker: false,
             daemon: false,
+            auctioned: true,
         }
     }
 
@@ -276,6 +292,7 @@ mod tests {
             sandbox: Some(pod(cpu, 0)),
             worker: false,
             daemon: false,
+            auctioned: false,
         };
         let mut a = Admission::default();
         // Oldest first: `old` (created first, listed last) takes the room `new` wanted.
@@ -284,13 +301,13 @@ mod tests {
             bound("old", "2026-12-02T10:00:00Z", Some(1_500)),
         ];
         assert_eq!(
-            refused(&a.decide(NODE, &pass)),
+            refused(&a.decide(NODE, false, &pass)),
             [("new", "OutOfcpu", true, true)]
         );
         // The next pass: still refused, not reported again; the kubelet wrote the hand-back.
         a.handed_back("new");
         assert_eq!(
-            refused(&a.decide(NODE, &pass)),
+            refused(&a.decide(NODE, false, &pass)),
             [("new", "OutOfcpu", false, false)]
         );
 
@@ -302,12 +319,12 @@ mod tests {
             bound("next", "2026-12-02T10:00:02Z", Some(1_000)),
         ];
         assert_eq!(
-            refused(&a.decide(NODE, &pass)),
+            refused(&a.decide(NODE, false, &pass)),
             [("next", "OutOfcpu", true, true)]
         );
         // Once it is gone, its room is free.
         let pass = [bound("next", "2026-12-02T10:00:02Z", Some(1_000))];
-        assert_eq!(refused(&a.decide(NODE, &pass)), []);
+        assert_eq!(refused(&a.decide(NODE, false, &pass)), []);
         assert!(a.is_admitted("next") && !a.is_admitted("old"));
 
         // Found running (a sandbox or a worker): kept, even beyond the node; a spec that cannot
@@ -320,9 +337,33 @@ mod tests {
         let invalid = bound("invalid", "2026-12-02T10:00:02Z", None);
         let mut daemon = bound("daemon", "2026-12-02T10:00:03Z", Some(100));
         daemon.daemon = true;
-        let verdicts = a.decide(NODE, &[running, also, invalid, daemon]);
+        let verdicts = a.decide(NODE, false, &[running, also, invalid, daemon]);
         assert_eq!(refused(&verdicts), [("daemon", "OutOfcpu", true, false)]);
         assert!(a.is_admitted("running") && a.is_admitted("also") && !a.is_admitted("invalid"));
+    }
+
+    #[test]
+    fn a_cordoned_node_hands_back_what_the_auction_bound_but_keeps_the_rest() {
+        let mut a = Admission::default();
+        let mut running = bound("running", "2026-12-02T10:00:00Z", Some(100));
+        running.worker = true;
+        let auctioned = bound("auctioned", "2026-12-02T10:00:01Z", Some(100));
+        let mut placed = bound("placed", "2026-12-02T10:00:02Z", Some(100));
+        placed.auctioned = false;
+        let mut daemon = bound("daemon", "2026-12-02T10:00:03Z", Some(100));
+        daemon.daemon = true;
+        let pass = [running, auctioned, placed, daemon];
+        let node = Resources { pods: 10, ..NODE };
+        assert_eq!(
+            refused(&a.decide(node, true, &pass)),
+            [("auctioned", "NodeUnschedulable", true, true)]
+        );
+        assert!(a.is_admitted("running") && a.is_admitted("placed") && a.is_admitted("daemon"));
+        // Uncordoned, the same pod is admitted.
+        assert_eq!(refused(&a.decide(node, false, &pass)), []);
+        assert!(a.is_admitted("auctioned"));
+        // Once admitted, a later cordon does not evict it (a drain does).
+        assert_eq!(refused(&a.decide(node, true, &pass)), []);
     }
 
     #[test]

@@ -595,6 +595,7 @@ impl Kubelet {
                 daemon: pod.object["metadata"]["ownerReferences"]
                     .as_array()
                     .is_some_and(|refs| refs.iter().any(|r| r["kind"] == "DaemonSet")),
+                auctioned: shoal_state::crdt::binding_epoch(&pod.object) > 0,
             })
             .collect();
         pods.extend(
@@ -607,9 +608,15 @@ impl Kubelet {
                     sandbox: sandbox_requests(uid),
                     worker: workers.contains_key(uid),
                     daemon: false,
+                    auctioned: false,
                 }),
         );
-        let verdicts = admission.decide(self.config.allocatable, &pods);
+        let cordoned = self
+            .replication
+            .read(crate::node_settings::stored)
+            .get(&self.node_name)
+            .is_some_and(|s| s.unschedulable);
+        let verdicts = admission.decide(self.config.allocatable, cordoned, &pods);
         let mut refused = HashMap::new();
         for (uid, verdict) in verdicts {
             let refusal = verdict.refusal;

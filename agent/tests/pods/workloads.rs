@@ -553,6 +553,17 @@ async fn a_cron_job_runs_one_job_per_scheduled_time() {
         for_last[0]["metadata"]["ownerReferences"][0]["kind"],
         "CronJob"
     );
+    // The last scheduled Job may be a newer one than the success seen above (a minute turned
+    // meanwhile): its pod's log is there once it completes.
+    api.ok(
+        1,
+        &[
+            "wait",
+            "--for=condition=complete",
+            &format!("job/{name}"),
+            "--timeout=90s",
+        ],
+    );
     let logs = api.ok(1, &["logs", &format!("job/{name}")]);
     assert!(logs.contains("tick"), "{logs}");
 }
