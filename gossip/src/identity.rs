@@ -213,16 +213,21 @@ impl ClusterIdentity {
         Ok(config)
     }
 
-    /// TLS for a client of the API server (what a kubeconfig gives kubectl): the server must
-    /// chain to the cluster CA; the client presents no certificate (it sends the bearer token).
-    pub fn api_client_config(&self) -> Result<rustls::ClientConfig, IdentityError> {
-        let tls = |e: rustls::Error| IdentityError::Tls(e.to_string());
-        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+    /// A verifier of servers whose certificate chains to the cluster CA.
+    fn server_verifier(&self) -> Result<Arc<rustls::client::WebPkiServerVerifier>, IdentityError> {
+        rustls::client::WebPkiServerVerifier::builder_with_provider(
             self.roots(),
             self.provider.clone(),
         )
         .build()
-        .map_err(|e| IdentityError::Tls(e.to_string()))?;
+        .map_err(|e| IdentityError::Tls(e.to_string()))
+    }
+
+    /// TLS for a client of the API server (what a kubeconfig gives kubectl): the server must
+    /// chain to the cluster CA; the client presents no certificate (it sends the bearer token).
+    pub fn api_client_config(&self) -> Result<rustls::ClientConfig, IdentityError> {
+        let tls = |e: rustls::Error| IdentityError::Tls(e.to_string());
+        let verifier = self.server_verifier()?;
         let mut config = rustls::ClientConfig::builder_with_provider(self.provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(tls)?
@@ -244,12 +249,7 @@ impl ClusterIdentity {
         node: &NodeCertificate,
     ) -> Result<rustls::ClientConfig, IdentityError> {
         let tls = |e: rustls::Error| IdentityError::Tls(e.to_string());
-        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
-            self.roots(),
-            self.provider.clone(),
-        )
-        .build()
-        .map_err(|e| IdentityError::Tls(e.to_string()))?;
+        let verifier = self.server_verifier()?;
         let mut config = rustls::ClientConfig::builder_with_provider(self.provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(tls)?
