@@ -865,12 +865,15 @@ fn describe(fault: &Fault) -> String {
             .collect::<Vec<_>>()
             .join(",")
     };
-    match fault {
-        Fault::Partition { groups } => groups
+    let sides = |groups: &[Vec<usize>]| {
+        groups
             .iter()
             .map(|g| names(g))
             .collect::<Vec<_>>()
-            .join(" | "),
+            .join(" | ")
+    };
+    match fault {
+        Fault::Partition { groups } => sides(groups),
         Fault::OneWay { from, to } => format!("{} -/-> {}", names(from), names(to)),
         Fault::Bridge {
             middle,
@@ -889,22 +892,8 @@ fn describe(fault: &Fault) -> String {
         }
         Fault::ClockSkew { node, offset_s } => format!("n{node} {offset_s:+} s"),
         Fault::Flap { node, period_ms } => format!("n{node} every {period_ms} ms"),
-        Fault::PartitionAndJoin { groups, node } => format!(
-            "{}, n{node} joins",
-            groups
-                .iter()
-                .map(|g| names(g))
-                .collect::<Vec<_>>()
-                .join(" | ")
-        ),
-        Fault::PartitionAndKill { groups, node } => format!(
-            "{}, n{node} killed",
-            groups
-                .iter()
-                .map(|g| names(g))
-                .collect::<Vec<_>>()
-                .join(" | ")
-        ),
+        Fault::PartitionAndJoin { groups, node } => format!("{}, n{node} joins", sides(groups)),
+        Fault::PartitionAndKill { groups, node } => format!("{}, n{node} killed", sides(groups)),
     }
 }
 
