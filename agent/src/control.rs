@@ -284,7 +284,8 @@ fn parse_body(body: &Bytes) -> Result<Value, Failure> {
 }
 
 async fn write(state: &ControlState, body: Bytes, mode: WriteMode) -> Result<Response, Failure> {
-    let object = shoal_state::validate(parse_body(&body)?, "default")?;
+    let mut object = shoal_state::validate(parse_body(&body)?, "default")?;
+    crate::api::validation::default_if_valid(object.info.kind, &mut object.body);
     let (object, created) = state.replication.write(object, mode).await?;
     let status = if created {
         StatusCode::CREATED

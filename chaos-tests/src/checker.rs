@@ -340,6 +340,14 @@ impl ReplicaSample {
                 }
             }
         }
+        // The workload never changes the Deployment's template: a second ReplicaSet is a
+        // rollout nobody asked for (and its surge pods make the count inexact by luck).
+        if self.replica_sets.len() > 1 {
+            problems.push(format!(
+                "the Deployment controls {} ReplicaSets; its template never changed, so one",
+                self.replica_sets.len()
+            ));
+        }
         for pod in &self.pods {
             let owned = pod
                 .controller
@@ -979,6 +987,14 @@ mod tests {
         let mut gone = exact_sample(0);
         gone.job = None;
         assert_eq!(gone.problems(), ["the Job is gone"]);
+        // A rollout nobody asked for: the counts may be exact, the second ReplicaSet is not.
+        let mut rolled = exact_sample(0);
+        rolled.replica_sets.push("rs2".into());
+        rolled.pods[1].controller = Some("rs2".into());
+        assert_eq!(
+            rolled.problems(),
+            ["the Deployment controls 2 ReplicaSets; its template never changed, so one"]
+        );
 
         let samples = [wrong.clone(), exact_sample(3_000)];
         assert_eq!(replicas(&samples, 1_000, 5_000), Ok(2_000));

@@ -1461,6 +1461,13 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
         .chain([&intruder])
         .map(|a| (a.name().to_owned(), a.log()))
         .collect();
+    // A failed run keeps what a person needs to find out why: the agents' logs and the
+    // workload's controller objects as the first agent that answers holds them.
+    if !violations.is_empty()
+        && let Some(dir) = &config.report_dir
+    {
+        keep_evidence(dir, &agents, &logs).await;
+    }
     drop(agents);
     drop(intruder);
     drop(disks);
@@ -1490,6 +1497,37 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
         crate::report::write(&report, dir)?;
     }
     Ok(report)
+}
+
+/// Writes `logs` to `dir/logs/<agent>.log` and the workload's Deployments, ReplicaSets,
+/// DaemonSets and Jobs to `dir/objects.json`. Best effort: evidence for a person, not a check.
+async fn keep_evidence(dir: &Path, agents: &[AgentProcess], logs: &[(String, String)]) {
+    let logs_dir = dir.join("logs");
+    if let Err(e) = std::fs::create_dir_all(&logs_dir) {
+        eprintln!(
+            "shoal-chaos: cannot keep the agents' logs in {}: {e}",
+            logs_dir.display()
+        );
+        return;
+    }
+    for (name, log) in logs {
+        let _ = std::fs::write(logs_dir.join(format!("{name}.log")), log);
+    }
+    for agent in agents {
+        let mut objects = serde_json::Map::new();
+        for kind in ["deployments", "replicasets", "daemonsets", "jobs"] {
+            let path = format!("/v1/objects/{kind}?namespace=default");
+            if let Ok((200, list)) = agent.call(hyper::Method::GET, &path, None).await {
+                objects.insert(kind.to_owned(), list["items"].clone());
+            }
+        }
+        if !objects.is_empty() {
+            objects.insert("read from".to_owned(), json!(agent.name()));
+            let text = serde_json::to_string_pretty(&Value::Object(objects)).unwrap_or_default();
+            let _ = std::fs::write(dir.join("objects.json"), text);
+            return;
+        }
+    }
 }
 
 /// Checker 5's evidence in a line: the samples and each node's peak grant.

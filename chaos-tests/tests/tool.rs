@@ -29,8 +29,18 @@ const PROFILE: &[&str] = &[
     "partition-join",
 ];
 
+/// The failed scenarios' reports, shown as text when the test returns it: a returned error is
+/// printed without a backtrace, so CI's tail of the output ends with the violations themselves.
+struct Failures(Vec<String>);
+
+impl std::fmt::Debug for Failures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.join("\n\n"))
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_named_scenario_passes_every_checker() {
+async fn every_named_scenario_passes_every_checker() -> Result<(), Failures> {
     let _lab = LAB.lock().await;
     let seed: u64 = std::env::var("SHOAL_CHAOS_SEED")
         .ok()
@@ -41,9 +51,15 @@ async fn every_named_scenario_passes_every_checker() {
     for name in PROFILE {
         let mut config = RunConfig::new(scenario(name).unwrap(), 5, Duration::from_secs(24), seed);
         config.report_dir = Some(reports.join(name));
-        let report = run(config)
-            .await
-            .unwrap_or_else(|e| panic!("scenario {name}, seed {seed}: the harness failed: {e:#}"));
+        let report = match run(config).await {
+            Ok(report) => report,
+            Err(e) => {
+                failures.push(format!(
+                    "FAILED: scenario {name}, seed {seed}: the harness failed: {e:#}"
+                ));
+                continue;
+            }
+        };
         eprintln!(
             "{name}: {} ops ({} acknowledged), converged {:?} ms after the last heal, {} violations",
             report.history.ops.len(),
@@ -52,10 +68,24 @@ async fn every_named_scenario_passes_every_checker() {
             report.violations.len()
         );
         if !report.passed() {
-            failures.push(markdown(&report));
+            let summary: Vec<String> = report
+                .violations
+                .iter()
+                .map(|v| format!("  - {}: {}", v.checker, v.message))
+                .collect();
+            // The whole report first, the scenario's violations last (what a truncated log keeps).
+            failures.push(format!(
+                "{}\n\nFAILED: scenario {name}, seed {seed}:\n{}",
+                markdown(&report),
+                summary.join("\n")
+            ));
         }
     }
-    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(Failures(failures))
+    }
 }
 
 /// The checkers can fail against the real agents: a run on a fault-injection build of the agent

@@ -578,9 +578,8 @@ fn prepare(
     let display_name = object["metadata"]["name"].as_str().unwrap_or("").to_owned();
     let mut valid = shoal_state::validate(object, namespace.unwrap_or("default"))
         .map_err(|e| object_error(resource.kind, &display_name, e))?;
-    validation::validate(info.kind, &valid.body)
+    validation::admit(info.kind, &mut valid.body)
         .map_err(|e| ApiError::invalid(resource.kind, &display_name, &e.field, &e.detail))?;
-    validation::default(info.kind, &mut valid.body);
     Ok(valid)
 }
 

@@ -15,7 +15,7 @@ mod spdy;
 mod status;
 mod stream;
 mod table;
-mod validation;
+pub(crate) mod validation;
 
 /// The apiserver's defaulting of `kind` (controllers build objects users could have written).
 pub(crate) use validation::default as default_object;

@@ -330,6 +330,14 @@ fn default_probe(probe: &mut Value) {
     }
 }
 
+/// A pod template (`metadata` + `spec`) with the apiserver's pod defaults, as a workload
+/// written through either API stores it.
+pub fn default_pod_template(template: &mut Value) {
+    if template["spec"].is_object() {
+        default_pod_spec(&mut template["spec"]);
+    }
+}
+
 fn default_pod_spec(spec: &mut Value) {
     default_field(spec, "restartPolicy", json!("Always"));
     default_field(spec, "enableServiceLinks", json!(true));
@@ -383,6 +391,25 @@ fn default_pod_spec(spec: &mut Value) {
 }
 
 /// Fills defaults the apiserver would.
+/// What the Kubernetes API does to an object before it is written: the kind's checks, then the
+/// apiserver's defaults (which assume the checks passed).
+pub fn admit(kind: &str, body: &mut Value) -> Result<(), FieldError> {
+    validate(kind, body)?;
+    default(kind, body);
+    Ok(())
+}
+
+/// What the control API (`shoal apply`, the node operator's socket) does: an object that passes
+/// the kind's checks gets the same defaults as through the Kubernetes API, so a Deployment
+/// written one way and scaled the other keeps its template (a changed template is a rollout);
+/// one that fails them is stored as sent — generic validation only, as a buggy or older peer
+/// could replicate it — and the kubelet refuses it on its own.
+pub fn default_if_valid(kind: &str, body: &mut Value) {
+    if validate(kind, body).is_ok() {
+        default(kind, body);
+    }
+}
+
 pub fn default(kind: &str, object: &mut Value) {
     match kind {
         "Pod" => {

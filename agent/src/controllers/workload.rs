@@ -262,10 +262,13 @@ pub fn name_suffix(random: u64) -> String {
 }
 
 /// A stable short hash of a pod template (the `pod-template-hash` label), in the
-/// generated-name alphabet.
+/// generated-name alphabet. The template is hashed with the apiserver's defaults filled in, so
+/// a template stored without them (written before both APIs defaulted alike) and the same
+/// template defaulted by a later write are one template, not a rollout.
 pub fn template_hash(template: &Value) -> String {
     use sha2::Digest;
     let mut template = template.clone();
+    crate::api::validation::default_pod_template(&mut template);
     if let Some(labels) = template["metadata"]["labels"].as_object_mut() {
         labels.remove("pod-template-hash");
     }
@@ -332,6 +335,17 @@ mod tests {
         labelled["metadata"]["labels"]["pod-template-hash"] = json!("x");
         assert_eq!(template_hash(&t), template_hash(&labelled));
         assert_eq!(template_hash(&t).len(), 10);
+        // The apiserver's defaults do not change the hash (a template stored without them and
+        // the same template after a write that defaulted it are one), an edit does.
+        let bare = json!({"metadata": {"labels": {"app": "web"}},
+                          "spec": {"containers": [{"name": "c", "image": "web:1"}]}});
+        let mut defaulted = bare.clone();
+        crate::api::validation::default_pod_template(&mut defaulted);
+        assert_ne!(defaulted, bare);
+        assert_eq!(template_hash(&defaulted), template_hash(&bare));
+        let mut edited = bare.clone();
+        edited["spec"]["containers"][0]["image"] = json!("web:2");
+        assert_ne!(template_hash(&edited), template_hash(&bare));
         assert_eq!(replicas(&json!({"spec": {}})), 1);
         assert_eq!(replicas(&json!({"spec": {"replicas": 0}})), 0);
     }

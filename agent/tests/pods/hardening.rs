@@ -11,9 +11,9 @@ use sha2::Digest as _;
 use super::{container_status, lab, wait_pod};
 use crate::api::ApiLab;
 
-/// `shoal apply` through the control socket writes the object after generic validation only
-/// (no pod-spec checks): what a buggy or older peer could replicate. The kubelet must refuse
-/// it on its own.
+/// `shoal apply` through the control socket writes an object that fails the pod-spec checks
+/// after generic validation only (`validation::default_if_valid`): what a buggy or older peer
+/// could replicate. The kubelet must refuse it on its own.
 fn apply_bypassing_the_api(api: &ApiLab, agent: usize, name: &str, yaml: &str) {
     let file = api.manifest(name, yaml);
     let out = Command::new(crate::shoal_binary())

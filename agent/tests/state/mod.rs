@@ -418,6 +418,29 @@ async fn bad_objects_get_clear_errors() {
         (got, answer["reason"].as_str()),
         (409, Some("AlreadyExists"))
     );
+    // A valid object is stored with the apiserver's defaults, as the Kubernetes API would
+    // store it: a Deployment written here and scaled through kubectl keeps its template (the
+    // chaos profile's disk-full run caught a rollout started by the first scale).
+    let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}},
+                              "spec": {"containers": [{"name": "c", "image": "web:1"}]}}}});
+    let (got, answer) = a.apply(&deployment).await.unwrap();
+    assert_eq!(got, 201, "{answer}");
+    let stored = &answer["spec"];
+    assert_eq!(stored["replicas"], 1, "{answer}");
+    assert_eq!(stored["strategy"]["type"], "RollingUpdate", "{answer}");
+    let container = &stored["template"]["spec"]["containers"][0];
+    assert_eq!(container["imagePullPolicy"], "IfNotPresent", "{answer}");
+    assert_eq!(
+        container["terminationMessagePath"], "/dev/termination-log",
+        "{answer}"
+    );
+    assert_eq!(
+        stored["template"]["spec"]["restartPolicy"], "Always",
+        "{answer}"
+    );
     let (got, _) = a
         .call(hyper::Method::GET, "/v1/objects/widgets", None)
         .await
