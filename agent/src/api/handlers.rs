@@ -1132,26 +1132,19 @@ pub async fn delete(request: &Request<'_>, name: &str) -> Result<Response, ApiEr
             .and_then(|g| g.parse::<i64>().ok())
             .or_else(|| options["gracePeriodSeconds"].as_i64());
         let pod = info.kind == "Pod" && info.group.is_empty();
-        let graceful = pod
-            && grace != Some(0)
-            && current["spec"]["nodeName"]
-                .as_str()
-                .is_some_and(|n| !n.is_empty());
+        let pod_grace = pod
+            .then(|| crate::controllers::garbage::pod_grace(&current, grace))
+            .flatten();
+        let graceful = pod_grace.is_some();
         let deferred = policy == "Foreground"
             || finalizers
             || graceful
             || (!pod && crate::controllers::garbage::deletion_requested(&current));
         if deferred || policy == "Orphan" {
-            // As the apiserver: the DELETE's grace, else the pod's own (default 30 s).
-            let grace = graceful.then(|| {
-                grace
-                    .or_else(|| current["spec"]["terminationGracePeriodSeconds"].as_i64())
-                    .unwrap_or(30)
-                    .max(0) as u64
-            });
-            let marked =
-                mark_for_deletion(state, resource, namespace, name, &policy, deferred, grace)
-                    .await?;
+            let marked = mark_for_deletion(
+                state, resource, namespace, name, &policy, deferred, pod_grace,
+            )
+            .await?;
             if deferred {
                 return Ok(json_response(
                     StatusCode::OK,

@@ -197,6 +197,24 @@ pub fn kubelet_pending(pod: &Value, alive: &dyn Fn(&str) -> bool) -> bool {
             .is_some_and(|n| !n.is_empty() && alive(n))
 }
 
+/// How long a pod being deleted may take to stop (s), or `None` if it goes at once — the
+/// apiserver's rule, asked by the API's DELETE and by the controllers' deletes alike: a pod on
+/// a node is stopped by that node within the grace (`requested`, else the pod's
+/// `terminationGracePeriodSeconds`, else 30 s), then its object goes; a grace of 0
+/// (`--grace-period=0 --force`) and a pod no node holds go at once.
+pub fn pod_grace(pod: &Value, requested: Option<i64>) -> Option<u64> {
+    let on_a_node = pod["spec"]["nodeName"]
+        .as_str()
+        .is_some_and(|n| !n.is_empty());
+    if !on_a_node || requested == Some(0) {
+        return None;
+    }
+    let seconds = requested
+        .or_else(|| pod["spec"]["terminationGracePeriodSeconds"].as_i64())
+        .unwrap_or(30);
+    Some(u64::try_from(seconds).unwrap_or(0))
+}
+
 /// The grace period a pod's deletion gave it, if any (ms).
 pub fn deletion_grace_ms(object: &Value) -> Option<u64> {
     object["metadata"]["annotations"][GRACE_ANNOTATION]
@@ -646,6 +664,20 @@ mod tests {
                 .all(|d| d.verdict == Verdict::Delete { foreground: false })
         );
         assert!(plan.finishing.is_empty());
+    }
+
+    #[test]
+    fn a_pod_on_a_node_is_deleted_within_its_grace_and_any_other_at_once() {
+        let bound = json!({"spec": {"nodeName": "n1", "terminationGracePeriodSeconds": 5}});
+        assert_eq!(pod_grace(&bound, None), Some(5), "the pod's own grace");
+        assert_eq!(pod_grace(&bound, Some(2)), Some(2), "the DELETE's");
+        assert_eq!(pod_grace(&bound, Some(0)), None, "--grace-period=0 --force");
+        assert_eq!(pod_grace(&bound, Some(-3)), Some(0));
+        let default = json!({"spec": {"nodeName": "n1"}});
+        assert_eq!(pod_grace(&default, None), Some(30));
+        for unbound in [json!({"spec": {}}), json!({"spec": {"nodeName": ""}})] {
+            assert_eq!(pod_grace(&unbound, None), None);
+        }
     }
 
     #[test]

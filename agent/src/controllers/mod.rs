@@ -582,11 +582,15 @@ impl Controllers {
             return;
         };
         for step in garbage_writes(plan, &now_rfc3339()) {
-            match step.write {
+            match self.graceful(step.write) {
                 Write::Over { key, uid, lay } => {
+                    let terminating = matches!(lay, Lay::Terminate { .. });
                     let written = self
                         .write_over(key.clone(), &uid, lay.what(), |current| lay.apply(current))
                         .await;
+                    if terminating && step.announce {
+                        self.record(written.as_ref().and_then(events::deleted));
+                    }
                     if step.then_delete && written.is_some_and(|w| !has_finalizers(&w)) {
                         match self.replication.delete(&key, Some(&uid)).await {
                             Ok(_) => info!(object = %key, "finalized and deleted"),
@@ -606,6 +610,18 @@ impl Controllers {
                 },
                 Write::Create(_) => {}
             }
+        }
+    }
+
+    /// `write`, with a delete made as [`delete_write`] makes it from this node's copy of the
+    /// object (a pod on a node is deleted gracefully).
+    fn graceful(&self, write: Write) -> Write {
+        match write {
+            Write::Delete { key, uid } => {
+                let current = self.replication.read(|s| s.get(&key));
+                delete_write(key, uid, current.as_ref(), &now_rfc3339())
+            }
+            other => other,
         }
     }
 
@@ -891,7 +907,7 @@ impl Controllers {
             )),
             _ => None,
         };
-        match write_of(action) {
+        match write_of(action).map(|w| self.graceful(w)) {
             None => {}
             Some(Write::Create(object)) => {
                 let what = describe(&object);
@@ -911,6 +927,7 @@ impl Controllers {
             }
             Some(Write::Over { key, uid, lay }) => {
                 let mut from = None;
+                let terminating = matches!(lay, Lay::Terminate { .. });
                 let written = self
                     .write_over(key, &uid, lay.what(), |current| {
                         from = lay.scales_from(current);
@@ -918,7 +935,9 @@ impl Controllers {
                     })
                     .await;
                 if let Some(written) = written {
-                    if let Some(event) = rescaled {
+                    if terminating {
+                        self.record(events::deleted(&written));
+                    } else if let Some(event) = rescaled {
                         self.record(Some(event));
                     } else if let Some(from) = from {
                         self.record(events::scaled(&written, from));
@@ -971,6 +990,32 @@ pub enum Lay {
     MarkForeground(String),
     /// This finalizer removed.
     RemoveFinalizer(&'static str),
+    /// A pod marked as being deleted at this time, within this grace (s): its node stops it and
+    /// then deletes the object ([`delete_write`]).
+    Terminate { at: String, grace: u64 },
+}
+
+/// A controller's (or the garbage collector's) delete of the incarnation `uid` of `key` as the
+/// store write it becomes, given the object as stored now (`at`: the time, RFC 3339). A pod on
+/// a node is deleted gracefully, as a DELETE through the API deletes it: marked, stopped by its
+/// node within its grace, then gone ([`garbage::pod_grace`]); anything else goes at once. The
+/// shell and the partition simulator both write deletes through this.
+pub fn delete_write(key: ObjectKey, uid: String, current: Option<&Value>, at: &str) -> Write {
+    let pod = key.group.is_empty() && key.kind == "Pod";
+    match current
+        .filter(|_| pod)
+        .and_then(|c| garbage::pod_grace(c, None))
+    {
+        Some(grace) => Write::Over {
+            key,
+            uid,
+            lay: Lay::Terminate {
+                at: at.to_owned(),
+                grace,
+            },
+        },
+        None => Write::Delete { key, uid },
+    }
 }
 
 impl Lay {
@@ -1000,6 +1045,10 @@ impl Lay {
                 }
             }
             Lay::MarkForeground(now) => return garbage::mark_deleting(current, "Foreground", now),
+            Lay::Terminate { at, grace } => {
+                let marked = garbage::mark_deleting(current, "Background", at);
+                return garbage::set_grace(current, *grace) || marked;
+            }
             Lay::RemoveFinalizer(name) => {
                 if let Some(list) = current["metadata"]["finalizers"].as_array_mut() {
                     list.retain(|f| f != name);
@@ -1028,6 +1077,7 @@ impl Lay {
             Lay::DropOwners(_) => "owner references",
             Lay::MarkForeground(_) => "a foreground deletion",
             Lay::RemoveFinalizer(_) => "a finalizer removal",
+            Lay::Terminate { .. } => "a graceful deletion",
         }
     }
 }
@@ -1380,5 +1430,42 @@ mod tests {
             .map(|p| p.name.as_str())
             .collect();
         assert_eq!(candidates, ["c", "b"]);
+    }
+
+    #[test]
+    fn a_controllers_delete_of_a_pod_on_a_node_is_graceful_and_of_anything_else_at_once() {
+        let at = "2026-12-04T00:00:00Z";
+        let pod_key = key_of("Pod", "default", "web-a").unwrap();
+        let mut bound = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-a", "namespace": "default", "uid": "u1"},
+            "spec": {"nodeName": "n1", "terminationGracePeriodSeconds": 7}});
+        let write = delete_write(pod_key.clone(), "u1".into(), Some(&bound), at);
+        let Write::Over { lay, uid, .. } = write else {
+            panic!("a bound pod is marked, not deleted: {write:?}");
+        };
+        assert_eq!(uid, "u1");
+        assert!(lay.apply(&mut bound));
+        assert!(garbage::deletion_requested(&bound));
+        assert_eq!(garbage::deletion_grace_ms(&bound), Some(7_000));
+        // The next pass's delete of the marked pod changes nothing (no second write).
+        let again = delete_write(pod_key.clone(), "u1".into(), Some(&bound), at);
+        let Write::Over { lay, .. } = again else {
+            panic!("{again:?}")
+        };
+        assert!(!lay.apply(&mut bound));
+        // An unbound pod, a pod this node holds no copy of, and a ReplicaSet go at once.
+        let unbound = serde_json::json!({"kind": "Pod", "spec": {}});
+        for current in [Some(&unbound), None] {
+            assert!(matches!(
+                delete_write(pod_key.clone(), "u1".into(), current, at),
+                Write::Delete { .. }
+            ));
+        }
+        let rs = serde_json::json!({"kind": "ReplicaSet", "spec": {"nodeName": "n1"}});
+        let rs_key = key_of("ReplicaSet", "default", "web").unwrap();
+        assert!(matches!(
+            delete_write(rs_key, "u2".into(), Some(&rs), at),
+            Write::Delete { .. }
+        ));
     }
 }

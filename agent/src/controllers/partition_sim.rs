@@ -61,12 +61,28 @@ impl Kubelets {
         Some(json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}))
     }
 
-    /// Starts the pods newly bound to `live` nodes and notes the Job pods that succeed.
-    fn step(&mut self, store: &Store, live: &[u64], round: u64) {
+    /// Starts the pods newly bound to `live` nodes, notes the Job pods that succeed, and
+    /// stops and deletes the pods being deleted (as the real kubelet does once their containers
+    /// stopped, within their grace). Returns how many pods it deleted.
+    fn step(&mut self, store: &mut Store, live: &[u64], round: u64, now_ms: u64) -> usize {
+        let mut deleted = 0;
         for pod in store.list("", "Pod", None) {
             let Some(node) = bound_node(&pod).filter(|n| live.contains(n)) else {
                 continue;
             };
+            if garbage::deletion_requested(&pod) {
+                let key = ObjectKey::new(
+                    shoal_state::kind::lookup("v1", "Pod").expect("Pod is stored"),
+                    namespace_of(&pod),
+                    pod["metadata"]["name"].as_str().unwrap_or(""),
+                );
+                if garbage::finish(&pod, 0, false) == garbage::Finish::Delete
+                    && store.delete_at(&key, Some(uid_of(&pod)), now_ms).is_ok()
+                {
+                    deleted += 1;
+                }
+                continue;
+            }
             self.started
                 .entry((uid_of(&pod).to_owned(), node))
                 .or_insert(round);
@@ -78,6 +94,7 @@ impl Kubelets {
                 self.succeeded.insert(uid_of(&pod).to_owned(), job);
             }
         }
+        deleted
     }
 }
 
@@ -191,7 +208,9 @@ impl Sim {
         };
         let mut writes = 0;
         for (side, live) in groups {
-            self.kubelets.step(&self.sides[side].1, &live, self.round);
+            writes += self
+                .kubelets
+                .step(&mut self.sides[side].1, &live, self.round, self.now_ms);
             for &node in &live {
                 let snapshot = Snapshot::from_listed(Snapshot::list(&self.sides[side].1), |p| {
                     self.kubelets.status(p, &live, self.round)
@@ -297,7 +316,13 @@ fn execute(store: &mut Store, write: Write, now_ms: u64) -> Option<shoal_state::
                 now_ms,
             )
         }
-        Write::Delete { key, uid } => store.delete_at(&key, Some(&uid), now_ms),
+        Write::Delete { key, uid } => {
+            let current = store.get(&key);
+            match super::delete_write(key, uid, current.as_ref(), &job_time(now_ms)) {
+                Write::Delete { key, uid } => store.delete_at(&key, Some(&uid), now_ms),
+                graceful => return execute(store, graceful, now_ms),
+            }
+        }
     };
     written.ok()
 }
@@ -777,7 +802,9 @@ fn the_checker_names_each_violation() {
         .write_at(valid, WriteMode::Create, sim.now_ms)
         .unwrap();
     let nodes = sim.all_nodes();
-    sim.kubelets.step(&sim.sides[0].1, &nodes, sim.round);
+    let (round, now_ms) = (sim.round, sim.now_ms);
+    sim.kubelets
+        .step(&mut sim.sides[0].1, &nodes, round, now_ms);
     let error = sim.check().unwrap_err();
     assert!(error.contains("stores differ"), "{error}");
     assert!(

@@ -20,6 +20,7 @@ spec:
   template:
     metadata: {labels: {app: web}}
     spec:
+      terminationGracePeriodSeconds: 3
       containers:
       - name: web
         image: shoal.local/httpd:1
@@ -35,7 +36,16 @@ fn json_of(api: &crate::api::ApiLab, agent: usize, args: &[&str]) -> Value {
     serde_json::from_str(&out).unwrap_or(Value::Null)
 }
 
+/// The Deployment's pods that are not being deleted (a controller's delete is graceful: the
+/// pod shows Terminating until its node stopped it).
 fn web_pods(api: &crate::api::ApiLab, agent: usize) -> Vec<Value> {
+    all_web_pods(api, agent)
+        .into_iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .collect()
+}
+
+fn all_web_pods(api: &crate::api::ApiLab, agent: usize) -> Vec<Value> {
     json_of(api, agent, &["get", "pods", "-l", "app=web", "-o", "json"])["items"]
         .as_array()
         .cloned()
@@ -183,13 +193,33 @@ async fn a_deployment_runs_rolls_scales_and_heals_through_kubectl() {
     .unwrap();
 
     // Scale down, then a deleted pod is replaced, then a quarantined pod is replaced and kept.
+    // The ReplicaSet's delete is graceful, as Kubernetes': the surplus pod is Terminating
+    // (deletionTimestamp, its grace) while its node stops it (httpd ignores SIGTERM as PID 1,
+    // so that takes the whole 3 s), then it is gone.
     api.ok(0, &["scale", "deployment/web", "--replicas=2"]);
-    wait_until("scaled to 2", LIMIT, || {
-        let n = web_pods(&api, 2).len();
-        async move { n == 2 }
-    })
+    let mut terminating = None;
+    wait_until(
+        "scaled to 2, the surplus pod gone after terminating",
+        LIMIT,
+        || {
+            let all = all_web_pods(&api, 2);
+            if let Some(p) = all
+                .iter()
+                .find(|p| !p["metadata"]["deletionTimestamp"].is_null())
+            {
+                terminating = Some(p["metadata"].clone());
+            }
+            let ok = all.len() == 2 && terminating.is_some();
+            async move { ok }
+        },
+    )
     .await
     .unwrap();
+    let terminating = terminating.unwrap();
+    assert_eq!(
+        terminating["deletionGracePeriodSeconds"], 3,
+        "{terminating}"
+    );
     let victim = web_pods(&api, 0)[0]["metadata"]["name"]
         .as_str()
         .unwrap()
