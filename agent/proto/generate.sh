@@ -6,6 +6,9 @@
 # 1.35) as the crates.io package k8s-rs-pb 0.5.0 ships them (it renames the packages, e.g.
 # `k8s.io.api.core.v1` -> `api.core.v1`; field numbers are upstream's, and only they reach the
 # wire). The descriptor set is committed so that a build needs neither protoc nor the package.
+# It keeps the files' comments (--include_source_info): the OpenAPI models that `kubectl
+# explain` reads take their descriptions and x-kubernetes-* markers from them
+# (agent/src/api/openapi.rs).
 #
 # Needs: cargo, protoc (apt-get install protobuf-compiler).
 set -euo pipefail
@@ -27,7 +30,7 @@ src="$(cargo metadata --manifest-path "$scratch/Cargo.toml" --format-version 1 |
     python3 -c 'import json,sys; m=json.load(sys.stdin); print(next(p["manifest_path"] for p in m["packages"] if p["name"]=="k8s-rs-pb"))')"
 protos="$(dirname "$src")/src/v1_35"
 cd "$protos"
-protoc -I . --include_imports -o "$here/k8s.fds" \
+protoc -I . --include_imports --include_source_info -o "$here/k8s.fds" \
     api/core/v1/generated.proto \
     api/apps/v1/generated.proto \
     api/batch/v1/generated.proto \

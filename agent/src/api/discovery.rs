@@ -1,6 +1,8 @@
 //! Discovery (legacy and aggregated), OpenAPI v3 documents and `/version`, as kubectl and client
 //! libraries expect them.
 
+use std::collections::HashMap;
+
 use serde_json::{Value, json};
 
 use super::resources::{self, ApiResource};
@@ -172,9 +174,29 @@ pub fn openapi_root() -> Value {
 }
 
 /// `/openapi/v3/{api/v1 | apis/g/v}`: the operations kubectl's field validation looks for (a
-/// PATCH carrying `x-kubernetes-group-version-kind` and a `fieldValidation` parameter). Schemas
-/// are left open: validation happens in the server.
+/// PATCH carrying `x-kubernetes-group-version-kind` and a `fieldValidation` parameter), and the
+/// models of the kinds, with their descriptions, from the protobuf descriptors
+/// ([`super::openapi`]; `kubectl explain`). A kind without a descriptor keeps an open schema.
+/// Made once per group version.
 pub fn openapi_document(path: &str) -> Option<Value> {
+    static DOCUMENTS: std::sync::LazyLock<std::sync::Mutex<HashMap<String, Value>>> =
+        std::sync::LazyLock::new(Default::default);
+    if let Some(doc) = DOCUMENTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(path)
+    {
+        return Some(doc.clone());
+    }
+    let doc = make_openapi_document(path)?;
+    DOCUMENTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(path.to_owned(), doc.clone());
+    Some(doc)
+}
+
+fn make_openapi_document(path: &str) -> Option<Value> {
     let (group, version) = resources::group_versions()
         .into_iter()
         .find(|(g, v)| openapi_path(g, v) == path)?;
@@ -186,7 +208,7 @@ pub fn openapi_document(path: &str) -> Option<Value> {
             {"name": "dryRun", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
             {"name": "fieldManager", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
         ]);
-        let schema_ref = format!("#/components/schemas/{}", schema_name(&r));
+        let schema_ref = format!("#/components/schemas/{}", kind_schema_name(&r));
         let op = |verb: &str| {
             json!({
                 "operationId": format!("{verb}{}", r.kind),
@@ -210,15 +232,18 @@ pub fn openapi_document(path: &str) -> Option<Value> {
         paths.insert(item, json!({"get": op("get"), "put": op("put"), "patch": op("patch"), "delete": op("delete")}));
         paths.insert(collection, json!({"get": op("list"), "post": op("post")}));
     }
-    let mut schemas = serde_json::Map::new();
+    let kinds: Vec<(&str, &str, &str)> = in_group_version(group, version)
+        .iter()
+        .map(|r| (r.group, r.version, r.kind))
+        .collect();
+    let mut schemas = super::openapi::schemas(&kinds);
     for r in in_group_version(group, version) {
-        schemas.insert(
-            schema_name(&r),
+        schemas.entry(kind_schema_name(&r)).or_insert_with(|| {
             json!({
                 "type": "object",
                 "x-kubernetes-group-version-kind": [{"group": r.group, "version": r.version, "kind": r.kind}],
-            }),
-        );
+            })
+        });
     }
     Some(json!({
         "openapi": "3.0.0",
@@ -228,7 +253,17 @@ pub fn openapi_document(path: &str) -> Option<Value> {
     }))
 }
 
-fn schema_name(r: &ApiResource) -> String {
+/// The component name of a kind's model: its message's ([`super::openapi::schema_name`]), or
+/// for a kind without one a name in the same scheme.
+fn kind_schema_name(r: &ApiResource) -> String {
+    let api_version = if r.group.is_empty() {
+        r.version.to_owned()
+    } else {
+        format!("{}/{}", r.group, r.version)
+    };
+    if let Some(message) = super::protobuf::message_for(&api_version, r.kind) {
+        return super::openapi::schema_name(&message);
+    }
     let group = if r.group.is_empty() { "core" } else { r.group };
     format!("io.k8s.api.{group}.{}.{}", r.version, r.kind)
 }

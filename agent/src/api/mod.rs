@@ -6,6 +6,7 @@
 mod discovery;
 mod handlers;
 mod observed;
+mod openapi;
 mod patch;
 mod portforward;
 mod protobuf;

@@ -41,6 +41,11 @@ static POOL: LazyLock<DescriptorPool> = LazyLock::new(|| {
         .expect("the committed descriptor set decodes (agent/proto/generate.sh)")
 });
 
+/// The descriptors (with their comments: the OpenAPI models are made from them too).
+pub(super) fn pool() -> &'static DescriptorPool {
+    &POOL
+}
+
 const META: &str = "apimachinery.pkg.apis.meta.v1";
 const UNKNOWN: &str = "apimachinery.pkg.runtime.Unknown";
 
@@ -72,7 +77,7 @@ fn field_error(path: &str, reason: impl Into<String>) -> ProtoError {
 
 /// The message of a kind: `metav1` kinds under any group (clients send `DeleteOptions` in the
 /// group of the resource), the rest by group and version.
-fn message_for(api_version: &str, kind: &str) -> Option<MessageDescriptor> {
+pub(super) fn message_for(api_version: &str, kind: &str) -> Option<MessageDescriptor> {
     const META_KINDS: &[&str] = &[
         "Status",
         "DeleteOptions",
@@ -233,7 +238,7 @@ static POINTER_SET: LazyLock<HashSet<&'static str>> =
     LazyLock::new(|| POINTERS.iter().copied().collect());
 
 /// Whether `field` is a Go struct inlined into its parent's JSON ([`INLINE`]).
-fn is_inline(field: &FieldDescriptor) -> bool {
+pub(super) fn is_inline(field: &FieldDescriptor) -> bool {
     INLINE_SET.contains(field.full_name())
 }
 
@@ -244,7 +249,7 @@ fn is_pointer(field: &FieldDescriptor) -> bool {
 
 /// Types whose JSON form is not their message's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Special {
+pub(super) enum Special {
     Time,
     MicroTime,
     Duration,
@@ -255,7 +260,7 @@ enum Special {
     Verbs,
 }
 
-fn special(message: &MessageDescriptor) -> Option<Special> {
+pub(super) fn special(message: &MessageDescriptor) -> Option<Special> {
     Some(match message.full_name() {
         "apimachinery.pkg.apis.meta.v1.Time" => Special::Time,
         "apimachinery.pkg.apis.meta.v1.MicroTime" => Special::MicroTime,

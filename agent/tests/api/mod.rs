@@ -706,3 +706,66 @@ async fn namespaces_are_created_before_use_and_deleted_with_their_contents() {
         ""
     );
 }
+
+/// `kubectl explain` reads the OpenAPI models (made from Kubernetes' own `.proto` files with
+/// their comments), and `kubectl apply` computes its patches from their `x-kubernetes-patch-*`
+/// extensions: removing an env var from a manifest removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_explain_describes_kinds_and_fields_and_apply_patches_by_their_merge_keys() {
+    let api = ApiLab::start(1).await;
+    let pods = api.ok(0, &["explain", "pods"]);
+    assert!(
+        pods.contains("KIND:")
+            && pods.contains("Pod")
+            && pods.contains("Pod is a collection of containers"),
+        "{pods}"
+    );
+    assert!(
+        pods.contains("spec") && pods.contains("<PodSpec>"),
+        "{pods}"
+    );
+    let image = api.ok(0, &["explain", "pod.spec.containers.image"]);
+    assert!(
+        image.contains("image")
+            && image.contains("<string>")
+            && image.contains("Container image name"),
+        "{image}"
+    );
+    let surge = api.ok(
+        0,
+        &["explain", "deployment.spec.strategy.rollingUpdate.maxSurge"],
+    );
+    assert!(surge.contains("maximum number of pods"), "{surge}");
+    let recursive = api.ok(0, &["explain", "job.spec.template.spec", "--recursive"]);
+    assert!(
+        recursive.contains("restartPolicy") && recursive.contains("containers"),
+        "{recursive}"
+    );
+    let (ok, _, err) = api.kubectl(0, &["explain", "pod.spec.nosuchfield"]);
+    assert!(!ok && err.contains("nosuchfield"), "{err}");
+
+    let manifest = |env: &str| {
+        format!(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: envs}}\nspec:\n  replicas: 0\n  selector: {{matchLabels: {{app: envs}}}}\n  template:\n    metadata: {{labels: {{app: envs}}}}\n    spec:\n      containers:\n      - name: c\n        image: shoal.local/busybox:1\n        env: [{env}]\n"
+        )
+    };
+    let first = api.manifest(
+        "envs.yaml",
+        &manifest("{name: A, value: a}, {name: B, value: b}"),
+    );
+    api.ok(0, &["apply", "-f", &first]);
+    let second = api.manifest("envs2.yaml", &manifest("{name: B, value: b2}"));
+    api.ok(0, &["apply", "-f", &second]);
+    let env = api.ok(
+        0,
+        &[
+            "get",
+            "deploy",
+            "envs",
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].env}",
+        ],
+    );
+    let env: serde_json::Value = serde_json::from_str(&env).unwrap();
+    assert_eq!(env, serde_json::json!([{"name": "B", "value": "b2"}]));
+}
