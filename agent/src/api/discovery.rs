@@ -160,17 +160,27 @@ fn openapi_path(group: &str, version: &str) -> String {
     }
 }
 
-/// `/openapi/v3`: one entry per group version.
+/// `/openapi/v3`: one entry per group version, its URL naming a digest of the document (as the
+/// apiserver's does). kubectl caches a document by that URL, so an upgraded agent whose models
+/// changed is read anew, not from a cache of the old ones.
 pub fn openapi_root() -> Value {
-    let mut paths = serde_json::Map::new();
-    for (g, v) in resources::group_versions() {
-        let p = openapi_path(g, v);
-        paths.insert(
-            p.clone(),
-            json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={}", crate::AGENT_VERSION)}),
-        );
-    }
-    json!({"paths": paths})
+    static ROOT: std::sync::LazyLock<Value> = std::sync::LazyLock::new(|| {
+        use sha2::Digest;
+        let mut paths = serde_json::Map::new();
+        for (g, v) in resources::group_versions() {
+            let p = openapi_path(g, v);
+            let text = openapi_document(&p)
+                .and_then(|d| serde_json::to_vec(&d).ok())
+                .unwrap_or_default();
+            let digest = hex::encode(&sha2::Sha256::digest(&text)[..16]).to_uppercase();
+            paths.insert(
+                p.clone(),
+                json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={digest}")}),
+            );
+        }
+        json!({"paths": paths})
+    });
+    ROOT.clone()
 }
 
 /// `/openapi/v3/{api/v1 | apis/g/v}`: the operations kubectl's field validation looks for (a
@@ -315,5 +325,17 @@ mod tests {
                 == "Deployment"
         );
         assert!(openapi_document("apis/nope/v1").is_none());
+        // Each document's URL names a digest of it (kubectl's cache key), not the version.
+        let root = openapi_root();
+        let url = |p: &str| {
+            root["paths"][p]["serverRelativeURL"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        };
+        let (core, apps) = (url("api/v1"), url("apis/apps/v1"));
+        let hash = core.strip_prefix("/openapi/v3/api/v1?hash=").unwrap();
+        assert_eq!(hash.len(), 32, "{core}");
+        assert_ne!(hash, apps.rsplit('=').next().unwrap());
     }
 }
