@@ -1063,13 +1063,26 @@ spec:
         &["set", "image", "daemonset/agent", "c=shoal.local/httpd:1"],
     );
     let available = |p: &Value| ready(p) && p["metadata"]["deletionTimestamp"].is_null();
+    // Each node's pod as its own agent sees it: the node that replaces its pod knows first
+    // (its delete, its pod's status are local), where any one agent's view mixes its fresh
+    // store with other nodes' statuses a gossip round old (agent 0 once saw a node's new pod
+    // not yet ready beside another node's fresh delete: 1 of 3, though 2 were available).
+    let available_nodes = || {
+        (0..api.agents.len())
+            .filter(|&i| {
+                pods(i)
+                    .iter()
+                    .any(|p| p["spec"]["nodeName"] == api.agents[i].name() && available(p))
+            })
+            .count()
+    };
     let mut fewest = usize::MAX;
     let rolled = wait_until(
         "the DaemonSet to run the new image everywhere",
         LIMIT,
         || {
             let now = pods(0);
-            fewest = fewest.min(now.iter().filter(|p| available(p)).count());
+            fewest = fewest.min(available_nodes());
             let done = now.len() == 3
                 && now.iter().all(|p| {
                     available(p) && p["spec"]["containers"][0]["image"] == "shoal.local/httpd:1"
