@@ -233,7 +233,7 @@ impl From<WriteError> for Failure {
                 e.to_string(),
                 None,
             ),
-            e @ WriteError::Unavailable { .. } => failure(
+            e @ (WriteError::Unavailable { .. } | WriteError::Home { .. }) => failure(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "Unavailable",
                 e.to_string(),

@@ -26,7 +26,7 @@ use serde_json::Value;
 use shoal_gossip::{Channel, IncomingRequests, MemberState, Membership, PeerEndpoint, keys};
 use shoal_state::sync::{self, Step, SyncSession};
 use shoal_state::{
-    Change, ObjectKey, Staged, Store, StoreError, SyncRequest, SyncResponse, ValidObject,
+    Change, ObjectKey, Refusal, Staged, Store, StoreError, SyncRequest, SyncResponse, ValidObject,
     WireEntry, WriteMode,
 };
 use tracing::{debug, info, warn};
@@ -91,6 +91,10 @@ pub enum WriteError {
         "only {reachable} of the {needed} nodes required by the write quorum are reachable from this node; nothing was written (retry when peers are back)"
     )]
     Unavailable { reachable: usize, needed: usize },
+    #[error(
+        "node {home} orders the writes of this object and did not decide this one ({reason}); retry (when a node is gone, the next live node takes its place)"
+    )]
+    Home { home: String, reason: String },
 }
 
 /// The store, shared by the API and replication.
@@ -251,6 +255,168 @@ impl Replication {
             .is_some_and(|c| c.event == shoal_state::EventType::Added);
         self.await_quorum(acks, peers.len(), linger).await?;
         Ok((written.object, created))
+    }
+
+    /// A client's write (the Kubernetes API). A create, or a write with a resourceVersion
+    /// precondition, is decided by the object's home node: the live node with the highest
+    /// rendezvous hash of its key. This node checks the precondition against its own copy (the
+    /// client's resourceVersion is this node's), stages the write over that copy and sends both
+    /// to the home, which admits the write only if nothing else was written in between
+    /// ([`Store::check_serialized`]), then commits and replicates it as any write. So two
+    /// agents cannot both acknowledge writes made from one version (two candidates taking one
+    /// leader Lease), nor both create one name. Other writes are [`Replication::write`].
+    ///
+    /// Homes are chosen from each node's view of membership: while views disagree (a node just
+    /// joined or died, a partition) two nodes may each act as a key's home, and their writes
+    /// merge last-writer-wins as before.
+    pub async fn write_serialized(
+        &self,
+        object: ValidObject,
+        mode: WriteMode,
+    ) -> Result<(Value, bool), WriteError> {
+        if mode != WriteMode::Create && object.resource_version.is_none() {
+            return self.write(object, mode).await;
+        }
+        let members = self.membership.members().await;
+        let Some((home, home_addr)) = home_of(&object.key, &members) else {
+            return self.write(object, mode).await;
+        };
+        let Some(home_addr) = home_addr else {
+            return self.write(object, mode).await; // this node is the home
+        };
+        let peers = self.live_peers().await;
+        self.check_reachable(peers.len())?;
+        let key = object.key.clone();
+        let staged = {
+            let mut store = self.store.lock().unwrap();
+            let read = store.entry(&key);
+            match store.stage(object.clone(), mode)? {
+                Staged::Changed(write) => Some((read, write, store.last_sync_ms())),
+                // A write that changes nothing is acknowledged as any (at quorum), here.
+                Staged::Unchanged(_) => None,
+            }
+        };
+        let Some((read, write, last_sync_ms)) = staged else {
+            return self.write(object, mode).await;
+        };
+        let request = SyncRequest::Serialize {
+            read: read.map(Box::new),
+            write: Box::new(write.clone()),
+            create: mode == WriteMode::Create,
+            last_sync_ms,
+        }
+        .encode();
+        let unreachable = |reason: String| WriteError::Home {
+            home: home.clone(),
+            reason,
+        };
+        let timeout = self.config.push_timeout + Duration::from_secs(1);
+        let bytes = self
+            .endpoint
+            .request(home_addr, Channel::Sync, &request, timeout)
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        self.traffic.count(request.len(), bytes.len());
+        match SyncResponse::decode(&bytes) {
+            Ok(SyncResponse::Serialized { refusal: None, .. }) => {}
+            Ok(SyncResponse::Serialized {
+                refusal: Some(refusal),
+                current,
+            }) => {
+                if let Some(current) = current.filter(|c| c.key == key) {
+                    self.merge_from(home_addr, *current);
+                }
+                return Err(refused(key, &home, refusal));
+            }
+            Ok(other) => return Err(unreachable(format!("it answered {other:?}"))),
+            Err(e) => return Err(unreachable(e.to_string())),
+        }
+        // The home's push has usually brought it here already; merging again changes nothing.
+        let object = on_disk(|| {
+            let mut store = self.store.lock().unwrap();
+            let outcome = store.merge_remote(vec![write])?;
+            self.publish(outcome.changes);
+            Ok::<_, StoreError>(store.get(&key).or_else(|| store.deleted(&key)))
+        })?;
+        let object = object.ok_or(StoreError::NotFound { key })?;
+        Ok((object, mode == WriteMode::Create))
+    }
+
+    /// Merges one entry a peer sent outside a push or a session (a home's state of a key with
+    /// its refusal); refusals are reported as any.
+    fn merge_from(&self, peer: SocketAddr, entry: WireEntry) {
+        let merged = on_disk(|| {
+            let mut store = self.store.lock().unwrap();
+            let outcome = store.merge_remote(vec![entry])?;
+            self.publish(outcome.changes);
+            Ok::<_, StoreError>(outcome.rejected)
+        });
+        match merged {
+            Ok(rejected) => self.report_refusals(peer, &rejected),
+            Err(error) => debug!(%peer, %error, "cannot merge a home's state of a key"),
+        }
+    }
+
+    /// Decides a peer's serialized write as the home of its key (see
+    /// [`Replication::write_serialized`]): checks it, pushes it to the live peers, commits it,
+    /// and answers once the write quorum holds it.
+    async fn decide_serialized(
+        &self,
+        read: Option<WireEntry>,
+        write: WireEntry,
+        create: bool,
+        last_sync_ms: u64,
+    ) -> SyncResponse {
+        let key = write.key.clone();
+        let refusal = |refusal| SyncResponse::Serialized {
+            refusal: Some(refusal),
+            current: self.read(|s| s.entry(&key)).map(Box::new),
+        };
+        let peers = self.live_peers().await;
+        if let Err(WriteError::Unavailable { reachable, needed }) =
+            self.check_reachable(peers.len())
+        {
+            return refusal(Refusal::Unavailable { reachable, needed });
+        }
+        let decided = on_disk(|| {
+            let mut store = self.store.lock().unwrap();
+            if store.behind(last_sync_ms, store.collected_through_ms()) {
+                return Err(Refusal::Rejected(format!(
+                    "the requester last synced at {last_sync_ms} ms, before deletes this node has forgotten: it must resync first"
+                )));
+            }
+            store
+                .check_serialized(read.as_ref(), &write, create, now_ms())
+                .map_err(|e| match e {
+                    StoreError::Conflict { reason, .. } => Refusal::Conflict(reason),
+                    StoreError::NotFound { .. } => Refusal::NotFound,
+                    StoreError::AlreadyExists { .. } => Refusal::AlreadyExists,
+                    other => Refusal::Rejected(other.to_string()),
+                })?;
+            let acks = self.push(write.clone(), &store, &peers);
+            let outcome = store
+                .merge_remote(vec![write])
+                .map_err(|e| Refusal::Rejected(e.to_string()))?;
+            if let Some(e) = outcome.rejected.first() {
+                return Err(Refusal::Rejected(e.to_string()));
+            }
+            self.publish(outcome.changes);
+            Ok(acks)
+        });
+        let acks = match decided {
+            Ok(acks) => acks,
+            Err(r) => return refusal(r),
+        };
+        match self.await_quorum(acks, peers.len(), Duration::ZERO).await {
+            Ok(()) => SyncResponse::Serialized {
+                refusal: None,
+                current: None,
+            },
+            Err(WriteError::NotDurable { acked, needed, why }) => {
+                refusal(Refusal::NotDurable { acked, needed, why })
+            }
+            Err(other) => refusal(Refusal::Rejected(other.to_string())),
+        }
     }
 
     /// Deletes an object and waits for the write quorum. Deleting an object already deleted
@@ -457,6 +623,23 @@ impl Replication {
                 let peer = request.peer;
                 let received = request.payload.len();
                 let response = match SyncRequest::decode(&request.payload) {
+                    Ok(SyncRequest::Serialize {
+                        read,
+                        write,
+                        create,
+                        last_sync_ms,
+                    }) => {
+                        // Decided on the async workers: it waits for the write quorum.
+                        tokio::runtime::Handle::current().spawn(async move {
+                            let response = this
+                                .decide_serialized(read.map(|r| *r), *write, create, last_sync_ms)
+                                .await;
+                            let bytes = response.encode();
+                            this.traffic.count(bytes.len(), received);
+                            request.respond(bytes);
+                        });
+                        return;
+                    }
                     Ok(req) => {
                         let mut store = this.store.lock().unwrap();
                         let (response, outcome) = sync::serve(&mut store, req, now_ms());
@@ -633,5 +816,47 @@ pub fn quorum_needed(write_quorum: usize, peak_members: usize) -> usize {
 fn log_changes(changes: &[Change]) {
     for change in changes {
         debug!(key = %change.key, rv = change.resource_version, event = ?change.event, "replicated change");
+    }
+}
+
+/// The home of `key` among the live `members` (this node included): its name, and its address
+/// unless it is this node. `None` when no live member has a valid id.
+fn home_of(
+    key: &ObjectKey,
+    members: &[shoal_gossip::Member],
+) -> Option<(String, Option<SocketAddr>)> {
+    let live: Vec<(u64, &shoal_gossip::Member)> = members
+        .iter()
+        .filter(|m| m.is_self || m.state == MemberState::Alive)
+        .filter_map(|m| Some((u64::from_str_radix(&m.node_id, 16).ok()?, m)))
+        .collect();
+    let home =
+        crate::scheduler::auction::auctioneer(&key.to_string(), live.iter().map(|(id, _)| *id))?;
+    let (_, member) = live.iter().find(|(id, _)| *id == home)?;
+    let addr = (!member.is_self).then_some(member.gossip_addr);
+    Some((member.name().to_owned(), addr))
+}
+
+/// The error a home's refusal of a serialized write of `key` is to the client.
+fn refused(key: ObjectKey, home: &str, refusal: Refusal) -> WriteError {
+    match refusal {
+        Refusal::Conflict(reason) => StoreError::Conflict { key, reason }.into(),
+        Refusal::NotFound => StoreError::NotFound { key }.into(),
+        Refusal::AlreadyExists => StoreError::AlreadyExists { key }.into(),
+        Refusal::NotDurable { acked, needed, why } => WriteError::NotDurable {
+            acked,
+            needed,
+            why: format!("{why} (the write was decided by {home}, the node that orders it)"),
+        },
+        Refusal::Unavailable { reachable, needed } => WriteError::Home {
+            home: home.to_owned(),
+            reason: format!(
+                "only {reachable} of the {needed} nodes of the write quorum are reachable from it"
+            ),
+        },
+        Refusal::Rejected(reason) => WriteError::Home {
+            home: home.to_owned(),
+            reason,
+        },
     }
 }

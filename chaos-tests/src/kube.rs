@@ -45,7 +45,8 @@ pub struct KubeClient {
 }
 
 impl KubeClient {
-    /// The API at `addr` inside network namespace `netns`, for the cluster of `identity`.
+    /// The API at `addr` inside network namespace `netns` (`""`: this process's own), for the
+    /// cluster of `identity`.
     pub fn new(
         netns: &str,
         addr: SocketAddr,
@@ -121,8 +122,13 @@ impl KubeClient {
 }
 
 /// A TCP connection to `addr` made inside network namespace `netns` (`/run/netns/<netns>`),
-/// from a thread of its own that ends once the socket exists.
+/// from a thread of its own that ends once the socket exists; `""` connects from here.
 fn connect_in(netns: &str, addr: SocketAddr) -> std::io::Result<std::net::TcpStream> {
+    if netns.is_empty() {
+        let stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
+        stream.set_nonblocking(true)?;
+        return Ok(stream);
+    }
     let path = std::path::Path::new("/run/netns").join(netns);
     std::thread::scope(|scope| {
         scope

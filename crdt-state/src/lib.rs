@@ -23,4 +23,4 @@ pub use object::{ObjectError, ValidObject, validate};
 pub use store::{
     Change, EventType, MergeOutcome, Staged, Store, StoreConfig, StoreError, WriteMode, Written,
 };
-pub use sync::{SyncRequest, SyncResponse, WireEntry};
+pub use sync::{Refusal, SyncRequest, SyncResponse, WireEntry};

@@ -721,6 +721,79 @@ impl Store {
         Ok(MergeOutcome { changes, rejected })
     }
 
+    /// Decides a write serialized by this node, the home of its key (DESIGN.md §5): a peer
+    /// staged `write` over `read`, its own state of the key at the time (`None`: it had none),
+    /// after checking the client's precondition against it. The write is admitted only if no
+    /// other write came in between: this store, joined with `read`, must hold exactly `read`
+    /// (for a create: no live object), and `write` must supersede it. Nothing changes here;
+    /// the caller commits `write` with [`Store::merge_remote`] under the same lock, so two
+    /// peers' writes staged over one version cannot both be admitted.
+    pub fn check_serialized(
+        &self,
+        read: Option<&WireEntry>,
+        write: &WireEntry,
+        create: bool,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        let key = &write.key;
+        let rejected = |reason: String| StoreError::Rejected {
+            key: key.to_string(),
+            reason,
+        };
+        for entry in read.into_iter().chain([write]) {
+            if entry.key != *key {
+                return Err(rejected(format!(
+                    "the version read is of {}, not of the key written",
+                    entry.key
+                )));
+            }
+            validate_remote(key, &entry.state).map_err(rejected)?;
+            self.hlc
+                .check(entry.state.max_stamp().time, now_ms)
+                .map_err(|e| rejected(e.to_string()))?;
+        }
+        let mut basis = self.entries.get(key).map(|e| e.state.clone());
+        if let Some(read) = read {
+            match &mut basis {
+                Some(state) => state.merge(&read.state),
+                None => basis = Some(read.state.clone()),
+            }
+        }
+        let live = basis.as_ref().filter(|s| !s.is_deleted());
+        if create {
+            if live.is_some() {
+                return Err(StoreError::AlreadyExists { key: key.clone() });
+            }
+        } else {
+            let Some(live) = live else {
+                return Err(StoreError::NotFound { key: key.clone() });
+            };
+            if read.is_none_or(|r| r.state != *live) {
+                return Err(StoreError::Conflict {
+                    key: key.clone(),
+                    reason: "the object has been modified; please apply your changes to the latest version and try again (another write of it came first)".into(),
+                });
+            }
+        }
+        let mut result = basis.unwrap_or_else(|| write.state.clone());
+        result.merge(&write.state);
+        if result != write.state {
+            return Err(StoreError::Conflict {
+                key: key.clone(),
+                reason: "a newer write of the object came first; please apply your changes to the latest version and try again".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// This store's state of `key` as sent between nodes (a tombstone included).
+    pub fn entry(&self, key: &ObjectKey) -> Option<WireEntry> {
+        self.entries.get(key).map(|e| WireEntry {
+            key: key.clone(),
+            state: e.state.clone(),
+        })
+    }
+
     fn is_past_horizon(&self, state: &ObjectState, now_ms: u64) -> bool {
         state.deleted.is_some_and(|d| {
             now_ms.saturating_sub(d.time.wall_ms())

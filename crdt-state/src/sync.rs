@@ -45,6 +45,16 @@ pub enum SyncRequest {
         buckets: Vec<u8>,
         hashes: Vec<(ObjectKey, Hash16)>,
     },
+    /// A client's preconditioned write (or create), staged by the requester over `read`, for
+    /// the key's home node to decide ([`crate::Store::check_serialized`]), commit, replicate
+    /// and answer with [`SyncResponse::Serialized`] once the write quorum holds it.
+    Serialize {
+        read: Option<Box<WireEntry>>,
+        write: Box<WireEntry>,
+        create: bool,
+        /// The requester's [`Store::last_sync_ms`].
+        last_sync_ms: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -61,6 +71,36 @@ pub enum SyncResponse {
     Compare { entries: Vec<WireEntry> },
     /// The request was refused; the message says why.
     Refused { reason: String },
+    /// The answer to [`SyncRequest::Serialize`]: `refusal` is `None` when the write is
+    /// committed and held by the write quorum, else says why not; a refused write comes with
+    /// the home's `current` state of the key, which the requester merges, so the client's next
+    /// read there sees what came first (as an etcd transaction that failed its compare).
+    Serialized {
+        refusal: Option<Refusal>,
+        current: Option<Box<WireEntry>>,
+    },
+}
+
+/// Why a home node did not acknowledge a serialized write.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Refusal {
+    /// Another write came first (or, for an update, the object is another incarnation now).
+    Conflict(String),
+    NotFound,
+    AlreadyExists,
+    /// The entries were refused (a bad key, a clock too far ahead, a requester that must resync).
+    Rejected(String),
+    /// Committed on the home, but fewer than `needed` nodes confirmed it.
+    NotDurable {
+        acked: usize,
+        needed: usize,
+        why: String,
+    },
+    /// Nothing was written: too few nodes are reachable from the home.
+    Unavailable {
+        reachable: usize,
+        needed: usize,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -142,6 +182,12 @@ pub fn serve(store: &mut Store, request: SyncRequest, now_ms: u64) -> (SyncRespo
                 MergeOutcome::default(),
             ),
         },
+        SyncRequest::Serialize { .. } => (
+            SyncResponse::Refused {
+                reason: "a serialized write is decided by the agent's replication, not here".into(),
+            },
+            MergeOutcome::default(),
+        ),
         SyncRequest::Compare { buckets, hashes } => {
             if buckets.len() > crate::digest::BUCKETS {
                 return (
@@ -242,6 +288,7 @@ impl SyncSession {
         match response {
             SyncResponse::Refused { reason } => return Err(SessionError::Refused(reason)),
             SyncResponse::PushAck => return Err(SessionError::Unexpected("PushAck")),
+            SyncResponse::Serialized { .. } => return Err(SessionError::Unexpected("Serialized")),
             SyncResponse::Buckets {
                 hashes,
                 last_sync_ms,

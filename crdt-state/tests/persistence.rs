@@ -451,3 +451,96 @@ fn the_peak_membership_persists_rises_by_itself_and_lowers_only_when_set() {
     store.set_peak_members(0).unwrap();
     assert_eq!(store.peak_members(), 1, "never below one node");
 }
+
+/// Stages a write of ConfigMap `name` on `store` as a forwarding agent does: its state of the
+/// key (the version the client read) and the write staged over it.
+fn staged(
+    store: &mut shoal_state::Store,
+    name: &str,
+    holder: &str,
+    mode: WriteMode,
+    now: u64,
+) -> (Option<WireEntry>, WireEntry) {
+    let key = config_map(name, &[]).key;
+    let read = store.entry(&key);
+    match store
+        .stage_at(config_map(name, &[("holder", holder)]), mode, now)
+        .unwrap()
+    {
+        shoal_state::Staged::Changed(write) => (read, write),
+        shoal_state::Staged::Unchanged(_) => panic!("the write changes nothing"),
+    }
+}
+
+#[test]
+fn a_home_admits_one_write_per_version_read_and_only_over_what_it_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut home = open(dir.path(), "home", 1);
+    let mut a = open(dir.path(), "a", 2);
+    let mut b = open(dir.path(), "b", 3);
+    let created = home
+        .write_at(
+            config_map("x", &[("holder", "nobody")]),
+            WriteMode::Create,
+            T0,
+        )
+        .unwrap();
+    for peer in [&mut a, &mut b] {
+        peer.merge_remote_at(vec![created.entry.clone()], T0)
+            .unwrap();
+    }
+    // Two agents stage a takeover over the same version: the home admits the first only.
+    let (read_a, write_a) = staged(&mut a, "x", "a", WriteMode::Update, T0 + 1);
+    let (read_b, write_b) = staged(&mut b, "x", "b", WriteMode::Update, T0 + 2);
+    home.check_serialized(read_a.as_ref(), &write_a, false, T0 + 3)
+        .unwrap();
+    home.merge_remote_at(vec![write_a.clone()], T0 + 3).unwrap();
+    let err = home
+        .check_serialized(read_b.as_ref(), &write_b, false, T0 + 3)
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Conflict { reason, .. } if reason.contains("has been modified")),
+        "{err}"
+    );
+    // What the check prevents: merged without it, b's later write replaces a's, whose client
+    // was told it won.
+    let mut merged = open(dir.path(), "merged", 4);
+    merged
+        .merge_remote_at(vec![write_a.clone(), write_b.clone()], T0 + 3)
+        .unwrap();
+    assert_eq!(merged.get(&write_a.key).unwrap()["data"]["holder"], "b");
+
+    // A home that never got the object admits a write over the version its peer read.
+    let behind = open(dir.path(), "behind", 5);
+    behind
+        .check_serialized(read_b.as_ref(), &write_b, false, T0 + 3)
+        .unwrap();
+    // An update of an object deleted meanwhile is NotFound; a read of another key is refused.
+    home.delete_at(&write_a.key, None, T0 + 4).unwrap();
+    let (read_c, write_c) = staged(&mut a, "x", "c", WriteMode::Update, T0 + 5);
+    assert!(matches!(
+        home.check_serialized(read_c.as_ref(), &write_c, false, T0 + 6),
+        Err(StoreError::NotFound { .. })
+    ));
+    let (_, other) = staged(&mut a, "y", "a", WriteMode::Create, T0 + 7);
+    let err = home
+        .check_serialized(read_c.as_ref(), &other, true, T0 + 7)
+        .unwrap_err();
+    assert!(err.to_string().contains("not of the key written"), "{err}");
+
+    // Two creates of one name: the first is admitted, the second finds the object.
+    let (read_1, create_1) = staged(&mut a, "z", "a", WriteMode::Create, T0 + 8);
+    let (read_2, create_2) = staged(&mut b, "z", "b", WriteMode::Create, T0 + 8);
+    home.check_serialized(read_1.as_ref(), &create_1, true, T0 + 9)
+        .unwrap();
+    home.merge_remote_at(vec![create_1], T0 + 9).unwrap();
+    assert!(matches!(
+        home.check_serialized(read_2.as_ref(), &create_2, true, T0 + 9),
+        Err(StoreError::AlreadyExists { .. })
+    ));
+    // A create over the tombstone of a deleted incarnation is admitted.
+    let mut fresh = open(dir.path(), "fresh", 6);
+    let (none, again) = staged(&mut fresh, "x", "d", WriteMode::Create, T0 + 10);
+    assert!(none.is_none());
+    home.check_serialized(None, &again, true, T0 + 10).unwrap();
+}

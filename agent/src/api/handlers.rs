@@ -76,11 +76,14 @@ fn object_error(kind: &str, name: &str, e: ObjectError) -> ApiError {
 fn write_error(kind: &str, name: &str, e: WriteError) -> ApiError {
     match e {
         WriteError::Store(e) => store_error(kind, name, e),
-        e @ (WriteError::NotDurable { .. } | WriteError::Unavailable { .. }) => {
+        e @ (WriteError::NotDurable { .. }
+        | WriteError::Unavailable { .. }
+        | WriteError::Home { .. }) => {
             // The cause tells a client whether a retry may find the write done: `NotDurable`
             // was stored here and replicates later; `Unavailable` stored nothing.
             let cause = match e {
                 WriteError::NotDurable { .. } => "NotDurable",
+                WriteError::Home { .. } => "HomeUnavailable",
                 _ => "Unavailable",
             };
             let message = e.to_string();
@@ -630,7 +633,7 @@ pub async fn create(request: &Request<'_>) -> Result<Response, ApiError> {
     if dry_run(query) {
         return Ok(json_response(StatusCode::CREATED, &valid.body));
     }
-    write(state, resource, &name, valid, WriteMode::Create).await
+    write(state, resource, &name, valid, WriteMode::Create, true).await
 }
 
 /// PUT of an object.
@@ -659,7 +662,8 @@ pub async fn update(request: &Request<'_>, name: &str) -> Result<Response, ApiEr
     if dry_run(query) {
         return Ok(json_response(StatusCode::OK, &valid.body));
     }
-    write(state, resource, name, valid, WriteMode::Update).await
+    let ordered = valid.resource_version.is_some();
+    write(state, resource, name, valid, WriteMode::Update, ordered).await
 }
 
 fn parse_json_patch(body: &Bytes) -> Result<Value, ApiError> {
@@ -766,7 +770,7 @@ pub async fn patch(request: &Request<'_>, name: &str) -> Result<Response, ApiErr
         } else {
             WriteMode::Update
         };
-        write(state, resource, name, valid, mode).await
+        write(state, resource, name, valid, mode, client_precondition).await
     })
     .await
 }
@@ -799,8 +803,6 @@ where
 /// How often a patch is applied again after losing a race with another write.
 const PATCH_ATTEMPTS: u32 = 8;
 
-/// Writes a validated object (waiting for the write quorum) and answers with it: 201 when it
-/// was created, 200 otherwise.
 /// A Service's ClusterIP, as the apiserver's allocator gives it: kept across updates
 /// (immutable), checked when the user names one, otherwise allocated
 /// ([`shoal_net::service_ip::allocate`]; the ClusterIP controller repairs races).
@@ -952,12 +954,23 @@ fn assign_node_ports(
     Ok(())
 }
 
+/// Writes a validated object (waiting for the write quorum) and answers with it: 201 when it
+/// was created, 200 otherwise.
+///
+/// An `ordered` write — a create, or a write with the client's own resourceVersion
+/// precondition — is decided by the object's home node ([`Replication::write_serialized`]),
+/// so no two agents acknowledge writes made from one version. The API's own read-modify-writes
+/// (a patch without the client's precondition) are checked here only: what they change is
+/// field-level and merges with the other agents' writes, as any write.
+///
+/// [`Replication::write_serialized`]: crate::replication::Replication::write_serialized
 async fn write(
     state: &ApiState,
     resource: &ApiResource,
     name: &str,
     mut valid: shoal_state::ValidObject,
     mode: WriteMode,
+    ordered: bool,
 ) -> Result<Response, ApiError> {
     if valid.info.kind == "Service" && valid.info.group.is_empty() {
         assign_cluster_ip(state, &mut valid, mode)?;
@@ -984,11 +997,12 @@ async fn write(
         }
     }
     let key = valid.key.clone();
-    let (object, created) = state
-        .replication
-        .write(valid, mode)
-        .await
-        .map_err(|e| write_error(resource.kind, name, e))?;
+    let written = if ordered {
+        state.replication.write_serialized(valid, mode).await
+    } else {
+        state.replication.write(valid, mode).await
+    };
+    let (object, created) = written.map_err(|e| write_error(resource.kind, name, e))?;
     // The last finalizer of an object being deleted removed: it goes now.
     if garbage::finish(&object, 0, garbage::kubelet_pending(&object, &|_| true))
         == garbage::Finish::Delete
@@ -1438,6 +1452,7 @@ pub async fn subresource(
                     .as_str()
                     .map(str::to_owned);
                 client_named.store(client_rv.is_some(), std::sync::atomic::Ordering::Relaxed);
+                let ordered = client_rv.is_some();
                 let precondition = client_rv.or_else(|| {
                     updated["metadata"]["resourceVersion"]
                         .as_str()
@@ -1448,11 +1463,15 @@ pub async fn subresource(
                 }
                 let mut valid = prepare(resource, namespace, Some(name), updated, query)?;
                 valid.resource_version = precondition;
-                let (object, _) = state
-                    .replication
-                    .write(valid, WriteMode::Update)
-                    .await
-                    .map_err(|e| write_error(resource.kind, name, e))?;
+                let written = if ordered {
+                    state
+                        .replication
+                        .write_serialized(valid, WriteMode::Update)
+                        .await
+                } else {
+                    state.replication.write(valid, WriteMode::Update).await
+                };
+                let (object, _) = written.map_err(|e| write_error(resource.kind, name, e))?;
                 Ok(json_response(
                     StatusCode::OK,
                     &scale_of(&observed::with_status(state, resource.kind, object)),

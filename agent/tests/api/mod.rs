@@ -352,13 +352,16 @@ async fn the_official_python_client_validates_every_response() {
     assert!(out.contains("python client: all checks passed"), "{out}");
 }
 
-/// Leader election's read-then-replace of a Lease, every candidate through one agent (where
-/// resourceVersions are that agent's): no takeover is lost.
+/// Leader election with a Lease, candidates spread over both agents: one of their concurrent
+/// creates succeeds, and no read-then-replace takeover is lost (each agent checks the
+/// resourceVersion against its own copy, the Lease's home node admits one write per version).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leases_take_turns_without_losing_a_takeover() {
+async fn leases_take_turns_through_two_agents_without_losing_a_takeover() {
     let api = ApiLab::start(2).await;
     let k0 = api.kubeconfigs[0].to_str().unwrap();
-    let (ok, out) = python(&script("lease_race.py"), &[k0]);
+    let k1 = api.kubeconfigs[1].to_str().unwrap();
+    let (ok, out) = python(&script("lease_race.py"), &[k0, k1]);
+    eprintln!("{out}");
     assert!(
         ok && out.contains("lease race: every takeover counted"),
         "{out}"

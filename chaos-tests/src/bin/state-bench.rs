@@ -9,6 +9,12 @@
 //!    time until its digest matches, and the sync bytes it received — compared with what a fresh
 //!    agent receives to copy the whole state.
 //!
+//! 4. Serialized writes through the Kubernetes API of agent 0 (`--writes` each, sequential, a
+//!    fresh TLS connection per request): creates, and replaces with the resourceVersion just
+//!    read, of ConfigMaps whose home node is agent 0 (decided there) and of ConfigMaps whose home
+//!    is another agent (forwarded to it), so the cost of the forwarding shows by the same method.
+//!    `--serialized-only` runs only this part.
+//!
 //! Usage: cargo run --release -p shoal-chaos --bin state-bench -- --writes 200 --objects 10000
 
 use std::path::{Path, PathBuf};
@@ -37,6 +43,9 @@ struct Args {
     etcd: PathBuf,
     #[arg(long)]
     no_etcd: bool,
+    /// Only part 4, the serialized writes through the Kubernetes API.
+    #[arg(long)]
+    serialized_only: bool,
 }
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -73,7 +82,11 @@ async fn main() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let secret = dir.path().join("secret");
     init_secret(&shoal, &secret)?;
-    let spec = |name: &str| AgentSpec::new(&shoal, dir.path(), name, &secret);
+    let spec = |name: &str| {
+        AgentSpec::new(&shoal, dir.path(), name, &secret)
+            .arg("--api")
+            .arg("127.0.0.1:0")
+    };
     let mut agents = vec![AgentProcess::start(spec("a0")).await?];
     let seed = agents[0].gossip_addr();
     for i in 1..5 {
@@ -81,6 +94,10 @@ async fn main() -> anyhow::Result<()> {
     }
     for a in &agents {
         wait_until("5 alive", LIMIT, || async { alive_count(a).await == 5 }).await?;
+    }
+
+    if args.serialized_only {
+        return serialized(&shoal, &agents, &secret, args.writes).await;
     }
 
     // ---- 1. latency: agents 1..4 are followed through their watch streams.
@@ -212,6 +229,115 @@ async fn main() -> anyhow::Result<()> {
         "\nbytes(divergent) / bytes(full copy): {:.2}",
         diverged_bytes as f64 / fresh_bytes as f64
     );
+    serialized(&shoal, &agents, &secret, args.writes).await
+}
+
+/// Part 4: creates and preconditioned replaces through agent 0's Kubernetes API, of objects
+/// homed on agent 0 and of objects homed elsewhere.
+async fn serialized(
+    shoal: &Path,
+    agents: &[AgentProcess],
+    secret: &Path,
+    writes: usize,
+) -> anyhow::Result<()> {
+    let out = Command::new(shoal)
+        .args(["kubeconfig", "--data-dir"])
+        .arg(agents[0].data_dir())
+        .output()?;
+    let kubeconfig = String::from_utf8_lossy(&out.stdout);
+    let addr: std::net::SocketAddr = kubeconfig
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: https://"))
+        .context("the kubeconfig names no server")?
+        .parse()?;
+    let identity =
+        shoal_gossip::ClusterIdentity::derive(&shoal_gossip::ClusterSecret::load_file(secret)?)?;
+    let kube = shoal_chaos::kube::KubeClient::new("", addr, &identity)?;
+    let mut ids = Vec::new();
+    for a in agents {
+        let me = a.members().await?.into_iter().find(|m| m.is_self);
+        let id = me.context("an agent does not list itself")?.node_id;
+        ids.push(u64::from_str_radix(&id, 16)?);
+    }
+    let info = shoal_state::KINDS
+        .iter()
+        .find(|k| k.kind == "ConfigMap")
+        .context("ConfigMap kind")?;
+    let local = |name: &str| {
+        let key = shoal_state::ObjectKey::new(info, "default", name).to_string();
+        shoal_agent::scheduler::auction::auctioneer(&key, ids.iter().copied()) == Some(ids[0])
+    };
+    let path = "/api/v1/namespaces/default/configmaps";
+    let mut creates: [Vec<f64>; 2] = Default::default();
+    let mut replaces: [Vec<f64>; 2] = Default::default();
+    let mut names: [Vec<String>; 2] = Default::default();
+    let mut i = 0;
+    while names.iter().any(|n| n.len() < writes) {
+        let name = format!("home-{i}");
+        i += 1;
+        let side = usize::from(!local(&name));
+        if names[side].len() >= writes {
+            continue;
+        }
+        let body = serde_json::to_vec(&config_map(&name))?;
+        let start = Instant::now();
+        let (status, answer) = kube
+            .send(hyper::Method::POST, path, "application/json", Some(body))
+            .await?;
+        creates[side].push(ms(start.elapsed()));
+        if status != 201 {
+            bail!(
+                "create {name}: {status} {}",
+                String::from_utf8_lossy(&answer)
+            );
+        }
+        names[side].push(name);
+    }
+    for side in 0..2 {
+        for name in &names[side] {
+            let object = format!("{path}/{name}");
+            let (status, body) = kube
+                .send(hyper::Method::GET, &object, "application/json", None)
+                .await?;
+            if status != 200 {
+                bail!("get {name}: {status}");
+            }
+            let mut current: Value = serde_json::from_slice(&body)?;
+            current["data"]["payload"] = json!("y".repeat(512));
+            let body = serde_json::to_vec(&current)?;
+            let start = Instant::now();
+            let (status, answer) = kube
+                .send(hyper::Method::PUT, &object, "application/json", Some(body))
+                .await?;
+            replaces[side].push(ms(start.elapsed()));
+            if status != 200 {
+                bail!(
+                    "replace {name}: {status} {}",
+                    String::from_utf8_lossy(&answer)
+                );
+            }
+        }
+    }
+    println!(
+        "\n## Serialized writes through agent 0's Kubernetes API, {writes} of each, sequential (ms)\n"
+    );
+    println!("| write | home | p50 | p99 |");
+    println!("|---|---|---|---|");
+    for (what, times) in [
+        ("create", &mut creates),
+        ("replace with resourceVersion", &mut replaces),
+    ] {
+        for (side, home) in [
+            (0, "agent 0 (decided there)"),
+            (1, "another agent (forwarded)"),
+        ] {
+            println!(
+                "| {what} | {home} | {:.2} | {:.2} |",
+                percentile(&mut times[side], 0.5),
+                percentile(&mut times[side], 0.99)
+            );
+        }
+    }
     Ok(())
 }
 
