@@ -259,6 +259,9 @@ impl From<StoreError> for Failure {
 #[derive(Debug, Deserialize)]
 struct NamespaceQuery {
     namespace: Option<String>,
+    /// A pod's grace period on delete (`0`: at once), as the Kubernetes API's DELETE takes it.
+    #[serde(default, rename = "gracePeriodSeconds")]
+    grace_period_seconds: Option<i64>,
 }
 
 fn kind_named(name: &str) -> Result<&'static KindInfo, Failure> {
@@ -358,6 +361,41 @@ async fn delete_handler(
 ) -> Result<Json<Value>, Failure> {
     let info = kind_named(&kind_name)?;
     let key = key_of(info, &name, &query);
+    // A pod on a node goes as through the Kubernetes API: marked as being deleted, stopped by
+    // its node within its grace period, then deleted by it (`garbage::pod_grace`).
+    const ATTEMPTS: u32 = 8;
+    for attempt in 1..=ATTEMPTS {
+        let current = state.replication.read(|s| s.get(&key));
+        let grace = current
+            .as_ref()
+            .filter(|_| info.group.is_empty() && info.kind == "Pod")
+            .and_then(|pod| {
+                crate::controllers::garbage::pod_grace(pod, query.grace_period_seconds)
+            });
+        let (Some(current), Some(grace)) = (current, grace) else {
+            break;
+        };
+        let uid = current["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let lay = crate::controllers::Lay::Terminate {
+            at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            grace,
+        };
+        let marked =
+            crate::controllers::overlay(&key, &uid, current.clone(), &mut |c| lay.apply(c));
+        let valid = match marked {
+            // Already being deleted within this grace period.
+            None => return Ok(Json(with_observed(&state, info.kind, current))),
+            Some(valid) => valid?,
+        };
+        match state.replication.write(valid, WriteMode::Update).await {
+            Ok((marked, _)) => return Ok(Json(with_observed(&state, info.kind, marked))),
+            Err(WriteError::Store(StoreError::Conflict { .. })) if attempt < ATTEMPTS => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
     Ok(Json(state.replication.delete(&key, None).await?))
 }
 

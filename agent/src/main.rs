@@ -102,6 +102,11 @@ enum Command {
         name: String,
         #[arg(short, long, default_value = "default")]
         namespace: String,
+        /// A pod's grace period in seconds (default: its terminationGracePeriodSeconds; 0
+        /// deletes the object at once). A pod on a node is stopped by it within the grace
+        /// period, then deleted, as `kubectl delete` does.
+        #[arg(long)]
+        grace_period: Option<u64>,
     },
 }
 
@@ -253,11 +258,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             kind,
             name,
             namespace,
+            grace_period,
         } => {
             let client = ControlClient::for_data_dir(&target.data_dir);
-            let path = format!("/v1/objects/{kind}/{name}?namespace={namespace}");
+            let mut path = format!("/v1/objects/{kind}/{name}?namespace={namespace}");
+            if let Some(seconds) = grace_period {
+                path.push_str(&format!("&gracePeriodSeconds={seconds}"));
+            }
             let body = runtime()?.block_on(call(&client, hyper::Method::DELETE, &path, None))?;
-            println!("{} deleted", display_name(&body));
+            use shoal_agent::controllers::garbage;
+            match garbage::deletion_grace_ms(&body).filter(|_| garbage::deletion_requested(&body)) {
+                Some(ms) => println!(
+                    "{} terminating (its node stops it within {} s, then deletes it)",
+                    display_name(&body),
+                    ms / 1000
+                ),
+                None => println!("{} deleted", display_name(&body)),
+            }
             Ok(())
         }
     }

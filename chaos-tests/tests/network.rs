@@ -504,7 +504,7 @@ async fn pods_reach_pods_on_other_nodes_by_ip_and_nothing_is_left() {
     let (code, _) = agents[0]
         .call(
             hyper::Method::DELETE,
-            "/v1/objects/pods/srv-1?namespace=default",
+            "/v1/objects/pods/srv-1?namespace=default&gracePeriodSeconds=0",
             None,
         )
         .await

@@ -622,7 +622,19 @@ spec:
     .await
     .unwrap();
 
-    api.ok(0, &["delete", "pod", "steady", "--wait=false"]);
+    // Deleted through the control API (`shoal delete`), gracefully as through kubectl: marked,
+    // stopped by n1 within its grace period, then deleted.
+    let out = Command::new(crate::shoal_binary())
+        .args(["delete", "pod", "steady", "--data-dir"])
+        .arg(api.agents[0].data_dir())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("terminating") && said.contains("within 1 s"),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     wait_until("steady removed from n1", LIMIT, || async {
         sandboxes(&api, 1) == 0
     })

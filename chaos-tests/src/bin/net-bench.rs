@@ -443,7 +443,7 @@ async fn propagation(pods: usize) -> anyhow::Result<()> {
         let (code, _) = agents[0]
             .call(
                 hyper::Method::DELETE,
-                &format!("/v1/objects/pods/b{i}?namespace=default"),
+                &format!("/v1/objects/pods/b{i}?namespace=default&gracePeriodSeconds=0"),
                 None,
             )
             .await?;
