@@ -47,13 +47,19 @@ pub enum SessionRequest {
     Attach(AttachRequest),
 }
 
-/// `pods/attach`, output only (containers get no stdin from Shoal's shim).
+/// `pods/attach`: the container's output from now on, and with `stdin` (a container created
+/// with `stdin: true`) what the client sends on [`STDIN`] to its stdin, sizes on [`RESIZE`] to
+/// its terminal with `tty`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttachRequest {
     pub uid: String,
     pub container: String,
     pub stdout: bool,
     pub stderr: bool,
+    #[serde(default)]
+    pub stdin: bool,
+    #[serde(default)]
+    pub tty: bool,
 }
 
 /// `pods/portforward`: one connection to one port.

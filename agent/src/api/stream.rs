@@ -47,14 +47,9 @@ pub struct ExecOptions {
 }
 
 impl ExecOptions {
-    /// `PodAttachOptions`: output only, since Shoal's containers get no stdin.
+    /// `PodAttachOptions` (stdin and tty are checked against the container in [`serve`]).
     pub fn parse_attach(uri: &Uri) -> Result<Self, ApiError> {
         let mut options = Self::parse_pairs(uri)?;
-        if options.stdin || options.tty {
-            return Err(ApiError::bad_request(
-                "Shoal attaches to a container's output only (its containers get no stdin or terminal): attach without -i and -t, or use kubectl exec -it",
-            ));
-        }
         if !(options.stdout || options.stderr) {
             options.stdout = true;
             options.stderr = true;
@@ -267,11 +262,27 @@ pub async fn serve(
             let container = pick_container(&pod, options.container.as_deref(), name)?;
             let node = check_running(&pod, status.as_ref(), &container, name)?;
             let request = if sub == "attach" {
+                let spec = ["initContainers", "containers"]
+                    .iter()
+                    .flat_map(|f| pod["spec"][f].as_array().into_iter().flatten())
+                    .find(|c| c["name"] == container.as_str())
+                    .cloned()
+                    .unwrap_or_default();
+                let enabled = |field: &str| spec[field].as_bool().unwrap_or(false);
+                if options.stdin && !enabled("stdin") {
+                    return Err(ApiError::bad_request(format!(
+                        "container {container} of pod {name} was not created with stdin: true, so nothing can be sent to it: attach without -i (kubectl run -i sets it)"
+                    )));
+                }
                 SessionRequest::Attach(AttachRequest {
                     uid: uid.clone(),
                     container,
                     stdout: options.stdout,
-                    stderr: options.stderr,
+                    // A terminal has one output (kubectl leaves stderr out with -t); a tty
+                    // asked of a container without one is only its output (kubectl warns).
+                    stderr: options.stderr && !(options.tty && enabled("tty")),
+                    stdin: options.stdin,
+                    tty: options.tty && enabled("tty"),
                 })
             } else {
                 SessionRequest::Exec(ExecRequest {

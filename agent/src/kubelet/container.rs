@@ -667,6 +667,9 @@ pub fn build(
                 .get(crate::scheduler::partition::ANNOTATION)
                 .map(String::as_str),
         ) == crate::scheduler::partition::Policy::Fenced,
+        stdin: c.stdin,
+        stdin_once: c.stdin_once,
+        tty: c.tty,
     })
 }
 

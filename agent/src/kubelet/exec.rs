@@ -309,10 +309,34 @@ where
         let _ = output.shutdown().await;
         return;
     };
+    // Input goes to the shim's attach socket (a container created with stdin or tty).
+    let mut sink = None;
+    if req.stdin || req.tty {
+        let bundle = runtime.bundle(&req.uid, &req.container, container.meta.attempt);
+        let connected = crate::runtime::shim::connect_attach(&bundle).and_then(|s| {
+            s.set_nonblocking(true)?;
+            tokio::net::UnixStream::from_std(s)
+        });
+        match connected {
+            Ok(stream) => sink = Some(stream),
+            Err(e) => {
+                let message = format!(
+                    "container {:?} of pod {} takes no input: {e}",
+                    req.container, req.uid
+                );
+                let status = session::error_status(&message).to_string();
+                let _ = session::write_message(&mut output, STATUS, status.as_bytes()).await;
+                let _ = output.shutdown().await;
+                return;
+            }
+        }
+    }
     let path = container.log_path.clone();
     let mut offset = std::fs::metadata(&path).map_or(0, |m| m.len());
+    // An interactive attach echoes through the log: read it often.
+    let period = if sink.is_some() { 20 } else { 200 };
     let follow = async {
-        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        let mut tick = tokio::time::interval(Duration::from_millis(period));
         let mut checked = std::time::Instant::now();
         loop {
             tick.tick().await;
@@ -347,8 +371,20 @@ where
             }
         }
     };
-    // stdin is not served (the message says so before the upgrade): only its end matters.
-    let client_gone = async { while let Ok(Some(_)) = session::read_message(&mut input).await {} };
+    // The client's input, relayed as it came (the shim reads the same messages); without a
+    // sink only its end matters.
+    let client_gone = async {
+        while let Ok(Some((channel, bytes))) = session::read_message(&mut input).await {
+            if let Some(sink) = sink.as_mut()
+                && session::write_message(sink, channel, &bytes).await.is_err()
+            {
+                break;
+            }
+        }
+        if let Some(mut sink) = sink {
+            let _ = sink.shutdown().await;
+        }
+    };
     tokio::select! {
         status = follow => {
             let _ = session::write_message(&mut output, STATUS, status.to_string().as_bytes()).await;

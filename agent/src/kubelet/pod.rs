@@ -166,6 +166,12 @@ pub struct ContainerPlan {
     pub seccomp: SeccompChoice,
     /// `securityContext.procMount` (`Default` or `Unmasked`).
     pub proc_mount: Option<String>,
+    /// `stdin`, `stdinOnce`, `tty`: the container's standard input stays open for
+    /// `kubectl attach -i` (closed after the first attach ends with `stdinOnce`), on a terminal
+    /// with `tty`.
+    pub stdin: bool,
+    pub stdin_once: bool,
+    pub tty: bool,
 }
 
 /// `seccompProfile.type`.
@@ -418,6 +424,9 @@ fn container(value: &Value, field: &str) -> Result<ContainerPlan, String> {
         )?
         .unwrap_or(SeccompChoice::RuntimeDefault),
         proc_mount: security["procMount"].as_str().map(str::to_owned),
+        stdin: value["stdin"].as_bool().unwrap_or(false),
+        stdin_once: value["stdinOnce"].as_bool().unwrap_or(false),
+        tty: value["tty"].as_bool().unwrap_or(false),
     })
 }
 

@@ -374,7 +374,8 @@ impl Runtime {
         self.pods_dir.join(uid)
     }
 
-    fn bundle(&self, uid: &str, name: &str, attempt: u32) -> PathBuf {
+    /// The bundle directory of a container attempt (checked ids only).
+    pub fn bundle(&self, uid: &str, name: &str, attempt: u32) -> PathBuf {
         self.pod_dir(uid)
             .join("containers")
             .join(format!("{name}.{attempt}"))
@@ -830,6 +831,15 @@ impl Runtime {
             .arg(&request.log_path)
             .arg("--log-max-bytes")
             .arg(self.log_max_bytes.to_string());
+        for (on, flag) in [
+            (request.stdin, "--stdin"),
+            (request.stdin && request.stdin_once, "--stdin-once"),
+            (request.tty, "--tty"),
+        ] {
+            if on {
+                command.arg(flag);
+            }
+        }
         if let (true, Some(timeout)) = (request.fenced, self.fence_timeout) {
             command
                 .arg("--fence-lease")

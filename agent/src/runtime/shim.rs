@@ -10,17 +10,24 @@
 //!    rotating it at a size bound;
 //! 3. it writes `started.json` once the process runs and `exit.json` when it ends (or when
 //!    runc failed to start it, with runc's error), atomically, then exits.
+//! 4. for a container with `stdin` it keeps the write end of its stdin pipe, for one with
+//!    `tty` the master of its terminal (runc hands it over on `console.sock`, the output is
+//!    logged as stdout); attaches connect to `attach.sock` in the bundle and send it input,
+//!    sizes and the close of stdin ([`Attach`]).
 //!
 //! The agent learns everything from those files, so it can die and come back at any time.
 
 use std::fs::File;
-use std::io::{self, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
+
+use crate::session::{CLOSE, MAX_MESSAGE, RESIZE, STDIN};
 
 /// What the agent passes to `shoal shim`.
 #[derive(Debug, Clone, clap::Args)]
@@ -48,6 +55,18 @@ pub struct ShimArgs {
     pub fence_lease: Option<PathBuf>,
     #[arg(long)]
     pub fence_timeout_ms: Option<u64>,
+    /// Keep the container's stdin open for attaches (`stdin: true`): what clients of
+    /// [`ATTACH_SOCKET`] send on [`STDIN`] reaches it.
+    #[arg(long)]
+    pub stdin: bool,
+    /// Close the container's stdin once the first attach has ended (`stdinOnce: true`).
+    #[arg(long)]
+    pub stdin_once: bool,
+    /// Run the container on a terminal (`tty: true`): runc hands its master over
+    /// [`CONSOLE_SOCKET`]; the terminal's output is the container's stdout, attaches' input
+    /// and sizes go to it.
+    #[arg(long)]
+    pub tty: bool,
 }
 
 /// `started.json`.
@@ -75,6 +94,24 @@ pub const STARTED_FILE: &str = "started.json";
 pub const EXIT_FILE: &str = "exit.json";
 /// The shim's [`ShimIdentity`] (pid and start time), beside the bundle.
 pub const SHIM_PID_FILE: &str = "shim.json";
+/// The socket in the bundle that attaches connect to (containers with `stdin` or `tty`): they
+/// send session messages (`[channel][length u32 BE][bytes]`, see [`crate::session`]):
+/// [`STDIN`] bytes, [`RESIZE`] sizes, [`CLOSE`] of stdin. Output is read from the log.
+pub const ATTACH_SOCKET: &str = "attach.sock";
+/// The socket in the bundle on which runc hands over a `tty` container's terminal master.
+const CONSOLE_SOCKET: &str = "console.sock";
+
+/// A path to `name` in the directory open as `dir`, short whatever the directory's own path
+/// (a unix socket's path is limited to 108 bytes; bundles are deeper than that).
+fn short_path(dir: &File, name: &str) -> String {
+    format!("/proc/self/fd/{}/{name}", dir.as_raw_fd())
+}
+
+/// Connects to the attach socket of the container whose bundle is `bundle`.
+pub fn connect_attach(bundle: &Path) -> io::Result<UnixStream> {
+    let dir = File::open(bundle)?;
+    UnixStream::connect(short_path(&dir, ATTACH_SOCKET))
+}
 
 pub fn unix_ms(time: SystemTime) -> u64 {
     time.duration_since(SystemTime::UNIX_EPOCH)
@@ -170,6 +207,8 @@ impl Stream {
         let n = match nix::unistd::read(fd, &mut buf) {
             Ok(n) => n,
             Err(nix::errno::Errno::EINTR | nix::errno::Errno::EAGAIN) => return Ok(()),
+            // A terminal's master reads EIO once nothing holds its other side: the end.
+            Err(nix::errno::Errno::EIO) => 0,
             Err(e) => return Err(io::Error::from(e)),
         };
         if n == 0 {
@@ -224,26 +263,50 @@ pub fn run(args: &ShimArgs) -> io::Result<()> {
     let mut log = LogWriter::open(&args.log, args.log_max_bytes)?;
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
-    // The container's stdin: an empty pipe whose write end is closed (never the host's
-    // /dev/null, which runtimes may swap for their own).
+    // The container's stdin: a pipe whose write end is closed (never the host's /dev/null,
+    // which runtimes may swap for their own), or kept for attaches with `--stdin`.
     let (in_r, in_w) = pipe()?;
-    drop(in_w);
+    let in_w = (args.stdin && !args.tty).then_some(in_w);
+    let bundle_dir = File::open(&args.bundle)?;
+    let listen = |name: &str| -> io::Result<UnixListener> {
+        let path = short_path(&bundle_dir, name);
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path)?;
+        listener.set_nonblocking(true)?;
+        Ok(listener)
+    };
+    let console = args.tty.then(|| listen(CONSOLE_SOCKET)).transpose()?;
     let pid_file = args.bundle.join("init.pid");
     // `run --detach` creates and starts in one runc execution (two cost ~10 ms more). The
     // container's first process outlives runc and is re-parented to this subreaper (as a
     // zombie too, if it is already done), so its exit status is never lost.
-    let status = runc(args)
+    let mut command = runc(args);
+    command
         .arg("run")
         .arg("--detach")
         .arg("--bundle")
         .arg(&args.bundle)
         .arg("--pid-file")
-        .arg(&pid_file)
+        .arg(&pid_file);
+    if console.is_some() {
+        // runc, another process, reaches the socket through this one's directory descriptor.
+        command.arg("--console-socket").arg(format!(
+            "/proc/{}/fd/{}/{CONSOLE_SOCKET}",
+            std::process::id(),
+            bundle_dir.as_raw_fd()
+        ));
+    }
+    command
         .arg(&args.id)
         .stdin(Stdio::from(in_r))
         .stdout(Stdio::from(out_w))
-        .stderr(Stdio::from(err_w))
-        .status()?;
+        .stderr(Stdio::from(err_w));
+    let (status, master) = match &console {
+        None => (command.status()?, None),
+        Some(console) => run_with_console(command, console)?,
+    };
+    drop(console);
+    let _ = std::fs::remove_file(short_path(&bundle_dir, CONSOLE_SOCKET));
     if !status.success() {
         return fail(format!(
             "runc run: {}",
@@ -263,7 +326,7 @@ pub fn run(args: &ShimArgs) -> io::Result<()> {
         },
     )?;
 
-    let mut streams = [
+    let mut streams = vec![
         Stream {
             name: "stdout",
             fd: Some(out_r),
@@ -275,6 +338,37 @@ pub fn run(args: &ShimArgs) -> io::Result<()> {
             pending: Vec::new(),
         },
     ];
+    // A terminal's output is the container's stdout.
+    if let Some(master) = &master {
+        streams.push(Stream {
+            name: "stdout",
+            fd: Some(master.try_clone()?),
+            pending: Vec::new(),
+        });
+    }
+    let mut attach = if args.stdin || args.tty {
+        let sink = match master {
+            Some(master) => Some(master),
+            None => in_w,
+        };
+        if let Some(sink) = &sink {
+            nix::fcntl::fcntl(
+                sink,
+                nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+            )
+            .map_err(io::Error::from)?;
+        }
+        Some(Attach {
+            listener: listen(ATTACH_SOCKET)?,
+            clients: Vec::new(),
+            sink,
+            pending: Vec::new(),
+            tty: args.tty,
+            once: args.stdin_once,
+        })
+    } else {
+        None
+    };
     let mut exit: Option<(i32, Option<i32>)> = None;
     let mut drain_deadline: Option<Instant> = None;
     let mut lease = args
@@ -317,9 +411,13 @@ pub fn run(args: &ShimArgs) -> io::Result<()> {
             }
             break;
         }
-        let mut polls: Vec<nix::poll::PollFd> = open
+        let mut watched: Vec<BorrowedFd> = open.iter().map(|fd| fd.as_fd()).collect();
+        if let Some(attach) = &attach {
+            watched.extend(attach.fds());
+        }
+        let mut polls: Vec<nix::poll::PollFd> = watched
             .iter()
-            .map(|fd| nix::poll::PollFd::new(fd.as_fd(), nix::poll::PollFlags::POLLIN))
+            .map(|fd| nix::poll::PollFd::new(*fd, nix::poll::PollFlags::POLLIN))
             .collect();
         // The timeout bounds how late an exit is noticed while a stream is still open.
         let n = match nix::poll::poll(&mut polls, 10u8) {
@@ -327,13 +425,17 @@ pub fn run(args: &ShimArgs) -> io::Result<()> {
             Err(nix::errno::Errno::EINTR) => 0,
             Err(e) => return Err(io::Error::from(e)),
         };
-        let ready: Vec<RawFd> = open
+        let ready: Vec<RawFd> = watched
             .iter()
             .zip(&polls)
             .filter(|(_, p)| p.any().unwrap_or(true))
             .map(|(fd, _)| fd.as_raw_fd())
             .collect();
         drop(polls);
+        drop(watched);
+        if let Some(attach) = attach.as_mut() {
+            attach.serve(&ready);
+        }
         if n > 0 {
             for stream in streams.iter_mut() {
                 if stream
@@ -357,6 +459,8 @@ pub fn run(args: &ShimArgs) -> io::Result<()> {
             break;
         }
     }
+    drop(attach);
+    let _ = std::fs::remove_file(short_path(&bundle_dir, ATTACH_SOCKET));
     let (exit_code, signal) = exit.unwrap_or((255, None));
     write_state(
         &args.bundle,
@@ -369,6 +473,212 @@ pub fn run(args: &ShimArgs) -> io::Result<()> {
             fence_lapsed,
         },
     )
+}
+
+/// Runs `command` (`runc run --detach --console-socket …`) while taking the terminal master
+/// runc sends on `console` (SCM_RIGHTS) once it has made the container's terminal.
+fn run_with_console(
+    mut command: Command,
+    console: &UnixListener,
+) -> io::Result<(std::process::ExitStatus, Option<OwnedFd>)> {
+    let mut child = command.spawn()?;
+    let mut master = None;
+    loop {
+        let exited = child.try_wait()?;
+        match console.accept() {
+            Ok((conn, _)) => master = Some(receive_fd(&conn)?),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+        if let Some(status) = exited {
+            return Ok((status, master));
+        }
+        if master.is_some() {
+            return Ok((child.wait()?, master));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The one descriptor a peer sends with its message on `conn` (runc's console handover).
+fn receive_fd(conn: &UnixStream) -> io::Result<OwnedFd> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut name = [0u8; 4096];
+    let mut iov = [io::IoSliceMut::new(&mut name)];
+    let mut space = nix::cmsg_space!([RawFd; 1]);
+    let msg = recvmsg::<()>(
+        conn.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(io::Error::from)?;
+    for cmsg in msg.cmsgs().map_err(io::Error::from)? {
+        if let ControlMessageOwned::ScmRights(fds) = cmsg {
+            let mut fds = fds.into_iter();
+            if let Some(fd) = fds.next() {
+                for extra in fds {
+                    // SAFETY: received just now, owned by nobody else; closed here.
+                    drop(unsafe { OwnedFd::from_raw_fd(extra) });
+                }
+                // SAFETY: the descriptor arrived with this message: this process owns it.
+                return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+        }
+    }
+    Err(io::Error::other(
+        "runc sent no terminal on the console socket",
+    ))
+}
+
+/// The attach side of a container with `--stdin` or `--tty`: the listening socket, the
+/// clients connected to it, and where their input goes.
+struct Attach {
+    listener: UnixListener,
+    clients: Vec<Client>,
+    /// The pipe to the process's stdin, or the terminal's master; `None` once stdin is closed.
+    sink: Option<OwnedFd>,
+    /// Input not written yet (the sink is non-blocking: a process that does not read its
+    /// stdin never stalls the log).
+    pending: Vec<u8>,
+    tty: bool,
+    /// `stdinOnce`: stdin closes when the first attach ends.
+    once: bool,
+}
+
+struct Client {
+    stream: UnixStream,
+    buf: Vec<u8>,
+}
+
+/// Input kept for a process that does not read it, at most.
+const MAX_PENDING_INPUT: usize = 1 << 20;
+
+impl Attach {
+    fn fds(&self) -> Vec<BorrowedFd<'_>> {
+        std::iter::once(self.listener.as_fd())
+            .chain(self.clients.iter().map(|c| c.stream.as_fd()))
+            .collect()
+    }
+
+    /// Accepts new clients, reads the ready ones, writes what input it can.
+    fn serve(&mut self, ready: &[RawFd]) {
+        if ready.contains(&self.listener.as_raw_fd()) {
+            while let Ok((stream, _)) = self.listener.accept() {
+                if stream.set_nonblocking(true).is_ok() {
+                    self.clients.push(Client {
+                        stream,
+                        buf: Vec::new(),
+                    });
+                }
+            }
+        }
+        let mut i = 0;
+        while i < self.clients.len() {
+            let fd = self.clients[i].stream.as_raw_fd();
+            let open = !ready.contains(&fd) || self.read_client(i);
+            if open {
+                i += 1;
+            } else {
+                self.clients.swap_remove(i);
+                if self.once && !self.tty {
+                    self.sink = None;
+                }
+            }
+        }
+        self.flush();
+    }
+
+    /// Reads what client `i` sent and acts on its whole messages; false once it is gone (or
+    /// broke the framing).
+    fn read_client(&mut self, i: usize) -> bool {
+        let mut chunk = [0u8; 16 << 10];
+        loop {
+            match self.clients[i].stream.read(&mut chunk) {
+                Ok(0) => return false,
+                Ok(n) => self.clients[i].buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+        loop {
+            let buf = &self.clients[i].buf;
+            if buf.len() < 5 {
+                return true;
+            }
+            let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+            if len > MAX_MESSAGE {
+                return false;
+            }
+            if buf.len() < 5 + len {
+                return true;
+            }
+            let message: Vec<u8> = self.clients[i].buf.drain(..5 + len).collect();
+            self.act(message[0], &message[5..]);
+        }
+    }
+
+    fn act(&mut self, channel: u8, bytes: &[u8]) {
+        match channel {
+            STDIN if self.sink.is_some() => {
+                let room = MAX_PENDING_INPUT.saturating_sub(self.pending.len());
+                self.pending
+                    .extend_from_slice(&bytes[..bytes.len().min(room)]);
+            }
+            RESIZE if self.tty => {
+                #[derive(Deserialize)]
+                struct Size {
+                    #[serde(rename = "Width")]
+                    width: u16,
+                    #[serde(rename = "Height")]
+                    height: u16,
+                }
+                if let (Ok(size), Some(master)) =
+                    (serde_json::from_slice::<Size>(bytes), &self.sink)
+                {
+                    let ws = libc::winsize {
+                        ws_row: size.height,
+                        ws_col: size.width,
+                        ws_xpixel: 0,
+                        ws_ypixel: 0,
+                    };
+                    // SAFETY: TIOCSWINSZ reads one winsize from the pointer, which lives
+                    // across the call; the descriptor is the terminal's master.
+                    unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+                }
+            }
+            CLOSE if bytes == [STDIN] && !self.tty => {
+                self.flush();
+                self.sink = None;
+            }
+            _ => {}
+        }
+    }
+
+    /// Writes pending input to the sink as far as it takes it.
+    fn flush(&mut self) {
+        let Some(sink) = &self.sink else {
+            self.pending.clear();
+            return;
+        };
+        while !self.pending.is_empty() {
+            match nix::unistd::write(sink, &self.pending) {
+                Ok(n) => {
+                    self.pending.drain(..n);
+                }
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(nix::errno::Errno::EAGAIN) => return,
+                // The process closed its stdin (or ended): nothing more reaches it.
+                Err(_) => {
+                    self.sink = None;
+                    self.pending.clear();
+                    return;
+                }
+            }
+        }
+    }
 }
 
 /// Reaps exited children; returns the container process's (exit code, signal) once it ended.
@@ -450,6 +760,70 @@ pub fn main(args: &ShimArgs) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn frame(channel: u8, bytes: &[u8]) -> Vec<u8> {
+        let mut m = vec![channel];
+        m.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+        m.extend_from_slice(bytes);
+        m
+    }
+
+    /// Attach input reaches the container's stdin only as whole messages (however the bytes
+    /// arrive), a close of stdin ends it, and a client breaking the framing is dropped.
+    #[test]
+    fn attach_input_reaches_stdin_in_whole_messages_and_its_close_ends_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let listener = UnixListener::bind(dir.path().join("attach.sock")).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let (stdin_r, stdin_w) = pipe().unwrap();
+        let mut attach = Attach {
+            listener,
+            clients: Vec::new(),
+            sink: Some(stdin_w),
+            pending: Vec::new(),
+            tty: false,
+            once: false,
+        };
+        let (mut client, server) = UnixStream::pair().unwrap();
+        server.set_nonblocking(true).unwrap();
+        let fd = server.as_raw_fd();
+        attach.clients.push(Client {
+            stream: server,
+            buf: Vec::new(),
+        });
+        let hello = frame(STDIN, b"hello\n");
+        client.write_all(&hello[..3]).unwrap();
+        attach.serve(&[fd]);
+        assert!(attach.pending.is_empty() && attach.clients.len() == 1);
+        client.write_all(&hello[3..]).unwrap();
+        // A size for a container without a terminal is ignored.
+        client
+            .write_all(&frame(RESIZE, br#"{"Width":80,"Height":24}"#))
+            .unwrap();
+        client.write_all(&frame(CLOSE, &[STDIN])).unwrap();
+        attach.serve(&[fd]);
+        assert!(attach.sink.is_none(), "stdin closed");
+        let mut got = String::new();
+        File::from(stdin_r).read_to_string(&mut got).unwrap();
+        assert_eq!(got, "hello\n", "whole, then the end of the pipe");
+
+        let (mut rogue, server) = UnixStream::pair().unwrap();
+        server.set_nonblocking(true).unwrap();
+        let fd = server.as_raw_fd();
+        attach.clients.push(Client {
+            stream: server,
+            buf: Vec::new(),
+        });
+        let mut huge = vec![STDIN];
+        huge.extend_from_slice(&u32::MAX.to_be_bytes());
+        rogue.write_all(&huge).unwrap();
+        attach.serve(&[fd]);
+        assert_eq!(
+            attach.clients.len(),
+            1,
+            "the client breaking the framing is gone"
+        );
+    }
 
     /// A shim is its pid *and* that pid's start time: a pid the kernel gave to another process
     /// after the shim died does not make a dead container look Running.

@@ -70,6 +70,11 @@ pub struct ContainerRequest {
     /// The pod's partition policy is `fenced`: the container's shim kills it once the agent
     /// stops renewing the fence lease (see `runtime::lease`).
     pub fenced: bool,
+    /// The process's stdin stays open for attaches (see `runtime::shim`), `stdin_once`: until
+    /// the first attach ends; `tty`: on a terminal (`process.terminal`).
+    pub stdin: bool,
+    pub stdin_once: bool,
+    pub tty: bool,
 }
 
 /// The capabilities of [`ALL_CAPABILITIES`] in this process's bounding set (what the node
@@ -232,7 +237,7 @@ pub fn runtime_spec(request: &ContainerRequest) -> Value {
     let mut spec = json!({
         "ociVersion": "1.0.2",
         "process": {
-            "terminal": false,
+            "terminal": request.tty,
             "user": user,
             "args": request.args,
             "env": request.env,
@@ -313,6 +318,9 @@ mod tests {
             host_network: false,
             privileged: false,
             fenced: false,
+            stdin: false,
+            stdin_once: false,
+            tty: false,
         }
     }
 

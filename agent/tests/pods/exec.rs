@@ -309,9 +309,10 @@ async fn kubectl_exec_cp_and_port_forward_reach_containers_from_any_agent() {
         assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
     }
     // kubectl attach follows the container's output (httpd -v logs each answer on stderr; a missing page is a 404),
-    // here through agent 2 for the pod on n1; attaching with stdin is refused with a reason.
+    // here through agent 2 for the pod on n1; attaching with stdin to a container created
+    // without it is refused with a reason.
     let (code, _, err) = kubectl_with_stdin(&api, 2, &["attach", "-i", "web"], b"");
-    assert!(code != 0 && err.contains("output only"), "{err}");
+    assert!(code != 0 && err.contains("stdin: true"), "{err}");
     let mut attach = Command::new(which("kubectl"))
         .arg("--kubeconfig")
         .arg(&api.kubeconfigs[2])
@@ -378,4 +379,96 @@ async fn kubectl_exec_cp_and_port_forward_reach_containers_from_any_agent() {
         ok && out.contains("python streams: all checks passed"),
         "{out}"
     );
+}
+
+/// `kubectl run -i` and `kubectl attach -it`: a container created with `stdin` gets what the
+/// client sends (here piped, closed with its end: `stdinOnce`), one with `tty` runs on a
+/// terminal sized as the client's; both through an agent that does not run the pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_run_and_attach_send_input_and_size_a_terminal() {
+    let api = lab().await;
+    let on_n1 = r#"{"spec":{"nodeSelector":{"kubernetes.io/hostname":"n1"}}}"#;
+    let (code, out, err) = kubectl_with_stdin(
+        &api,
+        2,
+        &[
+            "run",
+            "reader",
+            "-i",
+            "--restart=Never",
+            "--image=shoal.local/busybox:1",
+            "--overrides",
+            on_n1,
+            "--",
+            "sh",
+            "-c",
+            "read first; read second; echo \"got:$first+$second\"; cat; echo stdin-closed",
+        ],
+        b"hello\nworld\n",
+    );
+    assert!(
+        code == 0 && out.contains("got:hello+world") && out.contains("stdin-closed"),
+        "kubectl run -i: {code}\n{out}\n{err}"
+    );
+    let pod = super::pod_json(&api, 0, "reader");
+    assert_eq!(pod["spec"]["containers"][0]["stdinOnce"], true, "{pod}");
+
+    let file = api.manifest(
+        "console.yaml",
+        r#"apiVersion: v1
+kind: Pod
+metadata: {name: console}
+spec:
+  nodeSelector: {kubernetes.io/hostname: n1}
+  restartPolicy: Never
+  containers:
+  - name: sh
+    image: shoal.local/busybox:1
+    stdin: true
+    tty: true
+    command: [sh, -c, "read answer; sleep 0.3; stty size; echo tty-got:$answer; [ -t 0 ] && echo on-a-terminal"]
+"#,
+    );
+    api.ok(0, &["apply", "-f", &file]);
+    api.ok(
+        0,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "pod/console",
+            "--timeout=60s",
+        ],
+    );
+    // script gives kubectl a 90x20 terminal; what script reads from its stdin is typed there.
+    let mut child = Command::new("script")
+        .args(["-qfec"])
+        .arg(format!(
+            "stty cols 90 rows 20; {} --kubeconfig {} attach -it console",
+            which("kubectl").display(),
+            api.kubeconfigs[2].display()
+        ))
+        .arg("/dev/null")
+        .env("HOME", api.home.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    input.write_all(b"forty-two\r").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("20 90")
+            && text.contains("tty-got:forty-two")
+            && text.contains("on-a-terminal"),
+        "kubectl attach -it: {text:?} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(input);
+    wait_pod(&api, 0, "console", "console ends", |p| {
+        p["status"]["phase"] == "Succeeded"
+    })
+    .await;
 }

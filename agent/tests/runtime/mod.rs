@@ -124,6 +124,9 @@ impl Node {
             host_network: false,
             privileged: false,
             fenced,
+            stdin: false,
+            stdin_once: false,
+            tty: false,
         };
         self.runtime.start_container(uid, &meta, &request).unwrap();
     }

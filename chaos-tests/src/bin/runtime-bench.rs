@@ -109,6 +109,9 @@ fn request(
         host_network: false,
         privileged: false,
         fenced: false,
+        stdin: false,
+        stdin_once: false,
+        tty: false,
     }
 }
 
