@@ -1063,26 +1063,31 @@ spec:
         &["set", "image", "daemonset/agent", "c=shoal.local/httpd:1"],
     );
     let available = |p: &Value| ready(p) && p["metadata"]["deletionTimestamp"].is_null();
-    // Each node's pod as its own agent sees it: the node that replaces its pod knows first
-    // (its delete, its pod's status are local), where any one agent's view mixes its fresh
-    // store with other nodes' statuses a gossip round old (agent 0 once saw a node's new pod
-    // not yet ready beside another node's fresh delete: 1 of 3, though 2 were available).
-    let available_nodes = || {
-        (0..api.agents.len())
-            .filter(|&i| {
-                pods(i)
-                    .iter()
-                    .any(|p| p["spec"]["nodeName"] == api.agents[i].name() && available(p))
-            })
-            .count()
+    // Each node's pod as its own agent sees it (its delete and its pod's status are local
+    // there), timed: three calls one after another are no snapshot, so what is checked is
+    // that no two nodes were certainly without an available pod at one moment
+    // (`both_unavailable`).
+    let mut seen: Vec<Seen> = Vec::new();
+    let observe = |seen: &mut Vec<Seen>| {
+        for i in 0..api.agents.len() {
+            let start = std::time::Instant::now();
+            let here = pods(i)
+                .iter()
+                .any(|p| p["spec"]["nodeName"] == api.agents[i].name() && available(p));
+            seen.push(Seen {
+                node: i,
+                start,
+                end: std::time::Instant::now(),
+                available: here,
+            });
+        }
     };
-    let mut fewest = usize::MAX;
     let rolled = wait_until(
         "the DaemonSet to run the new image everywhere",
         LIMIT,
         || {
             let now = pods(0);
-            fewest = fewest.min(available_nodes());
+            observe(&mut seen);
             let done = now.len() == 3
                 && now.iter().all(|p| {
                     available(p) && p["spec"]["containers"][0]["image"] == "shoal.local/httpd:1"
@@ -1098,9 +1103,12 @@ spec:
         ds["status"],
         pods(0)
     );
-    assert!(
-        fewest >= 2,
-        "{fewest} of 3 nodes had an available pod at one point"
+    let unavailable = seen.iter().filter(|s| !s.available).count();
+    assert!(unavailable > 0, "no replacement was ever observed");
+    assert_eq!(
+        both_unavailable(&seen),
+        None,
+        "two nodes were without an available pod at once (maxUnavailable 1)"
     );
     assert_eq!(
         ds["status"]["updatedNumberScheduled"], 3,
@@ -1111,4 +1119,74 @@ spec:
         1,
         &["rollout", "status", "daemonset/agent", "--timeout=30s"],
     );
+}
+
+/// Whether one node had an available pod, as a call that ran from `start` to `end` saw it.
+struct Seen {
+    node: usize,
+    start: std::time::Instant,
+    end: std::time::Instant,
+    available: bool,
+}
+
+/// Two nodes certainly without an available pod at the same moment. A node's stretch of
+/// unavailability (consecutive unavailable observations) surely covers the span from the end
+/// of its first call to the start of its last; two such spans of different nodes overlapping
+/// prove it. (Sound, not complete: a stretch seen once proves nothing.)
+fn both_unavailable(seen: &[Seen]) -> Option<(usize, usize)> {
+    let mut spans: Vec<(usize, std::time::Instant, std::time::Instant)> = Vec::new();
+    let nodes: std::collections::BTreeSet<usize> = seen.iter().map(|s| s.node).collect();
+    for node in nodes {
+        let mut mine: Vec<&Seen> = seen.iter().filter(|s| s.node == node).collect();
+        mine.sort_by_key(|s| s.start);
+        for stretch in mine.split(|s| s.available) {
+            if let (Some(first), Some(last)) = (stretch.first(), stretch.last())
+                && first.end <= last.start
+            {
+                spans.push((node, first.end, last.start));
+            }
+        }
+    }
+    for (i, a) in spans.iter().enumerate() {
+        for b in &spans[i + 1..] {
+            if a.0 != b.0 && a.1 < b.2 && b.1 < a.2 {
+                return Some((a.0.min(b.0), a.0.max(b.0)));
+            }
+        }
+    }
+    None
+}
+
+/// The checker fails on overlapping stretches and only on them.
+#[test]
+fn both_unavailable_needs_overlapping_certain_stretches() {
+    let t0 = std::time::Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let seen = |node, from: u64, available| Seen {
+        node,
+        start: at(from),
+        end: at(from + 100),
+        available,
+    };
+    // Node 0 out from 0 to 400 ms, node 1 from 500 ms: one at a time.
+    let one_at_a_time = [
+        seen(0, 0, false),
+        seen(0, 300, false),
+        seen(0, 600, true),
+        seen(1, 500, false),
+        seen(1, 800, false),
+        seen(1, 1100, true),
+    ];
+    assert_eq!(both_unavailable(&one_at_a_time), None);
+    // Sequential calls that only look like two at once: node 1 seen out once, between.
+    let artefact = [seen(0, 0, false), seen(1, 100, false), seen(0, 200, true)];
+    assert_eq!(both_unavailable(&artefact), None);
+    // Both out across 100..300 ms.
+    let violation = [
+        seen(0, 0, false),
+        seen(1, 50, false),
+        seen(0, 300, false),
+        seen(1, 350, false),
+    ];
+    assert_eq!(both_unavailable(&violation), Some((0, 1)));
 }
