@@ -3,6 +3,14 @@ use serde_json::json;
 use super::*;
 
 fn round_trip(object: Value) {
+    // What the writer wrote is what prost-reflect reads and writes back the same.
+    let text = |name: &str| object[name].as_str().unwrap_or("").to_owned();
+    let desc = message_for(&text("apiVersion"), &text("kind")).unwrap();
+    let mut raw = Vec::new();
+    write_message(&desc, &object, &At::Root, &mut raw).unwrap();
+    let read = DynamicMessage::decode(desc.clone(), raw.as_slice()).unwrap();
+    let again = DynamicMessage::decode(desc, read.encode_to_vec().as_slice()).unwrap();
+    assert_eq!(read, again, "message of {}", object["kind"]);
     let bytes = encode(&object).unwrap_or_else(|e| panic!("encode {object}: {e}"));
     assert!(bytes.starts_with(MAGIC));
     let back = decode(&bytes).unwrap_or_else(|e| panic!("decode {object}: {e}"));
