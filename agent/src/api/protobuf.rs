@@ -5,7 +5,9 @@
 //! `typeMeta` names apiVersion and kind and whose `raw` is the object's message. The messages
 //! are described by Kubernetes' own `.proto` files (release 1.35), compiled into
 //! `agent/proto/k8s.fds` (`agent/proto/generate.sh`) and read with `prost-reflect`; no message
-//! is written by hand. What the descriptors cannot say, this module says, each in one table:
+//! is written by hand: bodies are decoded into `DynamicMessage`s, and written from the JSON
+//! object in one pass guided by the descriptors ([`write_message`], values through
+//! `prost::encoding`). What the descriptors cannot say, this module says, each in one table:
 //! - the types whose JSON form is not their message's (`Time` is an RFC 3339 string,
 //!   `IntOrString` a number or a string, `Quantity` a string, `RawExtension` embedded JSON);
 //! - the Go structs embedded inline in their parent's JSON (`Probe.handler`, `Volume.volumeSource`,
