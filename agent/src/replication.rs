@@ -274,6 +274,10 @@ impl Replication {
         object: ValidObject,
         mode: WriteMode,
     ) -> Result<(Value, bool), WriteError> {
+        #[cfg(feature = "fault-injection")]
+        if let Some(answer) = crate::fault_injection::dropped(&object) {
+            return Ok((answer, true));
+        }
         if mode != WriteMode::Create && object.resource_version.is_none() {
             return self.write(object, mode).await;
         }
