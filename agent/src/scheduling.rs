@@ -1142,6 +1142,7 @@ fn daemon_pod(ds: &Value, node_name: &str) -> Value {
             }
         }
         spec["tolerations"] = Value::Array(tolerations);
+        crate::api::validation::default_pod(&mut spec);
     }
     let mut labels = template["metadata"]["labels"].clone();
     if !labels.is_object() {

@@ -216,6 +216,19 @@ fn validate_template(object: &Value, needs_selector: bool) -> Result<(), FieldEr
     validate_pod_spec(&spec["template"]["spec"], "spec.template.spec")
 }
 
+/// A Job's pods end: the apiserver defaults a template's absent `restartPolicy` to `Always`
+/// (as any pod's) and then refuses it for a Job, so a Job that names none is refused too.
+fn job_restart_policy(spec: &Value, path: &str) -> Result<(), FieldError> {
+    let policy = spec["restartPolicy"].as_str().unwrap_or("Always");
+    if matches!(policy, "OnFailure" | "Never") {
+        return Ok(());
+    }
+    Err(err(
+        format!("{path}.restartPolicy"),
+        format!("Unsupported value: {policy:?}: supported values: \"OnFailure\", \"Never\""),
+    ))
+}
+
 /// Validates kind-specific fields.
 pub fn validate(kind: &str, object: &Value) -> Result<(), FieldError> {
     match kind {
@@ -223,6 +236,7 @@ pub fn validate(kind: &str, object: &Value) -> Result<(), FieldError> {
         "Deployment" | "ReplicaSet" | "DaemonSet" => validate_template(object, true),
         "Job" => {
             validate_template(object, false)?;
+            job_restart_policy(&object["spec"]["template"]["spec"], "spec.template.spec")?;
             crate::controllers::job::failure_policy(object)
                 .map(|_| ())
                 .map_err(|(field, message)| err(field, message))
@@ -237,10 +251,9 @@ pub fn validate(kind: &str, object: &Value) -> Result<(), FieldError> {
             if job_spec["template"].is_null() {
                 return Err(err("spec.jobTemplate.spec.template", "Required value"));
             }
-            validate_pod_spec(
-                &job_spec["template"]["spec"],
-                "spec.jobTemplate.spec.template.spec",
-            )
+            let path = "spec.jobTemplate.spec.template.spec";
+            validate_pod_spec(&job_spec["template"]["spec"], path)?;
+            job_restart_policy(&job_spec["template"]["spec"], path)
         }
         "Service" => {
             for (i, p) in object["spec"]["ports"]
@@ -307,6 +320,16 @@ pub fn validate(kind: &str, object: &Value) -> Result<(), FieldError> {
     }
 }
 
+/// The items of the list at `key` of `object`, if it has one (never inserting the key, as
+/// indexing a `Value` mutably would: a null `ports` or `env` would be stored).
+fn items_mut<'a>(object: &'a mut Value, key: &str) -> impl Iterator<Item = &'a mut Value> {
+    object
+        .get_mut(key)
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+}
+
 fn default_field(map: &mut Value, key: &str, value: Value) {
     if let Some(m) = map.as_object_mut()
         && !m.contains_key(key)
@@ -338,15 +361,16 @@ pub fn default_pod_template(template: &mut Value) {
     }
 }
 
+/// The defaults of a pod spec wherever it is (a pod's, or a workload's template): the
+/// apiserver's `SetDefaults_PodSpec`, `SetDefaults_Container`, probes', ports' and volumes'.
 fn default_pod_spec(spec: &mut Value) {
     default_field(spec, "restartPolicy", json!("Always"));
-    default_field(spec, "enableServiceLinks", json!(true));
     default_field(spec, "terminationGracePeriodSeconds", json!(30));
     default_field(spec, "dnsPolicy", json!("ClusterFirst"));
     default_field(spec, "schedulerName", json!("default-scheduler"));
     default_field(spec, "securityContext", json!({}));
     for field in ["containers", "initContainers"] {
-        for c in spec[field].as_array_mut().into_iter().flatten() {
+        for c in items_mut(spec, field) {
             let latest = c["image"]
                 .as_str()
                 .is_some_and(|i| !i.contains(':') || i.ends_with(":latest"));
@@ -358,15 +382,7 @@ fn default_pod_spec(spec: &mut Value) {
             default_field(c, "terminationMessagePath", json!("/dev/termination-log"));
             default_field(c, "terminationMessagePolicy", json!("File"));
             default_field(c, "resources", json!({}));
-            // The apiserver's defaulting: a limit without a request requests the limit.
-            if let Some(resources) = c.get_mut("resources").and_then(Value::as_object_mut) {
-                let limits = resources.get("limits").and_then(Value::as_object).cloned();
-                for (resource, limit) in limits.into_iter().flatten() {
-                    let requests = resources.entry("requests").or_insert_with(|| json!({}));
-                    default_field(requests, &resource, limit);
-                }
-            }
-            for p in c["ports"].as_array_mut().into_iter().flatten() {
+            for p in items_mut(c, "ports") {
                 default_field(p, "protocol", json!("TCP"));
             }
             for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
@@ -374,14 +390,14 @@ fn default_pod_spec(spec: &mut Value) {
                     default_probe(p);
                 }
             }
-            for e in c["env"].as_array_mut().into_iter().flatten() {
+            for e in items_mut(c, "env") {
                 if e["valueFrom"]["fieldRef"].is_object() {
                     default_field(&mut e["valueFrom"]["fieldRef"], "apiVersion", json!("v1"));
                 }
             }
         }
     }
-    for v in spec["volumes"].as_array_mut().into_iter().flatten() {
+    for v in items_mut(spec, "volumes") {
         for source in ["configMap", "secret", "projected", "downwardAPI"] {
             if v[source].is_object() {
                 default_field(&mut v[source], "defaultMode", json!(0o644));
@@ -410,23 +426,68 @@ pub fn default_if_valid(kind: &str, body: &mut Value) {
     }
 }
 
-pub fn default(kind: &str, object: &mut Value) {
-    match kind {
-        "Pod" => {
-            default_pod_spec(&mut object["spec"]);
-            // The ServiceAccount admission's default (and the deprecated field that mirrors it).
-            let spec = &mut object["spec"];
-            let account = spec["serviceAccountName"]
-                .as_str()
-                .or_else(|| spec["serviceAccount"].as_str())
-                .filter(|a| !a.is_empty())
-                .unwrap_or("default")
-                .to_owned();
-            if spec.is_object() {
-                spec["serviceAccountName"] = json!(account);
-                spec["serviceAccount"] = json!(account);
+/// The apiserver's `SetDefaults_Pod`: a limit without a request requests the limit, and
+/// service links are on.
+fn set_defaults_pod(spec: &mut Value) {
+    default_field(spec, "enableServiceLinks", json!(true));
+    for field in ["containers", "initContainers"] {
+        for c in items_mut(spec, field) {
+            if let Some(resources) = c.get_mut("resources").and_then(Value::as_object_mut) {
+                let limits = resources.get("limits").and_then(Value::as_object).cloned();
+                for (resource, limit) in limits.into_iter().flatten() {
+                    let requests = resources.entry("requests").or_insert_with(|| json!({}));
+                    default_field(requests, &resource, limit);
+                }
             }
         }
+    }
+}
+
+/// A template as `pod-template-hash` hashes it: with the pod spec's defaults and
+/// `SetDefaults_Pod`'s, as templates were stored before they got the pod spec's alone; so a
+/// template stored then and the same one stored now are one template, not a rollout.
+pub fn hashed_template(template: &mut Value) {
+    default_pod_template(template);
+    if template["spec"].is_object() {
+        set_defaults_pod(&mut template["spec"]);
+    }
+}
+
+/// What a pod gets when it is created, and a template does not: the apiserver's `SetDefaults_Pod`
+/// (a limit without a request requests the limit; service links on) and its admission plugins'
+/// (the ServiceAccount and Priority plugins'). Pods a controller makes from a template get these
+/// too, as they would passing through the apiserver.
+///
+/// Two of the apiserver's additions are not made, on purpose: the DefaultTolerationSeconds
+/// plugin's `node.kubernetes.io/not-ready`/`unreachable` tolerations (a dead node's pods move
+/// after the agent's `--eviction-delay`, which reads no toleration), and the ServiceAccount
+/// plugin's `kube-api-access-*` token volume (Shoal issues no service account tokens).
+pub fn default_pod(spec: &mut Value) {
+    default_pod_spec(spec);
+    if !spec.is_object() {
+        return;
+    }
+    set_defaults_pod(spec);
+    // The ServiceAccount admission's default (and the deprecated field that mirrors it).
+    let account = spec["serviceAccountName"]
+        .as_str()
+        .or_else(|| spec["serviceAccount"].as_str())
+        .filter(|a| !a.is_empty())
+        .unwrap_or("default")
+        .to_owned();
+    spec["serviceAccountName"] = json!(account);
+    spec["serviceAccount"] = json!(account);
+    // The Priority admission without a PriorityClass (Shoal serves none): priority 0, which
+    // may preempt lower. A priority set in the spec is what the scheduler ranks by.
+    if spec["priorityClassName"].as_str().is_none_or(str::is_empty) {
+        default_field(spec, "priority", json!(0));
+        default_field(spec, "preemptionPolicy", json!("PreemptLowerPriority"));
+    }
+}
+
+pub fn default(kind: &str, object: &mut Value) {
+    match kind {
+        "Pod" => default_pod(&mut object["spec"]),
         "Deployment" | "ReplicaSet" | "DaemonSet" | "Job" => {
             let name = object["metadata"]["name"].as_str().map(str::to_owned);
             let spec = &mut object["spec"];
@@ -477,13 +538,6 @@ pub fn default(kind: &str, object: &mut Value) {
             }
             if spec["template"].is_object() && spec["template"]["spec"].is_object() {
                 default_pod_spec(&mut spec["template"]["spec"]);
-                if kind == "Job" {
-                    default_field(
-                        &mut spec["template"]["spec"],
-                        "restartPolicy",
-                        json!("Never"),
-                    );
-                }
             }
         }
         "CronJob" => {
@@ -495,7 +549,6 @@ pub fn default(kind: &str, object: &mut Value) {
             let template_spec = &mut spec["jobTemplate"]["spec"]["template"]["spec"];
             if template_spec.is_object() {
                 default_pod_spec(template_spec);
-                default_field(template_spec, "restartPolicy", json!("Never"));
             }
         }
         "Service" => {
@@ -503,7 +556,11 @@ pub fn default(kind: &str, object: &mut Value) {
             default_field(spec, "type", json!("ClusterIP"));
             default_field(spec, "sessionAffinity", json!("None"));
             default_field(spec, "internalTrafficPolicy", json!("Cluster"));
-            for p in spec["ports"].as_array_mut().into_iter().flatten() {
+            if spec["type"] != "ExternalName" {
+                default_field(spec, "ipFamilies", json!(["IPv4"]));
+                default_field(spec, "ipFamilyPolicy", json!("SingleStack"));
+            }
+            for p in items_mut(spec, "ports") {
                 default_field(p, "protocol", json!("TCP"));
                 let port = p["port"].clone();
                 default_field(p, "targetPort", port);
@@ -546,6 +603,32 @@ mod tests {
                 .field,
             "spec.ports[0].port"
         );
+        // A Job's pods must end: no restartPolicy is the pod default, Always, which the
+        // apiserver then refuses for a Job (and for a CronJob's Job template).
+        let job = |policy: Option<&str>| {
+            let mut spec = json!({"containers": [{"name": "c", "image": "i"}]});
+            if let Some(p) = policy {
+                spec["restartPolicy"] = json!(p);
+            }
+            json!({"spec": {"template": {"spec": spec}}})
+        };
+        for policy in [None, Some("Always")] {
+            let e = validate("Job", &job(policy)).unwrap_err();
+            assert_eq!(e.field, "spec.template.spec.restartPolicy");
+            assert!(
+                e.detail.contains(r#"Unsupported value: "Always""#),
+                "{}",
+                e.detail
+            );
+        }
+        for policy in ["Never", "OnFailure"] {
+            assert!(validate("Job", &job(Some(policy))).is_ok(), "{policy}");
+        }
+        let cron = json!({"spec": {"schedule": "*/5 * * * *", "jobTemplate": job(None)}});
+        assert_eq!(
+            validate("CronJob", &cron).unwrap_err().field,
+            "spec.jobTemplate.spec.template.spec.restartPolicy"
+        );
         assert_eq!(
             unknown_fields(
                 "Pod",
@@ -561,6 +644,19 @@ mod tests {
         default("Deployment", &mut d);
         assert_eq!(d["spec"]["replicas"], 1);
         assert_eq!(d["spec"]["template"]["spec"]["restartPolicy"], "Always");
+        // A template gets the pod spec's defaults, not a pod's (as `kubectl get deploy -o
+        // yaml` shows against Kubernetes): no service links, account or priority.
+        for pod_only in [
+            "enableServiceLinks",
+            "serviceAccountName",
+            "priority",
+            "preemptionPolicy",
+        ] {
+            assert!(
+                d["spec"]["template"]["spec"].get(pod_only).is_none(),
+                "{pod_only}"
+            );
+        }
         assert_eq!(
             d["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"],
             "Always"
@@ -590,6 +686,26 @@ mod tests {
         assert_eq!(c["env"][0]["valueFrom"]["fieldRef"]["apiVersion"], "v1");
         assert_eq!(p["spec"]["volumes"][0]["configMap"]["defaultMode"], 420);
         assert_eq!(p["spec"]["enableServiceLinks"], true);
+        assert_eq!(p["spec"]["priority"], 0);
+        // Defaulting adds no keys it has nothing for (no `ports: null`, `env: null`).
+        let mut minimal = json!({"spec": {"containers": [{"name": "c", "image": "i"}]}});
+        default("Pod", &mut minimal);
+        let null_keys: Vec<&String> = minimal["spec"]["containers"][0]
+            .as_object()
+            .into_iter()
+            .chain(minimal["spec"].as_object())
+            .flatten()
+            .filter(|(_, v)| v.is_null())
+            .map(|(k, _)| k)
+            .collect();
+        assert!(null_keys.is_empty(), "{null_keys:?}");
+        assert_eq!(p["spec"]["preemptionPolicy"], "PreemptLowerPriority");
+        let mut high = json!({"spec": {"priority": 10, "containers": []}});
+        default("Pod", &mut high);
+        assert_eq!(high["spec"]["priority"], 10, "a set priority is kept");
+        let mut s = json!({"spec": {"type": "ExternalName", "externalName": "a.b"}});
+        default("Service", &mut s);
+        assert!(s["spec"].get("ipFamilies").is_none(), "no address family");
         // A limit without a request requests the limit; a request that is set stays.
         let mut p = json!({"spec": {"containers": [
             {"name": "a", "image": "i", "resources": {"limits": {"cpu": "1", "memory": "64Mi"}}},

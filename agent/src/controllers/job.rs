@@ -661,6 +661,7 @@ pub fn new_pod(job: &Value, index: Option<u64>, suffix: &str) -> Value {
         }
         None => format!("{name}-{suffix}"),
     };
+    crate::api::validation::default_pod(&mut spec);
     json!({
         "apiVersion": "v1",
         "kind": "Pod",

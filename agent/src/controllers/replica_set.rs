@@ -120,7 +120,9 @@ pub fn new_pod(rs: &Value, suffix: &str) -> Value {
     if template["metadata"]["annotations"].is_object() {
         metadata["annotations"] = template["metadata"]["annotations"].clone();
     }
-    json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template["spec"]})
+    let mut spec = template["spec"].clone();
+    crate::api::validation::default_pod(&mut spec);
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec})
 }
 
 /// The observed status of `rs`: its pods counted (read time, from what their nodes report).

@@ -268,7 +268,7 @@ pub fn name_suffix(random: u64) -> String {
 pub fn template_hash(template: &Value) -> String {
     use sha2::Digest;
     let mut template = template.clone();
-    crate::api::validation::default_pod_template(&mut template);
+    crate::api::validation::hashed_template(&mut template);
     if let Some(labels) = template["metadata"]["labels"].as_object_mut() {
         labels.remove("pod-template-hash");
     }
