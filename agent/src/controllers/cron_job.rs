@@ -86,10 +86,7 @@ impl Schedule {
     }
 }
 
-fn rfc3339_ms(ms: u64) -> String {
-    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
-        .to_string()
-}
+use super::workload::rfc3339_seconds as rfc3339_ms;
 
 fn parse_ms(text: Option<&str>) -> Option<u64> {
     let t = humantime::parse_rfc3339(text?).ok()?;

@@ -7,7 +7,9 @@
 use serde_json::{Value, json};
 
 use super::replica_set;
-use super::workload::{Action, PodView, controller_of, controller_ref, replicas, template_hash};
+use super::workload::{
+    Action, PodView, controller_of, controller_ref, replicas, rfc3339_seconds, template_hash,
+};
 
 pub const REVISION: &str = "deployment.kubernetes.io/revision";
 const HASH_LABEL: &str = "pod-template-hash";
@@ -74,6 +76,24 @@ fn pod_counts(rs: &Value, pods: &[PodView]) -> (u64, u64) {
         owned.len() as u64,
         owned.iter().filter(|p| p.ready).count() as u64,
     )
+}
+
+/// When the rollout to `rs` (the current template's ReplicaSet) last made progress, as
+/// Kubernetes counts it against `progressDeadlineSeconds`: the ReplicaSet was created, or one of
+/// its pods was created (a scale-up) or became ready (ms since the epoch, as the pods' nodes
+/// report them; 0 if unknown).
+fn last_progress_ms(rs: &Value, pods: &[PodView]) -> u64 {
+    replica_set::owned(rs, pods)
+        .into_iter()
+        .filter(|p| p.is_active())
+        .flat_map(|p| {
+            [
+                Some(p.created_ms),
+                p.ready.then_some(p.ready_changed_ms).flatten(),
+            ]
+        })
+        .flatten()
+        .fold(super::workload::created_ms(rs), u64::max)
 }
 
 /// The ReplicaSet of the deployment's current template, as it would be created.
@@ -243,8 +263,8 @@ fn recreate(deployment: &Value) -> bool {
 /// The observed status of `deployment` (kubectl rollout status reads it): counts from its
 /// ReplicaSets' pods as their nodes report them, `observedGeneration` once the current
 /// template's ReplicaSet exists at the newest revision, and the Available and Progressing
-/// conditions (ProgressDeadlineExceeded once the newest ReplicaSet is older than
-/// `progressDeadlineSeconds` without having completed).
+/// conditions (ProgressDeadlineExceeded once the rollout to the newest ReplicaSet made no
+/// progress for `progressDeadlineSeconds` without having completed).
 pub fn status(deployment: &Value, sets: &[Value], pods: &[PodView], now_ms: u64) -> Value {
     let want = replicas(deployment);
     let hash = template_hash(&deployment["spec"]["template"]);
@@ -286,13 +306,15 @@ pub fn status(deployment: &Value, sets: &[Value], pods: &[PodView], now_ms: u64)
         .as_u64()
         .unwrap_or(600)
         .saturating_mul(1000);
-    let started_ms = current.map_or(0, super::workload::created_ms);
+    let progress_ms = current.map_or(0, |rs| last_progress_ms(rs, pods));
     let progressing = if deployment["spec"]["paused"] == true {
         json!({"type": "Progressing", "status": "Unknown", "reason": "DeploymentPaused", "message": "Deployment is paused"})
     } else if complete {
         json!({"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable",
             "message": format!("ReplicaSet \"{}\" has successfully progressed.", current.map_or("", |rs| rs["metadata"]["name"].as_str().unwrap_or("")))})
-    } else if current.is_some() && started_ms > 0 && now_ms > started_ms.saturating_add(deadline_ms)
+    } else if current.is_some()
+        && progress_ms > 0
+        && now_ms > progress_ms.saturating_add(deadline_ms)
     {
         json!({"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
             "message": format!("ReplicaSet \"{}\" has timed out progressing.", current.map_or("", |rs| rs["metadata"]["name"].as_str().unwrap_or("")))})
@@ -301,7 +323,10 @@ pub fn status(deployment: &Value, sets: &[Value], pods: &[PodView], now_ms: u64)
             "message": format!("ReplicaSet \"{}\" is progressing.", current.map_or("", |rs| rs["metadata"]["name"].as_str().unwrap_or("")))})
     };
     let mut progressing = progressing;
-    progressing["lastUpdateTime"] = json!(since(current));
+    progressing["lastUpdateTime"] = match progress_ms {
+        0 => json!(since(current)),
+        ms => json!(rfc3339_seconds(ms)),
+    };
     progressing["lastTransitionTime"] = json!(since(current));
     let available_condition = if available {
         json!({"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable", "message": "Deployment has minimum availability."})
@@ -355,6 +380,42 @@ mod tests {
                 PodView::new(&object, Some(&status))
             })
             .collect()
+    }
+
+    /// `progressDeadlineSeconds` counts from the rollout's last progress (its ReplicaSet made,
+    /// a pod of it created or turned ready), not from when it began; a paused Deployment has
+    /// no deadline.
+    #[test]
+    fn the_progress_deadline_counts_from_the_last_progress() {
+        let at = |s: u64| 1_800_000_000_000 + s * 1000;
+        let mut d = deployment(2, "a", Value::Null);
+        d["spec"]["progressDeadlineSeconds"] = json!(10);
+        let mut rs = stored(&reconcile(&d, &[], &[])[0], "rs-a");
+        rs["metadata"]["creationTimestamp"] = json!(rfc3339_seconds(at(0)));
+        // One pod created at 2 s and ready since 8 s; the other never ready.
+        let mut pods = ready_pods(&rs, 2, false);
+        for p in &mut pods {
+            p.created_ms = at(2);
+        }
+        pods[0].ready = true;
+        pods[0].ready_changed_ms = Some(at(8));
+        let reason = |pods: &[PodView], d: &Value, now: u64| {
+            let s = status(d, std::slice::from_ref(&rs), pods, now);
+            s["conditions"][1]["reason"].as_str().unwrap().to_owned()
+        };
+        assert_eq!(reason(&pods, &d, at(17)), "ReplicaSetUpdated");
+        assert_eq!(reason(&pods, &d, at(19)), "ProgressDeadlineExceeded");
+        let s = status(&d, std::slice::from_ref(&rs), &pods, at(19));
+        assert_eq!(s["conditions"][1]["lastUpdateTime"], rfc3339_seconds(at(8)));
+        // Without the ready pod, the last progress is the pods' creation at 2 s.
+        pods[0].ready = false;
+        assert_eq!(reason(&pods, &d, at(13)), "ProgressDeadlineExceeded");
+        let mut paused = d.clone();
+        paused["spec"]["paused"] = json!(true);
+        assert_eq!(reason(&pods, &paused, at(60)), "DeploymentPaused");
+        pods[0].ready = true;
+        pods[1].ready = true;
+        assert_eq!(reason(&pods, &d, at(60)), "NewReplicaSetAvailable");
     }
 
     #[test]

@@ -851,10 +851,7 @@ pub fn target_kind(kind: &str) -> Option<&'static str> {
     }
 }
 
-fn rfc3339(ms: u64) -> String {
-    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
-        .to_string()
-}
+use super::workload::rfc3339_seconds as rfc3339;
 
 /// The status stored on `hpa` now (what the last sync computed), if any.
 pub fn stored_status(hpa: &Value) -> Option<Value> {

@@ -64,6 +64,10 @@ pub enum FailureAction {
     Ignore,
     /// Counted, as without a policy.
     Count,
+    /// Not a rule's: the containers of the Job's active pods restarted (`restartPolicy:
+    /// OnFailure`) `backoffLimit` times in all, and the Job fails with BackoffLimitExceeded, as
+    /// Kubernetes' `pastBackoffLimitOnFailure` decides. Recorded on the pod that tipped it.
+    RestartLimit,
 }
 
 /// One rule of `spec.podFailurePolicy`.
@@ -226,7 +230,7 @@ pub fn judge_failure(rules: &[FailureRule], pod: &PodView) -> Option<(FailureAct
                 let what = match rule.action {
                     FailureAction::FailJob => "FailJob",
                     FailureAction::Ignore => "Ignore",
-                    FailureAction::Count => "Count",
+                    FailureAction::Count | FailureAction::RestartLimit => "Count",
                 };
                 return Some((
                     rule.action,
@@ -380,9 +384,17 @@ pub fn progress(job: &Value, ledger: &BTreeMap<String, Ended>, now_ms: u64) -> P
         times.sort_unstable();
         times.get(spec.completions as usize - 1).copied()
     };
+    let restart_limit_at = ledger
+        .values()
+        .filter(|e| e.action == Some(FailureAction::RestartLimit))
+        .map(|e| e.at_ms)
+        .min();
     let backoff_at = usize::try_from(spec.backoff_limit)
         .ok()
-        .and_then(|limit| failures.get(limit).copied());
+        .and_then(|limit| failures.get(limit).copied())
+        .into_iter()
+        .chain(restart_limit_at)
+        .min();
     let deadline_at = spec
         .active_deadline_s
         .and_then(|s| s.checked_mul(1000))
@@ -494,6 +506,15 @@ pub fn reconcile(
             action: judged.as_ref().map(|(a, _)| *a),
             message: judged.map(|(_, m)| m),
         };
+        record.insert(
+            format!("{LEDGER_PREFIX}{}", pod.uid),
+            serde_json::to_string(&ended).expect("serializes"),
+        );
+        ledger.insert(pod.uid.clone(), ended);
+    }
+    // Restarts in place (restartPolicy OnFailure) are failures too: the live pods' restart
+    // counts are observed state, so the verdict is recorded before it is acted on.
+    if let Some((pod, ended)) = past_restart_limit(job, &spec, &owned, &ledger, now_ms) {
         record.insert(
             format!("{LEDGER_PREFIX}{}", pod.uid),
             serde_json::to_string(&ended).expect("serializes"),
@@ -615,6 +636,50 @@ pub fn reconcile(
         actions.push(Action::Create(new_pod(job, index, &name_suffix(random()))));
     }
     actions
+}
+
+/// Whether the containers of `job`'s active pods, restarted in place under `restartPolicy:
+/// OnFailure`, reached `backoffLimit` restarts in all (any restart with a limit of 0), as
+/// Kubernetes' `pastBackoffLimitOnFailure` counts them; if so, the ledger entry that fails the
+/// Job, for the pod that restarted most.
+fn past_restart_limit<'a>(
+    job: &Value,
+    spec: &Spec,
+    owned: &[&'a PodView],
+    ledger: &BTreeMap<String, Ended>,
+    now_ms: u64,
+) -> Option<(&'a PodView, Ended)> {
+    if job["spec"]["template"]["spec"]["restartPolicy"] != "OnFailure" {
+        return None;
+    }
+    let active = owned
+        .iter()
+        .copied()
+        .filter(|p| p.is_active() && !ledger.contains_key(&p.uid));
+    let restarts = active
+        .clone()
+        .fold(0u64, |n, p| n.saturating_add(p.restarts));
+    let past = match spec.backoff_limit {
+        0 => restarts > 0,
+        limit => restarts >= limit,
+    };
+    if !past {
+        return None;
+    }
+    let pod = active.max_by(|a, b| a.restarts.cmp(&b.restarts).then(b.uid.cmp(&a.uid)))?;
+    Some((
+        pod,
+        Ended {
+            result: Outcome::Failed,
+            index: index_of(pod),
+            at_ms: now_ms,
+            action: Some(FailureAction::RestartLimit),
+            message: Some(format!(
+                "{restarts} container restarts in the Job's pods reached backoffLimit {}",
+                spec.backoff_limit
+            )),
+        },
+    ))
 }
 
 fn namespace(job: &Value) -> &str {
@@ -950,6 +1015,55 @@ mod tests {
         assert_eq!(s["conditions"][1]["type"], "Failed");
         assert_eq!(s["conditions"][1]["reason"], "BackoffLimitExceeded");
         assert!(creates(&reconcile(&j, &world, T0 + 60_000, &mut counter())).is_empty());
+    }
+
+    /// Under `restartPolicy: OnFailure` a failing container restarts in place and its pod never
+    /// fails: the restarts of the live pods count toward `backoffLimit` (reached at the limit,
+    /// as Kubernetes counts them), the verdict is recorded in the ledger, and the Job fails
+    /// with BackoffLimitExceeded; its pods stop. Under `Never` restarts count for nothing.
+    #[test]
+    fn restarts_in_place_count_toward_the_backoff_limit() {
+        let mut j = job(json!({"completions": 2, "parallelism": 2, "backoffLimit": 3}));
+        j["spec"]["template"]["spec"]["restartPolicy"] = json!("OnFailure");
+        let restarting = |name: &str, restarts: u64| {
+            let mut p = pod(name, "Running", None);
+            p.restarts = restarts;
+            p
+        };
+        let below = [restarting("a", 1), restarting("b", 1)];
+        let a = reconcile(&j, &below, T0 + 1_000, &mut counter());
+        assert!(a.is_empty(), "2 restarts of 3: nothing to do: {a:?}");
+        let world = [restarting("a", 1), restarting("b", 2)];
+        let a = reconcile(&j, &world, T0 + 2_000, &mut counter());
+        let j2 = recorded(&j, &a);
+        let ledger = ledger(&j2);
+        assert_eq!(ledger.len(), 1, "{ledger:?}");
+        assert_eq!(
+            ledger["u-b"].action,
+            Some(FailureAction::RestartLimit),
+            "recorded on the pod that restarted most"
+        );
+        let s = status(&j2, &world, T0 + 2_000);
+        assert_eq!(s["conditions"][1]["type"], "Failed");
+        assert_eq!(s["conditions"][1]["reason"], "BackoffLimitExceeded");
+        // Failed: the live pods go, nothing new starts.
+        let a = reconcile(&j2, &world, T0 + 3_000, &mut counter());
+        let mut gone = deletes(&a);
+        gone.sort();
+        assert_eq!(gone, ["a", "b"]);
+        assert!(creates(&a).is_empty());
+        // A limit of 0: the first restart fails the Job.
+        let mut zero = j.clone();
+        zero["spec"]["backoffLimit"] = json!(0);
+        let a = reconcile(&zero, &[restarting("a", 1)], T0, &mut counter());
+        assert_eq!(ledger_of(&recorded(&zero, &a)), 1);
+        // Never: a pod fails instead of restarting; restart counts are not looked at.
+        let never = job(json!({"completions": 2, "parallelism": 2, "backoffLimit": 3}));
+        assert!(reconcile(&never, &world, T0 + 2_000, &mut counter()).is_empty());
+    }
+
+    fn ledger_of(job: &Value) -> usize {
+        ledger(job).len()
     }
 
     /// A failed pod whose container `c` exited with `code`.

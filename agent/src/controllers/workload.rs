@@ -39,6 +39,8 @@ pub struct PodView {
     pub conditions: Vec<(String, String)>,
     /// When its node started it (`status.startTime`, ms since the epoch).
     pub started_ms: Option<u64>,
+    /// Restarts of its containers and init containers in all (`restartCount`s).
+    pub restarts: u64,
     /// When its Ready condition last changed (`lastTransitionTime`, ms since the epoch).
     pub ready_changed_ms: Option<u64>,
     /// The stored object (for adoption and release, which rewrite its owner references).
@@ -72,8 +74,19 @@ impl PodView {
             .flatten()
             .find(|c| c["type"] == "Ready")
             .and_then(|c| time_ms(&c["lastTransitionTime"]));
+        let restarts = ["containerStatuses", "initContainerStatuses"]
+            .into_iter()
+            .flat_map(|field| {
+                status
+                    .and_then(|s| s[field].as_array())
+                    .into_iter()
+                    .flatten()
+            })
+            .filter_map(|c| c["restartCount"].as_u64())
+            .fold(0u64, u64::saturating_add);
         Self {
             started_ms: status.and_then(|s| time_ms(&s["startTime"])),
+            restarts,
             ready_changed_ms,
             namespace: meta["namespace"].as_str().unwrap_or("default").to_owned(),
             name: text(&meta["name"]),
@@ -195,6 +208,12 @@ pub fn controller_of(object: &Value) -> Option<String> {
         .find(|r| r["controller"] == true)
         .and_then(|r| r["uid"].as_str())
         .map(str::to_owned)
+}
+
+/// ms since the epoch as an RFC 3339 time to the second, as Kubernetes writes its times.
+pub fn rfc3339_seconds(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+        .to_string()
 }
 
 pub fn created_ms(object: &Value) -> u64 {

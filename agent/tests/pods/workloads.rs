@@ -192,6 +192,78 @@ async fn a_deployment_runs_rolls_scales_and_heals_through_kubectl() {
     .await
     .unwrap();
 
+    // Paused, a Deployment takes a new template without rolling it out: over a window of
+    // several controller passes, every pod keeps the old image and no second ReplicaSet gets
+    // a replica. Resumed, it rolls.
+    api.ok(2, &["rollout", "pause", "deployment/web"]);
+    api.ok(
+        0,
+        &[
+            "set",
+            "image",
+            "deployment/web",
+            "web=shoal.local/busybox:1",
+        ],
+    );
+    let window = std::time::Instant::now() + Duration::from_secs(5);
+    while std::time::Instant::now() < window {
+        let pods = web_pods(&api, 1);
+        assert!(
+            pods.iter()
+                .all(|p| p["spec"]["containers"][0]["image"] == "shoal.local/httpd:1"),
+            "a paused Deployment rolled: {pods:?}"
+        );
+        let sets = json_of(&api, 0, &["get", "rs", "-l", "app=web", "-o", "json"]);
+        let scaled = sets["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|rs| rs["spec"]["replicas"].as_u64() > Some(0))
+            .count();
+        assert_eq!(scaled, 1, "a paused Deployment scaled a new ReplicaSet");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let d = json_of(&api, 1, &["get", "deployment", "web", "-o", "json"]);
+    let progressing = d["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Progressing")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(progressing["reason"], "DeploymentPaused", "{d}");
+    api.ok(0, &["rollout", "resume", "deployment/web"]);
+    api.ok(1, &["rollout", "status", "deployment/web", "--timeout=90s"]);
+    wait_until("the resumed rollout", LIMIT, || {
+        let pods = all_web_pods(&api, 0);
+        let ok = pods.len() == 3
+            && pods
+                .iter()
+                .all(|p| p["spec"]["containers"][0]["image"] == "shoal.local/busybox:1");
+        async move { ok }
+    })
+    .await
+    .unwrap();
+    // `rollout restart` stamps the template (kubectl.kubernetes.io/restartedAt): every pod is
+    // replaced by one of the stamped template.
+    let before: Vec<String> = all_web_pods(&api, 0)
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+        .collect();
+    api.ok(2, &["rollout", "restart", "deployment/web"]);
+    api.ok(0, &["rollout", "status", "deployment/web", "--timeout=90s"]);
+    wait_until("every pod restarted", LIMIT, || {
+        let pods = all_web_pods(&api, 1);
+        let ok = pods.len() == 3
+            && pods.iter().all(|p| {
+                !before.iter().any(|b| p["metadata"]["name"] == b.as_str())
+                    && p["metadata"]["annotations"]["kubectl.kubernetes.io/restartedAt"].is_string()
+            });
+        async move { ok }
+    })
+    .await
+    .unwrap();
+
     // Scale down, then a deleted pod is replaced, then a quarantined pod is replaced and kept.
     // The ReplicaSet's delete is graceful, as Kubernetes': the surplus pod is Terminating
     // (deletionTimestamp, its grace) while its node stops it (httpd ignores SIGTERM as PID 1,
