@@ -263,8 +263,9 @@ async fn kubectl_exec_cp_and_port_forward_reach_containers_from_any_agent() {
         ],
     );
     assert_eq!(listed, "one file\ndeep\n");
+    // Out of the pod on n2 through agent 0, as into it through agent 1.
     api.ok(
-        2,
+        0,
         &["cp", "shell:/data/dir", &local_s("back"), "-c", "main"],
     );
     assert_eq!(
@@ -351,8 +352,9 @@ async fn kubectl_exec_cp_and_port_forward_reach_containers_from_any_agent() {
     attach.wait().unwrap();
     forward.kill().unwrap();
     forward.wait().unwrap();
-    // svc/web: kubectl picks a pod behind the Service and its target port, through n1 itself.
-    let (mut forward, local) = port_forward(&api, 1, "svc/web", 80);
+    // svc/web: kubectl picks a pod behind the Service and its target port, here through
+    // agent 2 for the pod on n1.
+    let (mut forward, local) = port_forward(&api, 2, "svc/web", 80);
     let answer = http_get(local, "/index.html");
     assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
     forward.kill().unwrap();
@@ -371,10 +373,11 @@ async fn kubectl_exec_cp_and_port_forward_reach_containers_from_any_agent() {
         "{said}"
     );
 
-    // The official Python client's `stream` (exec) and `portforward` (the channel protocol).
+    // The official Python client's `stream` (exec) and `portforward` (the channel protocol),
+    // through agent 0, which runs neither pod.
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pods/python_stream.py");
-    let (ok, out) = crate::api::python(&script, &[api.kubeconfigs[1].to_str().unwrap()]);
+    let (ok, out) = crate::api::python(&script, &[api.kubeconfigs[0].to_str().unwrap()]);
     assert!(
         ok && out.contains("python streams: all checks passed"),
         "{out}"

@@ -451,6 +451,44 @@ spec:
         crashy.contains("Back-off restarting failed container c in pod crashy_default"),
         "{crashy}"
     );
+    // Each start of the crashing container is one Event whose count grows, as Kubernetes
+    // aggregates them (read through an agent that does not run it, and in events.k8s.io/v1 as
+    // a series).
+    let started = api.ok(
+        0,
+        &[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=crashy,reason=Started",
+            "-o",
+            "json",
+        ],
+    );
+    let started: serde_json::Value = serde_json::from_str(&started).unwrap();
+    let items = started["items"].as_array().cloned().unwrap_or_default();
+    assert_eq!(items.len(), 1, "one aggregated Started event: {started}");
+    let e = &items[0];
+    assert!(
+        e["count"].as_u64() >= Some(2),
+        "started at least twice: {e}"
+    );
+    assert!(
+        e["lastTimestamp"].as_str() >= e["firstTimestamp"].as_str(),
+        "{e}"
+    );
+    let series = api.ok(1, &["get", "events.v1.events.k8s.io", "-o", "json"]);
+    let series: serde_json::Value = serde_json::from_str(&series).unwrap();
+    let started: Vec<&serde_json::Value> = series["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["regarding"]["name"] == "crashy" && e["reason"] == "Started")
+        .collect();
+    assert!(
+        started.len() == 1 && started[0]["series"]["count"].as_u64() >= Some(2),
+        "{started:?}"
+    );
 
     let pod = wait_pod(&api, 0, "done", "done succeeded", |p| {
         p["status"]["phase"] == "Succeeded"
