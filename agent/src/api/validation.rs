@@ -448,8 +448,26 @@ fn set_defaults_pod(spec: &mut Value) {
 /// template stored then and the same one stored now are one template, not a rollout.
 pub fn hashed_template(template: &mut Value) {
     default_pod_template(template);
-    if template["spec"].is_object() {
-        set_defaults_pod(&mut template["spec"]);
+    let Some(spec) = template.get_mut("spec").filter(|s| s.is_object()) else {
+        return;
+    };
+    set_defaults_pod(spec);
+    // The defaulting of that time also inserted these lists as null where they were absent
+    // (indexing a `Value` mutably does), and templates were stored so: the hash keeps them
+    // null, so a template stored then and the same one sent now hash alike, as they did.
+    let absent_as_null = |object: &mut Value, key: &str| {
+        if let Some(map) = object.as_object_mut() {
+            map.entry(key).or_insert(Value::Null);
+        }
+    };
+    for key in ["containers", "initContainers", "volumes"] {
+        absent_as_null(spec, key);
+    }
+    for field in ["containers", "initContainers"] {
+        for c in items_mut(spec, field) {
+            absent_as_null(c, "ports");
+            absent_as_null(c, "env");
+        }
     }
 }
 

@@ -362,6 +362,14 @@ mod tests {
         crate::api::validation::default_pod_template(&mut defaulted);
         assert_ne!(defaulted, bare);
         assert_eq!(template_hash(&defaulted), template_hash(&bare));
+        // Templates stored with the null lists an earlier defaulting inserted hash as the
+        // same template sent without them.
+        let mut with_nulls = bare.clone();
+        with_nulls["spec"]["volumes"] = Value::Null;
+        with_nulls["spec"]["initContainers"] = Value::Null;
+        with_nulls["spec"]["containers"][0]["ports"] = Value::Null;
+        with_nulls["spec"]["containers"][0]["env"] = Value::Null;
+        assert_eq!(template_hash(&with_nulls), template_hash(&bare));
         let mut edited = bare.clone();
         edited["spec"]["containers"][0]["image"] = json!("web:2");
         assert_ne!(template_hash(&edited), template_hash(&bare));
