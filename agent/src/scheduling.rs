@@ -147,6 +147,11 @@ struct State {
     holder: lease::Holder,
     /// When this node last asked for its run leases.
     last_lease_round: Option<Duration>,
+    /// The names of the nodes the membership lists (alive, suspect or dead), as of the last
+    /// tick: a node no longer listed has left, and its DaemonSet pods go.
+    listed: std::collections::HashSet<String>,
+    /// Whether the last tick's membership view was settled.
+    settled: bool,
 }
 
 /// The binding `pods` hold for `uid`: the node it names and its epoch.
@@ -484,250 +489,119 @@ impl Scheduling {
         }
     }
 
-    /// DaemonSets need no auction: each node claims, for itself, the pods of the DaemonSets
-    /// whose node selector, affinity and tolerations it satisfies (one pod per DaemonSet and
-    /// node, named `<daemonset>-<node>`), and removes its pod when it stops satisfying them.
+    /// One round of this node's DaemonSet duties, decided by
+    /// [`crate::controllers::daemon_set::reconcile_node`] from the live nodes this round's tick
+    /// saw and the DaemonSets' pods as stored, with the statuses their nodes report.
     async fn claim_daemon_pods(&self) {
+        use crate::controllers::daemon_set;
+        use crate::controllers::workload::{Action, PodView};
         let daemon_sets = self.replication.read(|s| s.list("apps", "DaemonSet", None));
-        // Garbage: this node's DaemonSet pods whose DaemonSet is gone (e.g. claimed just before
-        // the DaemonSet's deletion arrived here).
-        let live_uids: std::collections::HashSet<&str> = daemon_sets
-            .iter()
-            .filter_map(|d| d["metadata"]["uid"].as_str())
-            .collect();
-        let self_name = self
-            .state
-            .lock()
-            .unwrap()
-            .addresses
-            .get(&self.self_id)
-            .map(|(n, _)| n.clone());
-        let orphans: Vec<ObjectKey> = self
-            .state
-            .lock()
-            .unwrap()
-            .pods
-            .values()
-            .filter(|p| p.node_name.is_some() && p.node_name == self_name)
-            .filter(|p| {
-                p.daemon
-                    .as_deref()
-                    .is_some_and(|uid| !live_uids.contains(uid))
-            })
-            .map(|p| p.key.clone())
-            .collect();
-        for key in orphans {
-            if self.replication.delete(&key, None).await.is_ok() {
-                info!(pod = %key, "deleted a DaemonSet pod whose DaemonSet is gone");
-            }
-        }
-        if daemon_sets.is_empty() {
-            return;
-        }
-        let (this, cluster) = {
+        let (me, cluster, listed, settled, live_ids, keys) = {
             let state = self.state.lock().unwrap();
+            let keys: Vec<ObjectKey> = state
+                .pods
+                .values()
+                .filter(|p| p.daemon.is_some())
+                .map(|p| p.key.clone())
+                .collect();
             (
-                state.cluster.node(self.self_id).cloned(),
+                state.addresses.get(&self.self_id).map(|(n, _)| n.clone()),
                 state.cluster.clone(),
+                state.listed.clone(),
+                state.settled,
+                state.addresses.keys().copied().collect::<Vec<NodeId>>(),
+                keys,
             )
         };
-        let Some(this) = this else { return };
-        let info = kind::lookup("v1", "Pod").expect("Pod is a known kind");
-        for ds in daemon_sets {
-            let namespace = ds["metadata"]["namespace"]
-                .as_str()
-                .unwrap_or("default")
-                .to_owned();
-            let ds_name = ds["metadata"]["name"].as_str().unwrap_or_default();
-            let mut candidate = daemon_pod(&ds, &this.name);
-            let pod_name = candidate["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned();
-            let key = ObjectKey::new(info, &namespace, &pod_name);
-            if !candidate["spec"].is_object() {
-                warn!(daemonset = ds_name, "DaemonSet template has no pod spec");
-                continue;
-            }
-            let Ok(request) = PodRequest::from_pod(&candidate) else {
-                continue;
-            };
-            // Resources are not a reason to refuse a DaemonSet pod (it is this node's to run).
-            let fits = crate::scheduler::predicates::check(
-                &request,
-                &this,
-                Resources::default(),
-                &cluster,
-            )
-            .is_ok();
-            let existing = self.replication.read(|s| s.get(&key));
-            let exists = existing.is_some();
-            if let Some(pod) = existing.filter(|_| fits) {
-                self.update_daemon_pod(&ds, &pod, &key, &this.name, &cluster)
-                    .await;
-                continue;
-            }
-            if fits && !exists {
-                candidate["spec"]["nodeName"] = json!(this.name);
-                if let Some(meta) = candidate["metadata"].as_object_mut() {
-                    meta.retain(|_, v| !v.is_null());
-                }
-                match shoal_state::validate(candidate, &namespace) {
-                    Ok(valid) => match self.replication.write(valid, WriteMode::Create).await {
-                        Ok((pod, _)) => {
-                            info!(pod = %key, "claimed a DaemonSet pod");
-                            let uid = pod["metadata"]["uid"].as_str().unwrap_or("");
-                            self.events.record(NewEvent::new(
-                                ObjectRef::pod(&key.namespace, &key.name, uid),
-                                EventType::Normal,
-                                "Scheduled",
-                                format!(
-                                    "Successfully assigned {}/{} to {}",
-                                    key.namespace, key.name, this.name
-                                ),
-                                events::SCHEDULER,
-                            ));
-                        }
-                        Err(e) => debug!(pod = %key, error = %e, "DaemonSet pod not created"),
-                    },
-                    Err(e) => {
-                        warn!(daemonset = ds_name, error = %e, "DaemonSet template is not a valid pod")
-                    }
-                }
-            } else if !fits && exists {
-                match self.replication.delete(&key, None).await {
-                    Ok(_) => {
-                        info!(pod = %key, "released a DaemonSet pod this node no longer matches")
-                    }
-                    Err(e) => debug!(pod = %key, error = %e, "DaemonSet pod not deleted"),
-                }
-            }
+        let Some(me) = me else { return };
+        if daemon_sets.is_empty() && keys.is_empty() {
+            return;
         }
-    }
-
-    /// The nodes `ds`'s pod fits, by name.
-    fn fitting_nodes(ds: &Value, cluster: &ClusterView) -> Vec<String> {
-        let mut fitting: Vec<String> = cluster
-            .nodes()
-            .filter(|node| {
-                PodRequest::from_pod(&daemon_pod(ds, &node.name)).is_ok_and(|request| {
-                    crate::scheduler::predicates::check(
-                        &request,
-                        node,
-                        Resources::default(),
-                        cluster,
-                    )
-                    .is_ok()
-                })
+        let objects: Vec<Value> = self
+            .replication
+            .read(|s| keys.iter().filter_map(|k| s.get(k)).collect());
+        let pods: Vec<PodView> = objects
+            .into_iter()
+            .map(|object| {
+                let status = self.statuses.status_of(&object);
+                PodView::from_object(object, status.as_ref())
             })
-            .map(|node| node.name.clone())
             .collect();
-        fitting.sort_unstable();
-        fitting
+        let actions = {
+            let owns = |ds: &Value| {
+                auctioneer(
+                    ds["metadata"]["uid"].as_str().unwrap_or_default(),
+                    live_ids.iter().copied(),
+                ) == Some(self.self_id)
+            };
+            let round = daemon_set::Round {
+                me: &me,
+                cluster: &cluster,
+                listed: &|name: &str| listed.contains(name),
+                settled,
+                owns: &owns,
+            };
+            daemon_set::reconcile_node(&round, &daemon_sets, &pods)
+        };
+        let info = kind::lookup("v1", "Pod").expect("Pod is a known kind");
+        for action in actions {
+            match action {
+                Action::Create(pod) => {
+                    let namespace = pod["metadata"]["namespace"]
+                        .as_str()
+                        .unwrap_or("default")
+                        .to_owned();
+                    let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+                    let key = ObjectKey::new(info, &namespace, name);
+                    match shoal_state::validate(pod, &namespace) {
+                        Ok(valid) => match self.replication.write(valid, WriteMode::Create).await {
+                            Ok((pod, _)) => {
+                                info!(pod = %key, "claimed a DaemonSet pod");
+                                let uid = pod["metadata"]["uid"].as_str().unwrap_or("");
+                                self.events.record(NewEvent::new(
+                                    ObjectRef::pod(&key.namespace, &key.name, uid),
+                                    EventType::Normal,
+                                    "Scheduled",
+                                    format!(
+                                        "Successfully assigned {}/{} to {me}",
+                                        key.namespace, key.name
+                                    ),
+                                    events::SCHEDULER,
+                                ));
+                            }
+                            Err(e) => debug!(pod = %key, error = %e, "DaemonSet pod not created"),
+                        },
+                        Err(e) => {
+                            warn!(pod = %key, error = %e, "a DaemonSet's template is not a valid pod")
+                        }
+                    }
+                }
+                Action::Delete {
+                    namespace,
+                    name,
+                    uid,
+                    ..
+                } => {
+                    let key = ObjectKey::new(info, &namespace, &name);
+                    match self.replication.delete(&key, Some(&uid)).await {
+                        Ok(_) => info!(pod = %key, "deleted a DaemonSet pod"),
+                        Err(e) => debug!(pod = %key, error = %e, "DaemonSet pod not deleted"),
+                    }
+                }
+                other => debug!(action = ?other, "not a DaemonSet action"),
+            }
+        }
     }
 
-    /// The pods of `ds` on each node as this node sees them (for its rolling update).
-    fn daemon_node_pods(&self, ds: &Value) -> Vec<crate::controllers::daemon_set::NodePod> {
-        let uid = ds["metadata"]["uid"].as_str().unwrap_or_default();
-        let namespace = ds["metadata"]["namespace"].as_str();
-        let pods = self.replication.read(|s| s.list("", "Pod", namespace));
-        pods.into_iter()
-            .filter(|p| {
-                p["metadata"]["ownerReferences"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|r| r["uid"] == uid && r["controller"] == true)
-            })
-            .filter_map(|p| {
-                let node = p["spec"]["nodeName"].as_str()?.to_owned();
-                let status = self.statuses.status_of(&p);
-                let view = crate::controllers::workload::PodView::from_object(p, status.as_ref());
-                let deleting = crate::controllers::garbage::deletion_requested(&view.object);
-                Some(crate::controllers::daemon_set::NodePod {
-                    node,
-                    hash: view
-                        .labels
-                        .get(crate::controllers::daemon_set::HASH_LABEL)
-                        .cloned(),
-                    available: view.ready && !deleting,
-                })
-            })
-            .collect()
-    }
-
-    /// This node's pod of `ds` runs an older template: replaced now if the rolling update
-    /// lets this node go ([`crate::controllers::daemon_set::replace_now`]); the next round
-    /// claims the new one.
-    async fn update_daemon_pod(
-        &self,
-        ds: &Value,
-        pod: &Value,
-        key: &ObjectKey,
-        me: &str,
-        cluster: &ClusterView,
-    ) {
-        use crate::controllers::daemon_set;
-        let current = daemon_set::current_hash(ds);
-        if pod["metadata"]["labels"][daemon_set::HASH_LABEL] == current.as_str() {
-            return;
-        }
-        let fitting = Self::fitting_nodes(ds, cluster);
-        let view = self.daemon_node_pods(ds);
-        if !daemon_set::replace_now(ds, me, &fitting, &view) {
-            return;
-        }
-        let uid = pod["metadata"]["uid"].as_str();
-        match self.replication.delete(key, uid).await {
-            Ok(_) => info!(pod = %key, "replacing an outdated DaemonSet pod"),
-            Err(e) => debug!(pod = %key, error = %e, "outdated DaemonSet pod not deleted"),
-        }
-    }
-
-    /// A DaemonSet's status as observed (DESIGN.md §3): the live nodes its pod fits
-    /// (`desiredNumberScheduled`), its pods on fitting nodes, on nodes it no longer fits
-    /// (misscheduled), and the ready ones, from `pods` (its namespace's, with their reported
-    /// statuses).
+    /// A DaemonSet's status as observed, over the live nodes the last tick saw
+    /// ([`crate::controllers::daemon_set::status`]).
     pub fn daemon_set_status(
         &self,
         ds: &Value,
         pods: &[crate::controllers::workload::PodView],
     ) -> Value {
-        let state = self.state.lock().unwrap();
-        let fitting: std::collections::HashSet<String> = Self::fitting_nodes(ds, &state.cluster)
-            .into_iter()
-            .collect();
-        drop(state);
-        let uid = ds["metadata"]["uid"].as_str();
-        let owned: Vec<&crate::controllers::workload::PodView> = pods
-            .iter()
-            .filter(|p| p.controller_uid.as_deref() == uid && uid.is_some() && p.node.is_some())
-            .collect();
-        let on_fitting = owned
-            .iter()
-            .filter(|p| p.node.as_ref().is_some_and(|n| fitting.contains(n)))
-            .count();
-        let ready = owned.iter().filter(|p| p.ready).count();
-        let hash = crate::controllers::daemon_set::current_hash(ds);
-        let updated = owned
-            .iter()
-            .filter(|p| p.node.as_ref().is_some_and(|n| fitting.contains(n)))
-            .filter(|p| {
-                p.labels
-                    .get(crate::controllers::daemon_set::HASH_LABEL)
-                    .is_some_and(|h| *h == hash)
-            })
-            .count();
-        json!({
-            "observedGeneration": ds["metadata"]["generation"],
-            "desiredNumberScheduled": fitting.len(),
-            "currentNumberScheduled": on_fitting,
-            "updatedNumberScheduled": updated,
-            "numberMisscheduled": owned.len() - on_fitting,
-            "numberReady": ready,
-            "numberAvailable": ready,
-            "numberUnavailable": fitting.len().saturating_sub(ready),
-        })
+        let cluster = self.state.lock().unwrap().cluster.clone();
+        crate::controllers::daemon_set::status(ds, &cluster, pods)
     }
 
     /// Rebuilds the world and lets the scheduler start auctions.
@@ -900,6 +774,11 @@ impl Scheduling {
         state.all_unschedulable = verdicts;
         state.cluster = cluster;
         state.addresses = addresses;
+        state.listed = members
+            .iter()
+            .filter_map(|m| m.meta.as_ref().map(|meta| meta.name.clone()))
+            .collect();
+        state.settled = settled;
         let mut scheduler = state.scheduler.take().expect("scheduler present");
         let world = World {
             cluster: &state.cluster,
@@ -1116,53 +995,4 @@ impl Scheduling {
             }
         }
     }
-}
-
-/// The pod DaemonSet `ds` runs on node `node_name` (`<daemonset>-<node>`), before binding.
-/// The tolerations Kubernetes' DaemonSet controller adds to its pods: a daemon keeps running
-/// on a cordoned node (`kubectl drain --ignore-daemonsets` leaves it there).
-const DAEMON_TOLERATIONS: &[(&str, &str)] = &[
-    ("node.kubernetes.io/unschedulable", "NoSchedule"),
-    ("node.kubernetes.io/not-ready", "NoExecute"),
-    ("node.kubernetes.io/unreachable", "NoExecute"),
-];
-
-fn daemon_pod(ds: &Value, node_name: &str) -> Value {
-    let ds_name = ds["metadata"]["name"].as_str().unwrap_or_default();
-    let template = &ds["spec"]["template"];
-    let mut spec = template["spec"].clone();
-    if spec.is_object() {
-        let mut tolerations = spec["tolerations"].as_array().cloned().unwrap_or_default();
-        for (key, effect) in DAEMON_TOLERATIONS {
-            if !tolerations
-                .iter()
-                .any(|t| t["key"] == *key && t["effect"] == *effect)
-            {
-                tolerations.push(json!({"key": key, "operator": "Exists", "effect": effect}));
-            }
-        }
-        spec["tolerations"] = Value::Array(tolerations);
-        crate::api::validation::default_pod(&mut spec);
-    }
-    let mut labels = template["metadata"]["labels"].clone();
-    if !labels.is_object() {
-        labels = json!({});
-    }
-    labels[crate::controllers::daemon_set::HASH_LABEL] =
-        json!(crate::controllers::daemon_set::current_hash(ds));
-    json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": format!("{ds_name}-{node_name}"),
-            "namespace": ds["metadata"]["namespace"].as_str().unwrap_or("default"),
-            "labels": labels,
-            "annotations": template["metadata"]["annotations"],
-            "ownerReferences": [{
-                "apiVersion": "apps/v1", "kind": "DaemonSet", "name": ds_name,
-                "uid": ds["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true,
-            }],
-        },
-        "spec": spec,
-    })
 }

@@ -1112,6 +1112,12 @@ spec:
       - name: c
         image: shoal.local/busybox:1
         command: [sh, -c, 'trap "exit 0" TERM; while :; do sleep 1; done']
+        # Each replacement stays unready for 2 s, long enough to be seen (the check below
+        # needs to see some).
+        readinessProbe:
+          exec: {command: ["true"]}
+          initialDelaySeconds: 2
+          periodSeconds: 1
 "#,
     );
     api.ok(0, &["apply", "-f", &file]);
@@ -1261,4 +1267,218 @@ fn both_unavailable_needs_overlapping_certain_stretches() {
         seen(1, 350, false),
     ];
     assert_eq!(both_unavailable(&violation), Some((0, 1)));
+}
+
+const FOLLOWERS: &str = r#"apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: node-agent}
+spec:
+  selector: {matchLabels: {app: node-agent}}
+  template:
+    metadata: {labels: {app: node-agent}}
+    spec:
+      containers:
+      - name: c
+        image: shoal.local/busybox:1
+        command: [sh, -c, 'trap "exit 0" TERM; while :; do sleep 1; done']
+---
+apiVersion: apps/v1
+kind: ReplicaSet
+metadata:
+  name: frontend
+  labels: {app: guestbook, tier: frontend}
+spec:
+  replicas: 3
+  selector:
+    matchLabels: {tier: frontend}
+  template:
+    metadata:
+      labels: {tier: frontend}
+    spec:
+      terminationGracePeriodSeconds: 2
+      containers:
+      - name: php-redis
+        image: shoal.local/httpd:1
+        command: [httpd, -f, -p, "8080", -h, /]
+        readinessProbe: {tcpSocket: {port: 8080}, periodSeconds: 1}
+"#;
+
+/// A DaemonSet follows nodes joining and leaving, and a standalone ReplicaSet (the
+/// `frontend` of Kubernetes' ReplicaSet page) keeps its count through it (real agents, real
+/// containers, real kubectl): a third node joins and gets the DaemonSet's pod; killed -9 and
+/// forgotten by the membership (`dead-node-grace-period`, 3 s here; Kubernetes: the Node
+/// deleted), its DaemonSet pod is deleted, the DaemonSet wants two pods again and its rollout
+/// status returns, and the ReplicaSet has exactly 3 ready pods, none on the node that left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_set_follows_nodes_joining_and_leaving_and_a_replica_set_keeps_its_count() {
+    let config_dir = tempfile::tempdir().unwrap();
+    let config = config_dir.path().join("agent.toml");
+    std::fs::write(&config, "[gossip]\ndead-node-grace-period = \"3s\"\n").unwrap();
+    let flags = |_: usize| -> Vec<String> {
+        [
+            "--restart-backoff",
+            "1s",
+            "--eviction-delay",
+            "1s",
+            "--config",
+            config.to_str().unwrap(),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let mut api = crate::api::ApiLab::start_with(2, flags).await;
+    let images = ["busybox-1.oci.tar", "httpd-1.oci.tar"];
+    let import_all = |api: &crate::api::ApiLab, agent: usize| {
+        for image in images {
+            super::import_image(api, agent, &crate::runtime::test_images().join(image), None);
+        }
+    };
+    for agent in 0..2 {
+        import_all(&api, agent);
+    }
+    let file = api.manifest("followers.yaml", FOLLOWERS);
+    api.ok(0, &["apply", "-f", &file]);
+    api.ok(
+        1,
+        &["rollout", "status", "daemonset/node-agent", "--timeout=90s"],
+    );
+    let daemon_nodes = |api: &crate::api::ApiLab| -> Vec<String> {
+        let mut nodes: Vec<String> = json_of(
+            api,
+            0,
+            &["get", "pods", "-l", "app=node-agent", "-o", "json"],
+        )["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| ready(p))
+            .filter_map(|p| p["spec"]["nodeName"].as_str().map(str::to_owned))
+            .collect();
+        nodes.sort();
+        nodes
+    };
+    assert_eq!(daemon_nodes(&api), ["n0", "n1"]);
+    let frontend_ready = |api: &crate::api::ApiLab| -> Vec<Value> {
+        json_of(
+            api,
+            0,
+            &["get", "pods", "-l", "tier=frontend", "-o", "json"],
+        )["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    api.ok(
+        0,
+        &[
+            "wait",
+            "--for=jsonpath={.status.readyReplicas}=3",
+            "replicaset/frontend",
+            "--timeout=90s",
+        ],
+    );
+
+    // A node joins: the DaemonSet runs there too.
+    let seed = api.agents[0].gossip_addr();
+    let spec = flags(2).into_iter().fold(
+        api.lab
+            .spec("n2")
+            .join(seed)
+            .arg("--api")
+            .arg("127.0.0.1:0"),
+        |s, a| s.arg(a),
+    );
+    api.agents.push(
+        shoal_agent::testkit::AgentProcess::start(spec)
+            .await
+            .unwrap(),
+    );
+    import_all(&api, 2);
+    wait_until("the DaemonSet's pod ready on the new node", LIMIT, || {
+        let nodes = daemon_nodes(&api);
+        async move { nodes == ["n0", "n1", "n2"] }
+    })
+    .await
+    .unwrap();
+    let ds = json_of(&api, 1, &["get", "daemonset", "node-agent", "-o", "json"]);
+    assert_eq!(
+        ds["status"]["desiredNumberScheduled"], 3,
+        "{:#}",
+        ds["status"]
+    );
+    api.ok(
+        1,
+        &["rollout", "status", "daemonset/node-agent", "--timeout=60s"],
+    );
+
+    // It leaves (killed, then forgotten): its DaemonSet pod goes, the ReplicaSet stays at 3.
+    api.agents[2].kill().unwrap();
+    let gone = wait_until(
+        "the DaemonSet's pod of the node that left deleted",
+        LIMIT,
+        || {
+            let pods = json_of(
+                &api,
+                0,
+                &["get", "pods", "-l", "app=node-agent", "-o", "json"],
+            );
+            let on_n2 = pods["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|p| p["spec"]["nodeName"] == "n2");
+            async move { !on_n2 }
+        },
+    )
+    .await;
+    let nodes = api.ok(0, &["get", "nodes"]);
+    assert!(
+        gone.is_ok(),
+        "nodes:\n{nodes}\npods: {:?}",
+        daemon_nodes(&api)
+    );
+    assert!(
+        !nodes.contains("n2"),
+        "the node left the Node list:\n{nodes}"
+    );
+    api.ok(
+        1,
+        &["rollout", "status", "daemonset/node-agent", "--timeout=30s"],
+    );
+    let ds = json_of(&api, 1, &["get", "daemonset", "node-agent", "-o", "json"]);
+    assert_eq!(
+        ds["status"]["desiredNumberScheduled"], 2,
+        "{:#}",
+        ds["status"]
+    );
+    assert_eq!(ds["status"]["numberMisscheduled"], 0, "{:#}", ds["status"]);
+    assert_eq!(daemon_nodes(&api), ["n0", "n1"]);
+    let settled = wait_until(
+        "exactly 3 ready frontend pods, none on the node that left",
+        LIMIT,
+        || {
+            let pods = frontend_ready(&api);
+            let done = pods.len() == 3
+                && pods
+                    .iter()
+                    .all(|p| ready(p) && p["spec"]["nodeName"] != "n2");
+            async move { done }
+        },
+    )
+    .await;
+    let rs = json_of(&api, 0, &["get", "replicaset", "frontend", "-o", "json"]);
+    assert!(
+        settled.is_ok(),
+        "rs status: {:#}\npods: {:#?}",
+        rs["status"],
+        frontend_ready(&api)
+            .iter()
+            .map(|p| (
+                p["metadata"]["name"].clone(),
+                p["spec"]["nodeName"].clone(),
+                ready(p)
+            ))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(rs["status"]["readyReplicas"], 3, "{:#}", rs["status"]);
 }
