@@ -573,6 +573,304 @@ async fn pods_reach_pods_on_other_nodes_by_ip_and_nothing_is_left() {
     }
 }
 
+/// The Kubernetes tutorial's path, with kubectl inside n0's namespace: `kubectl create
+/// deployment` and `kubectl expose`, then a pod on n1 resolves the Service by its short name
+/// (`web`, through the search path its resolv.conf gets) and fetches pages through the
+/// ClusterIP with `kubectl exec`. Scaling the Deployment to 4 and then to 1 changes, on every
+/// node, the headless Service's DNS answer and the DNAT rules of the nftables table; kubectl
+/// watches on the Endpoints and the EndpointSlices see each change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exposed_deployment_is_found_by_its_short_name_and_scaling_reaches_every_node() {
+    let lab = NetLab::new(3).expect("creating the netns lab (needs root and iproute2)");
+    let (root, mut agents) = shoal_chaos::start_cluster(
+        &lab,
+        3,
+        &[
+            "--pod-network",
+            "bridge",
+            "--anti-entropy-interval",
+            "200ms",
+            "--cleanup",
+            "--api",
+            "0.0.0.0:6443",
+        ],
+    )
+    .await
+    .unwrap();
+    for agent in &agents {
+        shoal_chaos::import_busybox(agent).unwrap();
+    }
+    let kubeconfig = root.path().join("n0.kubeconfig");
+    let out = std::process::Command::new(shoal_chaos::shoal_binary().unwrap())
+        .args(["kubeconfig", "--data-dir"])
+        .arg(agents[0].data_dir())
+        .output()
+        .unwrap();
+    std::fs::write(&kubeconfig, &out.stdout).unwrap();
+    let cache = root.path().join("kube-cache");
+    let base: Vec<String> = [
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec();
+    let kubectl = |args: &[&str]| {
+        let mut all: Vec<&str> = base.iter().map(String::as_str).collect();
+        all.extend_from_slice(args);
+        exec_in(&lab.host(0), "kubectl", &all)
+    };
+    let ok = |args: &[&str]| kubectl(args).unwrap_or_else(|e| panic!("kubectl {args:?}: {e}"));
+
+    ok(&[
+        "create",
+        "deployment",
+        "web",
+        "--image=shoal.local/busybox:1",
+        "--replicas=2",
+        "--port=8080",
+        "--",
+        "sh",
+        "-c",
+        "mkdir -p /w && echo hello from $(hostname) > /w/index.html && exec httpd -f -p 8080 -h /w",
+    ]);
+    ok(&[
+        "expose",
+        "deployment",
+        "web",
+        "--port=80",
+        "--target-port=8080",
+    ]);
+    ok(&[
+        "expose",
+        "deployment",
+        "web",
+        "--name=web-headless",
+        "--cluster-ip=None",
+        "--port=8080",
+    ]);
+    ok(&["rollout", "status", "deployment/web", "--timeout=120s"]);
+    let svc: Value = serde_json::from_str(&ok(&["get", "svc", "web", "-o", "json"])).unwrap();
+    let cluster_ip = svc["spec"]["clusterIP"].as_str().unwrap().to_owned();
+    assert!(cluster_ip.starts_with("10.96."), "{svc}");
+    assert_eq!(svc["spec"]["selector"], json!({"app": "web"}), "{svc}");
+
+    // Watches on the Endpoints and the EndpointSlices, from now on (kubectl's own output).
+    let watch = |args: &[&str], file: &str| {
+        let out = std::fs::File::create(root.path().join(file)).unwrap();
+        std::process::Command::new("ip")
+            .args(["netns", "exec", &lab.host(0), "kubectl"])
+            .args(&base)
+            .args(args)
+            .stdout(out)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    struct Killed(Vec<std::process::Child>);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            for child in &mut self.0 {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+    let mut watches = Killed(vec![
+        watch(
+            &[
+                "get",
+                "endpoints",
+                "web",
+                "--watch",
+                "-o",
+                "jsonpath={.subsets[*].addresses[*].ip}{\"\\n\"}",
+            ],
+            "endpoints.watch",
+        ),
+        watch(
+            &[
+                "get",
+                "endpointslices",
+                "-l",
+                "kubernetes.io/service-name=web",
+                "--watch",
+                "-o",
+                // Ready endpoints only: the terminating ones stay listed (ready false) while
+                // their pods stop, as in Kubernetes.
+                "jsonpath={.endpoints[?(@.conditions.ready==true)].addresses[0]}{\"\\n\"}",
+            ],
+            "slices.watch",
+        ),
+    ]);
+
+    // A client on n1 finds `web` by its short name and reaches the pods through it.
+    let client = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "client", "namespace": "default"},
+        "spec": {"nodeName": "n1", "terminationGracePeriodSeconds": 1, "containers": [{
+            "name": "c", "image": "shoal.local/busybox:1",
+            "command": ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]}]}});
+    assert_eq!(agents[0].apply(&client).await.unwrap().0, 201);
+    ok(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod/client",
+        "--timeout=60s",
+    ]);
+    let fetch = "addr=$(nslookup web | awk '/^Address: /{print $2}' | tail -n 1); echo RESOLVED $addr; \
+                 for i in 1 2 3 4 5 6 7 8; do printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 $addr 80 | grep hello || echo FAILED; done";
+    let log = ok(&["exec", "client", "--", "sh", "-c", fetch]);
+    assert!(
+        log.contains(&format!("RESOLVED {cluster_ip}")),
+        "the short name resolves to the ClusterIP: {log}"
+    );
+    assert!(!log.contains("FAILED"), "{log}");
+    let answered: BTreeSet<&str> = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("hello from "))
+        .collect();
+    assert!(
+        !answered.is_empty() && answered.iter().all(|h| h.starts_with("web-")),
+        "{log}"
+    );
+
+    // Each node's DNS (on its bridge) and nftables table follow the scaling.
+    let servers: Vec<String> = (0..3)
+        .map(|i| {
+            let node = &agents[i];
+            // The agent's bridge (`shoal…`) carries its DNS server.
+            ip_in(&lab.host(i), &["-4", "-o", "addr", "show"])
+                .lines()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>())
+                .find(|f| f.len() > 3 && f[1].starts_with("shoal"))
+                .and_then(|f| f[3].split('/').next().map(str::to_owned))
+                .unwrap_or_else(|| panic!("no bridge address on {}", node.name()))
+        })
+        .collect();
+    let ready_ips = || -> BTreeSet<String> {
+        let pods: Value = serde_json::from_str(
+            &kubectl(&["get", "pods", "-l", "app=web", "-o", "json"]).unwrap_or_default(),
+        )
+        .unwrap_or(Value::Null);
+        pods["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+            .filter(|p| {
+                p["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            })
+            .filter_map(|p| p["status"]["podIP"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let node_views = || -> Vec<(BTreeSet<String>, BTreeSet<String>)> {
+        servers
+            .iter()
+            .enumerate()
+            .map(|(i, server)| {
+                let dns = exec_in(
+                    &lab.host(0),
+                    "busybox",
+                    &["nslookup", "web-headless.default.svc.cluster.local", server],
+                )
+                .map(|o| resolved(&o))
+                .unwrap_or_default();
+                let rules = exec_in(&lab.host(i), "nft", &["list", "ruleset"]).unwrap_or_default();
+                let dnat: BTreeSet<String> = rules
+                    .split("dnat to ")
+                    .skip(1)
+                    .filter_map(dnat_ip)
+                    .collect();
+                (dns, dnat)
+            })
+            .collect()
+    };
+    let every_node_serves = |want: &BTreeSet<String>| {
+        node_views()
+            .iter()
+            .all(|(dns, dnat)| dns == want && dnat == want)
+    };
+    let mut sizes = Vec::new();
+    for replicas in [4, 1] {
+        ok(&[
+            "scale",
+            "deployment",
+            "web",
+            &format!("--replicas={replicas}"),
+        ]);
+        let mut want = BTreeSet::new();
+        let reached = wait_until(
+            "every node's DNS and nftables follow the scale",
+            LIMIT,
+            || {
+                want = ready_ips();
+                let done = want.len() == replicas && every_node_serves(&want);
+                async move { done }
+            },
+        )
+        .await;
+        assert!(
+            reached.is_ok(),
+            "{replicas} replicas: ready {want:?}; each node's (DNS, DNAT): {:?}; servers {servers:?}; n0's DNS says: {:?}",
+            node_views(),
+            exec_in(
+                &lab.host(0),
+                "busybox",
+                &[
+                    "nslookup",
+                    "web-headless.default.svc.cluster.local",
+                    &servers[0]
+                ],
+            )
+        );
+        sizes.push(want);
+    }
+    // Both watches saw 2, then 4, then 1 addresses, in that order.
+    std::thread::sleep(Duration::from_secs(1));
+    for child in &mut watches.0 {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    for file in ["endpoints.watch", "slices.watch"] {
+        let text = std::fs::read_to_string(root.path().join(file)).unwrap();
+        let counts: Vec<usize> = text.lines().map(|l| l.split_whitespace().count()).collect();
+        let mut expected = [2usize, 4, 1].into_iter().peekable();
+        for n in &counts {
+            if expected.peek() == Some(n) {
+                expected.next();
+            }
+        }
+        assert!(
+            expected.peek().is_none(),
+            "{file} saw {counts:?}, not 2 then 4 then 1:\n{text}"
+        );
+        let last: BTreeSet<String> = text
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(last, sizes[1], "{file}'s last event is the current set");
+    }
+
+    for agent in &mut agents {
+        let status = agent.terminate().unwrap();
+        assert!(status.success(), "{status}: {}", agent.log());
+    }
+}
+
+/// The IP of a DNAT rule to port 8080, from the text after `dnat to `.
+fn dnat_ip(target: &str) -> Option<String> {
+    let target = target.split_whitespace().next()?;
+    target.strip_suffix(":8080").map(str::to_owned)
+}
+
 async fn pod_ip(agent: &AgentProcess, name: &str) -> Option<String> {
     pod(agent, name).await["status"]["podIP"]
         .as_str()

@@ -12,10 +12,14 @@
 //!    one TCP stream pod→pod across the nodes against one host→host over the same link, same
 //!    client and sizes (std sockets, 256 KiB writes), 3 runs each.
 //! 4. Endpoint propagation (`--propagation N`): three agents in the netns lab (release `shoal`),
-//!    a headless and a ClusterIP Service over N pods; each pod in turn is deleted through one
-//!    agent, and the time from the acknowledged delete until its IP has left the headless
-//!    Service's DNS answer on all three nodes (UDP queries every 2 ms from the lab), and until it
-//!    has left all three nodes' nftables tables (`nft list table`, every 20 ms), is recorded.
+//!    a headless and a ClusterIP Service over N pods, unready until the benchmark creates each
+//!    one's file in a hostPath directory (an exec readiness probe, every second). Each pod in
+//!    turn is made ready, and the time from its node's API reporting it Ready (polled every
+//!    2 ms on that node) until its IP is in the headless Service's DNS answer on all three
+//!    nodes (UDP queries every 2 ms from the lab), and until its DNAT rule is in all three
+//!    nodes' nftables tables (`nft list ruleset`, every 20 ms), is recorded. Then each pod in
+//!    turn is deleted through one agent, and the same two times from the acknowledged delete
+//!    until it has left them.
 //!
 //! Usage: cargo build --release -p shoal-agent --bin shoal &&
 //!        cargo run --release -p shoal-chaos --bin net-bench -- --pods 100 --services 100 --propagation 30
@@ -398,11 +402,20 @@ async fn propagation(pods: usize) -> anyhow::Result<()> {
             .apply(&json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "default"}, "spec": spec}))
             .await?;
     }
+    // Each pod is ready once the benchmark creates its file in this host directory (a
+    // hostPath volume of every pod).
+    let ready_dir = tempfile::tempdir()?;
+    let ready_path = ready_dir.path().to_str().context("a UTF-8 temp path")?;
     for i in 0..pods {
         agents[0].apply(&json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": format!("b{i}"), "namespace": "default", "labels": {"app": "bench"}},
-            "spec": {"nodeName": format!("n{}", i % 3), "terminationGracePeriodSeconds": 1, "containers": [{
-                "name": "c", "image": "shoal.local/busybox:1", "command": ["sleep", "3600"]}]}})).await?;
+            "spec": {"nodeName": format!("n{}", i % 3), "terminationGracePeriodSeconds": 1,
+                "volumes": [{"name": "r", "hostPath": {"path": ready_path, "type": "Directory"}}],
+                "containers": [{
+                "name": "c", "image": "shoal.local/busybox:1", "command": ["sleep", "3600"],
+                "volumeMounts": [{"name": "r", "mountPath": "/r"}],
+                "readinessProbe": {"exec": {"command": ["test", "-e", format!("/r/b{i}")]},
+                    "periodSeconds": 1, "failureThreshold": 1}}]}})).await?;
     }
     let limit = Duration::from_secs(120);
     let mut ips = Vec::new();
@@ -429,6 +442,60 @@ async fn propagation(pods: usize) -> anyhow::Result<()> {
         servers.push(block.hosts().next().expect("a host"));
     }
     let host0 = std::path::PathBuf::from(format!("/run/netns/{}", lab.host(0)));
+    // Readiness: each pod in turn is made ready; from the moment its node's API reports it
+    // Ready (polled on that node), until its IP is in the headless Service's DNS answer of all
+    // three nodes, and its DNAT rule in all three nodes' nftables tables.
+    let mut dns_ready = Vec::new();
+    let mut nft_ready = Vec::new();
+    for (i, ip) in ips.iter().enumerate() {
+        let name = format!("b{i}");
+        std::fs::write(ready_dir.path().join(&name), b"")?;
+        let node = &agents[i % 3];
+        let deadline = Instant::now() + limit;
+        let start = loop {
+            let pod = node.object("pods", "default", &name).await.ok().flatten();
+            let ready = pod.as_ref().is_some_and(|p| {
+                p["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            });
+            if ready {
+                break Instant::now();
+            }
+            anyhow::ensure!(Instant::now() < deadline, "{name} never ready");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        };
+        let mut pending: Vec<Ipv4Addr> = servers.clone();
+        while !pending.is_empty() {
+            pending.retain(|s| {
+                lookup_in(&host0, *s, "bench.default.svc.cluster.local.")
+                    .is_none_or(|a| !a.contains(ip))
+            });
+            anyhow::ensure!(start.elapsed() < limit, "{name} never in DNS");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        dns_ready.push(start.elapsed());
+        let needle = format!("dnat to {ip}:80");
+        let mut hosts: Vec<usize> = (0..3).collect();
+        while !hosts.is_empty() {
+            hosts.retain(|h| !nft_rules(&lab.host(*h)).contains(&needle));
+            anyhow::ensure!(start.elapsed() < limit, "{name} never in nftables");
+            if !hosts.is_empty() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        nft_ready.push(start.elapsed());
+    }
+    summary(
+        "pod Ready on its node -> in the DNS answers of all 3 nodes",
+        dns_ready,
+    );
+    summary(
+        "pod Ready on its node -> in the nftables rules of all 3 nodes",
+        nft_ready,
+    );
     let all: BTreeSet<Ipv4Addr> = ips.iter().copied().collect();
     wait_until("every pod in every node's DNS", limit, || async {
         servers.iter().all(|s| {
