@@ -80,7 +80,7 @@ pub fn with_status(state: &ApiState, kind: &str, mut object: Value) -> Value {
         }
         "ReplicaSet" => {
             let (_, pods) = workload_world(state, &object);
-            crate::controllers::replica_set::status(&object, &pods)
+            crate::controllers::replica_set::status(&object, &pods, now_ms())
         }
         "DaemonSet" => {
             let (_, pods) = workload_world(state, &object);

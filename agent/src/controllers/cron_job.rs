@@ -241,6 +241,16 @@ pub fn new_job(cron_job: &Value, job_name: &str, at: u64) -> Value {
     job_object
 }
 
+/// When `cron_job` is next due after `now_ms` (its next scheduled time), as an
+/// [`Action::Requeue`]; none while suspended or if its schedule does not parse.
+pub fn next_due(cron_job: &Value, now_ms: u64) -> Option<Action> {
+    if cron_job["spec"]["suspend"] == true || !cron_job["metadata"]["deletionTimestamp"].is_null() {
+        return None;
+    }
+    let at_ms = schedule(cron_job).ok()?.next(now_ms)?;
+    Some(Action::Requeue { at_ms })
+}
+
 /// The observed status of `cron_job`: its running Jobs, when it last scheduled one and when
 /// one last succeeded.
 pub fn status(cron_job: &Value, jobs: &[Value], now_ms: u64) -> Value {
@@ -321,6 +331,26 @@ mod tests {
             }
         }
         j
+    }
+
+    /// The loop is asked back at the next scheduled time, not at its next resync.
+    #[test]
+    fn a_cron_job_is_next_due_at_its_next_scheduled_time() {
+        let cj = cron_job(json!({}));
+        assert_eq!(
+            next_due(&cj, T0 + 4 * MIN),
+            Some(Action::Requeue {
+                at_ms: T0 + 5 * MIN
+            })
+        );
+        assert_eq!(
+            next_due(&cj, T0 + 5 * MIN),
+            Some(Action::Requeue {
+                at_ms: T0 + 10 * MIN
+            })
+        );
+        assert_eq!(next_due(&cron_job(json!({"suspend": true})), T0), None);
+        assert_eq!(next_due(&cron_job(json!({"schedule": "nope"})), T0), None);
     }
 
     #[test]

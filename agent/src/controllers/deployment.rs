@@ -66,16 +66,34 @@ fn is_current(rs: &Value, hash: &str) -> bool {
     rs["metadata"]["labels"][HASH_LABEL] == hash
 }
 
-/// Active pods of `rs`, and how many of them are ready.
-fn pod_counts(rs: &Value, pods: &[PodView]) -> (u64, u64) {
+/// When a Deployment's pods count: its `minReadySeconds` and the time of the reconcile.
+#[derive(Clone, Copy)]
+struct Clock {
+    min_ready_ms: u64,
+    now_ms: u64,
+}
+
+/// Active pods of `rs`, and how many of them are available (ready for `minReadySeconds`).
+fn pod_counts(rs: &Value, pods: &[PodView], clock: Clock) -> (u64, u64) {
     let owned: Vec<&PodView> = replica_set::owned(rs, pods)
         .into_iter()
         .filter(|p| p.is_active())
         .collect();
     (
         owned.len() as u64,
-        owned.iter().filter(|p| p.ready).count() as u64,
+        owned
+            .iter()
+            .filter(|p| p.is_available(clock.min_ready_ms, clock.now_ms))
+            .count() as u64,
     )
+}
+
+/// Ready pods of `rs` (active ones).
+fn ready_count(rs: &Value, pods: &[PodView]) -> u64 {
+    replica_set::owned(rs, pods)
+        .into_iter()
+        .filter(|p| p.is_active() && p.ready)
+        .count() as u64
 }
 
 /// When the rollout to `rs` (the current template's ReplicaSet) last made progress, as
@@ -103,7 +121,7 @@ pub fn new_replica_set(deployment: &Value, hash: &str, revision: u64, replicas: 
     template["metadata"]["labels"][HASH_LABEL] = json!(hash);
     let mut selector = deployment["spec"]["selector"].clone();
     selector["matchLabels"][HASH_LABEL] = json!(hash);
-    json!({
+    let mut rs = json!({
         "apiVersion": "apps/v1",
         "kind": "ReplicaSet",
         "metadata": {
@@ -114,7 +132,11 @@ pub fn new_replica_set(deployment: &Value, hash: &str, revision: u64, replicas: 
             "ownerReferences": [controller_ref(deployment)],
         },
         "spec": {"replicas": replicas, "selector": selector, "template": template},
-    })
+    });
+    if let Some(seconds) = deployment["spec"]["minReadySeconds"].as_u64() {
+        rs["spec"]["minReadySeconds"] = json!(seconds);
+    }
+    rs
 }
 
 fn with_replicas(rs: &Value, n: u64) -> Action {
@@ -123,12 +145,27 @@ fn with_replicas(rs: &Value, n: u64) -> Action {
     Action::Update(rs)
 }
 
-/// What `deployment` needs done, given the ReplicaSets and pods of its namespace.
-pub fn reconcile(deployment: &Value, sets: &[Value], pods: &[PodView]) -> Vec<Action> {
+/// What `deployment` needs done at `now_ms`, given the ReplicaSets and pods of its
+/// namespace. Pods count as available once ready for `minReadySeconds`; while one is ready but
+/// not yet available, an [`Action::Requeue`] asks for a reconcile when it becomes so.
+pub fn reconcile(deployment: &Value, sets: &[Value], pods: &[PodView], now_ms: u64) -> Vec<Action> {
     let mut actions = Vec::new();
     if !deployment["metadata"]["deletionTimestamp"].is_null() {
         return actions;
     }
+    let clock = Clock {
+        min_ready_ms: super::workload::min_ready_ms(deployment),
+        now_ms,
+    };
+    let owned_pods = owned_sets(deployment, sets)
+        .into_iter()
+        .flat_map(|rs| replica_set::owned(rs, pods))
+        .filter(|p| p.is_active());
+    actions.extend(super::workload::requeue_for_availability(
+        owned_pods,
+        clock.min_ready_ms,
+        now_ms,
+    ));
     let want = replicas(deployment);
     let hash = template_hash(&deployment["spec"]["template"]);
     let owned = owned_sets(deployment, sets);
@@ -177,7 +214,9 @@ pub fn reconcile(deployment: &Value, sets: &[Value], pods: &[PodView]) -> Vec<Ac
     if recreate(deployment) {
         if !old_active.is_empty() {
             actions.extend(old_active.iter().map(|rs| with_replicas(rs, 0)));
-        } else if olds.iter().all(|rs| pod_counts(rs, pods).0 == 0) && current_replicas != want {
+        } else if olds.iter().all(|rs| pod_counts(rs, pods, clock).0 == 0)
+            && current_replicas != want
+        {
             // Every old pod is gone: now the new ones.
             actions.push(with_replicas(current, want));
         }
@@ -194,11 +233,11 @@ pub fn reconcile(deployment: &Value, sets: &[Value], pods: &[PodView]) -> Vec<Ac
         if grown != current_replicas {
             actions.push(with_replicas(current, grown));
         }
-        // Down: old sets shrink as far as availability allows (ready pods of all sets must
-        // stay at or above want − maxUnavailable), oldest first.
-        let ready: u64 = owned.iter().map(|rs| pod_counts(rs, pods).1).sum();
+        // Down: old sets shrink as far as availability allows (available pods of all sets
+        // must stay at or above want − maxUnavailable), oldest first.
+        let ready: u64 = owned.iter().map(|rs| pod_counts(rs, pods, clock).1).sum();
         let min_available = want.saturating_sub(unavailable);
-        let (current_pods, current_ready) = pod_counts(current, pods);
+        let (current_pods, current_ready) = pod_counts(current, pods, clock);
         let new_unavailable = current_replicas
             .max(current_pods)
             .saturating_sub(current_ready);
@@ -207,11 +246,11 @@ pub fn reconcile(deployment: &Value, sets: &[Value], pods: &[PodView]) -> Vec<Ac
             .saturating_sub(new_unavailable)
             .min(
                 ready.saturating_sub(min_available).saturating_add(
-                    // Old pods that are not ready cost no availability.
+                    // Old pods that are not available cost no availability.
                     old_active
                         .iter()
                         .map(|rs| {
-                            let (n, r) = pod_counts(rs, pods);
+                            let (n, r) = pod_counts(rs, pods, clock);
                             n.saturating_sub(r)
                         })
                         .sum::<u64>(),
@@ -234,7 +273,7 @@ pub fn reconcile(deployment: &Value, sets: &[Value], pods: &[PodView]) -> Vec<Ac
     let empty: Vec<&Value> = olds
         .iter()
         .copied()
-        .filter(|rs| replicas(rs) == 0 && pod_counts(rs, pods).0 == 0)
+        .filter(|rs| replicas(rs) == 0 && pod_counts(rs, pods, clock).0 == 0)
         .collect();
     for rs in empty.iter().take(empty.len().saturating_sub(limit)) {
         actions.push(Action::Delete {
@@ -266,6 +305,10 @@ fn recreate(deployment: &Value) -> bool {
 /// conditions (ProgressDeadlineExceeded once the rollout to the newest ReplicaSet made no
 /// progress for `progressDeadlineSeconds` without having completed).
 pub fn status(deployment: &Value, sets: &[Value], pods: &[PodView], now_ms: u64) -> Value {
+    let clock = Clock {
+        min_ready_ms: super::workload::min_ready_ms(deployment),
+        now_ms,
+    };
     let want = replicas(deployment);
     let hash = template_hash(&deployment["spec"]["template"]);
     let owned = owned_sets(deployment, sets);
@@ -274,13 +317,14 @@ pub fn status(deployment: &Value, sets: &[Value], pods: &[PodView], now_ms: u64)
         .iter()
         .copied()
         .find(|rs| is_current(rs, &hash) && revision(rs) == max_revision);
-    let (mut total, mut ready) = (0, 0);
+    let (mut total, mut available, mut ready) = (0, 0, 0);
     for rs in &owned {
-        let (n, r) = pod_counts(rs, pods);
+        let (n, a) = pod_counts(rs, pods, clock);
         total += n;
-        ready += r;
+        available += a;
+        ready += ready_count(rs, pods);
     }
-    let (updated, updated_ready) = current.map_or((0, 0), |rs| pod_counts(rs, pods));
+    let (updated, updated_available) = current.map_or((0, 0), |rs| pod_counts(rs, pods, clock));
     let generation = deployment["metadata"]["generation"].as_u64().unwrap_or(1);
     let observed = if current.is_some() || deployment["spec"]["paused"] == true {
         generation
@@ -288,8 +332,9 @@ pub fn status(deployment: &Value, sets: &[Value], pods: &[PodView], now_ms: u64)
         generation.saturating_sub(1)
     };
     let (_, unavailable) = surge_and_unavailable(deployment, want);
-    let available = ready >= want.saturating_sub(unavailable);
-    let complete = current.is_some() && updated == want && updated_ready == want && total == want;
+    let minimum_available = available >= want.saturating_sub(unavailable);
+    let complete =
+        current.is_some() && updated == want && updated_available == want && total == want;
     let since = |rs: Option<&Value>| {
         rs.and_then(|rs| {
             rs["metadata"]["creationTimestamp"]
@@ -328,7 +373,7 @@ pub fn status(deployment: &Value, sets: &[Value], pods: &[PodView], now_ms: u64)
         ms => json!(rfc3339_seconds(ms)),
     };
     progressing["lastTransitionTime"] = json!(since(current));
-    let available_condition = if available {
+    let available_condition = if minimum_available {
         json!({"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable", "message": "Deployment has minimum availability."})
     } else {
         json!({"type": "Available", "status": "False", "reason": "MinimumReplicasUnavailable", "message": "Deployment does not have minimum availability."})
@@ -341,8 +386,8 @@ pub fn status(deployment: &Value, sets: &[Value], pods: &[PodView], now_ms: u64)
         "replicas": total,
         "updatedReplicas": updated,
         "readyReplicas": ready,
-        "availableReplicas": ready,
-        "unavailableReplicas": want.saturating_sub(ready),
+        "availableReplicas": available,
+        "unavailableReplicas": want.saturating_sub(available),
         "conditions": [available_condition, progressing],
     })
 }
@@ -390,7 +435,7 @@ mod tests {
         let at = |s: u64| 1_800_000_000_000 + s * 1000;
         let mut d = deployment(2, "a", Value::Null);
         d["spec"]["progressDeadlineSeconds"] = json!(10);
-        let mut rs = stored(&reconcile(&d, &[], &[])[0], "rs-a");
+        let mut rs = stored(&reconcile(&d, &[], &[], 0)[0], "rs-a");
         rs["metadata"]["creationTimestamp"] = json!(rfc3339_seconds(at(0)));
         // One pod created at 2 s and ready since 8 s; the other never ready.
         let mut pods = ready_pods(&rs, 2, false);
@@ -446,7 +491,7 @@ mod tests {
     #[test]
     fn a_first_rollout_creates_the_replica_set_at_full_size() {
         let d = deployment(3, "a", Value::Null);
-        let actions = reconcile(&d, &[], &[]);
+        let actions = reconcile(&d, &[], &[], 0);
         let rs = stored(&actions[0], "rs-a");
         assert_eq!(rs["spec"]["replicas"], 3);
         assert_eq!(rs["metadata"]["annotations"][REVISION], "1");
@@ -461,7 +506,7 @@ mod tests {
             hash
         );
         // Nothing more to do once it exists at the right size.
-        assert!(reconcile(&d, std::slice::from_ref(&rs), &ready_pods(&rs, 3, true)).is_empty());
+        assert!(reconcile(&d, std::slice::from_ref(&rs), &ready_pods(&rs, 3, true), 0).is_empty());
         let s = status(&d, std::slice::from_ref(&rs), &ready_pods(&rs, 3, true), 0);
         assert_eq!(s["updatedReplicas"], 3);
         assert_eq!(s["conditions"][1]["reason"], "NewReplicaSetAvailable");
@@ -474,12 +519,17 @@ mod tests {
         let strategy =
             json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}});
         let old = stored(
-            &reconcile(&deployment(3, "a", strategy.clone()), &[], &[])[0],
+            &reconcile(&deployment(3, "a", strategy.clone()), &[], &[], 0)[0],
             "rs-a",
         );
         let d = deployment(3, "b", strategy);
         let new = stored(
-            &reconcile(&d, std::slice::from_ref(&old), &ready_pods(&old, 3, true))[0],
+            &reconcile(
+                &d,
+                std::slice::from_ref(&old),
+                &ready_pods(&old, 3, true),
+                0,
+            )[0],
             "rs-b",
         );
         assert_eq!(new["spec"]["replicas"], 1, "surge of one");
@@ -489,7 +539,7 @@ mod tests {
             .into_iter()
             .chain(ready_pods(&new, 1, false))
             .collect();
-        let actions = reconcile(&d, &[old.clone(), new.clone()], &pods);
+        let actions = reconcile(&d, &[old.clone(), new.clone()], &pods, 0);
         assert!(
             actions
                 .iter()
@@ -501,7 +551,7 @@ mod tests {
             .into_iter()
             .chain(ready_pods(&new, 1, true))
             .collect();
-        let actions = reconcile(&d, &[old.clone(), new.clone()], &pods);
+        let actions = reconcile(&d, &[old.clone(), new.clone()], &pods, 0);
         let scaled_old = actions.iter().find_map(|a| match a {
             Action::Update(rs) if rs["metadata"]["uid"] == "rs-a" => {
                 rs["spec"]["replicas"].as_u64()
@@ -517,20 +567,88 @@ mod tests {
         assert_eq!(s["conditions"][1]["reason"], "ReplicaSetUpdated");
     }
 
+    /// `minReadySeconds`: a new pod ready for less than it is not available, so with
+    /// maxUnavailable 0 no old pod goes yet, and the reconcile asks to be run again when it
+    /// becomes available; then one old replica goes. Status counts it ready at once and
+    /// available only then; the new ReplicaSet carries the field.
+    #[test]
+    fn min_ready_seconds_holds_a_rollout_until_the_new_pod_is_available() {
+        let at = |s: u64| 1_800_000_000_000 + s * 1000;
+        let strategy =
+            json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}});
+        let mut first = deployment(3, "a", strategy.clone());
+        first["spec"]["minReadySeconds"] = json!(5);
+        let old = stored(&reconcile(&first, &[], &[], at(0))[0], "rs-a");
+        assert_eq!(old["spec"]["minReadySeconds"], 5);
+        let mut d = deployment(3, "b", strategy);
+        d["spec"]["minReadySeconds"] = json!(5);
+        let mut old_pods = ready_pods(&old, 3, true);
+        for p in &mut old_pods {
+            p.ready_changed_ms = Some(at(0));
+        }
+        let new = stored(
+            &reconcile(&d, std::slice::from_ref(&old), &old_pods, at(60))[0],
+            "rs-b",
+        );
+        let mut new_pods = ready_pods(&new, 1, true);
+        new_pods[0].ready_changed_ms = Some(at(100));
+        let pods: Vec<PodView> = old_pods.iter().cloned().chain(new_pods).collect();
+        let sets = [old.clone(), new.clone()];
+        let old_scaled = |actions: &[Action]| {
+            actions.iter().find_map(|a| match a {
+                Action::Update(rs) if rs["metadata"]["uid"] == "rs-a" => {
+                    rs["spec"]["replicas"].as_u64()
+                }
+                _ => None,
+            })
+        };
+        // Ready for 2 s of 5: nothing goes; come back at 105 s.
+        let actions = reconcile(&d, &sets, &pods, at(102));
+        assert_eq!(old_scaled(&actions), None, "{actions:?}");
+        assert!(
+            actions.contains(&Action::Requeue { at_ms: at(105) }),
+            "{actions:?}"
+        );
+        let s = status(&d, &sets, &pods, at(102));
+        assert_eq!(
+            (s["readyReplicas"].as_u64(), s["availableReplicas"].as_u64()),
+            (Some(4), Some(3))
+        );
+        // At 105 s it is available: one old replica goes, and nothing is requeued.
+        let actions = reconcile(&d, &sets, &pods, at(105));
+        assert_eq!(old_scaled(&actions), Some(2), "{actions:?}");
+        assert!(!actions.iter().any(|a| matches!(a, Action::Requeue { .. })));
+        assert_eq!(status(&d, &sets, &pods, at(105))["availableReplicas"], 4);
+        // A ready pod whose node reports no transition time is never taken as available.
+        let mut unknown = pods.clone();
+        unknown[3].ready_changed_ms = None;
+        assert_eq!(old_scaled(&reconcile(&d, &sets, &unknown, at(500))), None);
+    }
+
     #[test]
     fn recreate_stops_the_old_pods_first() {
         let strategy = json!({"type": "Recreate"});
         let old = stored(
-            &reconcile(&deployment(2, "a", strategy.clone()), &[], &[])[0],
+            &reconcile(&deployment(2, "a", strategy.clone()), &[], &[], 0)[0],
             "rs-a",
         );
         let d = deployment(2, "b", strategy);
         let new = stored(
-            &reconcile(&d, std::slice::from_ref(&old), &ready_pods(&old, 2, true))[0],
+            &reconcile(
+                &d,
+                std::slice::from_ref(&old),
+                &ready_pods(&old, 2, true),
+                0,
+            )[0],
             "rs-b",
         );
         assert_eq!(new["spec"]["replicas"], 0);
-        let actions = reconcile(&d, &[old.clone(), new.clone()], &ready_pods(&old, 2, true));
+        let actions = reconcile(
+            &d,
+            &[old.clone(), new.clone()],
+            &ready_pods(&old, 2, true),
+            0,
+        );
         assert!(
             matches!(&actions[0], Action::Update(rs) if rs["metadata"]["uid"] == "rs-a" && rs["spec"]["replicas"] == 0)
         );
@@ -541,9 +659,10 @@ mod tests {
             &d,
             &[old_scaled.clone(), new.clone()],
             &ready_pods(&old, 2, true),
+            0,
         );
         assert!(actions.is_empty(), "{actions:?}");
-        let actions = reconcile(&d, &[old_scaled, new], &[]);
+        let actions = reconcile(&d, &[old_scaled, new], &[], 0);
         assert!(
             matches!(&actions[0], Action::Update(rs) if rs["metadata"]["uid"] == "rs-b" && rs["spec"]["replicas"] == 2)
         );
@@ -553,7 +672,7 @@ mod tests {
     fn rollback_and_history() {
         let strategy = Value::Null;
         let a = stored(
-            &reconcile(&deployment(1, "a", strategy.clone()), &[], &[])[0],
+            &reconcile(&deployment(1, "a", strategy.clone()), &[], &[], 0)[0],
             "rs-a",
         );
         let mut a0 = a.clone();
@@ -563,19 +682,25 @@ mod tests {
                 &deployment(1, "b", strategy.clone()),
                 std::slice::from_ref(&a),
                 &[],
+                0,
             )[0],
             "rs-b",
         );
         b["spec"]["replicas"] = json!(1);
         // Back to template a: its ReplicaSet becomes revision 3.
-        let actions = reconcile(&deployment(1, "a", strategy), &[a0.clone(), b.clone()], &[]);
+        let actions = reconcile(
+            &deployment(1, "a", strategy),
+            &[a0.clone(), b.clone()],
+            &[],
+            0,
+        );
         assert!(
             matches!(&actions[0], Action::Update(rs) if rs["metadata"]["uid"] == "rs-a" && rs["metadata"]["annotations"][REVISION] == "3")
         );
         // revisionHistoryLimit 0: an empty old set is deleted.
         let mut d = deployment(1, "b", Value::Null);
         d["spec"]["revisionHistoryLimit"] = json!(0);
-        let actions = reconcile(&d, &[a0, b], &[]);
+        let actions = reconcile(&d, &[a0, b], &[], 0);
         assert!(
             actions
                 .iter()

@@ -552,11 +552,14 @@ pub fn reconcile(
         for pod in &active {
             actions.push(Action::delete_pod(pod));
         }
-        let expired = spec
+        let expires_at = spec
             .ttl_after_finished_s
             .and_then(|s| s.checked_mul(1000))
-            .and_then(|ttl| finished.at_ms().checked_add(ttl))
-            .is_some_and(|at| at <= now_ms);
+            .and_then(|ttl| finished.at_ms().checked_add(ttl));
+        let expired = expires_at.is_some_and(|at| at <= now_ms);
+        if let Some(at_ms) = expires_at.filter(|_| !expired) {
+            actions.push(Action::Requeue { at_ms });
+        }
         if expired {
             for pod in owned.iter().filter(|p| !p.is_active()) {
                 actions.push(Action::delete_pod(pod));
@@ -578,6 +581,15 @@ pub fn reconcile(
             actions.push(Action::delete_pod(pod));
         }
         return actions;
+    }
+
+    // Past activeDeadlineSeconds it fails: be back then.
+    if let Some(at_ms) = spec
+        .active_deadline_s
+        .and_then(|s| s.checked_mul(1000))
+        .and_then(|ms| created_ms(job).checked_add(ms))
+    {
+        actions.push(Action::Requeue { at_ms });
     }
 
     // 3. Keep the right pods running.
@@ -628,8 +640,11 @@ pub fn reconcile(
         let delay = BACKOFF_BASE_MS
             .saturating_mul(1 << shift)
             .min(BACKOFF_MAX_MS);
-        if now_ms < last.saturating_add(delay) {
+        if now_ms < last.saturating_add(delay) && !create.is_empty() {
             create.clear();
+            actions.push(Action::Requeue {
+                at_ms: last.saturating_add(delay),
+            });
         }
     }
     for index in create.into_iter().take(BURST) {
@@ -1186,12 +1201,21 @@ mod tests {
     fn the_deadline_stops_a_running_job_and_the_ttl_deletes_a_finished_one() {
         let j = job(json!({"activeDeadlineSeconds": 30, "ttlSecondsAfterFinished": 60}));
         let world = [pod("a", "Running", None)];
-        assert!(reconcile(&j, &world, T0 + 29_999, &mut counter()).is_empty());
+        // Before the deadline nothing is written, and the reconcile asks to be back at it.
+        assert_eq!(
+            reconcile(&j, &world, T0 + 29_999, &mut counter()),
+            [Action::Requeue { at_ms: T0 + 30_000 }]
+        );
         let a = reconcile(&j, &world, T0 + 30_000, &mut counter());
         assert_eq!(deletes(&a), ["a"]);
         let s = status(&j, &world, T0 + 30_000);
         assert_eq!(s["conditions"][1]["reason"], "DeadlineExceeded");
         assert_eq!(s["active"], 0);
+        // Finished: back when the TTL runs out, and then it goes.
+        assert_eq!(
+            reconcile(&j, &[], T0 + 89_999, &mut counter()),
+            [Action::Requeue { at_ms: T0 + 90_000 }]
+        );
         let a = reconcile(&j, &[], T0 + 90_000, &mut counter());
         assert_eq!(deletes(&a), ["pi"], "TTL after the failure at 30 s");
     }

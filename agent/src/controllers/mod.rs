@@ -356,6 +356,7 @@ pub fn decide(
             d,
             &snapshot.replica_sets_in(namespace),
             snapshot.pods_in(namespace),
+            now_ms,
         ));
     }
     for rs in snapshot.replica_sets.iter().filter(|r| owns(r)) {
@@ -381,6 +382,7 @@ pub fn decide(
             snapshot.pods_in(namespace),
             now_ms,
         ));
+        actions.extend(cron_job::next_due(cron_job, now_ms));
     }
     actions
 }
@@ -454,7 +456,7 @@ impl Controllers {
             // Only the statuses of pods a controller controls feed a reconcile (readiness,
             // completion); a bare pod's status changing wakes nothing.
             let began = tokio::time::Instant::now();
-            let controlled = self.pass().await;
+            let (controlled, requeue) = self.pass().await;
             // Under a stream of changes (a burst of creates) passes would run back to back and
             // take a whole core from the API and the scheduler: rest at least as long as the
             // pass took.
@@ -482,8 +484,12 @@ impl Controllers {
             if again {
                 continue;
             }
-            // Wait for a change of a workload or a pod (stored or observed), or the resync.
-            let resync = tokio::time::sleep(self.config.resync);
+            // Wait for a change of a workload or a pod (stored or observed), the earliest
+            // requeue a controller asked for, or the resync.
+            let wait = requeue.map_or(self.config.resync, |at_ms| {
+                Duration::from_millis(at_ms.saturating_sub(now_ms())).min(self.config.resync)
+            });
+            let resync = tokio::time::sleep(wait);
             tokio::pin!(resync);
             loop {
                 tokio::select! {
@@ -522,8 +528,9 @@ impl Controllers {
     }
 
     /// One reconcile of every workload this node owns; returns the uids of the pods some
-    /// controller controls (whose statuses matter to the next pass).
-    async fn pass(&self) -> HashSet<String> {
+    /// controller controls (whose statuses matter to the next pass) and the earliest requeue
+    /// a controller asked for (ms since the epoch).
+    async fn pass(&self) -> (HashSet<String>, Option<u64>) {
         let live = self.live_nodes().await;
         let snapshot = Snapshot::read(&self.replication, &self.statuses);
         let controlled = snapshot
@@ -537,6 +544,7 @@ impl Controllers {
         let mut random = || rand::random::<u64>();
         let mut actions = decide(&snapshot, &|o| self.owns(o, &live), now, &mut random);
         actions.extend(self.autoscale(&snapshot, &live, now).await);
+        let requeue = earliest_requeue(&actions);
         // Concurrently: each write waits for its quorum, and a ReplicaSet of 100 creates 100.
         futures_util::StreamExt::for_each_concurrent(
             futures_util::stream::iter(actions),
@@ -553,7 +561,7 @@ impl Controllers {
                 .store(now, std::sync::atomic::Ordering::Relaxed);
             self.collect_garbage(&live, now).await;
         }
-        controlled
+        (controlled, requeue)
     }
 
     /// One round of [`garbage`] collection: each dependent whose first owner this node owns
@@ -1131,7 +1139,19 @@ pub fn write_of(action: Action) -> Option<Write> {
             uid,
             lay: Lay::Annotations(annotations),
         }),
+        Action::Requeue { .. } => None,
     }
+}
+
+/// The earliest [`Action::Requeue`] among `actions`, ms since the epoch.
+pub fn earliest_requeue(actions: &[Action]) -> Option<u64> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Requeue { at_ms } => Some(*at_ms),
+            _ => None,
+        })
+        .min()
 }
 
 /// `change` laid over `current` (the object `key` as stored now) as the write that replaces

@@ -125,14 +125,20 @@ pub fn new_pod(rs: &Value, suffix: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec})
 }
 
-/// The observed status of `rs`: its pods counted (read time, from what their nodes report).
-pub fn status(rs: &Value, pods: &[PodView]) -> Value {
+/// The observed status of `rs` at `now_ms`: its pods counted (read time, from what their nodes
+/// report); available are those ready for its `minReadySeconds`.
+pub fn status(rs: &Value, pods: &[PodView], now_ms: u64) -> Value {
     let selector = selector(rs);
     let owned: Vec<&PodView> = owned(rs, pods)
         .into_iter()
         .filter(|p| p.is_active())
         .collect();
     let ready = owned.iter().filter(|p| p.ready).count();
+    let min_ready_ms = super::workload::min_ready_ms(rs);
+    let available = owned
+        .iter()
+        .filter(|p| p.is_available(min_ready_ms, now_ms))
+        .count();
     let labeled = owned
         .iter()
         .filter(|p| selects(&selector, &p.labels))
@@ -142,7 +148,7 @@ pub fn status(rs: &Value, pods: &[PodView]) -> Value {
         "replicas": owned.len(),
         "fullyLabeledReplicas": labeled,
         "readyReplicas": ready,
-        "availableReplicas": ready,
+        "availableReplicas": available,
     })
 }
 
@@ -302,10 +308,29 @@ mod tests {
                 .count(),
             1
         );
-        let s = status(&rs(2), &pods);
+        let s = status(&rs(2), &pods, 0);
         assert_eq!(
             (s["replicas"].as_u64(), s["readyReplicas"].as_u64()),
             (Some(1), Some(1))
         );
+    }
+
+    /// availableReplicas counts the pods ready for `minReadySeconds`; readyReplicas all ready.
+    #[test]
+    fn available_replicas_wait_for_min_ready_seconds() {
+        let mut set = rs(2);
+        set["spec"]["minReadySeconds"] = json!(10);
+        let mut pods: Vec<PodView> = ["a", "b"]
+            .into_iter()
+            .map(|n| pod(n, Some("rs1"), Some("n1"), "Running", true, 0))
+            .collect();
+        pods[0].ready_changed_ms = Some(1_000);
+        pods[1].ready_changed_ms = Some(8_000);
+        let s = status(&set, &pods, 12_000);
+        assert_eq!(
+            (s["readyReplicas"].as_u64(), s["availableReplicas"].as_u64()),
+            (Some(2), Some(1))
+        );
+        assert_eq!(status(&set, &pods, 18_000)["availableReplicas"], 2);
     }
 }

@@ -117,6 +117,29 @@ impl PodView {
         }
     }
 
+    /// When this ready pod becomes available: `min_ready_ms` after it last turned ready
+    /// (Kubernetes' `minReadySeconds`); None if it is not ready. A ready pod whose node reports
+    /// no transition time is available at once when `min_ready_ms` is 0, and at
+    /// `u64::MAX` (never, until it reports one) otherwise.
+    pub fn available_at(&self, min_ready_ms: u64) -> Option<u64> {
+        if !self.ready {
+            return None;
+        }
+        if min_ready_ms == 0 {
+            return Some(0);
+        }
+        Some(
+            self.ready_changed_ms
+                .map_or(u64::MAX, |t| t.saturating_add(min_ready_ms)),
+        )
+    }
+
+    /// Ready for at least `min_ready_ms` at `now_ms` (an available replica).
+    pub fn is_available(&self, min_ready_ms: u64, now_ms: u64) -> bool {
+        self.available_at(min_ready_ms)
+            .is_some_and(|at| at <= now_ms)
+    }
+
     /// Not yet ended nor being deleted (Succeeded, Failed and terminating pods do not count
     /// toward replicas, as in Kubernetes: a replacement starts while one terminates).
     pub fn is_active(&self) -> bool {
@@ -157,6 +180,11 @@ pub enum Action {
         name: String,
         uid: String,
     },
+    /// Nothing to write: reconcile again at `at_ms` (ms since the epoch) even if nothing
+    /// changes by then — a decision that only time changes (a pod ready for
+    /// `minReadySeconds`, a deadline) is due then (kube-runtime's `Action::requeue`). The
+    /// shell's loop wakes at the earliest one asked for; changes wake it sooner anyway.
+    Requeue { at_ms: u64 },
     /// Annotations added to an object as stored now (existing keys are kept: each is a
     /// register of its own, so nothing another writer added is lost).
     Annotate {
@@ -178,6 +206,28 @@ pub enum Action {
         autoscaler_uid: String,
         message: String,
     },
+}
+
+/// `spec.minReadySeconds` of a workload, in ms (0 if absent).
+pub fn min_ready_ms(object: &Value) -> u64 {
+    object["spec"]["minReadySeconds"]
+        .as_u64()
+        .unwrap_or(0)
+        .saturating_mul(1000)
+}
+
+/// A [`Action::Requeue`] at the earliest time one of `pods` that is ready but not yet
+/// available becomes available (none if there is no such pod).
+pub fn requeue_for_availability<'a>(
+    pods: impl IntoIterator<Item = &'a PodView>,
+    min_ready_ms: u64,
+    now_ms: u64,
+) -> Option<Action> {
+    pods.into_iter()
+        .filter_map(|p| p.available_at(min_ready_ms))
+        .filter(|at| *at > now_ms && *at != u64::MAX)
+        .min()
+        .map(|at_ms| Action::Requeue { at_ms })
 }
 
 impl Action {
