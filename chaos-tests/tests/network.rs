@@ -859,7 +859,29 @@ async fn an_exposed_deployment_is_found_by_its_short_name_and_scaling_reaches_ev
         assert_eq!(last, sizes[1], "{file}'s last event is the current set");
     }
 
-    for agent in &mut agents {
+    // A node stopping with --cleanup releases its block: the others no longer hold its lease.
+    let n2_id = agents[2].client().self_info().await.unwrap().node_id;
+    async fn holders(agent: &AgentProcess) -> Vec<String> {
+        let (_, list) = agent
+            .call(hyper::Method::GET, "/v1/objects/podcidrblocks", None)
+            .await
+            .unwrap();
+        list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|o| o["spec"]["nodeID"].as_str().map(str::to_owned))
+            .collect::<Vec<String>>()
+    }
+    assert!(holders(&agents[0]).await.contains(&n2_id));
+    let status = agents[2].terminate().unwrap();
+    assert!(status.success(), "{status}: {}", agents[2].log());
+    let leases = holders(&agents[0]).await;
+    assert!(
+        !leases.contains(&n2_id) && leases.len() == 2,
+        "n2 ({n2_id}) left a lease: {leases:?}"
+    );
+    for agent in &mut agents[..2] {
         let status = agent.terminate().unwrap();
         assert!(status.success(), "{status}: {}", agent.log());
     }
