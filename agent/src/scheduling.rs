@@ -540,6 +540,7 @@ impl Scheduling {
                 listed: &|name: &str| listed.contains(name),
                 settled,
                 owns: &owns,
+                now_ms: crate::controllers::now_ms(),
             };
             daemon_set::reconcile_node(&round, &daemon_sets, &pods)
         };
@@ -601,7 +602,7 @@ impl Scheduling {
         pods: &[crate::controllers::workload::PodView],
     ) -> Value {
         let cluster = self.state.lock().unwrap().cluster.clone();
-        crate::controllers::daemon_set::status(ds, &cluster, pods)
+        crate::controllers::daemon_set::status(ds, &cluster, pods, crate::controllers::now_ms())
     }
 
     /// Rebuilds the world and lets the scheduler start auctions.

@@ -30,7 +30,7 @@ use std::collections::HashSet;
 
 use serde_json::{Value, json};
 
-use super::workload::{Action, PodView, template_hash};
+use super::workload::{Action, PodView, min_ready_ms, template_hash};
 use crate::scheduler::cluster::ClusterView;
 use crate::scheduler::model::{PodRequest, Resources};
 
@@ -124,6 +124,8 @@ pub struct Round<'a> {
     pub settled: bool,
     /// Whether this node owns a DaemonSet (rendezvous over the live nodes).
     pub owns: &'a dyn Fn(&Value) -> bool,
+    /// Now, ms since the epoch (a pod is available once ready for `minReadySeconds`).
+    pub now_ms: u64,
 }
 
 /// What node `round.me` does about `daemon_sets` this round, given the DaemonSets' pods
@@ -184,7 +186,7 @@ pub fn reconcile_node(round: &Round, daemon_sets: &[Value], pods: &[PodView]) ->
             Some(pod) if pod.node.as_deref() != Some(round.me) => {}
             Some(pod) if !fits => actions.push(Action::delete_pod(pod)),
             Some(pod) => {
-                let view = node_pods(&owned);
+                let view = node_pods(&owned, min_ready_ms(ds), round.now_ms);
                 let fitting = fitting_nodes(ds, round.cluster);
                 if pod.labels.get(HASH_LABEL).map(String::as_str) != Some(current_hash(ds).as_str())
                     && !pod.deleting
@@ -212,25 +214,27 @@ fn pods_named(pods: &[&PodView], namespace: &str, name: &str) -> bool {
         .any(|p| p.namespace == namespace && p.name == name)
 }
 
-/// A DaemonSet's pods on their nodes as every node sees them (its rolling update's view).
-fn node_pods(owned: &[&PodView]) -> Vec<NodePod> {
+/// A DaemonSet's pods on their nodes as every node sees them at `now_ms` (its rolling update's
+/// view): available are those ready for `minReadySeconds` and not being deleted.
+fn node_pods(owned: &[&PodView], min_ready_ms: u64, now_ms: u64) -> Vec<NodePod> {
     owned
         .iter()
         .filter_map(|p| {
             Some(NodePod {
                 node: p.node.clone()?,
                 hash: p.labels.get(HASH_LABEL).cloned(),
-                available: p.ready && !p.deleting,
+                available: p.is_available(min_ready_ms, now_ms) && !p.deleting,
             })
         })
         .collect()
 }
 
-/// A DaemonSet's status as observed (DESIGN.md §3): the live nodes its pod fits
+/// A DaemonSet's status at `now_ms` as observed (DESIGN.md §3): the live nodes its pod fits
 /// (`desiredNumberScheduled`), its pods on fitting nodes, on live nodes it no longer fits
-/// (misscheduled), and the ready and updated ones, from `pods` (its namespace's, with their
-/// reported statuses). A pod on a node that is not live is in none of the counts.
-pub fn status(ds: &Value, cluster: &ClusterView, pods: &[PodView]) -> Value {
+/// (misscheduled), and the ready, available (ready for `minReadySeconds`) and updated ones,
+/// from `pods` (its namespace's, with their reported statuses). A pod on a node that is not
+/// live is in none of the counts.
+pub fn status(ds: &Value, cluster: &ClusterView, pods: &[PodView], now_ms: u64) -> Value {
     let fitting: HashSet<String> = fitting_nodes(ds, cluster).into_iter().collect();
     let live: HashSet<&str> = cluster.nodes().map(|n| n.name.as_str()).collect();
     let uid = ds["metadata"]["uid"].as_str();
@@ -244,6 +248,11 @@ pub fn status(ds: &Value, cluster: &ClusterView, pods: &[PodView]) -> Value {
         .filter(|p| p.node.as_ref().is_some_and(|n| fitting.contains(n)))
         .collect();
     let ready = on_fitting.iter().filter(|p| p.ready).count();
+    let min_ready_ms = min_ready_ms(ds);
+    let available = on_fitting
+        .iter()
+        .filter(|p| p.is_available(min_ready_ms, now_ms))
+        .count();
     let hash = current_hash(ds);
     let updated = on_fitting
         .iter()
@@ -256,8 +265,8 @@ pub fn status(ds: &Value, cluster: &ClusterView, pods: &[PodView]) -> Value {
         "updatedNumberScheduled": updated,
         "numberMisscheduled": owned.len() - on_fitting.len(),
         "numberReady": ready,
-        "numberAvailable": ready,
-        "numberUnavailable": fitting.len().saturating_sub(ready),
+        "numberAvailable": available,
+        "numberUnavailable": fitting.len().saturating_sub(available),
     })
 }
 
@@ -542,6 +551,7 @@ mod tests {
             listed,
             settled: true,
             owns,
+            now_ms: 0,
         }
     }
 
@@ -701,12 +711,23 @@ mod tests {
             claimed(&ds, "n2", true),
             claimed(&ds, "gone", true),
         ];
-        let s = status(&ds, &nodes, &pods);
+        let s = status(&ds, &nodes, &pods, 0);
         assert_eq!(s["desiredNumberScheduled"], 2);
         assert_eq!(s["currentNumberScheduled"], 2);
         assert_eq!(s["numberMisscheduled"], 1);
         assert_eq!(s["numberReady"], 1);
         assert_eq!(s["updatedNumberScheduled"], 1);
         assert_eq!(s["numberUnavailable"], 1);
+        // minReadySeconds: n0's pod, ready since 10 s, is available from 40 s on.
+        let mut slow = ds.clone();
+        slow["spec"]["minReadySeconds"] = json!(30);
+        let mut pods = pods;
+        pods[0].ready_changed_ms = Some(10_000);
+        let s = status(&slow, &nodes, &pods, 39_999);
+        assert_eq!(
+            (s["numberReady"].as_u64(), s["numberAvailable"].as_u64()),
+            (Some(1), Some(0))
+        );
+        assert_eq!(status(&slow, &nodes, &pods, 40_000)["numberAvailable"], 1);
     }
 }
