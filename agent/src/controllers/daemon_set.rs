@@ -4,11 +4,14 @@
 //! that feeds it the live nodes and writes its actions):
 //!
 //! - a node that fits a DaemonSet and has no pod of it claims one (`<daemonset>-<node>`, bound
-//!   to itself), and a node that stops fitting (a label removed, a taint added) deletes its pod;
+//!   to itself), and a node that stops fitting (a label removed, a `NoExecute` taint the pod
+//!   does not tolerate) deletes its pod — a `NoSchedule` taint keeps new pods off, not the one
+//!   running, as in Kubernetes;
 //! - a node deletes its own pods of DaemonSets that are gone;
 //! - the DaemonSet's owner (the rendezvous owner of its uid, as for every workload) deletes
 //!   its pods on nodes that left: nodes the membership no longer lists, as Kubernetes' pod
-//!   garbage collector deletes the pods of a deleted Node. A node only declared dead keeps its
+//!   garbage collector deletes the pods of a deleted Node (only pods older than
+//!   [`JOIN_MARGIN_MS`]: a node that just joined may not be listed yet). A node only declared dead keeps its
 //!   pod (the DaemonSet tolerates `unreachable`, as in Kubernetes) until it is forgotten
 //!   (`dead-node-grace-period`) or comes back.
 //!
@@ -91,6 +94,25 @@ fn fits(ds: &Value, node: &crate::scheduler::model::NodeView, cluster: &ClusterV
     })
 }
 
+/// Whether `ds`'s pod, already on `node`, may keep running there: as [`fits`], but of the
+/// node's taints only the `NoExecute` ones count (Kubernetes' `shouldContinueRunning`: a
+/// `NoSchedule` taint keeps new daemon pods off a node, not the one it runs).
+fn may_continue(
+    ds: &Value,
+    node: &crate::scheduler::model::NodeView,
+    cluster: &ClusterView,
+) -> bool {
+    let mut node = node.clone();
+    node.taints
+        .retain(|t| t.effect == crate::scheduler::model::TaintEffect::NoExecute);
+    fits(ds, &node, cluster)
+}
+
+/// How old a DaemonSet pod must be before its node's absence from the membership counts: a
+/// pod claimed by a node that just joined can reach the owner (by the store) before the node
+/// does (by gossip).
+pub const JOIN_MARGIN_MS: u64 = 10_000;
+
 /// The live nodes `ds`'s pod fits, by name, sorted.
 pub fn fitting_nodes(ds: &Value, cluster: &ClusterView) -> Vec<String> {
     let mut fitting: Vec<String> = cluster
@@ -164,6 +186,7 @@ pub fn reconcile_node(round: &Round, daemon_sets: &[Value], pods: &[PodView]) ->
                 owned
                     .iter()
                     .filter(|p| p.node.as_deref().is_some_and(|n| !(round.listed)(n)))
+                    .filter(|p| p.created_ms.saturating_add(JOIN_MARGIN_MS) <= round.now_ms)
                     .map(|p| Action::delete_pod(p)),
             );
         }
@@ -180,11 +203,12 @@ pub fn reconcile_node(round: &Round, daemon_sets: &[Value], pods: &[PodView]) ->
             .to_owned();
         let mine = owned.iter().find(|p| p.name == name);
         let fits = fits(ds, this, round.cluster);
+        let may_continue = may_continue(ds, this, round.cluster);
         match mine {
             // The pod of the name is someone else's (or went elsewhere): nothing to claim.
             _ if pods_named(&pods, namespace, &name) && mine.is_none() => {}
             Some(pod) if pod.node.as_deref() != Some(round.me) => {}
-            Some(pod) if !fits => actions.push(Action::delete_pod(pod)),
+            Some(pod) if !may_continue => actions.push(Action::delete_pod(pod)),
             Some(pod) => {
                 let view = node_pods(&owned, min_ready_ms(ds), round.now_ms);
                 let fitting = fitting_nodes(ds, round.cluster);
@@ -284,7 +308,7 @@ pub struct NodePod {
     pub node: String,
     /// Its [`HASH_LABEL`] (None: a pod made before the label existed).
     pub hash: Option<String>,
-    /// Ready and not being deleted.
+    /// Ready for the DaemonSet's `minReadySeconds` and not being deleted.
     pub available: bool,
 }
 
@@ -474,6 +498,8 @@ mod tests {
 
     use crate::scheduler::model::{NodeView, Taint, TaintEffect};
 
+    const NOW: u64 = 1_800_000_000_000;
+
     /// A node of a test cluster: its name, labels and whether it has a `dedicated` taint.
     type TestNode<'a> = (&'a str, &'a [(&'a str, &'a str)], bool);
 
@@ -551,7 +577,7 @@ mod tests {
             listed,
             settled: true,
             owns,
-            now_ms: 0,
+            now_ms: NOW,
         }
     }
 
@@ -596,6 +622,24 @@ mod tests {
         assert!(decide("n0", &pods).is_empty());
         // n1 stopped fitting (its label changed): it deletes its own pod, nobody else does.
         assert_eq!(decide("n1", &pods), [("delete", "agent-n1".to_owned())]);
+        // A NoSchedule taint the pod does not tolerate keeps new pods off, not the running one;
+        // a NoExecute one removes it.
+        let on_n2 = vec![claimed(&ds, "n2", true)];
+        assert!(decide("n2", &on_n2).is_empty());
+        let mut evicting = cluster(&[("n2", &[("disk", "ssd")], false)]);
+        let mut node = evicting.nodes().next().unwrap().clone();
+        node.taints.push(Taint {
+            key: "dedicated".into(),
+            value: "db".into(),
+            effect: TaintEffect::NoExecute,
+        });
+        evicting.add_node(node);
+        let actions = reconcile_node(
+            &round("n2", &evicting, &listed, &owns_none),
+            std::slice::from_ref(&ds),
+            &on_n2,
+        );
+        assert_eq!(summary(&actions), [("delete", "agent-n2".to_owned())]);
         // A cordoned node keeps its daemon and a new one claims there.
         let mut cordoned = cluster(&[("n0", &[("disk", "ssd")], false)]);
         let mut node = cordoned.nodes().next().unwrap().clone();
@@ -642,6 +686,11 @@ mod tests {
         );
         let r = round("n1", &nodes, &n2_left, &owns_none);
         assert!(reconcile_node(&r, std::slice::from_ref(&ds), &pods).is_empty());
+        // A pod claimed moments ago by a node not listed yet (it just joined) stays.
+        let mut young = pods.clone();
+        young[2].created_ms = NOW - 1_000;
+        let r = round("n0", &nodes, &n2_left, &owns);
+        assert!(reconcile_node(&r, std::slice::from_ref(&ds), &young).is_empty());
         // An unsettled view judges nobody gone.
         let mut r = round("n0", &nodes, &n2_left, &owns);
         r.settled = false;

@@ -206,6 +206,16 @@ pub fn reconcile(deployment: &Value, sets: &[Value], pods: &[PodView], now_ms: u
         actions.push(Action::Update(rs));
         return actions;
     }
+    // `minReadySeconds` is not part of the template: a change reaches the current ReplicaSet
+    // (whose availableReplicas counts with it) by an update, as in Kubernetes.
+    if current["spec"]["minReadySeconds"].as_u64().unwrap_or(0)
+        != deployment["spec"]["minReadySeconds"].as_u64().unwrap_or(0)
+    {
+        let mut rs = current.clone();
+        rs["spec"]["minReadySeconds"] = json!(clock.min_ready_ms / 1000);
+        actions.push(Action::Update(rs));
+        return actions;
+    }
     if paused {
         return actions;
     }
@@ -619,6 +629,15 @@ mod tests {
         assert_eq!(old_scaled(&actions), Some(2), "{actions:?}");
         assert!(!actions.iter().any(|a| matches!(a, Action::Requeue { .. })));
         assert_eq!(status(&d, &sets, &pods, at(105))["availableReplicas"], 4);
+        // A change of minReadySeconds reaches the current ReplicaSet first.
+        let mut changed = d.clone();
+        changed["spec"]["minReadySeconds"] = json!(1);
+        let actions = reconcile(&changed, &sets, &pods, at(102));
+        assert!(
+            matches!(&actions[..], [.., Action::Update(rs)]
+                if rs["metadata"]["uid"] == "rs-b" && rs["spec"]["minReadySeconds"] == 1),
+            "{actions:?}"
+        );
         // A ready pod whose node reports no transition time is never taken as available.
         let mut unknown = pods.clone();
         unknown[3].ready_changed_ms = None;

@@ -544,7 +544,8 @@ impl Controllers {
         let mut random = || rand::random::<u64>();
         let mut actions = decide(&snapshot, &|o| self.owns(o, &live), now, &mut random);
         actions.extend(self.autoscale(&snapshot, &live, now).await);
-        let requeue = earliest_requeue(&actions);
+        // One due already asked for nothing this pass could do: not a reason to spin.
+        let requeue = earliest_requeue(&actions).filter(|at| *at > now);
         // Concurrently: each write waits for its quorum, and a ReplicaSet of 100 creates 100.
         futures_util::StreamExt::for_each_concurrent(
             futures_util::stream::iter(actions),

@@ -877,15 +877,30 @@ impl PodWorker {
         };
         let all_ready = main.iter().all(|v| v.ready);
         let since = rfc3339(first_seen_ms);
+        // When the pod's last main container started, if all run: a pod found ready when first
+        // seen (re-adopted after an agent restart) has been ready since then at most, not since
+        // the restart — which would make it unavailable again for `minReadySeconds`.
+        let running_since = main
+            .iter()
+            .map(|v| match v.latest.map(|c| &c.state) {
+                Some(ObservedState::Running(started)) => Some(started.started_unix_ms),
+                _ => None,
+            })
+            .try_fold(0u64, |latest, started| Some(latest.max(started?)))
+            .filter(|at| *at > 0 && *at <= first_seen_ms);
         // A condition's time is when its status last changed (the first one: when the pod
-        // was first seen).
+        // was first seen, or for readiness found at once, when its containers started).
         let mut changed = HashMap::new();
         for (kind, ok) in [
             ("Initialized", init_complete),
             ("Ready", all_ready),
             ("ContainersReady", all_ready),
         ] {
-            let entry = self.transitions.entry(kind).or_insert((ok, first_seen_ms));
+            let first = match (kind, ok, running_since) {
+                ("Ready" | "ContainersReady", true, Some(at)) => at,
+                _ => first_seen_ms,
+            };
+            let entry = self.transitions.entry(kind).or_insert((ok, first));
             if entry.0 != ok {
                 *entry = (ok, now_ms);
             }
@@ -1310,6 +1325,39 @@ mod tests {
             assert!(starts(&d).is_empty(), "restarted under Never at {now}");
         }
         assert_eq!(phase(&w.decide(2_000, Some(&p), true, &dead)), "Failed");
+    }
+
+    /// A pod found running and ready when its worker first sees it (re-adopted after an agent
+    /// restart) has been ready since its container started, not since the restart: a
+    /// Deployment's `minReadySeconds` does not make it unavailable again. A fresh pod's Ready
+    /// time is when it turned ready.
+    #[test]
+    fn a_readopted_ready_pod_keeps_its_ready_time() {
+        let p = plan(json!({"containers": [{"name": "a", "image": "b"}]}));
+        let mut w = worker();
+        let status = w
+            .decide(50_000, Some(&p), true, &[running("a", 0, 10_000)])
+            .status
+            .unwrap();
+        assert_eq!(status["conditions"][1]["status"], "True", "{status}");
+        assert_eq!(
+            status["conditions"][1]["lastTransitionTime"],
+            rfc3339(10_000)
+        );
+        assert_eq!(
+            status["conditions"][0]["lastTransitionTime"],
+            rfc3339(50_000)
+        );
+        let mut fresh = worker();
+        fresh.decide(1_000, Some(&p), true, &[]);
+        let status = fresh
+            .decide(2_000, Some(&p), true, &[running("a", 0, 1_500)])
+            .status
+            .unwrap();
+        assert_eq!(
+            status["conditions"][1]["lastTransitionTime"],
+            rfc3339(2_000)
+        );
     }
 
     #[test]

@@ -17,9 +17,9 @@
 //!    turn is made ready, and the time from its node's API reporting it Ready (polled every
 //!    2 ms on that node) until its IP is in the headless Service's DNS answer on all three
 //!    nodes (UDP queries every 2 ms from the lab), and until its DNAT rule is in all three
-//!    nodes' nftables tables (`nft list ruleset`, every 20 ms), is recorded. Then each pod in
-//!    turn is deleted through one agent, and the same two times from the acknowledged delete
-//!    until it has left them.
+//!    nodes' nftables tables (`nft list ruleset`, every 20 ms; both polled in one loop, each time
+//!    taken when its own condition holds), is recorded. Then each pod in turn is deleted through
+//!    one agent, and the same two times from the acknowledged delete until it has left them.
 //!
 //! Usage: cargo build --release -p shoal-agent --bin shoal &&
 //!        cargo run --release -p shoal-chaos --bin net-bench -- --pods 100 --services 100 --propagation 30
@@ -374,6 +374,48 @@ fn nft_rules(ns: &str) -> String {
         .unwrap_or_default()
 }
 
+/// Polls, from `start`, until `ip` is in (`present`) or out of the headless Service's DNS answer
+/// of every server (every 2 ms) and, separately, in or out of the DNAT rules of every lab host
+/// (every 20 ms); returns the two times, each taken when its own condition held.
+fn until_propagated(
+    lab: &shoal_chaos::lab::NetLab,
+    host0: &std::path::Path,
+    servers: &[Ipv4Addr],
+    ip: Ipv4Addr,
+    present: bool,
+    start: Instant,
+    limit: Duration,
+) -> anyhow::Result<(Duration, Duration)> {
+    let needle = format!("dnat to {ip}:80");
+    let mut dns_pending: Vec<Ipv4Addr> = servers.to_vec();
+    let mut nft_pending: Vec<usize> = (0..lab.hosts()).collect();
+    let (mut dns, mut nft) = (None, None);
+    let mut round = 0u64;
+    while dns.is_none() || nft.is_none() {
+        dns_pending.retain(|s| {
+            lookup_in(host0, *s, "bench.default.svc.cluster.local.")
+                .is_none_or(|a| a.contains(&ip) != present)
+        });
+        if dns.is_none() && dns_pending.is_empty() {
+            dns = Some(start.elapsed());
+        }
+        if round.is_multiple_of(10) {
+            nft_pending.retain(|h| nft_rules(&lab.host(*h)).contains(&needle) != present);
+            if nft.is_none() && nft_pending.is_empty() {
+                nft = Some(start.elapsed());
+            }
+        }
+        anyhow::ensure!(
+            start.elapsed() < limit,
+            "{ip} not {} everywhere after {limit:?}",
+            if present { "in" } else { "out" }
+        );
+        round += 1;
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    Ok((dns.unwrap_or_default(), nft.unwrap_or_default()))
+}
+
 async fn propagation(pods: usize) -> anyhow::Result<()> {
     use serde_json::json;
     use shoal_agent::testkit::wait_until;
@@ -467,26 +509,9 @@ async fn propagation(pods: usize) -> anyhow::Result<()> {
             anyhow::ensure!(Instant::now() < deadline, "{name} never ready");
             tokio::time::sleep(Duration::from_millis(2)).await;
         };
-        let mut pending: Vec<Ipv4Addr> = servers.clone();
-        while !pending.is_empty() {
-            pending.retain(|s| {
-                lookup_in(&host0, *s, "bench.default.svc.cluster.local.")
-                    .is_none_or(|a| !a.contains(ip))
-            });
-            anyhow::ensure!(start.elapsed() < limit, "{name} never in DNS");
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        dns_ready.push(start.elapsed());
-        let needle = format!("dnat to {ip}:80");
-        let mut hosts: Vec<usize> = (0..3).collect();
-        while !hosts.is_empty() {
-            hosts.retain(|h| !nft_rules(&lab.host(*h)).contains(&needle));
-            anyhow::ensure!(start.elapsed() < limit, "{name} never in nftables");
-            if !hosts.is_empty() {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        nft_ready.push(start.elapsed());
+        let (dns, nft) = until_propagated(&lab, &host0, &servers, *ip, true, start, limit)?;
+        dns_ready.push(dns);
+        nft_ready.push(nft);
     }
     summary(
         "pod Ready on its node -> in the DNS answers of all 3 nodes",
@@ -515,26 +540,9 @@ async fn propagation(pods: usize) -> anyhow::Result<()> {
             )
             .await?;
         anyhow::ensure!(code == 200, "delete b{i}: {code}");
-        let mut pending: Vec<Ipv4Addr> = servers.clone();
-        while !pending.is_empty() {
-            pending.retain(|s| {
-                lookup_in(&host0, *s, "bench.default.svc.cluster.local.")
-                    .is_none_or(|a| a.contains(ip))
-            });
-            anyhow::ensure!(start.elapsed() < limit, "b{i} still in DNS");
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        dns_all.push(start.elapsed());
-        let needle = format!("dnat to {ip}:80");
-        let mut hosts: Vec<usize> = (0..3).collect();
-        while !hosts.is_empty() {
-            hosts.retain(|h| nft_rules(&lab.host(*h)).contains(&needle));
-            anyhow::ensure!(start.elapsed() < limit, "b{i} still in nftables");
-            if !hosts.is_empty() {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        nft_all.push(start.elapsed());
+        let (dns, nft) = until_propagated(&lab, &host0, &servers, *ip, false, start, limit)?;
+        dns_all.push(dns);
+        nft_all.push(nft);
     }
     summary(
         "pod deleted -> gone from the DNS answers of all 3 nodes",
@@ -641,6 +649,25 @@ fn throughput(mib: usize) -> anyhow::Result<()> {
     ] {
         ip(&["-n", ns, "addr", "add", addr, "dev", &dev])?;
         ip(&["-n", ns, "link", "set", &dev, "up"])?;
+    }
+    // As the agent does (`services.rs`): bridged packets pass netfilter in the node namespaces.
+    for path in &paths[..2] {
+        let set = inside(path, || {
+            std::fs::write("/proc/sys/net/bridge/bridge-nf-call-iptables", b"1").and_then(|()| {
+                std::fs::read_to_string("/proc/sys/net/bridge/bridge-nf-call-iptables")
+            })
+        });
+        match set {
+            Ok(value) => println!(
+                "bridge-nf-call-iptables in node namespace {}: {}",
+                path.display(),
+                value.trim()
+            ),
+            Err(e) => println!(
+                "bridge-nf-call-iptables not set in {} ({e}): is br_netfilter loaded?",
+                path.display()
+            ),
+        }
     }
     let node = |i: usize,
                 block: &str,
