@@ -1358,7 +1358,17 @@ async fn a_daemon_set_follows_nodes_joining_and_leaving_and_a_replica_set_keeps_
         nodes.sort();
         nodes
     };
-    assert_eq!(daemon_nodes(&api), ["n0", "n1"]);
+    // Agent 0 learns agent 1's pod status by gossip, a moment after agent 1 knows it.
+    wait_until(
+        "both DaemonSet pods ready as agent 0 sees them",
+        LIMIT,
+        || {
+            let nodes = daemon_nodes(&api);
+            async move { nodes == ["n0", "n1"] }
+        },
+    )
+    .await
+    .unwrap();
     let frontend_ready = |api: &crate::api::ApiLab| -> Vec<Value> {
         json_of(
             api,
@@ -1401,11 +1411,15 @@ async fn a_daemon_set_follows_nodes_joining_and_leaving_and_a_replica_set_keeps_
     })
     .await
     .unwrap();
-    let ds = json_of(&api, 1, &["get", "daemonset", "node-agent", "-o", "json"]);
-    assert_eq!(
-        ds["status"]["desiredNumberScheduled"], 3,
+    let three = wait_until("agent 1 wanting three DaemonSet pods", LIMIT, || {
+        let ds = json_of(&api, 1, &["get", "daemonset", "node-agent", "-o", "json"]);
+        async move { ds["status"]["desiredNumberScheduled"] == 3 }
+    })
+    .await;
+    assert!(
+        three.is_ok(),
         "{:#}",
-        ds["status"]
+        json_of(&api, 1, &["get", "daemonset", "node-agent", "-o", "json"])["status"]
     );
     api.ok(
         1,
@@ -1474,7 +1488,17 @@ async fn a_daemon_set_follows_nodes_joining_and_leaving_and_a_replica_set_keeps_
         ds["status"]
     );
     assert_eq!(ds["status"]["numberMisscheduled"], 0, "{:#}", ds["status"]);
-    assert_eq!(daemon_nodes(&api), ["n0", "n1"]);
+    // Agent 0 learns agent 1's pod status by gossip, a moment after agent 1 knows it.
+    wait_until(
+        "both DaemonSet pods ready as agent 0 sees them",
+        LIMIT,
+        || {
+            let nodes = daemon_nodes(&api);
+            async move { nodes == ["n0", "n1"] }
+        },
+    )
+    .await
+    .unwrap();
     let settled = wait_until(
         "exactly 5 ready frontend pods, none on the node that left",
         LIMIT,
