@@ -705,36 +705,6 @@ async fn an_exposed_deployment_is_found_by_its_short_name_and_scaling_reaches_ev
         ),
     ]);
 
-    // A client on n1 finds `web` by its short name and reaches the pods through it.
-    let client = json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "client", "namespace": "default"},
-        "spec": {"nodeName": "n1", "terminationGracePeriodSeconds": 1, "containers": [{
-            "name": "c", "image": "shoal.local/busybox:1",
-            "command": ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]}]}});
-    assert_eq!(agents[0].apply(&client).await.unwrap().0, 201);
-    ok(&[
-        "wait",
-        "--for=condition=Ready",
-        "pod/client",
-        "--timeout=60s",
-    ]);
-    let fetch = "addr=$(nslookup web | awk '/^Address: /{print $2}' | tail -n 1); echo RESOLVED $addr; \
-                 for i in 1 2 3 4 5 6 7 8; do printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 $addr 80 | grep hello || echo FAILED; done";
-    let log = ok(&["exec", "client", "--", "sh", "-c", fetch]);
-    assert!(
-        log.contains(&format!("RESOLVED {cluster_ip}")),
-        "the short name resolves to the ClusterIP: {log}"
-    );
-    assert!(!log.contains("FAILED"), "{log}");
-    let answered: BTreeSet<&str> = log
-        .lines()
-        .filter_map(|l| l.strip_prefix("hello from "))
-        .collect();
-    assert!(
-        !answered.is_empty() && answered.iter().all(|h| h.starts_with("web-")),
-        "{log}"
-    );
-
     // Each node's DNS (on its bridge) and nftables table follow the scaling.
     let servers: Vec<String> = (0..3)
         .map(|i| {
@@ -795,6 +765,45 @@ async fn an_exposed_deployment_is_found_by_its_short_name_and_scaling_reaches_ev
             .iter()
             .all(|(dns, dnat)| dns == want && dnat == want)
     };
+    // Every node serves the two pods before the client tries them.
+    let two = wait_until("every node serving the two pods", LIMIT, || {
+        let want = ready_ips();
+        let done = want.len() == 2 && every_node_serves(&want);
+        async move { done }
+    })
+    .await;
+    assert!(two.is_ok(), "each node's (DNS, DNAT): {:?}", node_views());
+
+    // A client on n1 finds `web` by its short name and reaches the pods through it.
+    let client = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "client", "namespace": "default"},
+        "spec": {"nodeName": "n1", "terminationGracePeriodSeconds": 1, "containers": [{
+            "name": "c", "image": "shoal.local/busybox:1",
+            "command": ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]}]}});
+    assert_eq!(agents[0].apply(&client).await.unwrap().0, 201);
+    ok(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod/client",
+        "--timeout=60s",
+    ]);
+    let fetch = "addr=$(nslookup web | awk '/^Address: /{print $2}' | tail -n 1); echo RESOLVED $addr; \
+                 for i in 1 2 3 4 5 6 7 8; do printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 $addr 80 | grep hello || echo FAILED; done";
+    let log = ok(&["exec", "client", "--", "sh", "-c", fetch]);
+    assert!(
+        log.contains(&format!("RESOLVED {cluster_ip}")),
+        "the short name resolves to the ClusterIP: {log}"
+    );
+    assert!(!log.contains("FAILED"), "{log}");
+    let answered: BTreeSet<&str> = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("hello from "))
+        .collect();
+    assert!(
+        !answered.is_empty() && answered.iter().all(|h| h.starts_with("web-")),
+        "{log}"
+    );
+
     let mut sizes = Vec::new();
     for replicas in [4, 1] {
         ok(&[
