@@ -102,12 +102,7 @@ impl PodEntry {
         Ok(Self {
             request: Arc::new(PodRequest::from_pod(pod)?),
             policy: Policy::parse(pod["metadata"]["annotations"][partition::ANNOTATION].as_str()),
-            daemon: pod["metadata"]["ownerReferences"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|r| r["kind"] == "DaemonSet")
-                .and_then(|r| r["uid"].as_str().map(str::to_owned)),
+            daemon: crate::controllers::daemon_set::daemon_set_of(pod).map(str::to_owned),
             key,
             node_name: pod["spec"]["nodeName"]
                 .as_str()

@@ -92,29 +92,86 @@ fn log_of(agent: &AgentProcess, uid: &str, container: &str) -> String {
     .unwrap_or_default()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pods_reach_pods_on_other_nodes_by_ip_and_nothing_is_left() {
+/// kubectl inside a lab host's namespace, against agent `agent`'s API (kubeconfig and
+/// discovery cache under `dir`).
+struct NsKubectl {
+    ns: String,
+    /// `--kubeconfig … --cache-dir …`.
+    base: Vec<String>,
+}
+
+impl NsKubectl {
+    fn new(lab: &NetLab, host: usize, agent: &AgentProcess, dir: &std::path::Path) -> Self {
+        let kubeconfig = dir.join(format!("{}.kubeconfig", agent.name()));
+        let out = std::process::Command::new(shoal_chaos::shoal_binary().unwrap())
+            .args(["kubeconfig", "--data-dir"])
+            .arg(agent.data_dir())
+            .output()
+            .unwrap();
+        std::fs::write(&kubeconfig, &out.stdout).unwrap();
+        let cache = dir.join("kube-cache");
+        let base = [
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--cache-dir",
+            cache.to_str().unwrap(),
+        ]
+        .map(String::from)
+        .to_vec();
+        Self {
+            ns: lab.host(host),
+            base,
+        }
+    }
+
+    /// kubectl's stdout, or the failure.
+    fn run(&self, args: &[&str]) -> Result<String, String> {
+        let mut all: Vec<&str> = self.base.iter().map(String::as_str).collect();
+        all.extend_from_slice(args);
+        exec_in(&self.ns, "kubectl", &all)
+    }
+
+    /// kubectl started in the background, its stdout to `out`.
+    fn spawn(&self, args: &[&str], out: std::fs::File) -> std::process::Child {
+        std::process::Command::new("ip")
+            .args(["netns", "exec", &self.ns, "kubectl"])
+            .args(&self.base)
+            .args(args)
+            .stdout(out)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    }
+}
+
+/// Three agents in a 3-host netns lab with the bridge pod network, `--cleanup`, and `extra`
+/// flags, busybox imported on each.
+async fn service_lab(extra: &[&str]) -> (NetLab, tempfile::TempDir, Vec<AgentProcess>) {
     let lab = NetLab::new(3).expect("creating the netns lab (needs root and iproute2)");
-    let (_root, mut agents) = shoal_chaos::start_cluster(
-        &lab,
-        3,
-        &[
-            "--pod-network",
-            "bridge",
-            "--anti-entropy-interval",
-            "200ms",
-            "--cleanup",
-            "--api",
-            "0.0.0.0:6443",
-            // For the hostNetwork client.
-            "--allow-privileged",
-        ],
-    )
-    .await
-    .unwrap();
+    let mut flags = vec![
+        "--pod-network",
+        "bridge",
+        "--anti-entropy-interval",
+        "200ms",
+        "--cleanup",
+    ];
+    flags.extend_from_slice(extra);
+    let (root, agents) = shoal_chaos::start_cluster(&lab, 3, &flags).await.unwrap();
     for agent in &agents {
         shoal_chaos::import_busybox(agent).unwrap();
     }
+    (lab, root, agents)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_reach_pods_on_other_nodes_by_ip_and_nothing_is_left() {
+    let (lab, _root, mut agents) = service_lab(&[
+        "--api",
+        "0.0.0.0:6443",
+        // For the hostNetwork client.
+        "--allow-privileged",
+    ])
+    .await;
     // Every node holds a block, and no two the same one.
     let mut ids = BTreeMap::new();
     for (i, agent) in agents.iter().enumerate() {
@@ -328,22 +385,8 @@ async fn pods_reach_pods_on_other_nodes_by_ip_and_nothing_is_left() {
     assert_eq!(pod(&agents[0], "flaky").await["status"]["phase"], "Running");
 
     // kubectl, inside n0's namespace, sees the derived Endpoints and EndpointSlices.
-    let kubeconfig = _root.path().join("n0.kubeconfig");
-    let out = std::process::Command::new(shoal_chaos::shoal_binary().unwrap())
-        .args(["kubeconfig", "--data-dir"])
-        .arg(agents[0].data_dir())
-        .output()
-        .unwrap();
-    std::fs::write(&kubeconfig, &out.stdout).unwrap();
-    let kubectl = |args: &[&str]| {
-        let mut all = vec!["--kubeconfig", kubeconfig.to_str().unwrap(), "--cache-dir"];
-        let cache = _root.path().join("kube-cache");
-        all.push(cache.to_str().unwrap());
-        all.extend_from_slice(args);
-        let all: Vec<String> = all.iter().map(|s| s.to_string()).collect();
-        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
-        exec_in(&lab.host(0), "kubectl", &refs)
-    };
+    let ns_kubectl = NsKubectl::new(&lab, 0, &agents[0], _root.path());
+    let kubectl = |args: &[&str]| ns_kubectl.run(args);
     let endpoint_ips = |json: &str| -> BTreeSet<String> {
         let v: Value = serde_json::from_str(json).unwrap_or(Value::Null);
         v["subsets"]
@@ -581,46 +624,9 @@ async fn pods_reach_pods_on_other_nodes_by_ip_and_nothing_is_left() {
 /// watches on the Endpoints and the EndpointSlices see each change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exposed_deployment_is_found_by_its_short_name_and_scaling_reaches_every_node() {
-    let lab = NetLab::new(3).expect("creating the netns lab (needs root and iproute2)");
-    let (root, mut agents) = shoal_chaos::start_cluster(
-        &lab,
-        3,
-        &[
-            "--pod-network",
-            "bridge",
-            "--anti-entropy-interval",
-            "200ms",
-            "--cleanup",
-            "--api",
-            "0.0.0.0:6443",
-        ],
-    )
-    .await
-    .unwrap();
-    for agent in &agents {
-        shoal_chaos::import_busybox(agent).unwrap();
-    }
-    let kubeconfig = root.path().join("n0.kubeconfig");
-    let out = std::process::Command::new(shoal_chaos::shoal_binary().unwrap())
-        .args(["kubeconfig", "--data-dir"])
-        .arg(agents[0].data_dir())
-        .output()
-        .unwrap();
-    std::fs::write(&kubeconfig, &out.stdout).unwrap();
-    let cache = root.path().join("kube-cache");
-    let base: Vec<String> = [
-        "--kubeconfig",
-        kubeconfig.to_str().unwrap(),
-        "--cache-dir",
-        cache.to_str().unwrap(),
-    ]
-    .map(String::from)
-    .to_vec();
-    let kubectl = |args: &[&str]| {
-        let mut all: Vec<&str> = base.iter().map(String::as_str).collect();
-        all.extend_from_slice(args);
-        exec_in(&lab.host(0), "kubectl", &all)
-    };
+    let (lab, root, mut agents) = service_lab(&["--api", "0.0.0.0:6443"]).await;
+    let ns_kubectl = NsKubectl::new(&lab, 0, &agents[0], root.path());
+    let kubectl = |args: &[&str]| ns_kubectl.run(args);
     let ok = |args: &[&str]| kubectl(args).unwrap_or_else(|e| panic!("kubectl {args:?}: {e}"));
 
     ok(&[
@@ -658,15 +664,7 @@ async fn an_exposed_deployment_is_found_by_its_short_name_and_scaling_reaches_ev
 
     // Watches on the Endpoints and the EndpointSlices, from now on (kubectl's own output).
     let watch = |args: &[&str], file: &str| {
-        let out = std::fs::File::create(root.path().join(file)).unwrap();
-        std::process::Command::new("ip")
-            .args(["netns", "exec", &lab.host(0), "kubectl"])
-            .args(&base)
-            .args(args)
-            .stdout(out)
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap()
+        ns_kubectl.spawn(args, std::fs::File::create(root.path().join(file)).unwrap())
     };
     struct Killed(Vec<std::process::Child>);
     impl Drop for Killed {

@@ -35,7 +35,7 @@ use serde_json::{Value, json};
 
 use super::workload::{Action, PodView, min_ready_ms, template_hash};
 use crate::scheduler::cluster::ClusterView;
-use crate::scheduler::model::{PodRequest, Resources};
+use crate::scheduler::model::{NodeView, PodRequest, Resources, TaintEffect};
 
 /// The tolerations Kubernetes' DaemonSet controller adds to its pods: a daemon keeps running
 /// on a cordoned node (`kubectl drain --ignore-daemonsets` leaves it there) and on one that
@@ -86,26 +86,27 @@ pub fn daemon_pod(ds: &Value, node_name: &str) -> Value {
     })
 }
 
-/// Whether `ds`'s pod fits `node` of `cluster` (its node selector, affinity and the taints it
-/// tolerates; resources are no reason to refuse a DaemonSet pod, it is the node's to run).
-fn fits(ds: &Value, node: &crate::scheduler::model::NodeView, cluster: &ClusterView) -> bool {
-    PodRequest::from_pod(&daemon_pod(ds, &node.name)).is_ok_and(|request| {
-        crate::scheduler::predicates::check(&request, node, Resources::default(), cluster).is_ok()
-    })
+/// What the scheduler's predicates read of `ds`'s pods (the same on every node: selectors,
+/// affinity, tolerations, labels); None if its template is not a pod.
+fn request_of(ds: &Value, node_name: &str) -> Option<PodRequest> {
+    PodRequest::from_pod(&daemon_pod(ds, node_name)).ok()
 }
 
-/// Whether `ds`'s pod, already on `node`, may keep running there: as [`fits`], but of the
-/// node's taints only the `NoExecute` ones count (Kubernetes' `shouldContinueRunning`: a
-/// `NoSchedule` taint keeps new daemon pods off a node, not the one it runs).
-fn may_continue(
-    ds: &Value,
-    node: &crate::scheduler::model::NodeView,
-    cluster: &ClusterView,
-) -> bool {
+/// Whether a DaemonSet pod (`request`) fits `node` of `cluster` (its node selector, affinity
+/// and the taints it tolerates; resources are no reason to refuse a DaemonSet pod, it is the
+/// node's to run).
+fn fits(request: &PodRequest, node: &NodeView, cluster: &ClusterView) -> bool {
+    crate::scheduler::predicates::check(request, node, Resources::default(), cluster).is_ok()
+}
+
+/// Whether a DaemonSet pod (`request`), already on `node`, may keep running there: as
+/// [`fits`], but of the node's taints only the `NoExecute` ones count (Kubernetes'
+/// `shouldContinueRunning`: a `NoSchedule` taint keeps new daemon pods off a node, not the one
+/// it runs).
+fn may_continue(request: &PodRequest, node: &NodeView, cluster: &ClusterView) -> bool {
     let mut node = node.clone();
-    node.taints
-        .retain(|t| t.effect == crate::scheduler::model::TaintEffect::NoExecute);
-    fits(ds, &node, cluster)
+    node.taints.retain(|t| t.effect == TaintEffect::NoExecute);
+    fits(request, &node, cluster)
 }
 
 /// How old a DaemonSet pod must be before its node's absence from the membership counts: a
@@ -115,22 +116,30 @@ pub const JOIN_MARGIN_MS: u64 = 10_000;
 
 /// The live nodes `ds`'s pod fits, by name, sorted.
 pub fn fitting_nodes(ds: &Value, cluster: &ClusterView) -> Vec<String> {
+    let Some(request) = request_of(ds, "") else {
+        return Vec::new();
+    };
     let mut fitting: Vec<String> = cluster
         .nodes()
-        .filter(|node| fits(ds, node, cluster))
+        .filter(|node| fits(&request, node, cluster))
         .map(|node| node.name.clone())
         .collect();
     fitting.sort_unstable();
     fitting
 }
 
+/// The uid of the DaemonSet controlling `pod`, if one does.
+pub fn daemon_set_of(pod: &Value) -> Option<&str> {
+    pod["metadata"]["ownerReferences"]
+        .as_array()?
+        .iter()
+        .find(|r| r["kind"] == "DaemonSet" && r["controller"] == true)?["uid"]
+        .as_str()
+}
+
 /// Whether `pod` is controlled by a DaemonSet (of any uid).
 pub fn is_daemon_pod(pod: &Value) -> bool {
-    pod["metadata"]["ownerReferences"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|r| r["kind"] == "DaemonSet" && r["controller"] == true)
+    daemon_set_of(pod).is_some()
 }
 
 /// What one node's round decides with.
@@ -202,8 +211,11 @@ pub fn reconcile_node(round: &Round, daemon_sets: &[Value], pods: &[PodView]) ->
             .unwrap_or_default()
             .to_owned();
         let mine = owned.iter().find(|p| p.name == name);
-        let fits = fits(ds, this, round.cluster);
-        let may_continue = may_continue(ds, this, round.cluster);
+        let Some(request) = request_of(ds, round.me) else {
+            continue;
+        };
+        let fits = fits(&request, this, round.cluster);
+        let may_continue = may_continue(&request, this, round.cluster);
         match mine {
             // The pod of the name is someone else's (or went elsewhere): nothing to claim.
             _ if pods_named(&pods, namespace, &name) && mine.is_none() => {}

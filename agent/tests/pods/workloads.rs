@@ -1269,6 +1269,38 @@ fn both_unavailable_needs_overlapping_certain_stretches() {
     assert_eq!(both_unavailable(&violation), Some((0, 1)));
 }
 
+/// The nodes of the `node-agent` DaemonSet's ready pods, as agent 0 sees them, sorted.
+fn ready_daemon_nodes(api: &crate::api::ApiLab) -> Vec<String> {
+    let mut nodes: Vec<String> = json_of(
+        api,
+        0,
+        &["get", "pods", "-l", "app=node-agent", "-o", "json"],
+    )["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| ready(p))
+        .filter_map(|p| p["spec"]["nodeName"].as_str().map(str::to_owned))
+        .collect();
+    nodes.sort();
+    nodes
+}
+
+/// Waits until agent 0 sees the `node-agent` pods ready on exactly `want` (it learns other
+/// agents' pod statuses by gossip, a moment after they know them).
+async fn wait_daemon_nodes(api: &crate::api::ApiLab, want: &[&str]) {
+    let reached = wait_until("the DaemonSet's pods ready on the nodes", LIMIT, || {
+        let nodes = ready_daemon_nodes(api);
+        async move { nodes == want }
+    })
+    .await;
+    assert!(
+        reached.is_ok(),
+        "{:?}, not {want:?}",
+        ready_daemon_nodes(api)
+    );
+}
+
 const FOLLOWERS: &str = r#"apiVersion: apps/v1
 kind: DaemonSet
 metadata: {name: node-agent}
@@ -1343,32 +1375,7 @@ async fn a_daemon_set_follows_nodes_joining_and_leaving_and_a_replica_set_keeps_
         1,
         &["rollout", "status", "daemonset/node-agent", "--timeout=90s"],
     );
-    let daemon_nodes = |api: &crate::api::ApiLab| -> Vec<String> {
-        let mut nodes: Vec<String> = json_of(
-            api,
-            0,
-            &["get", "pods", "-l", "app=node-agent", "-o", "json"],
-        )["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|p| ready(p))
-            .filter_map(|p| p["spec"]["nodeName"].as_str().map(str::to_owned))
-            .collect();
-        nodes.sort();
-        nodes
-    };
-    // Agent 0 learns agent 1's pod status by gossip, a moment after agent 1 knows it.
-    wait_until(
-        "both DaemonSet pods ready as agent 0 sees them",
-        LIMIT,
-        || {
-            let nodes = daemon_nodes(&api);
-            async move { nodes == ["n0", "n1"] }
-        },
-    )
-    .await
-    .unwrap();
+    wait_daemon_nodes(&api, &["n0", "n1"]).await;
     let frontend_ready = |api: &crate::api::ApiLab| -> Vec<Value> {
         json_of(
             api,
@@ -1405,12 +1412,7 @@ async fn a_daemon_set_follows_nodes_joining_and_leaving_and_a_replica_set_keeps_
             .unwrap(),
     );
     import_all(&api, 2);
-    wait_until("the DaemonSet's pod ready on the new node", LIMIT, || {
-        let nodes = daemon_nodes(&api);
-        async move { nodes == ["n0", "n1", "n2"] }
-    })
-    .await
-    .unwrap();
+    wait_daemon_nodes(&api, &["n0", "n1", "n2"]).await;
     let three = wait_until("agent 1 wanting three DaemonSet pods", LIMIT, || {
         let ds = json_of(&api, 1, &["get", "daemonset", "node-agent", "-o", "json"]);
         async move { ds["status"]["desiredNumberScheduled"] == 3 }
@@ -1468,7 +1470,7 @@ async fn a_daemon_set_follows_nodes_joining_and_leaving_and_a_replica_set_keeps_
     assert!(
         gone.is_ok(),
         "nodes:\n{nodes}\npods: {:?}",
-        daemon_nodes(&api)
+        ready_daemon_nodes(&api)
     );
     // Each agent forgets n2 on its own clock: the one that deleted the pod may be ahead.
     let forgotten = wait_until("n2 gone from the Node list", LIMIT, || {
@@ -1488,17 +1490,7 @@ async fn a_daemon_set_follows_nodes_joining_and_leaving_and_a_replica_set_keeps_
         ds["status"]
     );
     assert_eq!(ds["status"]["numberMisscheduled"], 0, "{:#}", ds["status"]);
-    // Agent 0 learns agent 1's pod status by gossip, a moment after agent 1 knows it.
-    wait_until(
-        "both DaemonSet pods ready as agent 0 sees them",
-        LIMIT,
-        || {
-            let nodes = daemon_nodes(&api);
-            async move { nodes == ["n0", "n1"] }
-        },
-    )
-    .await
-    .unwrap();
+    wait_daemon_nodes(&api, &["n0", "n1"]).await;
     let settled = wait_until(
         "exactly 5 ready frontend pods, none on the node that left",
         LIMIT,
