@@ -656,7 +656,17 @@ async fn an_exposed_deployment_is_found_by_its_short_name_and_scaling_reaches_ev
         "--cluster-ip=None",
         "--port=8080",
     ]);
-    ok(&["rollout", "status", "deployment/web", "--timeout=120s"]);
+    if let Err(e) = kubectl(&["rollout", "status", "deployment/web", "--timeout=120s"]) {
+        panic!(
+            "rollout status: {e}\npods: {:?}\n{}",
+            kubectl(&["get", "pods", "-o", "wide"]),
+            agents
+                .iter()
+                .map(|a| format!("--- {} ---\n{}", a.name(), a.log()))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
     let svc: Value = serde_json::from_str(&ok(&["get", "svc", "web", "-o", "json"])).unwrap();
     let cluster_ip = svc["spec"]["clusterIP"].as_str().unwrap().to_owned();
     assert!(cluster_ip.starts_with("10.96."), "{svc}");
