@@ -302,7 +302,7 @@ pub fn run(args: &ShimArgs) -> io::Result<()> {
         .stdout(Stdio::from(out_w))
         .stderr(Stdio::from(err_w));
     let (status, master) = match &console {
-        None => (command.status()?, None),
+        None => run_detached(command)?,
         Some(console) => run_with_console(command, console)?,
     };
     drop(console);
@@ -473,6 +473,16 @@ pub fn run(args: &ShimArgs) -> io::Result<()> {
             fence_lapsed,
         },
     )
+}
+
+/// Runs `command` (`runc run --detach …`) to its end and drops it. A `Command` keeps the
+/// descriptors given to it as stdio after it ran, so dropping it here is what closes the
+/// shim's copies of the write ends of the container's stdout and stderr: kept, the shim
+/// itself would hold its log pipes open and never see their end after the container exits.
+fn run_detached(mut command: Command) -> io::Result<(std::process::ExitStatus, Option<OwnedFd>)> {
+    let status = command.status()?;
+    drop(command);
+    Ok((status, None))
 }
 
 /// Runs `command` (`runc run --detach --console-socket …`) while taking the terminal master

@@ -386,3 +386,78 @@ fn containers_of_a_pod_share_localhost_and_killing_stops_them() {
     node.runtime.remove_sandbox(uid).unwrap();
     assert_no_leaks(uid, &node.runtime);
 }
+
+/// The shim keeps no write end of its container's stdout or stderr: once the container's
+/// processes are gone, the shim reads the end of both streams and reports the exit at once.
+/// (A `Command` kept after `runc run` held both write ends, so every exit waited out the
+/// shim's one-second drain deadline.) Checked in the fd tables, with no timing.
+#[test]
+fn the_shim_holds_no_write_end_of_its_containers_output() {
+    use shoal_agent::runtime::Started;
+    use shoal_agent::runtime::shim::{SHIM_PID_FILE, STARTED_FILE, ShimIdentity};
+    let node = Node::new();
+    let uid = "rt-pipes";
+    node.sandbox(uid);
+    node.start(uid, "main", &["sleep", "60"], default_limits(), false);
+    let bundle = node.runtime.bundle(uid, "main", 0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let started: Started = loop {
+        if let Some(s) = std::fs::read(bundle.join(STARTED_FILE))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+        {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "main never started");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let shim: ShimIdentity =
+        serde_json::from_slice(&std::fs::read(bundle.join(SHIM_PID_FILE)).unwrap()).unwrap();
+    // The pipes the container writes its output to.
+    let output: Vec<String> = [1, 2]
+        .iter()
+        .map(|fd| {
+            std::fs::read_link(format!("/proc/{}/fd/{fd}", started.pid))
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    assert!(output.iter().all(|l| l.starts_with("pipe:")), "{output:?}");
+    // Every descriptor of the shim on those pipes, with its access mode.
+    let mut held = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{}/fd", shim.pid)).unwrap() {
+        let entry = entry.unwrap();
+        let Ok(target) = std::fs::read_link(entry.path()) else {
+            continue;
+        };
+        let target = target.to_string_lossy().into_owned();
+        if !output.contains(&target) {
+            continue;
+        }
+        let info = std::fs::read_to_string(format!(
+            "/proc/{}/fdinfo/{}",
+            shim.pid,
+            entry.file_name().to_string_lossy()
+        ))
+        .unwrap();
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .map(|f| u32::from_str_radix(f.trim(), 8).unwrap())
+            .unwrap();
+        held.push((target, flags & 0o3));
+    }
+    // It reads both streams (so the check looked at the right pipes) and writes neither.
+    assert_eq!(
+        held.iter().filter(|(_, mode)| *mode == 0).count(),
+        2,
+        "the shim's descriptors on the output pipes: {held:?}"
+    );
+    assert!(
+        held.iter().all(|(_, mode)| *mode == 0),
+        "the shim holds a write end of its container's output: {held:?}"
+    );
+    node.runtime.remove_sandbox(uid).unwrap();
+    assert_no_leaks(uid, &node.runtime);
+}
