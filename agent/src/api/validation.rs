@@ -109,11 +109,14 @@ fn validate_pod_spec(spec: &Value, path: &str) -> Result<(), FieldError> {
     if list.is_empty() {
         return Err(err(format!("{path}.containers"), "Required value"));
     }
+    // Names unique across both lists: `node_inputs::check` above.
     for (field, list) in [
-        ("initContainers", spec["initContainers"].as_array()),
-        ("containers", Some(&list.to_vec())),
+        (
+            "initContainers",
+            spec["initContainers"].as_array().map(Vec::as_slice),
+        ),
+        ("containers", Some(list)),
     ] {
-        let mut names = std::collections::HashSet::new();
         for (i, c) in list.into_iter().flatten().enumerate() {
             let at = format!("{path}.{field}[{i}]");
             type_check(c, &at, "object")?;
@@ -123,9 +126,6 @@ fn validate_pod_spec(spec: &Value, path: &str) -> Result<(), FieldError> {
                     shoal_state::labels::check_dns_subdomain(n).map_err(|r| {
                         err(format!("{at}.name"), format!("Invalid value: {n:?}: {r}"))
                     })?;
-                    if !names.insert(n.to_owned()) {
-                        return Err(err(format!("{at}.name"), format!("Duplicate value: {n:?}")));
-                    }
                 }
             }
             if c["image"].as_str().is_none_or(str::is_empty) {
@@ -184,15 +184,16 @@ fn validate_template(object: &Value, needs_selector: bool) -> Result<(), FieldEr
         return Err(err("spec", "Required value"));
     }
     type_check(spec, "spec", "object")?;
-    if let Some(r) = spec.get("replicas") {
-        type_check(r, "spec.replicas", "integer")?;
-        if r.as_i64().is_some_and(|n| n < 0) {
-            return Err(err(
-                "spec.replicas",
-                format!("Invalid value: {r}: must be greater than or equal to 0"),
-            ));
-        }
-    }
+    int32_fields(
+        spec,
+        "spec",
+        &[
+            "replicas",
+            "minReadySeconds",
+            "revisionHistoryLimit",
+            "progressDeadlineSeconds",
+        ],
+    )?;
     if needs_selector {
         let selector = &spec["selector"];
         if selector.is_null() {
@@ -216,6 +217,89 @@ fn validate_template(object: &Value, needs_selector: bool) -> Result<(), FieldEr
     validate_pod_spec(&spec["template"]["spec"], "spec.template.spec")
 }
 
+/// The fields of `spec` (at `path`) that the apiserver types as non-negative `int32`: each, if
+/// present, an integer in `0..=i32::MAX`.
+fn int32_fields(spec: &Value, path: &str, fields: &[&str]) -> Result<(), FieldError> {
+    for field in fields {
+        let Some(value) = spec.get(*field).filter(|v| !v.is_null()) else {
+            continue;
+        };
+        let at = format!("{path}.{field}");
+        type_check(value, &at, "integer")?;
+        match value.as_i64() {
+            Some(n) if n < 0 => {
+                return Err(err(
+                    at,
+                    format!("Invalid value: {value}: must be greater than or equal to 0"),
+                ));
+            }
+            Some(n) if n <= i64::from(i32::MAX) => {}
+            _ => {
+                return Err(err(
+                    at,
+                    format!(
+                        "Invalid value: {value}: must be less than or equal to {}",
+                        i32::MAX
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The most `completions` and `parallelism` an Indexed Job may ask for, as the apiserver's
+/// `maxParallelismForIndexedJob` and `completionsSoftLimit` (10^5): its status names indexes.
+pub const MAX_INDEXED_JOB_COMPLETIONS: i64 = 100_000;
+
+/// A Job's spec (a Job's own, or a CronJob's `jobTemplate.spec`, at `path`): its counts are
+/// bounded as the apiserver bounds them. The controller creates at most a burst of pods per
+/// pass whatever they ask, but a count is a promise of work: 2^40 pods is refused here.
+fn validate_job_spec(spec: &Value, path: &str) -> Result<(), FieldError> {
+    int32_fields(
+        spec,
+        path,
+        &[
+            "parallelism",
+            "completions",
+            "backoffLimit",
+            "backoffLimitPerIndex",
+            "maxFailedIndexes",
+            "ttlSecondsAfterFinished",
+        ],
+    )?;
+    let deadline = &spec["activeDeadlineSeconds"];
+    if !deadline.is_null() && deadline.as_i64().is_none_or(|n| n <= 0) {
+        return Err(err(
+            format!("{path}.activeDeadlineSeconds"),
+            format!("Invalid value: {deadline}: must be greater than 0"),
+        ));
+    }
+    if spec["completionMode"] == "Indexed" {
+        if spec["completions"].is_null() {
+            return Err(err(
+                format!("{path}.completions"),
+                "Required value: when completion mode is Indexed",
+            ));
+        }
+        for field in ["completions", "parallelism"] {
+            let value = &spec[field];
+            if value
+                .as_i64()
+                .is_some_and(|n| n > MAX_INDEXED_JOB_COMPLETIONS)
+            {
+                return Err(err(
+                    format!("{path}.{field}"),
+                    format!(
+                        "Invalid value: {value}: must be less than or equal to {MAX_INDEXED_JOB_COMPLETIONS} when completion mode is Indexed"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A Job's pods end: the apiserver defaults a template's absent `restartPolicy` to `Always`
 /// (as any pod's) and then refuses it for a Job, so a Job that names none is refused too.
 fn job_restart_policy(spec: &Value, path: &str) -> Result<(), FieldError> {
@@ -236,6 +320,7 @@ pub fn validate(kind: &str, object: &Value) -> Result<(), FieldError> {
         "Deployment" | "ReplicaSet" | "DaemonSet" => validate_template(object, true),
         "Job" => {
             validate_template(object, false)?;
+            validate_job_spec(&object["spec"], "spec")?;
             job_restart_policy(&object["spec"]["template"]["spec"], "spec.template.spec")?;
             crate::controllers::job::failure_policy(object)
                 .map(|_| ())
@@ -251,6 +336,12 @@ pub fn validate(kind: &str, object: &Value) -> Result<(), FieldError> {
             if job_spec["template"].is_null() {
                 return Err(err("spec.jobTemplate.spec.template", "Required value"));
             }
+            validate_job_spec(job_spec, "spec.jobTemplate.spec")?;
+            int32_fields(
+                &object["spec"],
+                "spec",
+                &["successfulJobsHistoryLimit", "failedJobsHistoryLimit"],
+            )?;
             let path = "spec.jobTemplate.spec.template.spec";
             validate_pod_spec(&job_spec["template"]["spec"], path)?;
             job_restart_policy(&job_spec["template"]["spec"], path)
@@ -593,6 +684,73 @@ pub fn default(kind: &str, object: &mut Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Counts that ask for more than the apiserver allows are refused, naming the field: one
+    /// Job with `parallelism: 2^40` once took down every agent in turn (issue #35, item 1).
+    #[test]
+    fn counts_are_bounded_as_the_apiserver_bounds_them() {
+        let job = |spec: Value| {
+            let mut spec = spec;
+            spec["template"] = json!({"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "i"}]}});
+            json!({"spec": spec})
+        };
+        let refused = |kind: &str, object: &Value| validate(kind, object).unwrap_err().field;
+        assert_eq!(
+            refused("Job", &job(json!({"parallelism": 1_099_511_627_776u64}))),
+            "spec.parallelism"
+        );
+        assert_eq!(
+            refused("Job", &job(json!({"completions": i64::from(i32::MAX) + 1}))),
+            "spec.completions"
+        );
+        assert_eq!(
+            refused("Job", &job(json!({"backoffLimit": -1}))),
+            "spec.backoffLimit"
+        );
+        assert_eq!(
+            refused("Job", &job(json!({"activeDeadlineSeconds": 0}))),
+            "spec.activeDeadlineSeconds"
+        );
+        assert_eq!(
+            refused(
+                "Job",
+                &job(json!({"completionMode": "Indexed", "completions": 100_001}))
+            ),
+            "spec.completions"
+        );
+        assert_eq!(
+            refused(
+                "Job",
+                &job(
+                    json!({"completionMode": "Indexed", "completions": 5, "parallelism": 100_001})
+                )
+            ),
+            "spec.parallelism"
+        );
+        assert_eq!(
+            refused("Job", &job(json!({"completionMode": "Indexed"}))),
+            "spec.completions"
+        );
+        let cron = json!({"spec": {"schedule": "* * * * *", "jobTemplate": job(json!({"parallelism": 1u64 << 62}))}});
+        assert_eq!(
+            refused("CronJob", &cron),
+            "spec.jobTemplate.spec.parallelism"
+        );
+        let deployment = json!({"spec": {"replicas": 1u64 << 40, "selector": {"matchLabels": {"a": "b"}},
+            "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}}});
+        assert_eq!(refused("Deployment", &deployment), "spec.replicas");
+        // The largest counts allowed pass.
+        validate(
+            "Job",
+            &job(json!({"parallelism": i32::MAX, "completions": i32::MAX})),
+        )
+        .unwrap();
+        validate(
+            "Job",
+            &job(json!({"completionMode": "Indexed", "completions": 100_000, "parallelism": 100_000})),
+        )
+        .unwrap();
+    }
 
     #[test]
     fn errors_name_fields() {

@@ -621,7 +621,7 @@ pub fn reconcile(
         }
         let pending = (0..spec.completions)
             .filter(|i| !progress.succeeded_indexes.contains(i) && !running.contains_key(i));
-        for i in pending.take(parallelism.saturating_sub(kept)) {
+        for i in pending.take(parallelism.saturating_sub(kept).min(BURST)) {
             create.push(Some(i));
         }
     } else {
@@ -632,7 +632,12 @@ pub fn reconcile(
                 actions.push(Action::delete_pod(pod));
             }
         }
-        create.extend(std::iter::repeat_n(None, want.saturating_sub(active.len())));
+        // At most a burst per pass: allocate for what this pass does, never for what the
+        // spec asks (a failed allocation aborts the agent, and the next owner after it).
+        create.extend(std::iter::repeat_n(
+            None,
+            want.saturating_sub(active.len()).min(BURST),
+        ));
     }
     // Failures slow down replacements (10 s, doubling, at most 6 min), as in Kubernetes.
     if let Some(last) = progress.last_failure_ms {
@@ -647,7 +652,7 @@ pub fn reconcile(
             });
         }
     }
-    for index in create.into_iter().take(BURST) {
+    for index in create {
         actions.push(Action::Create(new_pod(job, index, &name_suffix(random()))));
     }
     actions
@@ -902,6 +907,20 @@ mod tests {
             }
         }
         job
+    }
+
+    /// Counts past anything the API admits (a stored object may come from a peer that did
+    /// not check it) cost one burst of pods per pass: 2^40 once asked for a 16 TiB vector and
+    /// aborted every owner in turn, 2^62 for one whose size overflowed (issue #35, item 1).
+    #[test]
+    fn huge_counts_create_one_burst() {
+        for n in [1u64 << 40, 1 << 62, u64::MAX] {
+            for mode in ["NonIndexed", "Indexed"] {
+                let j = job(json!({"completions": n, "parallelism": n, "completionMode": mode}));
+                let a = reconcile(&j, &[], T0, &mut counter());
+                assert_eq!(creates(&a).len(), BURST, "{n} {mode}");
+            }
+        }
     }
 
     #[test]
