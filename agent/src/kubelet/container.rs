@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use base64::Engine;
 use serde_json::Value;
 
+use super::environment::{Environment, TooLarge};
 use super::pod::{ContainerPlan, EnvSource, HostPathType, PodPlan, VolumeSource};
 use crate::images::ResolvedImage;
 use crate::runtime::spec::{BindMount, ContainerRequest, DEFAULT_CAPABILITIES, Limits, Seccomp};
@@ -113,32 +114,6 @@ pub fn object_data(kind: &str, object: &Value) -> BTreeMap<String, Vec<u8>> {
     out
 }
 
-/// Kubernetes' `$(VAR)` expansion: defined variables are replaced, `$$` is a literal `$`,
-/// anything else is left as written.
-pub fn expand(text: &str, vars: &BTreeMap<String, String>) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find('$') {
-        out.push_str(&rest[..at]);
-        let after = &rest[at + 1..];
-        if let Some(stripped) = after.strip_prefix('$') {
-            out.push('$');
-            rest = stripped;
-        } else if let Some(inner) = after.strip_prefix('(')
-            && let Some(end) = inner.find(')')
-            && let Some(value) = vars.get(&inner[..end])
-        {
-            out.push_str(value);
-            rest = &inner[end + 1..];
-        } else {
-            out.push('$');
-            rest = after;
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
 fn field_value(plan: &PodPlan, path: &str, ctx: &Context) -> Result<String, ConfigError> {
     let indexed = |prefix: &str, map: &BTreeMap<String, String>| {
         path.strip_prefix(prefix)
@@ -221,34 +196,33 @@ fn resource_value(
 fn image_user(user: &str, image: &ResolvedImage) -> Result<(u32, u32), ConfigError> {
     let (name, group) = user.split_once(':').unwrap_or((user, ""));
     // Read inside each layer as the container would see it: a symlinked /etc/passwd never
-    // reaches a host file.
-    let read_in_layer = |layer: &std::path::Path| -> Option<String> {
+    // reaches a host file, and a FIFO or device there is refused, never opened for reading
+    // (it would block the kubelet, or open a host device).
+    let read_in_layer = |layer: &std::path::Path| -> Result<Option<String>, ConfigError> {
         use crate::beneath::{Resolve, Root};
-        let fd = Root::open(layer)
-            .ok()?
-            .open_at(
-                std::path::Path::new("etc/passwd"),
-                nix::fcntl::OFlag::O_RDONLY,
-                Resolve::InRoot,
-            )
-            .ok()?;
-        let mut text = String::new();
-        std::io::Read::read_to_string(
-            &mut std::io::Read::take(std::fs::File::from(fd), 1 << 20),
-            &mut text,
-        )
-        .ok()?;
-        Some(text)
+        let Ok(root) = Root::open(layer) else {
+            return Ok(None);
+        };
+        match root.read_regular(std::path::Path::new("etc/passwd"), 1 << 20, Resolve::InRoot) {
+            Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => Err(config_error(format!(
+                "image {}: /etc/passwd is not a regular file",
+                image.reference
+            ))),
+            Err(_) => Ok(None),
+        }
     };
-    let passwd = image
-        .layers
-        .iter()
-        .rev()
-        .find_map(|l| read_in_layer(l))
-        .unwrap_or_default();
+    let passwd = || -> Result<String, ConfigError> {
+        for layer in image.layers.iter().rev() {
+            if let Some(text) = read_in_layer(layer)? {
+                return Ok(text);
+            }
+        }
+        Ok(String::new())
+    };
     let uid_gid = match name.parse::<u32>() {
         Ok(uid) => (uid, uid),
-        Err(_) => passwd
+        Err(_) => passwd()?
             .lines()
             .map(|l| l.split(':').collect::<Vec<_>>())
             .find(|f| f.len() > 3 && f[0] == name)
@@ -369,37 +343,33 @@ pub fn build(
         }
     }
     // Environment: the image's, then envFrom, then env (later wins), with $(VAR) expansion
-    // against what is defined before.
-    let mut vars: BTreeMap<String, String> = BTreeMap::new();
-    let mut order: Vec<String> = Vec::new();
-    let mut set = |vars: &mut BTreeMap<String, String>, k: String, v: String| {
-        if !vars.contains_key(&k) {
-            order.push(k.clone());
-        }
-        vars.insert(k, v);
+    // against what is defined before; every value bounded as it is made (`environment`).
+    let too_large = |what: String, e: TooLarge| {
+        config_error(format!("container {:?}: {what} {}", c.name, e.reason()))
     };
+    let mut env = Environment::new();
     for entry in &image.env {
         if let Some((k, v)) = entry.split_once('=') {
-            set(&mut vars, k.to_owned(), v.to_owned());
+            env.set(k.to_owned(), v.to_owned())
+                .map_err(|e| too_large(format!("image variable {k}"), e))?;
         }
     }
-    if !vars.contains_key("PATH") {
-        set(
-            &mut vars,
+    if !env.contains("PATH") {
+        env.set(
             "PATH".into(),
             "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
-        );
+        )
+        .map_err(|e| too_large("PATH".into(), e))?;
     }
-    set(&mut vars, "HOSTNAME".into(), plan.hostname.clone());
+    env.set("HOSTNAME".into(), plan.hostname.clone())
+        .map_err(|e| too_large("HOSTNAME".into(), e))?;
     for from in &c.env_from {
         match (ctx.lookup)(from.kind, &from.name) {
             Some(object) => {
                 for (k, v) in object_data(from.kind, &object) {
-                    set(
-                        &mut vars,
-                        format!("{}{k}", from.prefix),
-                        String::from_utf8_lossy(&v).into_owned(),
-                    );
+                    let name = format!("{}{k}", from.prefix);
+                    env.set(name.clone(), String::from_utf8_lossy(&v).into_owned())
+                        .map_err(|e| too_large(format!("variable {name} (envFrom)"), e))?;
                 }
             }
             None if from.optional => {}
@@ -414,7 +384,9 @@ pub fn build(
     }
     for (key, source) in &c.env {
         let value = match source {
-            EnvSource::Value(v) => expand(v, &vars),
+            EnvSource::Value(v) => env
+                .expand(v)
+                .map_err(|e| too_large(format!("variable {key}"), e))?,
             EnvSource::Field(path) => field_value(plan, path, ctx)?,
             EnvSource::Resource {
                 container,
@@ -442,23 +414,35 @@ pub fn build(
                 }
             }
         };
-        set(&mut vars, key.clone(), value);
+        env.set(key.clone(), value)
+            .map_err(|e| too_large(format!("variable {key}"), e))?;
     }
-    let env: Vec<String> = order.iter().map(|k| format!("{k}={}", vars[k])).collect();
-    let expand_all = |list: &[String]| list.iter().map(|a| expand(a, &vars)).collect::<Vec<_>>();
+    let mut expand_all = |field: &str, list: &[String]| -> Result<Vec<String>, ConfigError> {
+        list.iter()
+            .enumerate()
+            .map(|(i, a)| {
+                let what = || format!("{field}[{i}]");
+                let arg = env.expand(a).map_err(|e| too_large(what(), e))?;
+                env.count_argument(arg.len())
+                    .map_err(|e| too_large(what(), e))?;
+                Ok(arg)
+            })
+            .collect()
+    };
     let args: Vec<String> = match (&c.command, &c.args) {
         (Some(command), args) => {
-            let mut all = expand_all(command);
-            all.extend(expand_all(args.as_deref().unwrap_or_default()));
+            let mut all = expand_all("command", command)?;
+            all.extend(expand_all("args", args.as_deref().unwrap_or_default())?);
             all
         }
         (None, Some(args)) => {
             let mut all = image.entrypoint.clone();
-            all.extend(expand_all(args));
+            all.extend(expand_all("args", args)?);
             all
         }
         (None, None) => image.entrypoint.iter().chain(&image.cmd).cloned().collect(),
     };
+    let env = env.to_lines();
     if args.is_empty() {
         return Err(config_error(format!(
             "container {:?}: no command given and image {} has none",
@@ -720,6 +704,54 @@ mod tests {
         build(&plan, &plan.containers[0], &image(), &ctx)
     }
 
+    /// What the API cannot compute (a ConfigMap's value doubled by `$(VAR)`) the kubelet
+    /// bounds, naming the variable (issue #35, item 2).
+    #[test]
+    fn expansion_past_the_bound_is_a_config_error_naming_the_variable() {
+        let big = "x".repeat(100_000);
+        let lookup = |kind: &str, name: &str| {
+            (kind == "ConfigMap" && name == "cfg").then(|| json!({"data": {"k": big}}))
+        };
+        let e = request(
+            json!({"containers": [{"name": "app", "image": "b",
+                "env": [{"name": "K", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "k"}}},
+                        {"name": "TWICE", "value": "$(K)$(K)"}]}]}),
+            &lookup,
+        )
+        .unwrap_err();
+        assert_eq!(e.reason, "CreateContainerConfigError");
+        assert!(e.message.contains("variable TWICE"), "{}", e.message);
+        // Eleven arguments of 100 KB pass each bound alone, not together.
+        let e = request(
+            json!({"containers": [{"name": "app", "image": "b", "command": vec!["$(K)"; 11],
+                "env": [{"name": "K", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "k"}}}]}]}),
+            &lookup,
+        )
+        .unwrap_err();
+        assert!(e.message.contains("command[9]"), "{}", e.message);
+    }
+
+    /// An image whose /etc/passwd is a FIFO (or a device node) is refused without opening it
+    /// for a blocking read: once, that open blocked the kubelet thread forever (issue #35,
+    /// item 5).
+    #[test]
+    fn an_image_passwd_that_is_not_a_regular_file_is_refused_unread() {
+        let layer = tempfile::tempdir().unwrap();
+        std::fs::create_dir(layer.path().join("etc")).unwrap();
+        nix::unistd::mkfifo(
+            &layer.path().join("etc/passwd"),
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )
+        .unwrap();
+        let mut image = image();
+        image.user = Some("nobody".into());
+        image.layers = vec![layer.path().to_owned()];
+        let e = image_user("nobody", &image).unwrap_err();
+        assert!(e.message.contains("not a regular file"), "{}", e.message);
+        // A numeric user needs no lookup.
+        assert_eq!(image_user("1000:1000", &image).unwrap(), (1000, 1000));
+    }
+
     #[test]
     fn environment_downward_api_and_config_maps() {
         let lookup = |kind: &str, name: &str| match (kind, name) {
@@ -806,11 +838,5 @@ mod tests {
         assert!(!r.mounts[3].readonly);
         assert!(r.mounts[4].readonly, "configMap volumes are read-only");
         assert_eq!(r.args, ["sh"], "the image's cmd");
-    }
-
-    #[test]
-    fn expansion_rules() {
-        let vars = BTreeMap::from([("A".to_owned(), "1".to_owned())]);
-        assert_eq!(expand("$(A)-$(B)-$$(A)-$", &vars), "1-$(B)-$(A)-$");
     }
 }

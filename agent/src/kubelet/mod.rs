@@ -1,6 +1,7 @@
 //! The kubelet: runs the pods bound to this node (DESIGN.md §8).
 pub mod admission;
 pub mod container;
+pub mod environment;
 pub mod exec;
 pub mod image_puller;
 pub mod logs;
@@ -192,16 +193,18 @@ impl Kubelet {
     pub fn start(self: &Arc<Self>) {
         let changes = self.replication.subscribe();
         self.reload_bound();
-        let (tx, rx) = mpsc::channel();
-        *self.wake.lock().unwrap() = Some(tx);
         tokio::spawn(self.clone().follow(changes));
         let handle = tokio::runtime::Handle::current();
         let _ = self.handle.set(handle.clone());
         let kubelet = self.clone();
-        std::thread::Builder::new()
-            .name("kubelet".into())
-            .spawn(move || kubelet.run(handle, rx))
-            .expect("spawning the kubelet thread");
+        // Supervised: a panic restarts the loop (with a new wake channel: the old receiver
+        // went with the panicked run), which re-adopts the pods from what the runtime shows.
+        crate::supervise::spawn_thread("kubelet", move || {
+            let (tx, rx) = mpsc::channel();
+            *kubelet.wake.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+            kubelet.clone().run(handle.clone(), rx)
+        })
+        .expect("spawning the kubelet thread");
     }
 
     fn is_mine(&self, pod: &Value) -> bool {

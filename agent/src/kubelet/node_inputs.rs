@@ -12,6 +12,7 @@
 use serde_json::Value;
 use shoal_state::labels;
 
+use super::environment::Environment;
 use crate::scheduler::quantity;
 
 /// A field and what is wrong with it (`spec.volumes[0].name`, `Invalid value: …`).
@@ -126,6 +127,37 @@ fn items(source: &Value, at: &str) -> Result<(), Problem> {
 
 /// Checks what of pod spec `spec` (at field path `path`, e.g. `spec.template.spec`) reaches
 /// the node.
+/// The `$(VAR)` expansion of container `c` (at `at`) as far as the spec alone decides it:
+/// literal `env[].value`s against each other, then `command` and `args`, with the kubelet's
+/// bounds ([`super::environment`]). Variables from the image, ConfigMaps, Secrets and the
+/// downward API are not known here: the kubelet checks again with them.
+fn expansion(c: &Value, at: &str) -> Result<(), Problem> {
+    let mut env = Environment::new();
+    for (j, e) in c["env"].as_array().into_iter().flatten().enumerate() {
+        let (Some(name), Some(value)) = (e["name"].as_str(), e["value"].as_str()) else {
+            continue;
+        };
+        let field = || format!("{at}.env[{j}].value");
+        let expanded = env
+            .expand(value)
+            .map_err(|r| problem(field(), format!("Invalid value: $({name}) {}", r.reason())))?;
+        env.set(name.to_owned(), expanded)
+            .map_err(|r| problem(field(), format!("Invalid value: $({name}) {}", r.reason())))?;
+    }
+    for list in ["command", "args"] {
+        for (k, a) in c[list].as_array().into_iter().flatten().enumerate() {
+            let Some(a) = a.as_str() else { continue };
+            let field = || format!("{at}.{list}[{k}]");
+            let arg = env
+                .expand(a)
+                .map_err(|r| problem(field(), format!("Invalid value: {}", r.reason())))?;
+            env.count_argument(arg.len())
+                .map_err(|r| problem(field(), format!("Invalid value: {}", r.reason())))?;
+        }
+    }
+    Ok(())
+}
+
 pub fn check(spec: &Value, path: &str) -> Result<(), Problem> {
     let mut volumes = std::collections::BTreeSet::new();
     for (i, v) in spec["volumes"].as_array().into_iter().flatten().enumerate() {
@@ -177,14 +209,24 @@ pub fn check(spec: &Value, path: &str) -> Result<(), Problem> {
         format!("{path}.activeDeadlineSeconds"),
         1,
     )?;
+    // Container names are one name space across init and app containers: bundles, logs and
+    // statuses are found by name, so a name used twice would start one spec for the other.
+    let mut containers = std::collections::BTreeSet::new();
     for field in ["initContainers", "containers"] {
         for (i, c) in spec[field].as_array().into_iter().flatten().enumerate() {
             let at = format!("{path}.{field}[{i}]");
             if let Some(name) = c["name"].as_str() {
                 labels::check_dns_label(name)
                     .map_err(|r| invalid(format!("{at}.name"), name, &r))?;
+                if !containers.insert(name) {
+                    return Err(problem(
+                        format!("{at}.name"),
+                        format!("Duplicate value: {name:?}"),
+                    ));
+                }
             }
             quantities(&c["resources"], &at)?;
+            expansion(c, &at)?;
             for p in ["livenessProbe", "readinessProbe", "startupProbe"] {
                 probe(&c[p], format!("{at}.{p}"))?;
             }
@@ -311,6 +353,29 @@ mod tests {
             (
                 json!({"volumes": [{"name": "h", "hostPath": {"path": "/var/log", "type": "Folder"}}], "containers": [c(json!({}))]}),
                 "spec.volumes[0].hostPath.type",
+            ),
+            // $(VAR) chains that multiply: 1 KB, ×1000, ×1000 … (issue #35, item 2).
+            (
+                json!({"containers": [c(json!({"env": [
+                    {"name": "A", "value": "x".repeat(1000)},
+                    {"name": "B", "value": "$(A)".repeat(1000)},
+                    {"name": "C", "value": "$(B)".repeat(1000)}]}))]}),
+                "spec.containers[0].env[1].value",
+            ),
+            (
+                json!({"containers": [c(json!({"env": [{"name": "A", "value": "x".repeat(100_000)}],
+                    "args": vec!["$(A)"; 11]}))]}),
+                "spec.containers[0].args[9]",
+            ),
+            // One name in both lists: the init container's bundle and log would be the app
+            // container's (issue #35, item 11).
+            (
+                json!({"initContainers": [{"name": "app", "image": "i"}], "containers": [c(json!({}))]}),
+                "spec.containers[0].name",
+            ),
+            (
+                json!({"containers": [c(json!({})), c(json!({}))]}),
+                "spec.containers[1].name",
             ),
         ];
         for (spec, field) in cases {
