@@ -27,6 +27,7 @@ pub mod scheduler;
 pub mod scheduling;
 pub mod services;
 pub mod session;
+pub mod supervise;
 pub mod testkit;
 
 /// Version reported in gossip and by `shoal --version`.

@@ -218,7 +218,8 @@ impl Scheduling {
         tokio::spawn(self.clone().follow(changes));
         tokio::spawn(self.clone().receive(incoming));
         tokio::spawn(self.clone().serve_leases(lease_requests));
-        tokio::spawn(self.clone().run());
+        let me = self.clone();
+        crate::supervise::spawn("scheduling", move || me.clone().run());
         Ok(())
     }
 

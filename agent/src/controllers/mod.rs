@@ -22,6 +22,7 @@ pub mod job;
 pub mod namespace;
 #[cfg(test)]
 mod partition_sim;
+pub mod quarantine;
 pub mod replica_set;
 pub mod service_ip;
 pub mod workload;
@@ -38,6 +39,7 @@ use tracing::{debug, info, warn};
 
 use crate::kubelet::status::PodStatusCache;
 use crate::replication::Replication;
+use quarantine::Quarantine;
 use workload::{Action, PodView};
 
 /// Writes one pass keeps in flight.
@@ -348,42 +350,62 @@ pub fn decide(
     owns: &dyn Fn(&Value) -> bool,
     now_ms: u64,
     random: &mut dyn FnMut() -> u64,
+    quarantine: &mut Quarantine,
 ) -> Vec<Action> {
     let mut actions = Vec::new();
     for d in snapshot.deployments.iter().filter(|d| owns(d)) {
         let namespace = namespace_of(d);
-        actions.extend(deployment::reconcile(
-            d,
-            &snapshot.replica_sets_in(namespace),
-            snapshot.pods_in(namespace),
-            now_ms,
-        ));
+        actions.extend(quarantine.guard(d, now_ms, || {
+            deployment::reconcile(
+                d,
+                &snapshot.replica_sets_in(namespace),
+                snapshot.pods_in(namespace),
+                now_ms,
+            )
+        }));
     }
     for rs in snapshot.replica_sets.iter().filter(|r| owns(r)) {
-        actions.extend(replica_set::reconcile(
-            rs,
-            snapshot.replica_set_candidates(rs),
-            random,
-        ));
+        actions.extend(quarantine.guard(rs, now_ms, || {
+            replica_set::reconcile(rs, snapshot.replica_set_candidates(rs), random)
+        }));
     }
     for job in snapshot.jobs.iter().filter(|j| owns(j)) {
-        actions.extend(job::reconcile(
-            job,
-            snapshot.owned_by(namespace_of(job), uid_of(job)),
-            now_ms,
-            random,
-        ));
+        actions.extend(quarantine.guard(job, now_ms, || {
+            job::reconcile(
+                job,
+                snapshot.owned_by(namespace_of(job), uid_of(job)),
+                now_ms,
+                random,
+            )
+        }));
     }
     for cron_job in snapshot.cron_jobs.iter().filter(|c| owns(c)) {
         let namespace = namespace_of(cron_job);
-        actions.extend(cron_job::reconcile(
-            cron_job,
-            &snapshot.jobs_in(namespace),
-            snapshot.pods_in(namespace),
-            now_ms,
-        ));
-        actions.extend(cron_job::next_due(cron_job, now_ms));
+        actions.extend(quarantine.guard(cron_job, now_ms, || {
+            let mut actions = cron_job::reconcile(
+                cron_job,
+                &snapshot.jobs_in(namespace),
+                snapshot.pods_in(namespace),
+                now_ms,
+            );
+            actions.extend(cron_job::next_due(cron_job, now_ms));
+            actions
+        }));
     }
+    // Objects gone, or owned elsewhere now, leave the quarantine.
+    if quarantine.is_empty() {
+        return actions;
+    }
+    let present: HashSet<&str> = snapshot
+        .deployments
+        .iter()
+        .chain(&snapshot.replica_sets)
+        .chain(&snapshot.jobs)
+        .chain(&snapshot.cron_jobs)
+        .filter(|o| owns(o))
+        .map(uid_of)
+        .collect();
+    quarantine.retain(|uid| present.contains(uid));
     actions
 }
 
@@ -431,9 +453,10 @@ impl Controllers {
         }
     }
 
-    /// Starts the reconcile loop.
+    /// Starts the reconcile loop, supervised ([`crate::supervise`]).
     pub fn start(self: &Arc<Self>) {
-        tokio::spawn(self.clone().run());
+        let me = self.clone();
+        crate::supervise::spawn("controllers", move || me.clone().run());
     }
 
     async fn run(self: Arc<Self>) {
@@ -452,11 +475,13 @@ impl Controllers {
                     | "HorizontalPodAutoscaler"
             )
         };
+        // The objects whose reconcile failed, skipped until their retry ([`quarantine`]).
+        let mut quarantine = Quarantine::new();
         loop {
             // Only the statuses of pods a controller controls feed a reconcile (readiness,
             // completion); a bare pod's status changing wakes nothing.
             let began = tokio::time::Instant::now();
-            let (controlled, requeue) = self.pass().await;
+            let (controlled, requeue) = self.pass(&mut quarantine).await;
             // Under a stream of changes (a burst of creates) passes would run back to back and
             // take a whole core from the API and the scheduler: rest at least as long as the
             // pass took.
@@ -530,7 +555,7 @@ impl Controllers {
     /// One reconcile of every workload this node owns; returns the uids of the pods some
     /// controller controls (whose statuses matter to the next pass) and the earliest requeue
     /// a controller asked for (ms since the epoch).
-    async fn pass(&self) -> (HashSet<String>, Option<u64>) {
+    async fn pass(&self, quarantine: &mut Quarantine) -> (HashSet<String>, Option<u64>) {
         let live = self.live_nodes().await;
         let snapshot = Snapshot::read(&self.replication, &self.statuses);
         let controlled = snapshot
@@ -542,7 +567,13 @@ impl Controllers {
             .collect();
         let now = now_ms();
         let mut random = || rand::random::<u64>();
-        let mut actions = decide(&snapshot, &|o| self.owns(o, &live), now, &mut random);
+        let mut actions = decide(
+            &snapshot,
+            &|o| self.owns(o, &live),
+            now,
+            &mut random,
+            quarantine,
+        );
         actions.extend(self.autoscale(&snapshot, &live, now).await);
         // One due already asked for nothing this pass could do: not a reason to spin.
         let requeue = earliest_requeue(&actions).filter(|at| *at > now);
@@ -901,6 +932,12 @@ impl Controllers {
     }
 
     async fn apply(&self, action: Action) {
+        if let Action::Failed { object, message } = &action {
+            warn!(object = %format!("{}/{}/{}", object.kind, object.namespace, object.name),
+                %message, "reconcile failed: quarantined");
+            self.record(Some(events::reconcile_failed(object.clone(), message)));
+            return;
+        }
         let rescaled = match &action {
             Action::Scale {
                 namespace,
@@ -1140,7 +1177,7 @@ pub fn write_of(action: Action) -> Option<Write> {
             uid,
             lay: Lay::Annotations(annotations),
         }),
-        Action::Requeue { .. } => None,
+        Action::Requeue { .. } | Action::Failed { .. } => None,
     }
 }
 

@@ -19,8 +19,8 @@ use shoal_state::{ObjectKey, Store, StoreConfig, WriteMode};
 
 use super::workload::{Phase, PodView, replicas, selector, selects};
 use super::{
-    GarbageRead, Snapshot, Write, decide, garbage, garbage_plan, garbage_writes, has_finalizers,
-    job, namespace_of, overlay, uid_of, write_of,
+    GarbageRead, Quarantine, Snapshot, Write, decide, garbage, garbage_plan, garbage_writes,
+    has_finalizers, job, namespace_of, overlay, uid_of, write_of,
 };
 use crate::scheduler::auction::auctioneer;
 
@@ -217,7 +217,13 @@ impl Sim {
                 });
                 let owns = |o: &Value| auctioneer(uid_of(o), live.iter().copied()) == Some(node);
                 let mut seed = self.seed;
-                let actions = decide(&snapshot, &owns, self.now_ms, &mut || xorshift(&mut seed));
+                let actions = decide(
+                    &snapshot,
+                    &owns,
+                    self.now_ms,
+                    &mut || xorshift(&mut seed),
+                    &mut Quarantine::new(),
+                );
                 self.seed = seed;
                 for action in actions {
                     writes += apply(&mut self.sides[side].1, action, self.now_ms);

@@ -180,6 +180,12 @@ pub enum Action {
         name: String,
         uid: String,
     },
+    /// The object's reconcile failed (it panicked): nothing is written for it this pass; the
+    /// shell records a Warning event `ReconcileFailed` with `message` ([`super::quarantine`]).
+    Failed {
+        object: crate::events::ObjectRef,
+        message: String,
+    },
     /// Nothing to write: reconcile again at `at_ms` (ms since the epoch) even if nothing
     /// changes by then — a decision that only time changes (a pod ready for
     /// `minReadySeconds`, a deadline) is due then (kube-runtime's `Action::requeue`). The

@@ -123,6 +123,7 @@ fn main() {
         "conditions": [{"type": "Ready", "status": "True"}]});
     let live = [1u64];
     let mut random = || 0u64;
+    let mut quarantine = shoal_agent::controllers::quarantine::Quarantine::new();
     let (mut list_cpu, mut views_cpu, mut decide_cpu, mut allocations, mut bytes) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..args.passes {
@@ -135,7 +136,7 @@ fn main() {
         let t1 = thread_cpu();
         let snapshot = Snapshot::from_listed(listed, |_| Some(status.clone()));
         let t2 = thread_cpu();
-        let actions = decide(&snapshot, &|_| true, NOW_MS, &mut random);
+        let actions = decide(&snapshot, &|_| true, NOW_MS, &mut random, &mut quarantine);
         let t3 = thread_cpu();
         assert!(
             actions.is_empty(),

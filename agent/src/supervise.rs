@@ -1,0 +1,145 @@
+//! Supervision of the agent's long-lived tasks and threads (DESIGN.md §11, invariant 8): a
+//! loop that panics is logged with its name and the panic, and started again after a back-off
+//! (doubling from [`FIRST_RESTART`] to [`MAX_RESTART`], back to the first after a minute of
+//! running), instead of leaving the node without its controllers, scheduler or kubelet while
+//! the rest of the agent looks healthy. A loop that returns has finished (its source closed:
+//! the agent is stopping) and is not restarted.
+//!
+//! Objects that make one reconcile fail are handled closer to the decision
+//! ([`crate::controllers::quarantine`]); this is the net under everything else.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use tracing::error;
+
+use crate::controllers::quarantine::panic_message;
+
+/// The first wait before a panicked loop starts again.
+pub const FIRST_RESTART: Duration = Duration::from_millis(100);
+/// The longest wait between two restarts.
+pub const MAX_RESTART: Duration = Duration::from_secs(30);
+/// A loop that ran this long before it panicked starts again after [`FIRST_RESTART`].
+const HEALTHY_RUN: Duration = Duration::from_secs(60);
+
+/// The wait before the next start, after a run of `ran` that panicked following `previous`.
+fn next_wait(previous: Option<Duration>, ran: Duration) -> Duration {
+    match previous {
+        Some(wait) if ran < HEALTHY_RUN => (wait * 2).min(MAX_RESTART),
+        _ => FIRST_RESTART,
+    }
+}
+
+/// Spawns the task `start` makes, and again whenever it panics.
+pub fn spawn<F, Fut>(name: &'static str, start: F) -> tokio::task::JoinHandle<()>
+where
+    F: Fn() -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut wait = None;
+        loop {
+            let began = Instant::now();
+            match tokio::spawn(start()).await {
+                Ok(()) => return,
+                Err(e) if e.is_panic() => {
+                    let next = next_wait(wait, began.elapsed());
+                    error!(
+                        task = name,
+                        panic = %panic_message(e.into_panic().as_ref()),
+                        restart_in = ?next,
+                        "task panicked: restarting it"
+                    );
+                    wait = Some(next);
+                    tokio::time::sleep(next).await;
+                }
+                // Cancelled: the runtime is shutting down.
+                Err(_) => return,
+            }
+        }
+    })
+}
+
+/// Runs `body` on a thread named `name`, again whenever it panics (for loops that block:
+/// the kubelet's runtime calls).
+pub fn spawn_thread<F>(name: &'static str, body: F) -> std::io::Result<std::thread::JoinHandle<()>>
+where
+    F: Fn() + Send + 'static,
+{
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let mut wait = None;
+            loop {
+                let began = Instant::now();
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(&body)) {
+                    Ok(()) => return,
+                    Err(payload) => {
+                        let next = next_wait(wait, began.elapsed());
+                        error!(
+                            thread = name,
+                            panic = %panic_message(payload.as_ref()),
+                            restart_in = ?next,
+                            "thread panicked: restarting it"
+                        );
+                        wait = Some(next);
+                        std::thread::sleep(next);
+                    }
+                }
+            }
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    #[test]
+    fn restarts_back_off_and_reset_after_a_healthy_run() {
+        let w = next_wait(None, Duration::ZERO);
+        assert_eq!(w, FIRST_RESTART);
+        let w = next_wait(Some(w), Duration::from_secs(1));
+        assert_eq!(w, FIRST_RESTART * 2);
+        assert_eq!(
+            next_wait(Some(MAX_RESTART), Duration::from_secs(1)),
+            MAX_RESTART
+        );
+        assert_eq!(next_wait(Some(MAX_RESTART), HEALTHY_RUN), FIRST_RESTART);
+    }
+
+    /// A task that panics is started again; one that returns is not.
+    #[tokio::test]
+    async fn a_panicked_task_starts_again() {
+        let runs = Arc::new(AtomicU32::new(0));
+        let counted = runs.clone();
+        spawn("test", move || {
+            let runs = counted.clone();
+            async move {
+                if runs.fetch_add(1, Ordering::SeqCst) < 2 {
+                    panic!("poison");
+                }
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(runs.load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn a_panicked_thread_starts_again() {
+        let runs = Arc::new(AtomicU32::new(0));
+        let counted = runs.clone();
+        spawn_thread("test", move || {
+            if counted.fetch_add(1, Ordering::SeqCst) < 1 {
+                panic!("poison");
+            }
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+    }
+}
