@@ -54,6 +54,15 @@ def deploy(**spec_over):
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}, "spec": spec}
 
 
+J = "/apis/batch/v1/namespaces/default/jobs"
+CJ = "/apis/batch/v1/namespaces/default/cronjobs"
+
+
+def job(**spec):
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
+            "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}, **spec}}
+
+
 def cm(name="cm", **data):
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data}
 
@@ -151,6 +160,17 @@ cases = [
     ("POST", P, pod(terminationGracePeriodSeconds=2**64 - 1), "application/json", True, 422, "spec.terminationGracePeriodSeconds"),
     ("POST", P, pod(volumes=[{"name": "../../etc", "emptyDir": {}}]), "application/json", True, 422, "spec.volumes[0].name"),
     ("POST", P, pod(containers=[{"name": "c", "image": "i", "volumeMounts": [{"name": "v", "mountPath": "/m", "subPath": "/etc"}]}], volumes=[{"name": "v", "emptyDir": {}}]), "application/json", True, 422, "subPath"),
+    # Issue #35: poison manifests. Counts that once aborted every agent in turn (a 16 TiB
+    # allocation for parallelism 2^40), $(VAR) chains that multiply 1 KB by 1000 per step,
+    # and one name for an init and an app container.
+    ("POST", J, job(parallelism=2**40), "application/json", True, 422, "spec.parallelism: Invalid value: 1099511627776: must be less than or equal to 2147483647"),
+    ("POST", J, job(completions=2**62), "application/json", True, 422, "spec.completions"),
+    ("POST", J, job(completionMode="Indexed", completions=10**6), "application/json", True, 422, "spec.completions"),
+    ("POST", CJ, {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "cj"}, "spec": {"schedule": "* * * * *", "jobTemplate": {"spec": job(parallelism=2**40)["spec"]}}}, "application/json", True, 422, "spec.jobTemplate.spec.parallelism"),
+    ("POST", D, deploy(replicas=2**40), "application/json", True, 422, "spec.replicas"),
+    ("POST", P, pod(containers=[{"name": "c", "image": "i", "env": [{"name": "A", "value": "x" * 1000}, {"name": "B", "value": "$(A)" * 1000}, {"name": "C", "value": "$(B)" * 1000}]}]), "application/json", True, 422, "spec.containers[0].env[1].value: Invalid value: $(B) expands to more than"),
+    ("POST", D, deploy(template={"metadata": {"labels": {"app": "x"}}, "spec": {"containers": [{"name": "c", "image": "i", "env": [{"name": "A", "value": "x" * 100000}], "args": ["$(A)"] * 11}]}}), "application/json", True, 422, "spec.template.spec.containers[0].args[9]"),
+    ("POST", P, pod(initContainers=[{"name": "c", "image": "i"}]), "application/json", True, 422, "spec.containers[0].name: Duplicate value"),
 ]
 
 failures = []

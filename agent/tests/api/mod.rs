@@ -382,6 +382,14 @@ async fn bad_requests_get_clear_4xx_errors() {
     );
     assert!(ok, "{out}");
     assert!(out.contains("bad requests: all"), "{out}");
+    // What a user tried with kubectl (issue #35): one Job asking for 2^40 pods took every
+    // agent down in turn. Refused, naming the field.
+    let job = api.manifest(
+        "poison-job.yaml",
+        "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: poison\nspec:\n  parallelism: 1099511627776\n  template:\n    spec:\n      restartPolicy: Never\n      containers:\n      - name: c\n        image: busybox\n",
+    );
+    let (ok, _, err) = api.kubectl(0, &["apply", "-f", &job]);
+    assert!(!ok && err.contains("spec.parallelism"), "{err}");
     // The agent is still healthy after all of it.
     assert!(api.agents[0].members().await.is_ok());
 }
