@@ -46,13 +46,24 @@ pub enum LayerError {
     TooLarge { blob: PathBuf, limit: u64 },
     #[error("layer {blob}: more than {limit} entries (the node's --max-layer-entries)")]
     TooManyEntries { blob: PathBuf, limit: u64 },
+    #[error(
+        "layer {blob}: entry {entry:?} needs {needed} bytes and the node keeps {available} free for it (a {reserve}-byte reserve stays free)"
+    )]
+    NoSpace {
+        blob: PathBuf,
+        entry: PathBuf,
+        needed: u64,
+        available: u64,
+        reserve: u64,
+    },
 }
 
 /// Bounds on what one layer may unpack to (a compressed layer is a decompression bomb away
 /// from filling the node's disk).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LayerLimits {
-    /// Uncompressed bytes of the layer's tar stream.
+    /// Uncompressed bytes of the layer's tar stream, and bytes its files hold once written
+    /// (their apparent sizes: a GNU sparse entry's holes count, as they are written out).
     pub max_bytes: u64,
     /// Entries (files, directories, links, whiteouts) in the layer.
     pub max_entries: u64,
@@ -261,6 +272,15 @@ fn apply_entry<R: Read>(
     }
 }
 
+/// Bytes an unpack leaves free on the node's disk: a layer never fills it.
+pub const FREE_SPACE_RESERVE: u64 = 256 << 20;
+
+/// The bytes an unprivileged writer can still use on the filesystem holding `dir`.
+fn available_bytes(dir: &Path) -> io::Result<u64> {
+    let stat = nix::sys::statvfs::statvfs(dir).map_err(errno)?;
+    Ok((stat.blocks_available() as u64).saturating_mul(stat.fragment_size() as u64))
+}
+
 /// Unpacks `blob` into `dest` (which must exist and be empty): first checks that the blob's
 /// bytes hash to its file name when `blob_hex` is given, then applies every entry beneath
 /// `dest` (symlinks in the layer resolved with `dest` as `/`, OCI whiteouts turned into
@@ -307,6 +327,9 @@ pub fn unpack(
     };
     let mut archive = tar::Archive::new(reader);
     let mut count = 0u64;
+    // The bytes the layer's files will hold: a ~2 KB stream can describe a 1 TiB sparse
+    // file, whose holes the tar reader expands outside the stream's bound.
+    let mut apparent = 0u64;
     for entry in archive.entries().map_err(stream_err)? {
         count += 1;
         if count > limits.max_entries {
@@ -326,6 +349,23 @@ pub fn unpack(
             // The layer root itself (`./`).
             continue;
         };
+        let size = entry.size();
+        apparent = apparent.saturating_add(size);
+        if apparent > limits.max_bytes {
+            return Err(too_large());
+        }
+        if size > 0 {
+            let available = available_bytes(dest).map_err(io_err)?;
+            if size.saturating_add(FREE_SPACE_RESERVE) > available {
+                return Err(LayerError::NoSpace {
+                    blob: blob.to_owned(),
+                    entry: raw.clone(),
+                    needed: size,
+                    available: available.saturating_sub(FREE_SPACE_RESERVE),
+                    reserve: FREE_SPACE_RESERVE,
+                });
+            }
+        }
         let parent = path.parent().unwrap_or(Path::new(""));
         let result = root
             .create_dir_all(parent, 0o755, Resolve::InRoot)
@@ -640,6 +680,57 @@ mod tests {
         };
         let err = unpack(&blob, &dest, None, None, few).unwrap_err();
         assert!(matches!(err, LayerError::TooManyEntries { .. }), "{err}");
+    }
+
+    /// A ~2.5 KB layer holding a GNU sparse entry of 1 PiB (one 512-byte block of data at
+    /// its end, the rest a hole): its stream is tiny, its file is not. Refused by its apparent
+    /// size before anything is written (issue #35, item 6: it once filled the disk, again on
+    /// every retry).
+    #[test]
+    fn a_sparse_entry_counts_its_holes() {
+        let dir = tempfile::tempdir().unwrap();
+        let real_size: u64 = 1 << 50;
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::GNUSparse);
+        header.set_path("hole").unwrap();
+        header.set_mode(0o644);
+        header.set_uid(me().0);
+        header.set_gid(me().1);
+        header.set_mtime(0);
+        header.set_size(512);
+        {
+            let gnu = header.as_gnu_mut().unwrap();
+            // GNU's base-256 form (numbers past the octal field's 8 GiB).
+            let number = |field: &mut [u8], n: u64| {
+                field.fill(0);
+                field[0] = 0x80;
+                let at = field.len() - 8;
+                field[at..].copy_from_slice(&n.to_be_bytes());
+            };
+            number(&mut gnu.realsize, real_size);
+            number(&mut gnu.sparse[0].offset, real_size - 512);
+            number(&mut gnu.sparse[0].numbytes, 512);
+        }
+        header.set_cksum();
+        let mut stream = header.as_bytes().to_vec();
+        stream.extend_from_slice(&[b'x'; 512]);
+        stream.extend_from_slice(&[0; 1024]);
+        let blob = dir.path().join("blob");
+        std::fs::write(&blob, &stream).unwrap();
+        assert!(stream.len() < 4096);
+        let dest = dir.path().join("root");
+        std::fs::create_dir(&dest).unwrap();
+        let err = unpack(&blob, &dest, None, None, LayerLimits::default()).unwrap_err();
+        assert!(matches!(err, LayerError::TooLarge { .. }), "{err}");
+        assert!(!dest.join("hole").exists());
+        // Under a bound it would pass, the free space is what stops it.
+        let roomy = LayerLimits {
+            max_bytes: u64::MAX,
+            max_entries: 10,
+        };
+        let err = unpack(&blob, &dest, None, None, roomy).unwrap_err();
+        assert!(matches!(err, LayerError::NoSpace { .. }), "{err}");
+        assert!(!dest.join("hole").exists());
     }
 
     fn name_strategy() -> impl proptest::strategy::Strategy<Value = String> {
