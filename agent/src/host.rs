@@ -7,6 +7,28 @@ use shoal_gossip::Capacity;
 /// Kubernetes' default pod limit per node.
 pub const DEFAULT_MAX_PODS: u32 = 110;
 
+/// Raises this process's soft limit on open files to its hard limit (the default soft limit,
+/// 1,024, is what a pod flooding the API or the DNS would reach first: each listener caps its
+/// connections below it, and accept loops back off on EMFILE). Returns the limit in force.
+pub fn raise_open_files_limit() -> std::io::Result<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(limit.rlim_cur)
+}
+
 /// CPU from the scheduler's view of available cores, memory from `/proc/meminfo`.
 pub fn detect_capacity(max_pods: u32) -> std::io::Result<Capacity> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;

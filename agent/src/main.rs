@@ -179,6 +179,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Agent(flags) => {
             let config = AgentConfig::resolve(&flags)?;
+            if let Err(error) = shoal_agent::host::raise_open_files_limit() {
+                tracing::warn!(%error, "could not raise the open files limit");
+            }
             runtime()?.block_on(shoal_agent::agent::run(config))?;
             Ok(())
         }

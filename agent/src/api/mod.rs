@@ -21,6 +21,7 @@ pub(crate) mod validation;
 /// The apiserver's defaulting of `kind` (controllers build objects users could have written).
 pub(crate) use validation::default as default_object;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -450,6 +451,10 @@ async fn metrics_text(state: &ApiState) -> Response {
 pub struct ConnectionLimits {
     /// Connections served at once; more are closed on accept.
     pub max_connections: usize,
+    /// Connections served at once from one source address (one pod, one node): more from it
+    /// are closed on accept, so no single client can hold every slot before it has
+    /// authenticated.
+    pub max_per_source: usize,
     /// Time a client has to finish the TLS handshake.
     pub tls_handshake: Duration,
     /// Time a client has to send a request's headers (also while a kept-alive connection
@@ -461,8 +466,50 @@ impl Default for ConnectionLimits {
     fn default() -> Self {
         Self {
             max_connections: 1024,
+            max_per_source: 64,
             tls_handshake: Duration::from_secs(10),
             header_read: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The connections open per source address, each counted while its [`SourceSlot`] lives.
+/// The lock is held for a map update only (nothing in it can panic on input).
+#[derive(Debug, Default)]
+struct Sources {
+    open: std::sync::Mutex<HashMap<std::net::IpAddr, usize>>,
+}
+
+/// One connection of a source, counted until dropped.
+struct SourceSlot {
+    sources: Arc<Sources>,
+    ip: std::net::IpAddr,
+}
+
+impl Sources {
+    /// A slot for another connection from `ip`, unless it already has `max` open.
+    fn admit(self: &Arc<Self>, ip: std::net::IpAddr, max: usize) -> Option<SourceSlot> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let count = open.entry(ip).or_insert(0);
+        if *count >= max {
+            return None;
+        }
+        *count += 1;
+        Some(SourceSlot {
+            sources: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut open = self.sources.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = open.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.ip);
+            }
         }
     }
 }
@@ -477,6 +524,7 @@ pub async fn serve(
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let sources = Arc::new(Sources::default());
     let mut last_refusal: Option<std::time::Instant> = None;
     tokio::pin!(shutdown);
     loop {
@@ -485,10 +533,21 @@ pub async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok(pair) => pair,
                 Err(error) => {
+                    // Out of descriptors (EMFILE, ENFILE) or memory: accepting again at once
+                    // would spin on the same error; connections closing free what it needs.
                     warn!(%error, "API accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
             },
+        };
+        let Some(source_slot) = sources.admit(peer.ip(), limits.max_per_source) else {
+            if last_refusal.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                last_refusal = Some(std::time::Instant::now());
+                warn!(%peer, max = limits.max_per_source, "API connection refused: too many open connections from this address");
+            }
+            drop(stream);
+            continue;
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             if last_refusal.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
@@ -501,7 +560,7 @@ pub async fn serve(
         let acceptor = acceptor.clone();
         let service = TowerToHyperService::new(router.clone());
         tokio::spawn(async move {
-            let _slot = slot;
+            let _slots = (slot, source_slot);
             let tls =
                 match tokio::time::timeout(limits.tls_handshake, acceptor.accept(stream)).await {
                     Ok(Ok(tls)) => tls,
@@ -564,6 +623,7 @@ mod tests {
     async fn silent_clients_are_dropped_and_connections_are_bounded() {
         let addr = listener(ConnectionLimits {
             max_connections: 1,
+            max_per_source: 8,
             tls_handshake: Duration::from_millis(300),
             header_read: Duration::from_millis(300),
         })
@@ -580,5 +640,82 @@ mod tests {
         // The slot is free again: a third client gets a TLS handshake (the server speaks).
         let mut third = tokio::net::TcpStream::connect(addr).await.unwrap();
         assert!(!closed_within(&mut third, Duration::from_millis(100)).await);
+    }
+
+    /// `GET /healthz` over TLS from `source`: the body, or why it failed.
+    async fn healthz_from(addr: SocketAddr, source: std::net::IpAddr) -> Result<String, String> {
+        use tokio::io::AsyncWriteExt;
+        let secret = shoal_gossip::ClusterSecret::from_bytes([3; 32]);
+        let identity = shoal_gossip::ClusterIdentity::derive(&secret).unwrap();
+        let connector =
+            tokio_rustls::TlsConnector::from(Arc::new(identity.api_client_config().unwrap()));
+        let socket = tokio::net::TcpSocket::new_v4().map_err(|e| e.to_string())?;
+        socket
+            .bind(SocketAddr::new(source, 0))
+            .map_err(|e| e.to_string())?;
+        let tcp = socket.connect(addr).await.map_err(|e| e.to_string())?;
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        let mut tls = tokio::time::timeout(Duration::from_secs(5), connector.connect(name, tcp))
+            .await
+            .map_err(|_| "handshake timed out".to_owned())?
+            .map_err(|e| e.to_string())?;
+        tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut answer))
+            .await
+            .map_err(|_| "no answer".to_owned())?
+            .map_err(|e| e.to_string())?;
+        Ok(String::from_utf8_lossy(&answer).into_owned())
+    }
+
+    /// Issue #35, item 8: one source holding as many silent connections as it can (a pod
+    /// flooding the API before authenticating) takes its own share of the slots only:
+    /// another client's requests keep succeeding meanwhile.
+    #[tokio::test]
+    async fn one_source_cannot_take_every_slot() {
+        let addr = listener(ConnectionLimits {
+            max_connections: 16,
+            max_per_source: 4,
+            tls_handshake: Duration::from_secs(30),
+            header_read: Duration::from_secs(30),
+        })
+        .await;
+        let flooder: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+        let mut held = Vec::new();
+        let mut refused = 0;
+        for _ in 0..32 {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(SocketAddr::new(flooder, 0)).unwrap();
+            let mut stream = socket.connect(addr).await.unwrap();
+            if closed_within(&mut stream, Duration::from_millis(50)).await {
+                refused += 1;
+            } else {
+                held.push(stream);
+            }
+        }
+        assert_eq!(held.len(), 4, "the flooder holds its share only");
+        assert_eq!(refused, 28);
+        let answer = healthz_from(addr, "127.0.0.1".parse().unwrap()).await;
+        assert!(
+            answer
+                .as_deref()
+                .is_ok_and(|a| a.contains("200 OK") && a.ends_with("ok")),
+            "{answer:?}"
+        );
+        // Its connections closed, the flooder is served again.
+        drop(held);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            if healthz_from(addr, flooder).await.is_ok() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the flooder's slots were not freed"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
