@@ -333,7 +333,6 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
                 config.gossip_interval.mul_f64(config.phi_threshold * 2.0),
                 config.fence_timeout,
             ),
-            fence_lease: runtime.as_ref().map(|r| r.fence_lease_path()),
             ..Default::default()
         },
         events.clone(),

@@ -44,9 +44,6 @@ pub struct SchedulingConfig {
     pub eviction_delay: Duration,
     /// Timing of the `fenced` partition policy.
     pub fence: FenceConfig,
-    /// The fence lease this node renews on every round its fenced pods may run
-    /// (`runtime::lease`; `None` without a container runtime).
-    pub fence_lease: Option<std::path::PathBuf>,
     pub auction: AuctionConfig,
 }
 
@@ -56,7 +53,6 @@ impl Default for SchedulingConfig {
             tick: Duration::from_millis(100),
             eviction_delay: Duration::from_secs(5),
             fence: FenceConfig::new(Duration::from_secs(4), Duration::from_secs(5)),
-            fence_lease: None,
             auction: AuctionConfig::default(),
         }
     }
@@ -463,23 +459,15 @@ impl Scheduling {
     async fn run(self: Arc<Self>) {
         let mut ticker = tokio::time::interval(self.config.tick);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut renewals: u64 = 0;
         loop {
             tokio::select! {
                 _ = ticker.tick() => {}
                 _ = self.wake.notified() => {}
             }
             let outputs = self.tick().await;
+            // The run leases this round keeps are what the kubelet renews its fenced pods'
+            // fence leases from ([`Self::may_run_fenced`]).
             self.lease_round();
-            // The round decided fenced pods may run here: say so to their shims.
-            if let Some(path) = &self.config.fence_lease
-                && !self.must_stop_fenced()
-            {
-                renewals += 1;
-                if let Err(error) = crate::runtime::lease::renew(path, renewals) {
-                    warn!(path = %path.display(), %error, "cannot renew the fence lease: fenced containers here will be killed by their shims");
-                }
-            }
             self.handle(outputs).await;
             self.claim_daemon_pods().await;
         }

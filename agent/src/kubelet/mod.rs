@@ -96,7 +96,14 @@ pub struct Kubelet {
     /// Set by [`Kubelet::stop`]; the loop sets `exited` when it has returned.
     stopping: std::sync::atomic::AtomicBool,
     exited: std::sync::atomic::AtomicBool,
+    /// When this loop last renewed its fenced pods' fence leases, and how often in all.
+    fence_renewed: Mutex<Option<std::time::Instant>>,
+    fence_renewals: std::sync::atomic::AtomicU64,
 }
+
+/// How often the kubelet renews the fence leases of the fenced pods it may run (each pass,
+/// at most this often).
+const FENCE_RENEWAL: Duration = Duration::from_millis(100);
 
 /// A pod bound to this node: the stored object and its plan, parsed when it changes (not on
 /// every sync).
@@ -170,6 +177,8 @@ impl Kubelet {
             events,
             stopping: Default::default(),
             exited: Default::default(),
+            fence_renewed: Mutex::new(None),
+            fence_renewals: Default::default(),
         })
     }
 
@@ -348,6 +357,36 @@ impl Kubelet {
         })
     }
 
+    /// Renews the fence lease of each pod of `held` (fenced pods this pass found it may run:
+    /// the node holds their run leases and is not fenced off). The renewal comes from this
+    /// loop's own progress, not from another task's: a kubelet that is stuck cannot stop a
+    /// pod it should stop, so it stops renewing, and the pod's shims kill its containers once
+    /// the lease lapses (`runtime::lease`).
+    fn renew_fence_leases(&self, held: &[String]) {
+        let now = std::time::Instant::now();
+        {
+            let mut renewed = self.fence_renewed.lock().unwrap_or_else(|e| e.into_inner());
+            if renewed.is_some_and(|at| now.duration_since(at) < FENCE_RENEWAL) {
+                return;
+            }
+            *renewed = Some(now);
+        }
+        let counter = self
+            .fence_renewals
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        for uid in held {
+            let path = self.runtime.fence_lease_path(uid);
+            match crate::runtime::lease::renew(&path, counter) {
+                Ok(()) => {}
+                // No sandbox yet: no container to hold the lease either.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => {
+                    warn!(pod = %uid, path = %path.display(), %error, "cannot renew the fence lease: the pod's fenced containers will be killed by their shims")
+                }
+            }
+        }
+    }
+
     fn sync(
         &self,
         handle: &tokio::runtime::Handle,
@@ -406,6 +445,8 @@ impl Kubelet {
                 .iter()
                 .any(|c| matches!(c.state, crate::runtime::ObservedState::Creating))
         });
+        // Fenced pods this pass may run: their fence leases are renewed after it.
+        let mut fence_held: Vec<String> = Vec::new();
         for uid in uids {
             let now = now_ms();
             let pod = bound.get(&uid);
@@ -423,6 +464,9 @@ impl Kubelet {
                     // A fenced pod runs only while this node holds its run lease.
                     fenced = policy == Policy::Fenced
                         && (fenced_stop || !self.scheduling.may_run_fenced(&uid));
+                    if policy == Policy::Fenced && !fenced && !deleting {
+                        fence_held.push(uid.clone());
+                    }
                     (!fenced && !deleting).then_some(plan)
                 }
                 Some(Err(error)) => {
@@ -519,6 +563,7 @@ impl Kubelet {
                 }
             }
         }
+        self.renew_fence_leases(&fence_held);
         // Publish what changed; withdraw statuses of pods no longer here.
         for key in published.keys().cloned().collect::<Vec<_>>() {
             let uid = key.trim_start_matches(status::KEY_PREFIX);

@@ -2,9 +2,11 @@
 //!
 //! Containers outlive their agent (each is supervised by its own `shoal shim`), so an agent that
 //! is killed, frozen (SIGSTOP) or hung would leave its fenced containers running while the
-//! majority, which sees the node dead, starts their replacements. The agent therefore renews a
-//! lease file (`<data dir>/fence.lease`) on every scheduling round in which its fenced pods may
-//! run ([`renew`]); the shim of a fenced container watches it ([`LeaseWatch`]) and kills the
+//! majority, which sees the node dead, starts their replacements. The kubelet therefore renews
+//! a lease file per fenced pod (`<data dir>/pods/<uid>/fence.lease`) on every pass of its own
+//! loop in which that pod may run — the node holds the pod's run lease and is not fenced off
+//! ([`renew`]) — so a stuck kubelet, which could not stop the pod when told to, stops renewing
+//! too; the shim of a fenced container watches its pod's lease ([`LeaseWatch`]) and kills the
 //! container once the lease has not changed for the fence timeout `F`.
 //!
 //! The shim times the lease on its own monotonic clock from the last *change* it saw, never
@@ -17,7 +19,7 @@ use std::io;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// The lease file's name in the agent's data dir.
+/// The lease file's name in a fenced pod's directory.
 pub const FILE: &str = "fence.lease";
 
 /// How often a shim looks at the lease.

@@ -310,16 +310,18 @@ impl Runtime {
         Ok(runtime)
     }
 
-    /// Fenced containers hold the fence lease ([`lease`]) with this timeout: the agent renews
-    /// [`Self::fence_lease_path`], their shims kill them once it lapses.
+    /// Fenced containers hold their pod's fence lease ([`lease`]) with this timeout: the
+    /// kubelet renews [`Self::fence_lease_path`] of each fenced pod it may run, their shims
+    /// kill them once it lapses.
     pub fn with_fence_timeout(mut self, timeout: Duration) -> Self {
         self.fence_timeout = Some(timeout);
         self
     }
 
-    /// The fence lease file the agent renews.
-    pub fn fence_lease_path(&self) -> PathBuf {
-        self.data_dir.join(lease::FILE)
+    /// The fence lease file of pod `uid` (in its pod directory), which the kubelet renews
+    /// while the pod may run here (checked ids only).
+    pub fn fence_lease_path(&self, uid: &str) -> PathBuf {
+        self.pod_dir(uid).join(lease::FILE)
     }
 
     /// Pods get their network from `plugin` (default: loopback only).
@@ -843,7 +845,7 @@ impl Runtime {
         if let (true, Some(timeout)) = (request.fenced, self.fence_timeout) {
             command
                 .arg("--fence-lease")
-                .arg(self.fence_lease_path())
+                .arg(self.fence_lease_path(pod_uid))
                 .arg("--fence-timeout-ms")
                 .arg(timeout.as_millis().to_string());
         }

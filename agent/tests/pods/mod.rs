@@ -856,3 +856,155 @@ async fn a_node_refuses_pods_beyond_its_allocatable_and_they_are_auctioned_again
     assert_eq!(sandboxes(&api, 0), 1);
     assert_eq!(pod_json(&api, 0, "big")["status"]["phase"], "Running");
 }
+
+/// Stops one thread of another process with ptrace (`PTRACE_SEIZE` + `PTRACE_INTERRUPT`: only
+/// that thread stops, the rest of the process runs on) until dropped. The tracer is a thread
+/// of its own, as ptrace binds a tracee to the thread that attached it.
+struct ThreadStop {
+    resume: Option<std::sync::mpsc::Sender<()>>,
+    tracer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ThreadStop {
+    fn new(tid: i32) -> Self {
+        let (stopped_tx, stopped_rx) = std::sync::mpsc::channel();
+        let (resume_tx, resume_rx) = std::sync::mpsc::channel::<()>();
+        let tracer = std::thread::spawn(move || {
+            // SAFETY: plain ptrace requests on a thread id; the pointers passed are null or a
+            // local status integer.
+            unsafe {
+                let seized = libc::ptrace(libc::PTRACE_SEIZE, tid, 0, 0) == 0
+                    && libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0) == 0;
+                let mut status = 0;
+                let stopped = seized && libc::waitpid(tid, &mut status, libc::__WALL) == tid;
+                stopped_tx.send(stopped).unwrap();
+                let _ = resume_rx.recv();
+                if seized {
+                    libc::ptrace(libc::PTRACE_DETACH, tid, 0, 0);
+                }
+            }
+        });
+        assert!(
+            stopped_rx.recv().unwrap(),
+            "could not stop thread {tid}: {}",
+            std::io::Error::last_os_error()
+        );
+        Self {
+            resume: Some(resume_tx),
+            tracer: Some(tracer),
+        }
+    }
+}
+
+impl Drop for ThreadStop {
+    fn drop(&mut self) {
+        drop(self.resume.take());
+        if let Some(t) = self.tracer.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The id of `pid`'s thread named `name`.
+fn thread_named(pid: u32, name: &str) -> Option<i32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .filter_map(Result::ok)
+        .find(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))?
+        .file_name()
+        .to_str()?
+        .parse()
+        .ok()
+}
+
+/// Issue #35, item 12: a fenced pod's containers live while the kubelet that could stop them
+/// makes progress, not merely while the agent does. With the kubelet's thread stopped (and the
+/// rest of the agent running: gossip, scheduling, the API), the fence lease is no longer
+/// renewed and the pod's shim kills its container; resumed, the kubelet restarts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_kubelet_stops_renewing_the_fence_and_its_fenced_pod_dies() {
+    let api = ApiLab::start_with(1, |_| {
+        ["--fence-timeout", "1s", "--restart-backoff", "1s"]
+            .map(str::to_owned)
+            .to_vec()
+    })
+    .await;
+    import_image(&api, 0, &crate::runtime::busybox_archive(), None);
+    let file = api.manifest(
+        "fenced.yaml",
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: fenced
+  annotations: {shoal.io/partition-policy: fenced}
+spec:
+  containers:
+  - {name: c, image: shoal.local/busybox:1, command: [sh, -c, "trap '' TERM; while true; do sleep 0.2; done"]}
+"#,
+    );
+    api.ok(0, &["apply", "-f", &file]);
+    api.ok(
+        0,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "pod/fenced",
+            "--timeout=60s",
+        ],
+    );
+    let uid = pod_json(&api, 0, "fenced")["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let bundle = api.agents[0]
+        .data_dir()
+        .join("pods")
+        .join(&uid)
+        .join("containers/c.0");
+    let exit = bundle.join("exit.json");
+    // Renewed by a running kubelet, the container outlives several fence timeouts.
+    let lease = api.agents[0]
+        .data_dir()
+        .join("pods")
+        .join(&uid)
+        .join("fence.lease");
+    let first = std::fs::read_to_string(&lease).unwrap();
+    wait_until("the kubelet renews the fence lease", LIMIT, || {
+        let now = std::fs::read_to_string(&lease).unwrap_or_default();
+        let changed = now != first;
+        async move { changed }
+    })
+    .await
+    .unwrap();
+    assert!(!exit.exists(), "the container ended while the kubelet ran");
+
+    let pid = api.agents[0].pid().unwrap();
+    let tid = thread_named(pid, "kubelet").expect("the agent has a kubelet thread");
+    let stop = ThreadStop::new(tid);
+    wait_until("the shim kills the fenced container", LIMIT, || {
+        let killed = std::fs::read_to_string(&exit)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .is_some_and(|e| e["fence_lapsed"] == true);
+        async move { killed }
+    })
+    .await
+    .unwrap();
+    // The rest of the agent ran all along: it answers.
+    api.ok(0, &["get", "nodes"]);
+    drop(stop);
+    // Resumed, the kubelet sees the container gone and starts it again.
+    wait_pod(&api, 0, "fenced", "the fenced pod restarted", |p| {
+        container_status(p, "c")["restartCount"].as_u64() >= Some(1)
+            && p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+    .await;
+    api.ok(
+        0,
+        &["delete", "pod", "fenced", "--grace-period=0", "--force"],
+    );
+}

@@ -241,10 +241,10 @@ fn a_fenced_container_dies_once_the_fence_lease_is_not_renewed() {
     let mut node = Node::new();
     let timeout = Duration::from_millis(500);
     node.runtime = node.runtime.clone().with_fence_timeout(timeout);
-    let path = node.runtime.fence_lease_path();
-    lease::renew(&path, 0).unwrap();
     let uid = "rt-fence";
     node.sandbox(uid);
+    let path = node.runtime.fence_lease_path(uid);
+    lease::renew(&path, 0).unwrap();
     let forever = ["sh", "-c", "trap '' TERM; while true; do sleep 0.1; done"];
     node.start_as(uid, "fenced", &forever, default_limits(), false, true);
     node.start_as(uid, "free", &forever, default_limits(), false, false);
