@@ -4,6 +4,14 @@
 //! Sending never blocks the caller: frames go to a bounded per-peer queue drained by a writer
 //! task that owns the (cached) connection to that peer. A full queue drops the frame, which is
 //! what gossip wants from a slow or silent peer.
+//!
+//! What a peer can make this node hold is bounded three ways: QUIC flow control bounds the
+//! bytes the transport buffers per connection ([`transport_config`]); each channel bounds one
+//! frame ([`Channel::max_payload_bytes`]), checked on the header before the payload is read;
+//! and a byte budget per peer and for the endpoint ([`PeerEndpointConfig::peer_buffer_bytes`])
+//! bounds the frames being read, queued for a subscriber or with a handler (`inbound`).
+
+mod inbound;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -17,6 +25,7 @@ use quinn::{Connection, Endpoint, IdleTimeout, TransportConfig, VarInt};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
+use crate::budget::{Held, ReadBudget};
 use crate::frame::{Channel, Frame, FrameError};
 use crate::identity::{ClusterIdentity, IdentityError, NODE_SERVER_NAME, NodeCertificate};
 
@@ -37,6 +46,14 @@ pub struct PeerEndpointConfig {
     pub queue_per_peer: usize,
     /// Frames queued per channel for the local subscriber before new ones are dropped.
     pub queue_per_channel: usize,
+    /// Bytes of one peer's frames (by the node its certificate names) this node holds at once:
+    /// being read, queued for a subscriber, or with a request handler until it answers. A
+    /// frame that would pass it is refused (its stream stopped) with a warning naming the peer.
+    /// Default 96 MiB: the largest frame (a 64 MiB sync answer) and 32 MiB of others beside it.
+    pub peer_buffer_bytes: usize,
+    /// The same for all peers together. Default 512 MiB (eight of the largest frames), so
+    /// however many identities a holder of the cluster secret makes up, memory stays bounded.
+    pub buffer_bytes: usize,
 }
 
 impl PeerEndpointConfig {
@@ -49,8 +66,48 @@ impl PeerEndpointConfig {
             send_timeout: Duration::from_secs(2),
             queue_per_peer: 128,
             queue_per_channel: 1024,
+            peer_buffer_bytes: 96 << 20,
+            buffer_bytes: 512 << 20,
         }
     }
+}
+
+/// Bytes a peer may send on one connection before this node reads them (QUIC flow control).
+/// Quinn grants a peer credit only as this node reads, across all streams of the connection,
+/// so whatever the number of streams open, the transport never holds more than this of one
+/// connection unread: concurrent streams × bytes buffered per stream ≤ 32 MiB.
+const CONNECTION_RECEIVE_WINDOW: u32 = 32 << 20;
+/// Bytes a peer may send on one stream before this node reads them. Frames are read as they
+/// arrive, so this need not hold the largest frame: 8 MiB keeps one stream at full speed at
+/// 1 Gbit/s over a 64 ms round trip, and four streams can use the connection's window at once
+/// without one stalled stream (a session nobody reads) blocking the others.
+const STREAM_RECEIVE_WINDOW: u32 = 8 << 20;
+/// Bytes of this node's writes the transport keeps per connection until the peer acknowledges
+/// them (quinn's default is 10 MB): two streams at full speed, a bound on what a peer that
+/// stops acknowledging leaves in memory here.
+const SEND_WINDOW: u64 = 16 << 20;
+/// Streams a peer may have open at once. The windows above bound their bytes whatever these
+/// are, and the peer's budget bounds what is read out of them; the counts bound bookkeeping
+/// and reader tasks. Unidirectional streams carry one gossip or auction frame each (a peer's
+/// writer has at most its 128-frame queue in flight); bidirectional ones carry requests and
+/// sessions (an exec or port-forward holds one for its life).
+const MAX_CONCURRENT_UNI_STREAMS: u32 = 1024;
+const MAX_CONCURRENT_BIDI_STREAMS: u32 = 256;
+
+/// The QUIC transport settings of every connection, both directions.
+fn transport_config(config: &PeerEndpointConfig) -> TransportConfig {
+    let mut transport = TransportConfig::default();
+    transport
+        .max_idle_timeout(Some(
+            IdleTimeout::try_from(config.idle_timeout).unwrap_or(VarInt::from_u32(10_000).into()),
+        ))
+        .keep_alive_interval(Some(config.keep_alive))
+        .max_concurrent_uni_streams(VarInt::from_u32(MAX_CONCURRENT_UNI_STREAMS))
+        .max_concurrent_bidi_streams(VarInt::from_u32(MAX_CONCURRENT_BIDI_STREAMS))
+        .receive_window(VarInt::from_u32(CONNECTION_RECEIVE_WINDOW))
+        .stream_receive_window(VarInt::from_u32(STREAM_RECEIVE_WINDOW))
+        .send_window(SEND_WINDOW);
+    transport
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +142,8 @@ pub struct IncomingRequest {
     pub node_id: Arc<str>,
     pub payload: Bytes,
     responder: oneshot::Sender<Vec<u8>>,
+    /// The request's bytes stay charged to the peer until it is answered or dropped.
+    _budget: Held,
 }
 
 impl IncomingRequest {
@@ -127,14 +186,15 @@ pub struct IncomingSession {
 
 /// Sessions opened by peers. Dropping it refuses further sessions.
 pub struct IncomingSessions {
-    rx: mpsc::Receiver<IncomingSession>,
+    rx: mpsc::Receiver<(IncomingSession, Held)>,
     inner: Arc<Inner>,
 }
 
 impl IncomingSessions {
     /// Next session; `None` once the endpoint is shut down. Cancel-safe.
     pub async fn recv(&mut self) -> Option<IncomingSession> {
-        self.rx.recv().await
+        // The header's bytes are the receiver's from now on: the peer's budget gets them back.
+        self.rx.recv().await.map(|(session, _budget)| session)
     }
 }
 
@@ -157,14 +217,15 @@ pub struct IncomingFrame {
 /// the channel.
 pub struct IncomingFrames {
     channel: Channel,
-    rx: mpsc::Receiver<IncomingFrame>,
+    rx: mpsc::Receiver<(IncomingFrame, Held)>,
     inner: Arc<Inner>,
 }
 
 impl IncomingFrames {
     /// Next frame; `None` once the endpoint is shut down. Cancel-safe.
     pub async fn recv(&mut self) -> Option<IncomingFrame> {
-        self.rx.recv().await
+        // The frame is the subscriber's from now on: the peer's budget gets its bytes back.
+        self.rx.recv().await.map(|(frame, _budget)| frame)
     }
 }
 
@@ -186,10 +247,14 @@ struct Inner {
     /// Live connections by peer address, whichever side opened them.
     connections: Mutex<HashMap<SocketAddr, Connection>>,
     writers: Mutex<HashMap<SocketAddr, mpsc::Sender<Vec<u8>>>>,
-    subscribers: Mutex<HashMap<Channel, mpsc::Sender<IncomingFrame>>>,
+    /// Queues to the local subscribers, each frame with its bytes charged to its peer.
+    subscribers: Mutex<HashMap<Channel, mpsc::Sender<(IncomingFrame, Held)>>>,
     handlers: Mutex<HashMap<Channel, mpsc::Sender<IncomingRequest>>>,
-    sessions: Mutex<Option<mpsc::Sender<IncomingSession>>>,
+    sessions: Mutex<Option<mpsc::Sender<(IncomingSession, Held)>>>,
+    /// Bytes of peers' frames this node holds, per peer and in total.
+    budget: Arc<ReadBudget>,
     refusals: Mutex<RefusalLog>,
+    frame_refusals: Mutex<inbound::FrameRefusals>,
     closed: AtomicBool,
 }
 
@@ -201,6 +266,12 @@ impl PeerEndpoint {
         self.inner.refusals.lock().unwrap().count
     }
 
+    /// Frames refused since the endpoint was bound: over their channel's bound or the peer's
+    /// buffer budget, or malformed (the log shows one per 30 s per peer).
+    pub fn refused_frames(&self) -> u64 {
+        self.inner.frame_refusals.lock().unwrap().count
+    }
+
     /// Binds the endpoint and starts accepting authenticated peers. Must run inside a tokio
     /// runtime.
     pub fn bind(
@@ -208,16 +279,7 @@ impl PeerEndpoint {
         node: &NodeCertificate,
         config: PeerEndpointConfig,
     ) -> Result<Self, EndpointError> {
-        let mut transport = TransportConfig::default();
-        transport
-            .max_idle_timeout(Some(
-                IdleTimeout::try_from(config.idle_timeout)
-                    .unwrap_or(VarInt::from_u32(10_000).into()),
-            ))
-            .keep_alive_interval(Some(config.keep_alive))
-            .max_concurrent_uni_streams(VarInt::from_u32(1024))
-            .max_concurrent_bidi_streams(VarInt::from_u32(256));
-        let transport = Arc::new(transport);
+        let transport = Arc::new(transport_config(&config));
 
         let server_tls = QuicServerConfig::try_from(identity.node_server_config(node)?)
             .map_err(|e| IdentityError::Tls(e.to_string()))?;
@@ -234,6 +296,7 @@ impl PeerEndpoint {
                 source,
             })?;
         endpoint.set_default_client_config(client);
+        let budget = ReadBudget::new(config.peer_buffer_bytes, config.buffer_bytes);
         let inner = Arc::new(Inner {
             endpoint,
             config,
@@ -242,7 +305,9 @@ impl PeerEndpoint {
             subscribers: Mutex::new(HashMap::new()),
             handlers: Mutex::new(HashMap::new()),
             sessions: Mutex::new(None),
+            budget,
             refusals: Mutex::new(RefusalLog::default()),
+            frame_refusals: Mutex::new(inbound::FrameRefusals::default()),
             closed: AtomicBool::new(false),
         });
         tokio::spawn(accept_loop(inner.clone()));
@@ -355,18 +420,15 @@ impl PeerEndpoint {
             let (mut send, mut recv) = conn.open_bi().await.map_err(|e| failed(&e))?;
             send.write_all(&frame).await.map_err(|e| failed(&e))?;
             send.finish().map_err(|e| failed(&e))?;
-            let bytes = recv
-                .read_to_end(Frame::max_encoded_bytes())
-                .await
-                .map_err(|e| failed(&e))?;
-            let response = Frame::decode(Bytes::from(bytes))?;
-            if response.channel != channel {
-                return Err(failed(&format!(
-                    "answered on channel {:?} instead of {channel:?}",
-                    response.channel
-                )));
+            match inbound::read_answer(&mut recv, channel).await {
+                Ok(payload) => Ok(payload),
+                Err(refused) => {
+                    if let Some(code) = refused.code() {
+                        let _ = recv.stop(code);
+                    }
+                    Err(failed(&refused))
+                }
             }
-            Ok(response.payload)
         };
         tokio::time::timeout(timeout, exchange)
             .await
@@ -471,183 +533,11 @@ fn register_connection(inner: &Arc<Inner>, conn: Connection) -> bool {
         .lock()
         .unwrap()
         .insert(conn.remote_address(), conn.clone());
-    tokio::spawn(read_loop(inner.clone(), conn, node_id));
+    tokio::spawn(inbound::read_loop(inner.clone(), conn, node_id));
     true
 }
 
-async fn read_loop(inner: Arc<Inner>, conn: Connection, node_id: Arc<str>) {
-    let peer = conn.remote_address();
-    loop {
-        tokio::select! {
-            stream = conn.accept_uni() => match stream {
-                Ok(stream) => {
-                    tokio::spawn(read_message(inner.clone(), peer, node_id.clone(), stream));
-                }
-                Err(error) => {
-                    debug!(%peer, %error, "peer connection closed");
-                    break;
-                }
-            },
-            stream = conn.accept_bi() => match stream {
-                Ok((send, recv)) => {
-                    tokio::spawn(answer_request(inner.clone(), peer, node_id.clone(), send, recv));
-                }
-                Err(error) => {
-                    debug!(%peer, %error, "peer connection closed");
-                    break;
-                }
-            },
-        }
-    }
-    let mut connections = inner.connections.lock().unwrap();
-    if connections
-        .get(&peer)
-        .is_some_and(|c| c.stable_id() == conn.stable_id())
-    {
-        connections.remove(&peer);
-    }
-}
-
-async fn read_frame(peer: SocketAddr, stream: &mut quinn::RecvStream) -> Option<Frame> {
-    let bytes = match stream.read_to_end(Frame::max_encoded_bytes()).await {
-        Ok(bytes) => bytes,
-        Err(error) => {
-            debug!(%peer, %error, "dropped an unreadable stream");
-            return None;
-        }
-    };
-    match Frame::decode(Bytes::from(bytes)) {
-        Ok(frame) => Some(frame),
-        Err(error) => {
-            warn!(%peer, %error, "rejected a malformed frame");
-            None
-        }
-    }
-}
-
-async fn read_message(
-    inner: Arc<Inner>,
-    peer: SocketAddr,
-    node_id: Arc<str>,
-    mut stream: quinn::RecvStream,
-) {
-    if let Some(frame) = read_frame(peer, &mut stream).await {
-        inner.dispatch(peer, node_id, frame);
-    }
-}
-
-/// How long a local handler may take to answer a peer's request.
-const HANDLER_TIMEOUT: Duration = Duration::from_secs(60);
-
-async fn answer_request(
-    inner: Arc<Inner>,
-    peer: SocketAddr,
-    node_id: Arc<str>,
-    mut send: quinn::SendStream,
-    mut recv: quinn::RecvStream,
-) {
-    // The first frame is read by its header, so a session's stream can stay open after it.
-    let mut header = [0u8; crate::frame::FRAME_HEADER_BYTES];
-    let first = async {
-        recv.read_exact(&mut header)
-            .await
-            .map_err(|e| e.to_string())?;
-        let (channel, len) = Frame::decode_header(&header).map_err(|e| e.to_string())?;
-        let mut payload = vec![0u8; len];
-        recv.read_exact(&mut payload)
-            .await
-            .map_err(|e| e.to_string())?;
-        // Anything but a session is one frame, then the end of the stream.
-        if channel != Channel::Session {
-            recv.read_to_end(0).await.map_err(|e| e.to_string())?;
-        }
-        Ok::<_, String>((channel, Bytes::from(payload)))
-    };
-    let (channel, payload) = match first.await {
-        Ok(first) => first,
-        Err(error) => {
-            warn!(%peer, %error, "rejected a malformed request stream");
-            let _ = send.reset(VarInt::from_u32(1));
-            return;
-        }
-    };
-    if channel == Channel::Session {
-        let sessions = inner.sessions.lock().unwrap().clone();
-        let session = IncomingSession {
-            peer,
-            node_id,
-            header: payload,
-            send,
-            recv,
-        };
-        if let Some(tx) = sessions {
-            if let Err(refused) = tx.try_send(session) {
-                debug!(%peer, "session queue full; stream reset");
-                let mut session = refused.into_inner();
-                let _ = session.send.reset(VarInt::from_u32(2));
-            }
-        } else {
-            debug!(%peer, "no session handler; stream reset");
-            let mut session = session;
-            let _ = session.send.reset(VarInt::from_u32(2));
-        }
-        return;
-    }
-    let frame = Frame { channel, payload };
-    let (responder, response) = oneshot::channel();
-    let handler = inner.handlers.lock().unwrap().get(&channel).cloned();
-    let queued = handler.is_some_and(|tx| {
-        tx.try_send(IncomingRequest {
-            peer,
-            node_id,
-            payload: frame.payload,
-            responder,
-        })
-        .is_ok()
-    });
-    if !queued {
-        debug!(%peer, ?channel, "no request handler (or it is saturated); stream reset");
-        let _ = send.reset(VarInt::from_u32(2));
-        return;
-    }
-    let payload = match tokio::time::timeout(HANDLER_TIMEOUT, response).await {
-        Ok(Ok(payload)) => payload,
-        _ => {
-            let _ = send.reset(VarInt::from_u32(3));
-            return;
-        }
-    };
-    match Frame::encode(channel, &payload) {
-        Ok(bytes) => {
-            if let Err(error) = send.write_all(&bytes).await {
-                debug!(%peer, %error, "response not sent");
-            }
-            let _ = send.finish();
-        }
-        Err(error) => {
-            warn!(%peer, %error, "response too large; stream reset");
-            let _ = send.reset(VarInt::from_u32(4));
-        }
-    }
-}
-
 impl Inner {
-    fn dispatch(&self, peer: SocketAddr, node_id: Arc<str>, frame: Frame) {
-        let subscribers = self.subscribers.lock().unwrap();
-        let Some(tx) = subscribers.get(&frame.channel) else {
-            debug!(%peer, channel = ?frame.channel, "no subscriber; frame dropped");
-            return;
-        };
-        let incoming = IncomingFrame {
-            peer,
-            node_id,
-            payload: frame.payload,
-        };
-        if tx.try_send(incoming).is_err() {
-            debug!(%peer, channel = ?frame.channel, "subscriber queue full; frame dropped");
-        }
-    }
-
     /// A live connection to `peer`: the cached one, or a new one.
     async fn connection_to(self: &Arc<Self>, peer: SocketAddr) -> Option<Connection> {
         let cached = self.connections.lock().unwrap().get(&peer).cloned();

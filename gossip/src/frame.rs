@@ -45,20 +45,29 @@ impl Channel {
         Self::ALL.into_iter().find(|c| *c as u8 == code)
     }
 
-    /// Largest payload accepted on this channel. chitchat keeps its messages under 65,507 bytes
-    /// (its UDP MTU); anything larger on the gossip channel is hostile or broken.
-    /// Streams are read with this bound, so a peer cannot make us buffer more.
+    /// Largest payload accepted on this channel, from a peer and from a local sender alike: a
+    /// sender's [`Frame::encode`] fails above it, and a reader refuses a frame whose header
+    /// announces more before buffering any of its payload. Each bound is what the channel's
+    /// legitimate senders can reach, with room for their envelope:
+    ///
+    /// - `Gossip`, 65,507 bytes: chitchat keeps every message under its UDP MTU of 65,507.
+    /// - `Sync`, 64 MiB: the largest; an anti-entropy `Compare` answer carries every differing
+    ///   entry of 16 of the 256 buckets (objects up to 1.5 MiB each), so a peer with a store of
+    ///   about 1 GiB can still answer; pushes carry one object, serialized writes two.
+    /// - `Auction`, 4 MiB: a call for bids carries a small batch (4 by default) of pods'
+    ///   scheduling terms, and a bid a score or decline per pod of that batch.
+    /// - `Node`, 9 MiB: an answer carries at most an 8 MiB chunk of a container log or of an
+    ///   image blob, plus its envelope; the requests are a few hundred bytes.
+    /// - `Session`, 64 KiB: only a session's opening header (what to exec or forward) is a frame.
+    /// - `Fence`, 2 MiB: a lease request asks about at most 10,000 pods (uids of at most 128
+    ///   bytes and an epoch each, about 1.4 MB); a reply lists the granted uids.
     pub fn max_payload_bytes(self) -> usize {
         match self {
             Channel::Gossip => 65_507,
-            // A batch of object states; objects are at most 1.5 MiB each.
             Channel::Sync => 64 << 20,
             Channel::Auction => 4 << 20,
-            // A chunk of a container log (8 MiB) with its envelope.
             Channel::Node => 9 << 20,
-            // Only the session's opening header is a frame.
             Channel::Session => 64 << 10,
-            // Up to 10,000 pod uids with their epochs.
             Channel::Fence => 2 << 20,
         }
     }
@@ -109,7 +118,8 @@ impl Frame {
         Ok(out)
     }
 
-    /// The most bytes a well-formed frame on any channel can take (for bounded stream reads).
+    /// The most bytes a well-formed frame on any channel can take. Readers bound a stream by
+    /// its own channel's [`Channel::max_payload_bytes`], never by this.
     pub fn max_encoded_bytes() -> usize {
         FRAME_HEADER_BYTES
             + Channel::ALL
@@ -209,6 +219,51 @@ mod tests {
         );
         assert!(Frame::encode(Channel::Gossip, &vec![0; 70_000]).is_err());
         assert!(Frame::encode(Channel::Sync, &vec![0; 70_000]).is_ok());
+    }
+
+    /// Issue #35, item 9: each channel has its own bound, sized to its legitimate senders, and
+    /// a header announcing one byte more is refused before any payload is read.
+    #[test]
+    fn each_channel_has_its_own_bound() {
+        let table = [
+            (Channel::Gossip, 65_507),
+            (Channel::Sync, 64 << 20),
+            (Channel::Auction, 4 << 20),
+            (Channel::Node, 9 << 20),
+            (Channel::Session, 64 << 10),
+            (Channel::Fence, 2 << 20),
+        ];
+        assert_eq!(table.len(), Channel::ALL.len(), "every channel is listed");
+        for (channel, max) in table {
+            assert_eq!(channel.max_payload_bytes(), max, "{channel:?}");
+            let header = |len: usize| {
+                let mut h = [PROTOCOL_VERSION, channel as u8, 0, 0, 0, 0];
+                h[2..].copy_from_slice(&u32::try_from(len).unwrap().to_be_bytes());
+                h
+            };
+            assert_eq!(Frame::decode_header(&header(max)), Ok((channel, max)));
+            assert_eq!(
+                Frame::decode_header(&header(max + 1)),
+                Err(FrameError::TooLarge {
+                    channel,
+                    len: max + 1,
+                    max
+                })
+            );
+        }
+        // What the legitimate senders can reach fits: an 8 MiB log or blob chunk with its
+        // envelope, 10,000 fenced pods with 128-byte uids, chitchat's MTU.
+        assert!(Channel::Node.max_payload_bytes() >= (8 << 20) + 4096);
+        assert!(Channel::Fence.max_payload_bytes() >= 10_000 * (128 + 2 + 9) + 16);
+        assert!(Channel::Gossip.max_payload_bytes() >= 65_507);
+        // The small channels are far below the largest, which bounds Frame::max_encoded_bytes.
+        assert_eq!(
+            Frame::max_encoded_bytes(),
+            FRAME_HEADER_BYTES + Channel::Sync.max_payload_bytes()
+        );
+        for small in [Channel::Gossip, Channel::Session] {
+            assert!(small.max_payload_bytes() <= Channel::Sync.max_payload_bytes() / 1000);
+        }
     }
 
     #[test]

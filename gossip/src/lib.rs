@@ -11,6 +11,7 @@
 //! for simulation). [`Membership`] turns chitchat's string key-values into typed [`NodeMeta`] and
 //! a [`Member`] list with alive / suspect / dead states.
 
+mod budget;
 mod endpoint;
 mod frame;
 pub mod guard;
