@@ -272,13 +272,25 @@ fn apply_entry<R: Read>(
     }
 }
 
-/// Bytes an unpack leaves free on the node's disk: a layer never fills it.
+/// Bytes an unpack leaves free on the node's disk, at most: a layer never fills it. On a small
+/// filesystem the reserve is a twentieth of it instead ([`reserve_of`]).
 pub const FREE_SPACE_RESERVE: u64 = 256 << 20;
 
-/// The bytes an unprivileged writer can still use on the filesystem holding `dir`.
-fn available_bytes(dir: &Path) -> io::Result<u64> {
+/// The space an unpack leaves free on a filesystem of `total` bytes: 5 %, at most
+/// [`FREE_SPACE_RESERVE`].
+fn reserve_of(total: u64) -> u64 {
+    (total / 20).min(FREE_SPACE_RESERVE)
+}
+
+/// The bytes an unprivileged writer can still use on the filesystem holding `dir`, and the
+/// filesystem's size.
+fn space_of(dir: &Path) -> io::Result<(u64, u64)> {
     let stat = nix::sys::statvfs::statvfs(dir).map_err(errno)?;
-    Ok((stat.blocks_available() as u64).saturating_mul(stat.fragment_size() as u64))
+    let block = stat.fragment_size() as u64;
+    Ok((
+        (stat.blocks_available() as u64).saturating_mul(block),
+        (stat.blocks() as u64).saturating_mul(block),
+    ))
 }
 
 /// Unpacks `blob` into `dest` (which must exist and be empty): first checks that the blob's
@@ -355,14 +367,15 @@ pub fn unpack(
             return Err(too_large());
         }
         if size > 0 {
-            let available = available_bytes(dest).map_err(io_err)?;
-            if size.saturating_add(FREE_SPACE_RESERVE) > available {
+            let (available, total) = space_of(dest).map_err(io_err)?;
+            let reserve = reserve_of(total);
+            if size.saturating_add(reserve) > available {
                 return Err(LayerError::NoSpace {
                     blob: blob.to_owned(),
                     entry: raw.clone(),
                     needed: size,
-                    available: available.saturating_sub(FREE_SPACE_RESERVE),
-                    reserve: FREE_SPACE_RESERVE,
+                    available: available.saturating_sub(reserve),
+                    reserve,
                 });
             }
         }
@@ -731,6 +744,10 @@ mod tests {
         let err = unpack(&blob, &dest, None, None, roomy).unwrap_err();
         assert!(matches!(err, LayerError::NoSpace { .. }), "{err}");
         assert!(!dest.join("hole").exists());
+        // The reserve: 5 % of a small disk (the chaos lab's 256 MiB data dirs), 256 MiB of a
+        // large one.
+        assert_eq!(reserve_of(256 << 20), (256 << 20) / 20);
+        assert_eq!(reserve_of(1 << 40), FREE_SPACE_RESERVE);
     }
 
     fn name_strategy() -> impl proptest::strategy::Strategy<Value = String> {
