@@ -216,7 +216,9 @@ impl NodeNetwork {
     /// Runs the lease and route loop: every second, and at once when a lease changes.
     pub fn start(self: &Arc<Self>) {
         let this = self.clone();
-        *self.task.lock().unwrap() = Some(tokio::spawn(async move { this.run().await }));
+        *self.task.lock().unwrap() = Some(crate::supervise::spawn("pod-network", move || {
+            this.clone().run()
+        }));
     }
 
     async fn run(self: Arc<Self>) {

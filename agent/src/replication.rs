@@ -160,7 +160,8 @@ impl Replication {
     pub fn start(self: &Arc<Self>) -> Result<(), shoal_gossip::EndpointError> {
         let requests = self.endpoint.subscribe_requests(Channel::Sync)?;
         tokio::spawn(self.clone().serve(requests));
-        tokio::spawn(self.clone().anti_entropy());
+        let me = self.clone();
+        crate::supervise::spawn("anti-entropy", move || me.clone().anti_entropy());
         Ok(())
     }
 

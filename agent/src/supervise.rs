@@ -30,7 +30,17 @@ fn next_wait(previous: Option<Duration>, ran: Duration) -> Duration {
     }
 }
 
-/// Spawns the task `start` makes, and again whenever it panics.
+/// A task aborted when its handle is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Spawns the task `start` makes, and again whenever it panics. Aborting the returned handle
+/// aborts the task too.
 pub fn spawn<F, Fut>(name: &'static str, start: F) -> tokio::task::JoinHandle<()>
 where
     F: Fn() -> Fut + Send + 'static,
@@ -40,7 +50,10 @@ where
         let mut wait = None;
         loop {
             let began = Instant::now();
-            match tokio::spawn(start()).await {
+            // Aborting the supervisor (a component stopping) aborts the run it watches too.
+            let mut run = AbortOnDrop(tokio::spawn(start()));
+            let result = (&mut run.0).await;
+            match result {
                 Ok(()) => return,
                 Err(e) if e.is_panic() => {
                     let next = next_wait(wait, began.elapsed());

@@ -46,8 +46,13 @@ impl ImagePuller {
 
     /// Keeps `node.images` current (the store also changes under `shoal image import`).
     pub fn start(self: &Arc<Self>) {
-        let puller = self.clone();
-        tokio::spawn(async move {
+        let me = self.clone();
+        crate::supervise::spawn("image-tags", move || me.clone().publish_tags());
+    }
+
+    async fn publish_tags(self: Arc<Self>) {
+        let puller = self;
+        {
             let mut published: Option<BTreeMap<String, String>> = None;
             let mut ticker = tokio::time::interval(Duration::from_secs(1));
             loop {
@@ -62,7 +67,7 @@ impl ImagePuller {
                     published = Some(tags);
                 }
             }
-        });
+        }
     }
 
     /// The state of a pull of `image`, starting one if a peer has the image and none runs.
