@@ -352,7 +352,9 @@ impl Replication {
     fn merge_from(&self, peer: SocketAddr, entry: WireEntry) {
         let merged = on_disk(|| {
             let mut store = self.store.lock().unwrap();
-            let outcome = store.merge_remote(vec![entry])?;
+            // The home's state comes without the home's currency (`horizon`): merged as an
+            // entry from a peer not known current.
+            let outcome = store.merge_unvouched_at(vec![entry], now_ms())?;
             self.publish(outcome.changes);
             Ok::<_, StoreError>(outcome.rejected)
         });
@@ -385,7 +387,7 @@ impl Replication {
         }
         let decided = on_disk(|| {
             let mut store = self.store.lock().unwrap();
-            if store.behind(last_sync_ms, store.collected_through_ms()) {
+            if store.peer_must_resync(last_sync_ms, now_ms()) {
                 return Err(Refusal::Rejected(format!(
                     "the requester last synced at {last_sync_ms} ms, before deletes this node has forgotten: it must resync first"
                 )));
@@ -688,19 +690,29 @@ impl Replication {
             self.membership.publish(keys::STORE_DIGEST, &ours).await;
             let peers = self.membership.peer_values(keys::STORE_DIGEST).await;
             let mut differing: Vec<SocketAddr> = Vec::new();
-            let mut in_sync = false;
+            let mut equal: Vec<SocketAddr> = Vec::new();
             for peer in peers {
                 match peer.value {
                     Some(Ok(theirs)) if theirs == ours => {
-                        in_sync = true;
+                        equal.push(peer.addr);
                         self.note_caught_up(peer.addr, Instant::now());
                     }
                     Some(Ok(_)) => differing.push(peer.addr),
                     _ => {}
                 }
             }
-            if in_sync && differing.is_empty() {
-                let _ = on_disk(|| self.store.lock().unwrap().mark_synced(now_ms()));
+            if !equal.is_empty() && differing.is_empty() {
+                // A node back from longer than the tombstone horizon is current again only
+                // after a resync from a peer that vouches for its state, equal digests or not
+                // (`shoal_state::horizon`): otherwise its first write would be refused.
+                if self.read(|s| s.lapsed(now_ms())) {
+                    let peer = equal[round % equal.len()];
+                    if let Err(error) = self.sync_with(peer).await {
+                        debug!(%peer, %error, "resync after a long absence failed");
+                    }
+                } else {
+                    let _ = on_disk(|| self.store.lock().unwrap().mark_synced(now_ms()));
+                }
                 continue;
             }
             let Some(peer) = differing.get(round % differing.len().max(1)).copied() else {

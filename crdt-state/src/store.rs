@@ -1,6 +1,9 @@
 //! The desired-state store of one node: the CRDT entries in memory for reads, persisted in redb
 //! (fsync'd on every commit) for durability, with a per-node commit sequence that serves as
-//! Kubernetes' `resourceVersion` and a bounded change log for watches.
+//! Kubernetes' `resourceVersion` and a bounded change log for watches. How it takes peers' state
+//! (merges, resyncs, the tombstone horizon) is in `store/merge.rs`.
+
+mod merge;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -13,6 +16,7 @@ use serde_json::Value;
 use crate::crdt::{NodeId, ObjectState, Stamp};
 use crate::digest::{BucketDigest, Hash16, bucket_of, entry_hash};
 use crate::hlc::{ClockError, Hlc, Timestamp};
+use crate::horizon::{Currency, Horizon, Plan};
 use crate::kind::ObjectKey;
 use crate::object::{ValidObject, check_dns_label};
 use crate::sync::WireEntry;
@@ -24,6 +28,8 @@ const META_HLC: &str = "hlc";
 const META_LAST_SYNC_MS: &str = "last-sync-ms";
 const META_PEAK_MEMBERS: &str = "peak-members";
 const META_COLLECTED_THROUGH_MS: &str = "collected-through-ms";
+const META_CURRENT_SINCE_MS: &str = "current-since-ms";
+const META_CURRENT_MS: &str = "current-ms";
 
 /// Tunables of a store.
 #[derive(Debug, Clone)]
@@ -34,8 +40,8 @@ pub struct StoreConfig {
     /// Timestamps further ahead of our wall clock are refused (default 60 s).
     pub max_clock_drift: Duration,
     /// Deleted objects are forgotten after this long (default 24 h). A node that has not synced
-    /// since a delete a peer forgot resyncs from that peer instead of merging its old state (see
-    /// [`Store::behind`]).
+    /// for this long, or since a delete a peer forgot, resyncs instead of being merged from (see
+    /// [`crate::horizon`]).
     pub tombstone_horizon: Duration,
     /// Changes kept for watches; older resourceVersions get "too old" (default 1,000; the
     /// apiserver's watch cache keeps 100 per resource type).
@@ -154,9 +160,13 @@ pub struct Store {
     db: Option<Database>,
     hlc: Hlc,
     seq: u64,
-    last_sync_ms: u64,
-    /// The latest deletion time (HLC wall ms) of the tombstones this store has forgotten.
-    collected_through_ms: u64,
+    /// How current this store is (see [`crate::horizon`]), as in memory and as on disk: the last
+    /// sync and current times are written at most once per [`Store::sync_persist_interval_ms`].
+    currency: Currency,
+    persisted: Currency,
+    /// The last sync time read when the store was opened (it may lag the last sync by up to the
+    /// persist interval).
+    last_sync_at_open: u64,
     /// The most cluster members this node has known at once (see [`Store::peak_members`]).
     peak_members: u64,
     entries: BTreeMap<ObjectKey, Entry>,
@@ -216,9 +226,13 @@ impl Store {
         };
         let seq = get(META_SEQ)?;
         let hlc_last = get(META_HLC)?;
-        let last_sync_ms = get(META_LAST_SYNC_MS)?;
+        let currency = Currency {
+            last_sync_ms: get(META_LAST_SYNC_MS)?,
+            collected_through_ms: get(META_COLLECTED_THROUGH_MS)?,
+            current_since_ms: get(META_CURRENT_SINCE_MS)?,
+            current_ms: get(META_CURRENT_MS)?,
+        };
         let peak_members = get(META_PEAK_MEMBERS)?;
-        let collected_through_ms = get(META_COLLECTED_THROUGH_MS)?;
         let table = read.open_table(OBJECTS).map_err(|e| storage(&e))?;
         let mut entries = BTreeMap::new();
         let mut digest = BucketDigest::default();
@@ -259,8 +273,9 @@ impl Store {
             db: Some(db),
             hlc,
             seq,
-            last_sync_ms,
-            collected_through_ms,
+            currency,
+            persisted: currency,
+            last_sync_at_open: currency.last_sync_ms,
             peak_members,
             entries,
             digest,
@@ -298,27 +313,71 @@ impl Store {
         self.entries.len()
     }
 
-    /// When this store last completed a sync with a peer (or saw equal digests), in wall ms;
-    /// 0 if never. Persisted at most once a minute, so it may lag by that much (which only makes
+    /// When this store last completed a sync that keeps it current (a session or a resync with
+    /// a peer, or equal digests; for a store away longer than the horizon, only a resync from a
+    /// peer that vouches: see [`crate::horizon`]), in wall ms; 0 if never. Persisted at most once
+    /// a minute, so after a restart it may lag by that much (which only makes
     /// [`Store::behind`] more cautious).
     pub fn last_sync_ms(&self) -> u64 {
-        self.last_sync_ms
+        self.currency.last_sync_ms
     }
 
-    /// The latest deletion time among the tombstones this store has forgotten (0: none).
+    /// The latest deletion time among the tombstones this store, or a peer whose state it took,
+    /// has forgotten (0: none): the horizon it judges peers by.
     pub fn collected_through_ms(&self) -> u64 {
-        self.collected_through_ms
+        self.currency.collected_through_ms
+    }
+
+    /// How current this store is, as it tells its peers.
+    pub fn currency(&self) -> Currency {
+        self.currency
+    }
+
+    /// The horizon settings this store judges peers with.
+    pub fn horizon(&self) -> Horizon {
+        Horizon {
+            tombstone_ms: self.config.tombstone_horizon.as_millis() as u64,
+            drift_ms: self.config.max_clock_drift.as_millis() as u64,
+        }
+    }
+
+    /// This store has been away (stopped, or not current) for longer than the horizon: it may
+    /// hold objects deleted and forgotten elsewhere, and resyncs before its state is merged
+    /// anywhere.
+    pub fn lapsed(&self, now_ms: u64) -> bool {
+        self.currency.lapsed(now_ms, self.horizon())
+    }
+
+    /// A store back from an absence may take this store's state as the cluster's.
+    pub fn vouches(&self, now_ms: u64) -> bool {
+        self.currency.vouches(now_ms, self.horizon())
     }
 
     /// Whether a store that last synced at `last_sync_ms` may hold objects that a store that
     /// forgot tombstones through `collected_through_ms` deleted: it has not synced since (with
     /// the clock-drift bound as a margin). Such a store must not be merged from as it is: it
-    /// resyncs first (`SyncSession` adopts the peer's state), keeping only what it wrote since.
+    /// resyncs first, keeping only what it wrote since. [`Store::peer_must_resync`] also refuses
+    /// a store away longer than the horizon.
     pub fn behind(&self, last_sync_ms: u64, collected_through_ms: u64) -> bool {
-        collected_through_ms > 0
-            && last_sync_ms
-                < collected_through_ms
-                    .saturating_add(self.config.max_clock_drift.as_millis() as u64)
+        let peer = Currency {
+            last_sync_ms,
+            ..Currency::default()
+        };
+        peer.behind(collected_through_ms, self.horizon())
+    }
+
+    /// Whether entries from a peer that last synced at `last_sync_ms` (a push, a write to
+    /// serialize) must be refused until it resyncs: it is away longer than the horizon (and this
+    /// store is not), or behind this store's horizon, own or learned.
+    pub fn peer_must_resync(&self, last_sync_ms: u64, now_ms: u64) -> bool {
+        !self
+            .currency
+            .accepts_push(last_sync_ms, now_ms, self.horizon())
+    }
+
+    /// What an anti-entropy session does with a peer of currency `peer` (see [`Plan`]).
+    pub fn plan_sync(&self, peer: &Currency, now_ms: u64) -> Plan {
+        self.currency.plan(peer, now_ms, self.horizon())
     }
 
     fn storage_err(&self, e: impl std::fmt::Display) -> StoreError {
@@ -629,98 +688,6 @@ impl Store {
         Ok(written)
     }
 
-    /// Merges entries received from a peer; persists those that change anything in one
-    /// transaction. Entries that fail validation are refused one by one (named in the result),
-    /// the others still merge.
-    pub fn merge_remote(&mut self, entries: Vec<WireEntry>) -> Result<MergeOutcome, StoreError> {
-        self.merge_remote_at(entries, now_ms())
-    }
-
-    pub fn merge_remote_at(
-        &mut self,
-        entries: Vec<WireEntry>,
-        now_ms: u64,
-    ) -> Result<MergeOutcome, StoreError> {
-        let mut rejected = Vec::new();
-        let mut updates: Vec<(ObjectKey, ObjectState)> = Vec::new();
-        for WireEntry { key, state } in entries {
-            if let Err(reason) = validate_remote(&key, &state) {
-                rejected.push(StoreError::Rejected {
-                    key: key.to_string(),
-                    reason,
-                });
-                continue;
-            }
-            if let Err(e) = self.hlc.check(state.max_stamp().time, now_ms) {
-                rejected.push(StoreError::Rejected {
-                    key: key.to_string(),
-                    reason: e.to_string(),
-                });
-                continue;
-            }
-            let merged = match updates.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, pending)) => {
-                    pending.merge(&state);
-                    continue;
-                }
-                None => match self.entries.get(&key) {
-                    Some(current) => {
-                        let mut merged = current.state.clone();
-                        merged.merge(&state);
-                        if merged == current.state {
-                            continue;
-                        }
-                        merged
-                    }
-                    None => {
-                        if self.is_past_horizon(&state, now_ms) {
-                            continue; // a tombstone we already forgot: keep it forgotten
-                        }
-                        state
-                    }
-                },
-            };
-            updates.push((key, merged));
-        }
-        for (_, state) in &updates {
-            self.hlc.observe(state.max_stamp().time);
-        }
-        let first_rv = self.seq + 1;
-        let stored: Vec<(ObjectKey, StoredEntry)> = updates
-            .into_iter()
-            .enumerate()
-            .map(|(i, (key, state))| {
-                (
-                    key,
-                    StoredEntry {
-                        state,
-                        resource_version: first_rv + i as u64,
-                    },
-                )
-            })
-            .collect();
-        if stored.is_empty() {
-            return Ok(MergeOutcome {
-                changes: Vec::new(),
-                rejected,
-            });
-        }
-        self.seq += stored.len() as u64;
-        let refs: Vec<(&ObjectKey, Option<&StoredEntry>)> =
-            stored.iter().map(|(k, e)| (k, Some(e))).collect();
-        if let Err(e) = self.commit(&refs, &[]) {
-            self.seq -= stored.len() as u64;
-            return Err(e);
-        }
-        let mut changes = Vec::new();
-        for (key, entry) in stored {
-            if let Some(change) = self.install(&key, entry.state, entry.resource_version) {
-                changes.push(change);
-            }
-        }
-        Ok(MergeOutcome { changes, rejected })
-    }
-
     /// Decides a write serialized by this node, the home of its key (DESIGN.md §5): a peer
     /// staged `write` over `read`, its own state of the key at the time (`None`: it had none),
     /// after checking the client's precondition against it. The write is admitted only if no
@@ -794,24 +761,6 @@ impl Store {
         })
     }
 
-    fn is_past_horizon(&self, state: &ObjectState, now_ms: u64) -> bool {
-        state.deleted.is_some_and(|d| {
-            now_ms.saturating_sub(d.time.wall_ms())
-                > self.config.tombstone_horizon.as_millis() as u64
-        })
-    }
-
-    /// Records that this store was in contact with, and consistent with, a peer (a completed
-    /// anti-entropy session, or equal digests): see [`Store::behind`]. Persisted at most once a
-    /// minute.
-    pub fn mark_synced(&mut self, now_ms: u64) -> Result<(), StoreError> {
-        if now_ms < self.last_sync_ms.saturating_add(60_000) && self.last_sync_ms != 0 {
-            return Ok(());
-        }
-        self.last_sync_ms = now_ms;
-        self.commit(&[], &[(META_LAST_SYNC_MS, now_ms)])
-    }
-
     /// The most cluster members (this node included) this node has ever known at once,
     /// persisted: the write quorum is capped by this, never by the members alive right now, so a
     /// node cut off from its peers cannot acknowledge writes alone (0 on a fresh store).
@@ -849,92 +798,6 @@ impl Store {
                 key: key.clone(),
                 state: e.state.clone(),
             })
-    }
-
-    /// Resyncs from a peer's full state (this store is [`Store::behind`] it): entries the peer
-    /// lacks and that nothing touched here since this store's last sync are dropped (the peer
-    /// deleted them and forgot the tombstone; live ones are reported DELETED to watchers); the
-    /// rest — the peer's entries and what was written here since — merge as usual, so writes
-    /// this side made while away are kept.
-    pub fn adopt(
-        &mut self,
-        entries: Vec<WireEntry>,
-        now_ms: u64,
-    ) -> Result<MergeOutcome, StoreError> {
-        let theirs: std::collections::BTreeSet<ObjectKey> =
-            entries.iter().map(|e| e.key.clone()).collect();
-        let since = self.last_sync_ms;
-        let gone: Vec<ObjectKey> = self
-            .entries
-            .iter()
-            .filter(|(k, e)| !theirs.contains(*k) && e.state.max_stamp().time.wall_ms() <= since)
-            .map(|(k, _)| k.clone())
-            .collect();
-        let live_gone = gone
-            .iter()
-            .filter(|k| self.entries.get(*k).is_some_and(|e| !e.state.is_deleted()))
-            .count() as u64;
-        self.seq += live_gone;
-        let refs: Vec<(&ObjectKey, Option<&StoredEntry>)> =
-            gone.iter().map(|k| (k, None)).collect();
-        if let Err(e) = self.commit(&refs, &[]) {
-            self.seq -= live_gone;
-            return Err(e);
-        }
-        let mut rv = self.seq - live_gone;
-        let mut deleted = Vec::new();
-        for key in &gone {
-            if let Some(entry) = self.entries.remove(key) {
-                self.digest.toggle(bucket_of(key), &entry.hash);
-                if !entry.state.is_deleted() {
-                    rv += 1;
-                    let change = Change {
-                        resource_version: rv,
-                        key: key.clone(),
-                        event: EventType::Deleted,
-                        object: Self::present(key, &entry),
-                    };
-                    self.record_change(change.clone());
-                    deleted.push(change);
-                }
-            }
-        }
-        let mut outcome = self.merge_remote_at(entries, now_ms)?;
-        deleted.append(&mut outcome.changes);
-        outcome.changes = deleted;
-        self.last_sync_ms = 0;
-        self.mark_synced(now_ms)?;
-        Ok(outcome)
-    }
-
-    /// Forgets tombstones older than the horizon; returns how many. Peers that have not synced
-    /// since the latest of these deletes are then [`Store::behind`] this store.
-    pub fn collect_tombstones(&mut self, now_ms: u64) -> Result<usize, StoreError> {
-        let old: Vec<(ObjectKey, u64)> = self
-            .entries
-            .iter()
-            .filter(|(_, e)| self.is_past_horizon(&e.state, now_ms))
-            .map(|(k, e)| (k.clone(), e.state.deleted.map_or(0, |d| d.time.wall_ms())))
-            .collect();
-        if old.is_empty() {
-            return Ok(0);
-        }
-        let through = old
-            .iter()
-            .map(|(_, at)| *at)
-            .max()
-            .unwrap_or(0)
-            .max(self.collected_through_ms);
-        let refs: Vec<(&ObjectKey, Option<&StoredEntry>)> =
-            old.iter().map(|(k, _)| (k, None)).collect();
-        self.commit(&refs, &[(META_COLLECTED_THROUGH_MS, through)])?;
-        self.collected_through_ms = through;
-        for (key, _) in &old {
-            if let Some(entry) = self.entries.remove(key) {
-                self.digest.toggle(bucket_of(key), &entry.hash);
-            }
-        }
-        Ok(old.len())
     }
 
     /// A live object as clients see it.

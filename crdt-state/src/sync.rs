@@ -12,16 +12,20 @@
 //!   the store. Sessions only pull: the peer sees the same digest difference and pulls in turn,
 //!   which keeps a fresh node from being sent the whole state by every peer at once.
 //! - Tombstones are forgotten after the horizon ([`Store::collect_tombstones`]). So that a node
-//!   that was away cannot bring a forgotten object back, every `Buckets` answer and every push
-//!   carries the sender's last sync time and how far it has collected: a node that has not
-//!   synced since a peer's latest forgotten delete is *behind* it ([`Store::behind`]) — it
-//!   resyncs from that peer (adopting its state, keeping what it wrote since its last sync), and
-//!   until then the peer neither merges from it nor acknowledges its pushes.
+//!   that was away cannot bring a forgotten object back, every `Buckets` answer carries the
+//!   sender's [`Currency`] (its last sync, when it was last current and since when, and how far
+//!   deletes have been forgotten, by it or by a peer whose state it took), and every push the
+//!   sender's last sync. A node away longer than the horizon, or that has not synced since a peer's latest
+//!   forgotten delete, resyncs (from a peer that vouches for its state, keeping what it wrote
+//!   since), and until then no current peer merges from it or acknowledges its pushes; a session
+//!   that merges, or a resync, teaches the node the peer's horizon. The rules and why they are
+//!   sound: [`crate::horizon`].
 
 use serde::{Deserialize, Serialize};
 
 use crate::crdt::ObjectState;
 use crate::digest::Hash16;
+use crate::horizon::{Currency, Plan};
 use crate::kind::ObjectKey;
 use crate::store::{Change, MergeOutcome, Store, StoreError};
 
@@ -63,9 +67,13 @@ pub enum SyncResponse {
     PushAck,
     Buckets {
         hashes: Vec<Hash16>,
-        /// The responder's [`Store::last_sync_ms`] and [`Store::collected_through_ms`].
+        /// The responder's [`Currency`].
         last_sync_ms: u64,
         collected_through_ms: u64,
+        #[serde(default)]
+        current_since_ms: u64,
+        #[serde(default)]
+        current_ms: u64,
     },
     /// The responder's entries that differ from or are missing at the requester.
     Compare { entries: Vec<WireEntry> },
@@ -137,27 +145,28 @@ impl SyncResponse {
 /// locally (for watchers and logs).
 pub fn serve(store: &mut Store, request: SyncRequest, now_ms: u64) -> (SyncResponse, MergeOutcome) {
     match request {
-        SyncRequest::Buckets => (
-            SyncResponse::Buckets {
-                hashes: store.bucket_hashes(),
-                last_sync_ms: store.last_sync_ms(),
-                collected_through_ms: store.collected_through_ms(),
-            },
-            MergeOutcome::default(),
-        ),
-        SyncRequest::Push { last_sync_ms, .. }
-            if store.behind(last_sync_ms, store.collected_through_ms()) =>
-        {
+        SyncRequest::Buckets => {
+            let currency = store.currency();
             (
-                SyncResponse::Refused {
-                    reason: format!(
-                        "the pusher last synced at {last_sync_ms} ms, before deletes this node has forgotten (through {} ms): it must resync first",
-                        store.collected_through_ms()
-                    ),
+                SyncResponse::Buckets {
+                    hashes: store.bucket_hashes(),
+                    last_sync_ms: currency.last_sync_ms,
+                    collected_through_ms: currency.collected_through_ms,
+                    current_since_ms: currency.current_since_ms,
+                    current_ms: currency.current_ms,
                 },
                 MergeOutcome::default(),
             )
         }
+        SyncRequest::Push { last_sync_ms, .. } if store.peer_must_resync(last_sync_ms, now_ms) => (
+            SyncResponse::Refused {
+                reason: format!(
+                    "the pusher last synced at {last_sync_ms} ms, longer than the tombstone horizon ago or before deletes this node has forgotten (through {} ms): it must resync first",
+                    store.collected_through_ms()
+                ),
+            },
+            MergeOutcome::default(),
+        ),
         SyncRequest::Push { entries, .. } => match store.merge_remote_at(entries, now_ms) {
             // Acknowledged only once merged and committed (fsync'd), and only if nothing was
             // refused: the entries accepted stay merged (and published) either way.
@@ -213,13 +222,18 @@ pub fn serve(store: &mut Store, request: SyncRequest, now_ms: u64) -> (SyncRespo
 }
 
 /// One anti-entropy session with one peer, as a state machine: feed it each response, send what
-/// it returns. A store [`Store::behind`] the peer pulls everything and adopts the peer's state
-/// ([`Store::adopt`]); a peer behind this store is not merged from (it resyncs from us first).
+/// it returns. What it does is planned from the peer's [`Currency`] ([`Store::plan_sync`]): a
+/// store that must resync pulls everything and adopts the peer's state ([`Store::resync`]); a
+/// peer that must resync is not merged from (it resyncs from us first); otherwise only what
+/// differs is pulled, and the last entries are merged with the record of the sync.
 #[derive(Debug)]
 pub struct SyncSession {
     stale: bool,
-    /// The peer was behind this store: nothing of it was merged.
+    /// The peer was behind this store, or away longer than the horizon: nothing of it was
+    /// merged.
     pub peer_behind: bool,
+    /// The peer's currency, from its `Buckets` answer.
+    peer: Currency,
     pending: Vec<u8>,
     collected: Vec<WireEntry>,
     changes: Vec<Change>,
@@ -258,6 +272,7 @@ impl SyncSession {
         let session = Self {
             stale: false,
             peer_behind: false,
+            peer: Currency::default(),
             pending: Vec::new(),
             collected: Vec::new(),
             changes: Vec::new(),
@@ -293,11 +308,23 @@ impl SyncSession {
                 hashes,
                 last_sync_ms,
                 collected_through_ms,
+                current_since_ms,
+                current_ms,
             } => {
-                self.stale = store.behind(store.last_sync_ms(), collected_through_ms);
-                if !self.stale && store.behind(last_sync_ms, store.collected_through_ms()) {
-                    self.peer_behind = true;
-                    return Ok(Step::Done(Vec::new()));
+                self.peer = Currency {
+                    last_sync_ms,
+                    collected_through_ms,
+                    current_since_ms,
+                    current_ms,
+                };
+                store.observe(now_ms)?;
+                match store.plan_sync(&self.peer, now_ms) {
+                    Plan::PeerResyncs => {
+                        self.peer_behind = true;
+                        return Ok(Step::Done(Vec::new()));
+                    }
+                    Plan::Resync => self.stale = true,
+                    Plan::Merge => {}
                 }
                 // An all-zero bucket hash is an empty bucket (the XOR of nothing): the peer has
                 // nothing there to give, so it is not compared.
@@ -317,6 +344,12 @@ impl SyncSession {
                 self.entries_received += entries.len();
                 if self.stale {
                     self.collected.extend(entries);
+                } else if self.pending.is_empty() {
+                    // The last answer: merged with the record of the sync, in one commit.
+                    let outcome = store.merge_synced(entries, &self.peer, now_ms)?;
+                    self.changes.extend(outcome.changes);
+                    self.rejected.extend(outcome.rejected);
+                    return Ok(Step::Done(std::mem::take(&mut self.changes)));
                 } else {
                     let outcome = store.merge_remote_at(entries, now_ms)?;
                     self.changes.extend(outcome.changes);
@@ -327,15 +360,16 @@ impl SyncSession {
         if !self.pending.is_empty() {
             return Ok(Step::Send(self.next_compare(store)));
         }
-        if self.stale {
-            let entries = std::mem::take(&mut self.collected);
-            let outcome = store.adopt(entries, now_ms)?;
-            self.changes.extend(outcome.changes);
-            self.rejected.extend(outcome.rejected);
+        let outcome = if self.stale {
             self.stale = false;
+            let entries = std::mem::take(&mut self.collected);
+            store.resync(entries, &self.peer, now_ms)?
         } else {
-            store.mark_synced(now_ms)?;
-        }
+            // Nothing differed.
+            store.merge_synced(Vec::new(), &self.peer, now_ms)?
+        };
+        self.changes.extend(outcome.changes);
+        self.rejected.extend(outcome.rejected);
         Ok(Step::Done(std::mem::take(&mut self.changes)))
     }
 }
@@ -357,6 +391,8 @@ mod tests {
             hashes: vec![[7; 16]; 3],
             last_sync_ms: 1,
             collected_through_ms: 2,
+            current_since_ms: 3,
+            current_ms: 4,
         };
         assert_eq!(SyncResponse::decode(&resp.encode()).unwrap(), resp);
     }

@@ -2,6 +2,7 @@
 //! simulation of partitions healed by the anti-entropy protocol (no sockets: sessions are driven
 //! by direct calls to the same `serve` / `SyncSession` code the agent runs over QUIC).
 
+mod horizon;
 mod persistence;
 mod simulation;
 
