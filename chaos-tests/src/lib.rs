@@ -4,6 +4,7 @@
 
 pub mod checker;
 pub mod cpu;
+pub mod fuzz;
 pub mod history;
 pub mod kube;
 pub mod lab;
