@@ -36,19 +36,6 @@ fn component(kind: &str) -> &'static str {
     }
 }
 
-/// `object` itself as an event's subject.
-pub fn subject(object: &Value) -> ObjectRef {
-    let text = |v: &Value| v.as_str().unwrap_or("").to_owned();
-    ObjectRef {
-        api_version: text(&object["apiVersion"]),
-        kind: text(&object["kind"]),
-        namespace: text(&object["metadata"]["namespace"]),
-        name: text(&object["metadata"]["name"]),
-        uid: text(&object["metadata"]["uid"]),
-        field_path: String::new(),
-    }
-}
-
 /// A reconcile of `object` failed and quarantined it ([`super::quarantine`]).
 pub fn reconcile_failed(object: crate::events::ObjectRef, message: &str) -> NewEvent {
     let source = component(&object.kind);
