@@ -275,6 +275,8 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     let store_path = paths::store(&config.data_dir);
     let mut store_config = StoreConfig::new(&store_path, node.numeric_id());
     store_config.tombstone_horizon = config.tombstone_horizon;
+    // Group commit by a writer thread (`Replication::start`), outside the store's lock.
+    store_config.write_behind = Some(Arc::default());
     let store = Store::open(store_config)?;
     info!(path = %store_path.display(), objects = store.len(), resource_version = store.resource_version(), "desired-state store opened");
     let replication = Replication::new(

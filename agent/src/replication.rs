@@ -1,15 +1,18 @@
 //! Replication of the desired-state store between agents, over the node endpoint's sync channel.
 //!
-//! - Write path: validate → commit locally (fsync) → push the new state to every live peer at
-//!   once → acknowledge when [`Replication::quorum_needed`] nodes (this one included) hold it
-//!   durably: `write_quorum`, capped only by the most members this node has ever known (a
+//! - Write path: validate → commit locally (in memory; the store's writer thread fsyncs it with
+//!   every other commit made meanwhile, outside the store's lock) → push the new state to every
+//!   live peer at once → acknowledge when [`Replication::quorum_needed`] nodes (this one
+//!   included, once its writer reports the commit on disk) hold it durably: `write_quorum`, capped only by the most members this node has ever known (a
 //!   single-node cluster acknowledges alone; a node cut off from its peers answers 503 instead,
 //!   writing nothing when it sees too few peers to try).
 //!   A write that changes nothing (a retry after a 503) is pushed again and acknowledged only at
 //!   quorum, like a retried delete of a tombstone. Peers that missed a push get it by
 //!   anti-entropy.
 //! - Changes reach watchers in commit order: they are published while the store lock that
-//!   committed them is held.
+//!   committed them is held (before they are on disk: a crash then loses only what no one
+//!   acknowledged, and the store never reuses a resourceVersion it showed).
+//! - A peer's push is acknowledged once it is on this node's disk.
 //! - Anti-entropy: every node gossips its store's root digest; a node whose digest differs from
 //!   a live peer's runs a [`SyncSession`] with it (bucket hashes, then only differing buckets).
 //!   About once a minute the store forgets tombstones older than the horizon; the sync protocol
@@ -111,7 +114,22 @@ pub struct Replication {
     /// When this node last caught up with each peer: saw the peer's store digest equal to its
     /// own, or merged a complete anti-entropy session from it (fencing waits for this).
     caught_up: Mutex<std::collections::HashMap<SocketAddr, Instant>>,
+    /// What the store's writer thread has put on disk (see [`Replication::await_durable`]).
+    durable: tokio::sync::watch::Sender<Durable>,
 }
+
+/// The store's commits on disk, as its writer thread reports them.
+#[derive(Debug, Clone, Default)]
+struct Durable {
+    /// Every commit up to this one is on disk.
+    commit: u64,
+    /// The last failed write: the last commit it held, and why.
+    failed: Option<(u64, String)>,
+}
+
+/// A failed write of the store is tried again after this long, doubling up to 5 s.
+const REWRITE_FIRST: Duration = Duration::from_millis(100);
+const REWRITE_MAX: Duration = Duration::from_secs(5);
 
 /// Bytes of sync payloads this node sent and received (pushes and anti-entropy, both roles).
 #[derive(Debug, Default)]
@@ -144,7 +162,12 @@ impl Replication {
         membership: Arc<Membership>,
         config: ReplicationConfig,
     ) -> Arc<Self> {
+        let durable = tokio::sync::watch::Sender::new(Durable {
+            commit: store.durable_commit(),
+            failed: None,
+        });
         Arc::new(Self {
+            durable,
             store: Arc::new(Mutex::new(store)),
             endpoint,
             membership,
@@ -157,12 +180,95 @@ impl Replication {
     }
 
     /// Starts answering peers and running anti-entropy.
-    pub fn start(self: &Arc<Self>) -> Result<(), shoal_gossip::EndpointError> {
+    pub fn start(self: &Arc<Self>) -> Result<(), crate::agent::AgentError> {
+        if let Some(bell) = self.read(|s| s.write_behind()) {
+            let me = self.clone();
+            crate::supervise::spawn_thread("store-writer", move || me.write_behind(&bell))
+                .map_err(|e| StoreError::Storage {
+                    path: self.read(|s| s.path().to_owned()),
+                    message: format!("cannot start the store's writer thread: {e}"),
+                })?;
+        }
         let requests = self.endpoint.subscribe_requests(Channel::Sync)?;
         tokio::spawn(self.clone().serve(requests));
         let me = self.clone();
         crate::supervise::spawn("anti-entropy", move || me.clone().anti_entropy());
         Ok(())
+    }
+
+    /// The store's writer: takes everything committed since its last write, writes it in one
+    /// transaction (one fsync) without holding the store, reports it, and again. A failed write
+    /// is reported at once (its waiters fail) and tried again with back-off.
+    fn write_behind(&self, bell: &shoal_state::Doorbell) {
+        let mut retry = REWRITE_FIRST;
+        loop {
+            bell.wait(Duration::from_secs(1));
+            loop {
+                let batch = {
+                    let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
+                    // A commit the store wrote itself (a rare synchronous one) is reported too.
+                    let done = store.durable_commit();
+                    self.durable.send_if_modified(|d| {
+                        let newer = done > d.commit;
+                        d.commit = d.commit.max(done);
+                        newer
+                    });
+                    store.take_batch()
+                };
+                let Some(batch) = batch else { break };
+                let written =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| batch.write()))
+                        .unwrap_or_else(|_| {
+                            Err(StoreError::Storage {
+                                path: self.read(|s| s.path().to_owned()),
+                                message: "the write panicked".into(),
+                            })
+                        });
+                let last = batch.last_commit();
+                self.store
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .batch_done(batch, written.is_ok());
+                match written {
+                    Ok(()) => {
+                        self.durable.send_modify(|d| d.commit = d.commit.max(last));
+                        retry = REWRITE_FIRST;
+                    }
+                    Err(error) => {
+                        warn!(%error, retry_in = ?retry, "cannot write the store; writing it again");
+                        self.durable
+                            .send_modify(|d| d.failed = Some((last, error.to_string())));
+                        std::thread::sleep(retry);
+                        retry = (retry * 2).min(REWRITE_MAX);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits until the store's commit `commit` is on disk, up to `deadline`; the error says why
+    /// not (the disk's own error as soon as a write holding it failed).
+    async fn await_durable(
+        &self,
+        commit: u64,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), String> {
+        if self.read(|s| s.durable_commit()) >= commit {
+            return Ok(()); // also every commit of a store that writes before returning
+        }
+        let mut durable = self.durable.subscribe();
+        let settled = |d: &Durable| {
+            d.commit >= commit || d.failed.as_ref().is_some_and(|(last, _)| *last >= commit)
+        };
+        match tokio::time::timeout_at(deadline, durable.wait_for(settled)).await {
+            Ok(Ok(d)) if d.commit >= commit => Ok(()),
+            Ok(Ok(d)) => Err(d
+                .failed
+                .as_ref()
+                .map_or_else(String::new, |(_, why)| why.clone())),
+            Ok(Err(_)) => Err("the store's writer stopped".into()),
+            Err(_) => Err("this node's disk did not confirm it in time".into()),
+        }
     }
 
     /// Sync traffic and refusals so far.
@@ -229,10 +335,9 @@ impl Replication {
         }
         let peers = self.live_peers().await;
         self.check_reachable(peers.len())?;
-        // One object's commit (a single fsync) runs here, not through `on_disk`: the hand-off
-        // to another thread cost ~1 ms of the ~2.3 ms acknowledgement and 12-16% of the
-        // throughput (state-bench, BENCHMARKS.md). Bulk merges go through `on_disk`.
-        let (written, acks) = {
+        // The commit changes memory and the journal only; the store's writer thread fsyncs it
+        // (with every other commit made meanwhile) while the push runs, and both are awaited.
+        let (written, acks, commit) = {
             let mut store = self.store.lock().unwrap();
             let (written, acks) = match store.stage(object, mode)? {
                 // Nothing changes here, but the state may be an earlier write of the same
@@ -248,12 +353,13 @@ impl Replication {
                 }
             };
             self.publish(written.change.clone());
-            (written, acks)
+            (written, acks, store.last_commit())
         };
         let created = written
             .change
             .as_ref()
             .is_some_and(|c| c.event == shoal_state::EventType::Added);
+        self.await_local(commit).await?;
         self.await_quorum(acks, peers.len(), linger).await?;
         Ok((written.object, created))
     }
@@ -408,10 +514,16 @@ impl Replication {
                 return Err(Refusal::Rejected(e.to_string()));
             }
             self.publish(outcome.changes);
-            Ok(acks)
+            Ok((acks, store.last_commit()))
         });
         let acks = match decided {
-            Ok(acks) => acks,
+            Ok((acks, commit)) => match self.await_local(commit).await {
+                Ok(()) => acks,
+                Err(WriteError::NotDurable { acked, needed, why }) => {
+                    return refusal(Refusal::NotDurable { acked, needed, why });
+                }
+                Err(other) => return refusal(Refusal::Rejected(other.to_string())),
+            },
             Err(r) => return refusal(r),
         };
         match self.await_quorum(acks, peers.len(), Duration::ZERO).await {
@@ -447,6 +559,8 @@ impl Replication {
                 Err(e) => return Err(e.into()),
             }
         };
+        let commit = self.read(|s| s.last_commit());
+        self.await_local(commit).await?;
         self.await_quorum(acks, peers.len(), Duration::ZERO).await?;
         Ok(result?)
     }
@@ -576,6 +690,18 @@ impl Replication {
         rx
     }
 
+    /// Waits until this node's commit `commit` (a write it acknowledges) is on its disk.
+    async fn await_local(&self, commit: u64) -> Result<(), WriteError> {
+        let deadline = tokio::time::Instant::now() + self.config.push_timeout;
+        self.await_durable(commit, deadline)
+            .await
+            .map_err(|why| WriteError::NotDurable {
+                acked: 0,
+                needed: self.quorum_needed(),
+                why: format!("have it on disk (this node's disk: {why})"),
+            })
+    }
+
     /// Waits until [`Self::quorum_needed`] nodes, this one included, hold the write; fails at
     /// once when fewer peers than that are alive.
     async fn await_quorum(
@@ -585,7 +711,7 @@ impl Replication {
         linger: Duration,
     ) -> Result<(), WriteError> {
         let needed = self.quorum_needed();
-        let mut acked = 1; // this node: committed and fsync'd
+        let mut acked = 1; // this node: on its disk (`await_local`)
         if peers + 1 < needed {
             return Err(WriteError::NotDurable {
                 acked: peers + 1,
@@ -625,7 +751,7 @@ impl Replication {
     async fn serve(self: Arc<Self>, mut requests: IncomingRequests) {
         while let Some(request) = requests.recv().await {
             let this = self.clone();
-            // Store work (fsync) runs off the async workers.
+            // Store work (merges) runs off the async workers.
             tokio::task::spawn_blocking(move || {
                 let peer = request.peer;
                 let received = request.payload.len();
@@ -651,8 +777,26 @@ impl Replication {
                         let mut store = this.store.lock().unwrap();
                         let (response, outcome) = sync::serve(&mut store, req, now_ms());
                         this.publish(outcome.changes);
+                        let commit = store.last_commit();
                         drop(store);
                         this.report_refusals(peer, &outcome.rejected);
+                        if matches!(response, SyncResponse::PushAck) {
+                            // A push is acknowledged once it is on this node's disk.
+                            tokio::runtime::Handle::current().spawn(async move {
+                                let deadline =
+                                    tokio::time::Instant::now() + this.config.push_timeout;
+                                let response = match this.await_durable(commit, deadline).await {
+                                    Ok(()) => SyncResponse::PushAck,
+                                    Err(why) => SyncResponse::Refused {
+                                        reason: format!("not on this node's disk: {why}"),
+                                    },
+                                };
+                                let bytes = response.encode();
+                                this.traffic.count(bytes.len(), received);
+                                request.respond(bytes);
+                            });
+                            return;
+                        }
                         response
                     }
                     Err(error) => {

@@ -24,6 +24,7 @@ pub use horizon::Currency;
 pub use kind::{KINDS, KindInfo, ObjectKey};
 pub use object::{ObjectError, ValidObject, validate};
 pub use store::{
-    Change, EventType, MergeOutcome, Staged, Store, StoreConfig, StoreError, WriteMode, Written,
+    Batch, Change, Doorbell, EventType, MergeOutcome, SEQ_RESERVE, Staged, Store, StoreConfig,
+    StoreError, WriteMode, Written,
 };
 pub use sync::{Refusal, SyncRequest, SyncResponse, WireEntry};

@@ -1,9 +1,13 @@
 //! The desired-state store of one node: the CRDT entries in memory for reads, persisted in redb
-//! (fsync'd on every commit) for durability, with a per-node commit sequence that serves as
-//! Kubernetes' `resourceVersion` and a bounded change log for watches. How it takes peers' state
-//! (merges, resyncs, the tombstone horizon) is in `store/merge.rs`.
+//! for durability, with a per-node commit sequence that serves as Kubernetes' `resourceVersion`
+//! and a bounded change log for watches. How it takes peers' state (merges, resyncs, the tombstone
+//! horizon) is in `store/merge.rs`; how commits reach the disk (one fsync per commit, or group
+//! commit by a writer thread that never holds the store) is in `store/journal.rs`.
 
+mod journal;
 mod merge;
+
+pub use journal::{Batch, Doorbell, SEQ_RESERVE};
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -48,6 +52,12 @@ pub struct StoreConfig {
     pub change_log_capacity: usize,
     /// redb page cache (default 16 MiB; every object is also held decoded in memory).
     pub cache_bytes: usize,
+    /// `None` (the default): every commit is on disk (fsync'd) before it returns. `Some(bell)`:
+    /// write-behind — a commit changes memory and a journal, rings `bell`, and returns; a writer
+    /// thread takes the journal ([`Store::take_batch`]) and persists it outside the store's
+    /// lock, many commits in one fsync, and the caller waits for [`Store::durable_commit`] before
+    /// it acknowledges anything (see `store/journal.rs`).
+    pub write_behind: Option<std::sync::Arc<Doorbell>>,
 }
 
 impl StoreConfig {
@@ -59,6 +69,7 @@ impl StoreConfig {
             tombstone_horizon: Duration::from_secs(24 * 3600),
             change_log_capacity: 1_000,
             cache_bytes: 16 << 20,
+            write_behind: None,
         }
     }
 }
@@ -155,9 +166,9 @@ pub struct Written {
 
 pub struct Store {
     config: StoreConfig,
-    /// `None` after a failed commit: redb refuses every operation after an I/O error until the
-    /// database is reopened, so the next commit reopens it (recovering its last commit) first.
-    db: Option<Database>,
+    /// The database, and what is committed in memory but not yet on it.
+    disk: std::sync::Arc<journal::Disk>,
+    journal: journal::Journal,
     hlc: Hlc,
     seq: u64,
     /// How current this store is (see [`crate::horizon`]), as in memory and as on disk: the last
@@ -174,6 +185,9 @@ pub struct Store {
     changes: VecDeque<Change>,
     /// The lowest resourceVersion a watch may resume from.
     oldest_watchable: u64,
+    /// The sequence on disk when the store was opened; the [`SEQ_RESERVE`] after it were never
+    /// used since.
+    reopened_at: u64,
 }
 
 fn now_ms() -> u64 {
@@ -267,12 +281,17 @@ impl Store {
             Timestamp(hlc_last),
             config.max_clock_drift.as_millis() as u64,
         );
-        Ok(Self {
+        // Write-behind may have shown resourceVersions up to `SEQ_RESERVE` past the last one on
+        // disk before a crash: numbering resumes past all of them, so one number never names two
+        // different changes, and a watch cannot resume from one of them (it may be lost).
+        let mut store = Self {
             oldest_watchable: seq,
+            reopened_at: seq,
+            disk: std::sync::Arc::new(journal::Disk::new(&config, db)),
+            journal: journal::Journal::new(seq + SEQ_RESERVE + 1),
             config,
-            db: Some(db),
             hlc,
-            seq,
+            seq: seq + SEQ_RESERVE + 1,
             currency,
             persisted: currency,
             last_sync_at_open: currency.last_sync_ms,
@@ -280,7 +299,11 @@ impl Store {
             entries,
             digest,
             changes: VecDeque::new(),
-        })
+        };
+        // The new numbering is on disk before any number of it is shown.
+        store.commit(&[], &[])?;
+        store.flush()?;
+        Ok(store)
     }
 
     pub fn path(&self) -> &Path {
@@ -289,6 +312,12 @@ impl Store {
 
     pub fn node(&self) -> NodeId {
         self.config.node
+    }
+
+    /// The doorbell of this store's writer, if commits are written behind (see
+    /// [`StoreConfig::write_behind`]).
+    pub fn write_behind(&self) -> Option<std::sync::Arc<Doorbell>> {
+        self.config.write_behind.clone()
     }
 
     /// The latest commit sequence number (the list resourceVersion).
@@ -395,65 +424,6 @@ impl Store {
                 path: config.path.clone(),
                 source: Box::new(source),
             })
-    }
-
-    /// Persists `updates` (and the sequence/clock) in one fsync'd transaction. A failed commit
-    /// (a full disk, an I/O error) changes nothing in memory, and closes the database: the next
-    /// commit reopens it, so the store writes again once the disk does (without the reopen,
-    /// redb would refuse every later operation).
-    fn commit(
-        &mut self,
-        updates: &[(&ObjectKey, Option<&StoredEntry>)],
-        extra_meta: &[(&str, u64)],
-    ) -> Result<(), StoreError> {
-        let db = match self.db.take() {
-            Some(db) => db,
-            None => Self::open_db(&self.config).map_err(|e| {
-                self.storage_err(format_args!("reopening after a failed commit: {e}"))
-            })?,
-        };
-        let result = self.commit_to(&db, updates, extra_meta);
-        if result.is_ok() {
-            self.db = Some(db);
-        }
-        result
-    }
-
-    fn commit_to(
-        &self,
-        db: &Database,
-        updates: &[(&ObjectKey, Option<&StoredEntry>)],
-        extra_meta: &[(&str, u64)],
-    ) -> Result<(), StoreError> {
-        let txn = db.begin_write().map_err(|e| self.storage_err(e))?;
-        {
-            let mut objects = txn.open_table(OBJECTS).map_err(|e| self.storage_err(e))?;
-            for (key, entry) in updates {
-                let k = key.to_bytes();
-                match entry {
-                    Some(entry) => {
-                        let bytes = rmp_serde::to_vec(entry).expect("entries serialize");
-                        objects
-                            .insert(k.as_slice(), bytes.as_slice())
-                            .map_err(|e| self.storage_err(e))?;
-                    }
-                    None => {
-                        objects
-                            .remove(k.as_slice())
-                            .map_err(|e| self.storage_err(e))?;
-                    }
-                }
-            }
-            let mut meta = txn.open_table(META).map_err(|e| self.storage_err(e))?;
-            meta.insert(META_SEQ, self.seq)
-                .map_err(|e| self.storage_err(e))?;
-            meta.insert(META_HLC, self.hlc.last().0)
-                .map_err(|e| self.storage_err(e))?;
-            for (k, v) in extra_meta {
-                meta.insert(*k, *v).map_err(|e| self.storage_err(e))?;
-            }
-        }
-        txn.commit().map_err(|e| self.storage_err(e))
     }
 
     /// The object as clients see it: body plus server metadata.
@@ -617,7 +587,8 @@ impl Store {
         Ok(Staged::Changed(WireEntry { key, state }))
     }
 
-    /// Persists a staged write (fsync) and makes it visible.
+    /// Persists a staged write (see `store/journal.rs` for when it is on disk) and makes it
+    /// visible.
     pub fn commit_staged(&mut self, entry: WireEntry) -> Result<Written, StoreError> {
         self.commit_local(entry.key, entry.state)
     }
@@ -773,7 +744,9 @@ impl Store {
     /// raises it again as soon as more nodes are known at once.
     pub fn set_peak_members(&mut self, members: u64) -> Result<(), StoreError> {
         let members = members.max(1);
+        // On disk before it is used: the quorum of every later write is counted from it.
         self.commit(&[], &[(META_PEAK_MEMBERS, members)])?;
+        self.flush()?;
         self.peak_members = members;
         Ok(())
     }
@@ -784,6 +757,7 @@ impl Store {
             return Ok(());
         }
         self.commit(&[], &[(META_PEAK_MEMBERS, members)])?;
+        self.flush()?;
         self.peak_members = members;
         Ok(())
     }
@@ -835,7 +809,9 @@ impl Store {
 
     /// Changes after `resource_version`, or [`StoreError::Expired`] if some were dropped.
     pub fn changes_since(&self, resource_version: u64) -> Result<Vec<Change>, StoreError> {
-        if resource_version < self.oldest_watchable {
+        let unknown = resource_version > self.reopened_at
+            && resource_version <= self.reopened_at + SEQ_RESERVE;
+        if resource_version < self.oldest_watchable || unknown {
             return Err(StoreError::Expired {
                 requested: resource_version,
                 oldest: self.oldest_watchable,
