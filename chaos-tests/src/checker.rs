@@ -30,6 +30,7 @@ pub const REPLICAS: &str = "replica counts exact";
 pub const SECRET: &str = "no secret, no entry";
 pub const FENCED: &str = "a fenced pod never runs twice";
 pub const OVERCOMMIT: &str = "no node runs more than its allocatable";
+pub const READS: &str = "reads never wait for a disk";
 
 /// Checker 1: every acknowledged operation is visible at the end, or superseded under the
 /// documented merge rules (`crdt-state/src/crdt.rs`):
@@ -1168,5 +1169,122 @@ mod tests {
         let v = teardown(&left, &logs);
         assert_eq!(v.len(), 2, "{v:?}");
         assert!(v[1].message.contains("n1 panicked"), "{v:?}");
+    }
+}
+
+/// One read of an agent's Kubernetes API (a LIST of the workload's ConfigMaps).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Read {
+    pub node: usize,
+    pub invoked_ms: u64,
+    pub completed_ms: u64,
+    /// Answered 200 (else an error or a timeout at `completed_ms`).
+    pub ok: bool,
+}
+
+/// A span in which every fsync of `node`'s agent took `delay_ms` longer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SlowDisk {
+    pub node: usize,
+    pub start_ms: u64,
+    pub end_ms: u64,
+    pub delay_ms: u64,
+}
+
+/// Checker 7 (the slow-disk scenario): a read of a node whose disk is slow is answered from
+/// memory, never behind a write's fsync: every read begun while the node's disk was slow
+/// answered, and in less than one fsync's delay. (A store that fsyncs under the lock its
+/// readers take makes them wait a whole delay, or several: the writes queue on that lock.)
+pub fn reads_unblocked(reads: &[Read], slow: &[SlowDisk]) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    for disk in slow {
+        let during: Vec<&Read> = reads
+            .iter()
+            .filter(|r| r.node == disk.node)
+            .filter(|r| r.invoked_ms >= disk.start_ms && r.invoked_ms < disk.end_ms)
+            .collect();
+        let blocked: Vec<&&Read> = during
+            .iter()
+            .filter(|r| !r.ok || r.completed_ms.saturating_sub(r.invoked_ms) >= disk.delay_ms)
+            .collect();
+        if let Some(worst) = blocked
+            .iter()
+            .max_by_key(|r| r.completed_ms.saturating_sub(r.invoked_ms))
+        {
+            violations.push(Violation {
+                checker: READS,
+                message: format!(
+                    "n{}: {} of {} reads begun while each fsync took {} ms longer ({}-{} ms) waited that long or failed; the worst took {} ms{}",
+                    disk.node,
+                    blocked.len(),
+                    during.len(),
+                    disk.delay_ms,
+                    disk.start_ms,
+                    disk.end_ms,
+                    worst.completed_ms.saturating_sub(worst.invoked_ms),
+                    if worst.ok { "" } else { " and failed" },
+                ),
+                ops: Vec::new(),
+            });
+        } else if during.is_empty() {
+            violations.push(Violation {
+                checker: READS,
+                message: format!(
+                    "n{}: no read was made while its disk was slow ({}-{} ms): nothing was checked",
+                    disk.node, disk.start_ms, disk.end_ms
+                ),
+                ops: Vec::new(),
+            });
+        }
+    }
+    violations
+}
+
+#[cfg(test)]
+mod reads_tests {
+    use super::*;
+
+    fn read(node: usize, invoked_ms: u64, took: u64, ok: bool) -> Read {
+        Read {
+            node,
+            invoked_ms,
+            completed_ms: invoked_ms + took,
+            ok,
+        }
+    }
+
+    const DISK: SlowDisk = SlowDisk {
+        node: 1,
+        start_ms: 1_000,
+        end_ms: 5_000,
+        delay_ms: 1_500,
+    };
+
+    #[test]
+    fn reads_answered_from_memory_pass() {
+        let reads = [read(1, 1_200, 12, true), read(1, 4_900, 30, true)];
+        assert!(reads_unblocked(&reads, &[DISK]).is_empty());
+    }
+
+    #[test]
+    fn a_read_that_waited_for_the_disk_fails_the_checker() {
+        let reads = [
+            read(1, 1_200, 12, true),
+            read(1, 2_000, 1_700, true),
+            // Another node's slow read, and one before the fault, are not this disk's.
+            read(0, 2_000, 3_000, true),
+            read(1, 500, 3_000, true),
+        ];
+        let violations = reads_unblocked(&reads, &[DISK]);
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        assert!(violations[0].message.contains("1 of 2 reads"));
+        assert!(violations[0].message.contains("1700 ms"));
+    }
+
+    #[test]
+    fn a_failed_read_or_no_read_fails_the_checker() {
+        let failed = [read(1, 1_200, 10, false)];
+        assert_eq!(reads_unblocked(&failed, &[DISK]).len(), 1);
+        assert_eq!(reads_unblocked(&[], &[DISK]).len(), 1);
     }
 }

@@ -53,6 +53,28 @@ pub fn fault_injection_binary() -> anyhow::Result<std::path::PathBuf> {
     Ok(target.join("debug/shoal"))
 }
 
+/// The slow-disk library (`preload/slowdisk.c`), compiled with the system's `cc` into
+/// `target/chaos-preload/` when missing or older than its source, for the slow-disk scenario.
+pub fn slow_disk_library() -> anyhow::Result<std::path::PathBuf> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let source = root.join("preload/slowdisk.c");
+    let out_dir = root.join("../target/chaos-preload");
+    let library = out_dir.join("libshoal-slowdisk.so");
+    let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    if modified(&library).is_some() && modified(&library) >= modified(&source) {
+        return Ok(library);
+    }
+    std::fs::create_dir_all(&out_dir)?;
+    let status = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-Wall", "-o"])
+        .arg(&library)
+        .arg(&source)
+        .arg("-ldl")
+        .status()?;
+    anyhow::ensure!(status.success(), "cc {} failed", source.display());
+    Ok(library)
+}
+
 /// The project's test images (`examples/images/build.sh`), built into `target/test-images`.
 pub fn test_images() -> anyhow::Result<std::path::PathBuf> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");

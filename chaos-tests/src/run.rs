@@ -458,6 +458,8 @@ struct Workload {
     next_id: AtomicU64,
     stop: AtomicBool,
     ops: Mutex<Vec<Op>>,
+    /// Checker 7's reads (the slow-disk scenario only).
+    reads: Mutex<Vec<checker::Read>>,
     scales: Mutex<(usize, usize)>,
     /// The lab's agent names, and the agent without the secret with its gossip address.
     names: Vec<String>,
@@ -632,6 +634,36 @@ impl Workload {
 
     /// Every 500 ms until the workload stops: whom each agent and the intruder list as members
     /// (checker 6).
+    /// Checker 7's reader: LISTs the workload's ConfigMaps on every agent, one agent after
+    /// another, each read given up on after 15 s.
+    async fn reader_loop(self: Arc<Self>) {
+        const CONFIGMAPS: &str = "/api/v1/namespaces/default/configmaps";
+        let this = &*self;
+        while !this.stop.load(Ordering::Relaxed) {
+            let reads = this
+                .kube
+                .iter()
+                .enumerate()
+                .map(|(node, client)| async move {
+                    let invoked_ms = this.ms();
+                    let answer = tokio::time::timeout(
+                        Duration::from_secs(15),
+                        client.send(hyper::Method::GET, CONFIGMAPS, "application/json", None),
+                    )
+                    .await;
+                    checker::Read {
+                        node,
+                        invoked_ms,
+                        completed_ms: this.ms(),
+                        ok: matches!(answer, Ok(Ok((200, _)))),
+                    }
+                });
+            let reads = futures_util::future::join_all(reads).await;
+            this.reads.lock().unwrap().extend(reads);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     async fn membership_sampler(self: Arc<Self>) {
         loop {
             self.sample_membership().await;
@@ -733,6 +765,9 @@ impl FaultDriver<'_> {
                 set_clock(self.agents[*node].data_dir(), *offset_s)?;
                 self.await_clock(*node, 0, *offset_s).await?;
             }
+            Fault::SlowDisk { node, delay_ms } => {
+                set_slow_disk(self.agents[*node].data_dir(), *delay_ms)?;
+            }
             Fault::DiskFull { node } => {
                 let filled = fill(self.agents[*node].data_dir())?;
                 self.note(format!(
@@ -777,6 +812,7 @@ impl FaultDriver<'_> {
                 set_clock(self.agents[*node].data_dir(), 0)?;
                 self.await_clock(*node, *offset_s, 0).await?;
             }
+            Fault::SlowDisk { node, .. } => set_slow_disk(self.agents[*node].data_dir(), 0)?,
             Fault::DiskFull { node } => {
                 let filler = self.agents[*node].data_dir().join(FILLER);
                 std::fs::remove_file(&filler)
@@ -891,6 +927,7 @@ fn describe(fault: &Fault) -> String {
             format!("n{node}")
         }
         Fault::ClockSkew { node, offset_s } => format!("n{node} {offset_s:+} s"),
+        Fault::SlowDisk { node, delay_ms } => format!("n{node} +{delay_ms} ms per fsync"),
         Fault::Flap { node, period_ms } => format!("n{node} every {period_ms} ms"),
         Fault::PartitionAndJoin { groups, node } => format!("{}, n{node} joins", sides(groups)),
         Fault::PartitionAndKill { groups, node } => format!("{}, n{node} killed", sides(groups)),
@@ -951,6 +988,20 @@ fn set_clock(data_dir: &Path, offset_s: i32) -> anyhow::Result<()> {
     let file = data_dir.with_file_name(name);
     std::fs::write(&file, format!("{offset_s:+}\n"))
         .with_context(|| format!("setting the clock in {}", file.display()))
+}
+
+/// The slow-disk library's delay file of the agent of `data_dir` (beside it, as its log is).
+fn slow_disk_file(data_dir: &Path) -> PathBuf {
+    let mut name = data_dir.file_name().unwrap_or_default().to_owned();
+    name.push(".slowdisk");
+    data_dir.with_file_name(name)
+}
+
+/// Makes every fsync of the agent of `data_dir` take `delay_ms` longer (0: no longer).
+fn set_slow_disk(data_dir: &Path, delay_ms: u64) -> anyhow::Result<()> {
+    let file = slow_disk_file(data_dir);
+    std::fs::write(&file, format!("{delay_ms}\n"))
+        .with_context(|| format!("setting the disk's delay in {}", file.display()))
 }
 
 /// Fills the filesystem of `data_dir` with one file until the kernel refuses more (ENOSPC);
@@ -1035,25 +1086,38 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
             std::fs::write(clock_file(root.path(), i), "+0\n")?;
         }
     }
+    let slow_disk = if config.scenario.slows_disks() {
+        Some(crate::slow_disk_library()?)
+    } else {
+        None
+    };
     let clock_env = |i: usize| -> Vec<(String, String)> {
-        if !clocks {
-            return Vec::new();
+        let mut env = Vec::new();
+        let mut preload = Vec::new();
+        if clocks {
+            preload.push(LIBFAKETIME.to_owned());
+            env.extend([
+                (
+                    "FAKETIME_TIMESTAMP_FILE",
+                    clock_file(root.path(), i).to_string_lossy().into_owned(),
+                ),
+                // Re-read every second, so a fault moves the clock within a second.
+                ("FAKETIME_CACHE_DURATION", "1".to_owned()),
+                // Timers, timeouts and leases run on the monotonic clock, as on a host whose
+                // wall clock is wrong.
+                ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_owned()),
+            ]);
         }
-        [
-            ("LD_PRELOAD", LIBFAKETIME.to_owned()),
-            (
-                "FAKETIME_TIMESTAMP_FILE",
-                clock_file(root.path(), i).to_string_lossy().into_owned(),
-            ),
-            // Re-read every second, so a fault moves the clock within a second.
-            ("FAKETIME_CACHE_DURATION", "1".to_owned()),
-            // Timers, timeouts and leases run on the monotonic clock, as on a host whose
-            // wall clock is wrong.
-            ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_owned()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect()
+        if let Some(library) = &slow_disk {
+            preload.push(library.to_string_lossy().into_owned());
+            // The agents' data dirs are `root/n<i>` (`crate::lab_agent_spec`).
+            let file = slow_disk_file(&root.path().join(format!("n{i}")));
+            env.push(("SHOAL_SLOW_DISK_FILE", file.to_string_lossy().into_owned()));
+        }
+        if !preload.is_empty() {
+            env.push(("LD_PRELOAD", preload.join(" ")));
+        }
+        env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
     };
     let binary = match &config.binary {
         Some(path) => path.clone(),
@@ -1195,6 +1259,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
         next_id: AtomicU64::new(0),
         stop: AtomicBool::new(false),
         ops: Mutex::new(Vec::new()),
+        reads: Mutex::new(Vec::new()),
         scales: Mutex::new((0, 0)),
         names: agents.iter().map(|a| a.name().to_owned()).collect(),
         intruder: ControlClient::for_data_dir(intruder.data_dir()),
@@ -1215,6 +1280,10 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
         .collect();
     let scaler = tokio::spawn(workload.clone().scaler_loop(config.seed ^ 0x5ca1e));
     let sampler = tokio::spawn(workload.clone().membership_sampler());
+    let reader = config
+        .scenario
+        .slows_disks()
+        .then(|| tokio::spawn(workload.clone().reader_loop()));
     let late_fenced = tokio::spawn(
         workload.clone().fenced_during_faults(
             steps.first().map_or(0, |s| s.start_ms) + 500,
@@ -1247,6 +1316,9 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     }
     let _ = scaler.await;
     let _ = sampler.await;
+    if let Some(reader) = reader {
+        let _ = reader.await;
+    }
     let late_fenced = late_fenced.await.unwrap_or_default();
     played?;
     if config.sabotage {
@@ -1290,6 +1362,26 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     let convergence_ms = convergence.as_ref().ok().copied();
     checkers.push((checker::CONVERGENCE, usize::from(convergence.is_err())));
     violations.extend(convergence.err());
+
+    // Checker 7: reads of a node whose disk is slow never wait for it.
+    if config.scenario.slows_disks() {
+        let slow: Vec<checker::SlowDisk> = steps
+            .iter()
+            .filter_map(|step| match step.fault {
+                Fault::SlowDisk { node, delay_ms } => Some(checker::SlowDisk {
+                    node,
+                    start_ms: step.start_ms,
+                    end_ms: step.end_ms,
+                    delay_ms,
+                }),
+                _ => None,
+            })
+            .collect();
+        let reads = std::mem::take(&mut *workload.reads.lock().unwrap());
+        let blocked = checker::reads_unblocked(&reads, &slow);
+        checkers.push((checker::READS, blocked.len()));
+        violations.extend(blocked);
+    }
 
     // Checker 1 over the final state as the agents hold it (all of them, once they agree).
     let ops = std::mem::take(&mut *workload.ops.lock().unwrap());

@@ -36,6 +36,10 @@ pub enum Fault {
     /// The node's wall clock set `offset_s` seconds ahead (or behind, negative) of the others'
     /// (libfaketime; monotonic time untouched), then set right again.
     ClockSkew { node: usize, offset_s: i32 },
+    /// Every fsync (fdatasync, syncfs) of the node's agent takes `delay_ms` longer (a library
+    /// preloaded into the unmodified agent), then the disk is fast again. The agent keeps
+    /// running; its readers must not wait for its disk.
+    SlowDisk { node: usize, delay_ms: u64 },
     /// A partition with the minority's first node killed as well.
     PartitionAndKill {
         groups: Vec<Vec<usize>>,
@@ -83,6 +87,7 @@ impl Fault {
             | Fault::Restart { node }
             | Fault::Wipe { node }
             | Fault::DiskFull { node }
+            | Fault::SlowDisk { node, .. }
             | Fault::ClockSkew { node, .. }
             | Fault::Flap { node, .. } => vec![*node],
         }
@@ -99,6 +104,7 @@ impl Fault {
             Fault::Restart { .. } => "restart",
             Fault::Wipe { .. } => "wipe",
             Fault::DiskFull { .. } => "disk-full",
+            Fault::SlowDisk { .. } => "slow-disk",
             Fault::ClockSkew { .. } => "clock-skew",
             Fault::PartitionAndKill { .. } => "partition+kill",
             Fault::Flap { .. } => "flap",
@@ -140,6 +146,7 @@ enum Kind {
     Restart,
     Wipe,
     DiskFull,
+    SlowDisk,
     ClockSkew,
     PartitionAndKill,
     Flap,
@@ -157,6 +164,7 @@ const ALL: &[Kind] = &[
     Kind::Restart,
     Kind::Wipe,
     Kind::DiskFull,
+    Kind::SlowDisk,
     Kind::ClockSkew,
     Kind::PartitionAndKill,
     Kind::Flap,
@@ -220,6 +228,13 @@ pub const SCENARIOS: &[Scenario] = &[
         dead_node_grace_ms: None,
     },
     Scenario {
+        name: "slow-disk",
+        about: "every fsync of one agent 1-2 s slow (a preloaded library), then fast again",
+        kinds: &[Kind::SlowDisk],
+        fault_ms: (5_000, 9_000),
+        dead_node_grace_ms: None,
+    },
+    Scenario {
         name: "clock-skew",
         about: "one agent's wall clock 10-50 s fast or slow (libfaketime), then right again",
         kinds: &[Kind::ClockSkew],
@@ -267,6 +282,12 @@ impl Scenario {
     /// Whether its faults fill disks: each node's data dir is then its own small tmpfs.
     pub fn needs_disks(&self) -> bool {
         self.kinds.contains(&Kind::DiskFull)
+    }
+
+    /// Whether its faults slow disks: every agent then runs with the slow-disk library, and the
+    /// run checks that reads never wait for a disk.
+    pub fn slows_disks(&self) -> bool {
+        self.kinds.contains(&Kind::SlowDisk)
     }
 
     /// Whether its faults move clocks: every agent then runs under libfaketime.
@@ -393,6 +414,10 @@ fn fault(kind: Kind, nodes: usize, rng: &mut Xoshiro256PlusPlus) -> Fault {
         },
         Kind::Kill => Fault::Kill { node },
         Kind::DiskFull => Fault::DiskFull { node },
+        Kind::SlowDisk => Fault::SlowDisk {
+            node,
+            delay_ms: rng.random_range(1_000..=2_000),
+        },
         Kind::ClockSkew => {
             let offset_s = rng.random_range(10..=50);
             Fault::ClockSkew {

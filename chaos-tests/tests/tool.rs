@@ -22,6 +22,7 @@ const PROFILE: &[&str] = &[
     "pause",
     "restart",
     "disk-full",
+    "slow-disk",
     "clock-skew",
     "partition-kill",
     "flap",
