@@ -31,6 +31,7 @@ pub const SECRET: &str = "no secret, no entry";
 pub const FENCED: &str = "a fenced pod never runs twice";
 pub const OVERCOMMIT: &str = "no node runs more than its allocatable";
 pub const READS: &str = "reads never wait for a disk";
+pub const HOSTILE: &str = "hostile objects refused or failed by name";
 
 /// Checker 1: every acknowledged operation is visible at the end, or superseded under the
 /// documented merge rules (`crdt-state/src/crdt.rs`):
@@ -1286,5 +1287,115 @@ mod reads_tests {
         let failed = [read(1, 1_200, 10, false)];
         assert_eq!(reads_unblocked(&failed, &[DISK]).len(), 1);
         assert_eq!(reads_unblocked(&[], &[DISK]).len(), 1);
+    }
+}
+
+/// Checker 8 (the poison scenario): each hostile object got what [`crate::poison::Expect`]
+/// says: a refusal (4xx) naming its field or cause, or, accepted, pods that all wait with the
+/// reason and a message naming the cause. (That every agent stays up and the other workloads
+/// keep their counts is checkers 2, 3 and the teardown's.)
+pub fn hostile_objects(outcomes: &[crate::poison::Outcome]) -> Vec<Violation> {
+    use crate::poison::Expect;
+    let mut violations = Vec::new();
+    for o in outcomes {
+        let answer = format!("{} {}", o.status, o.message);
+        let problem = match &o.expect {
+            Expect::Accepted => (!(200..300).contains(&o.status))
+                .then(|| format!("answered {answer}; expected it accepted")),
+            Expect::Refused { names } => (!(400..500).contains(&o.status)
+                || !o.message.contains(names))
+            .then(|| format!("answered {answer}; expected a refusal (4xx) naming {names:?}")),
+            Expect::PodsWait { reason, names } => {
+                if !(200..300).contains(&o.status) {
+                    Some(format!("answered {answer}; expected it accepted"))
+                } else if o.pods.is_empty() {
+                    Some("accepted, but no pod of it was seen".to_owned())
+                } else {
+                    o.pods
+                        .iter()
+                        .find(|(_, r, m)| r != reason || !m.contains(names))
+                        .map(|(node, r, m)| {
+                            format!(
+                                "its pod on {node} waits with {r:?} ({m:?}); expected {reason:?} naming {names:?}"
+                            )
+                        })
+                }
+            }
+        };
+        if let Some(problem) = problem {
+            violations.push(Violation {
+                checker: HOSTILE,
+                message: format!("{} (sent to n{}): {problem}", o.name, o.node),
+                ops: Vec::new(),
+            });
+        }
+    }
+    violations
+}
+
+#[cfg(test)]
+mod hostile_tests {
+    use super::*;
+    use crate::poison::{Expect, Outcome};
+
+    fn outcome(expect: Expect, status: u16, message: &str, pods: &[(&str, &str)]) -> Outcome {
+        Outcome {
+            name: "chaos-poison-x-1".into(),
+            node: 0,
+            expect,
+            status,
+            message: message.into(),
+            pods: pods
+                .iter()
+                .map(|(r, m)| ("n1".to_owned(), (*r).to_owned(), (*m).to_owned()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn refusals_and_conditions_naming_the_cause_pass() {
+        let ok = [
+            outcome(Expect::Accepted, 201, "", &[]),
+            outcome(
+                Expect::Refused {
+                    names: "spec.parallelism",
+                },
+                422,
+                "Job.batch \"x\" is invalid: spec.parallelism: Invalid value",
+                &[],
+            ),
+            outcome(
+                Expect::PodsWait {
+                    reason: "CreateContainerConfigError",
+                    names: "B",
+                },
+                201,
+                "",
+                &[(
+                    "CreateContainerConfigError",
+                    "container \"c\": B expands to more",
+                )],
+            ),
+        ];
+        assert!(hostile_objects(&ok).is_empty());
+    }
+
+    #[test]
+    fn an_accepted_hostile_object_or_a_vague_answer_fails_the_checker() {
+        let refused = Expect::Refused {
+            names: "spec.parallelism",
+        };
+        let wait = Expect::PodsWait {
+            reason: "CreateContainerConfigError",
+            names: "B",
+        };
+        let bad = [
+            outcome(refused.clone(), 201, "", &[]),
+            outcome(refused, 500, "internal error", &[]),
+            outcome(wait.clone(), 201, "", &[]),
+            outcome(wait, 201, "", &[("ContainerCreating", "")]),
+            outcome(Expect::Accepted, 0, "connection refused", &[]),
+        ];
+        assert_eq!(hostile_objects(&bad).len(), 5);
     }
 }

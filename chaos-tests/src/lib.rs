@@ -8,6 +8,7 @@ pub mod fuzz;
 pub mod history;
 pub mod kube;
 pub mod lab;
+pub mod poison;
 pub mod report;
 pub mod run;
 pub mod scenario;

@@ -201,6 +201,33 @@ pub fn markdown(report: &RunReport) -> String {
             );
         }
     }
+    if !report.hostile.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n## Hostile objects (checker 8)\n\n| object | sent to | expected | answer | pods waiting |\n|---|---|---|---|---|"
+        );
+        for h in &report.hostile {
+            let message: String = h.message.chars().take(160).collect();
+            let pods: Vec<String> = h
+                .pods
+                .iter()
+                .map(|(node, reason, message)| {
+                    let message: String = message.chars().take(100).collect();
+                    format!("{node}: {reason} ({message})")
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "| {} | n{} | {} | {} {} | {} |",
+                h.name,
+                h.node,
+                serde_json::to_string(&h.expect).unwrap_or_default(),
+                h.status,
+                message.replace('|', "\\|"),
+                pods.join("; ").replace('|', "\\|")
+            );
+        }
+    }
     let _ = writeln!(out, "\n## Checkers\n\n| checker | violations |\n|---|---|");
     for (name, count) in &report.checkers {
         let _ = writeln!(out, "| {name} | {count} |");

@@ -20,6 +20,7 @@ use crate::checker::{
 };
 use crate::history::{History, Op, Outcome, Request};
 use crate::lab::{self, NetLab};
+use crate::poison;
 use crate::scenario::{self, Fault, Scenario, Step};
 
 /// Names of everything a chaos run makes start with this (namespaces `shc<pid>-h<i>`, the data
@@ -128,6 +129,8 @@ pub struct RunReport {
     pub fenced_runs: Vec<checker::Instance>,
     /// What checker 5 judged from, in a line.
     pub overcommit_evidence: String,
+    /// The hostile objects sent and what they got (checker 8).
+    pub hostile: Vec<poison::Outcome>,
 }
 
 impl RunReport {
@@ -632,8 +635,52 @@ impl Workload {
         acknowledged
     }
 
-    /// Every 500 ms until the workload stops: whom each agent and the intruder list as members
-    /// (checker 6).
+    /// Checker 8's requests: at each poison fault's start, the hostile set to the fault's node,
+    /// once each (a transport error is recorded as status 0).
+    async fn poison_during_faults(self: Arc<Self>, steps: Vec<Step>) -> Vec<poison::Outcome> {
+        let mut outcomes = Vec::new();
+        for (i, step) in steps.iter().enumerate() {
+            let Fault::Poison { node } = step.fault else {
+                continue;
+            };
+            let wait = step.start_ms.saturating_sub(self.ms());
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            for hostile in poison::hostile_set(&i.to_string()) {
+                let post = self.kube[node].send(
+                    hyper::Method::POST,
+                    &hostile.path,
+                    "application/json",
+                    Some(hostile.body.clone()),
+                );
+                let (status, message) =
+                    match tokio::time::timeout(Duration::from_secs(15), post).await {
+                        Ok(Ok((status @ 200..=299, _))) => (status, "created".to_owned()),
+                        Ok(Ok((status, body))) => {
+                            let message = serde_json::from_slice::<Value>(&body)
+                                .ok()
+                                .and_then(|v| v["message"].as_str().map(str::to_owned))
+                                .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
+                            (status, message)
+                        }
+                        Ok(Err(e)) => (0, e.to_string()),
+                        Err(_) => (0, "no answer within 15 s".to_owned()),
+                    };
+                outcomes.push((hostile, node, status, message));
+            }
+        }
+        outcomes
+            .into_iter()
+            .map(|(hostile, node, status, message)| poison::Outcome {
+                name: hostile.name,
+                node,
+                expect: hostile.expect,
+                status,
+                message,
+                pods: hostile.pods.map(|_| Vec::new()).unwrap_or_default(),
+            })
+            .collect()
+    }
+
     /// Checker 7's reader: LISTs the workload's ConfigMaps on every agent, one agent after
     /// another, each read given up on after 15 s.
     async fn reader_loop(self: Arc<Self>) {
@@ -664,6 +711,8 @@ impl Workload {
         }
     }
 
+    /// Every 500 ms until the workload stops: whom each agent and the intruder list as members
+    /// (checker 6).
     async fn membership_sampler(self: Arc<Self>) {
         loop {
             self.sample_membership().await;
@@ -751,6 +800,8 @@ impl FaultDriver<'_> {
             | Fault::Flap { .. } => self.filters(fault)?,
             Fault::Kill { node } => self.agents[*node].kill()?,
             Fault::Pause { node } => self.agents[*node].pause()?,
+            // Sent by the workload (`poison_during_faults`), which holds the API clients.
+            Fault::Poison { .. } => {}
             Fault::Restart { node } => {
                 self.agents[*node].terminate()?;
                 self.agents[*node].restart().await?;
@@ -807,7 +858,7 @@ impl FaultDriver<'_> {
             | Fault::Flap { .. } => self.lab.set_filters(&[], &[])?,
             Fault::Kill { node } | Fault::Wipe { node } => self.agents[*node].restart().await?,
             Fault::Pause { node } => self.agents[*node].resume()?,
-            Fault::Restart { .. } => {}
+            Fault::Restart { .. } | Fault::Poison { .. } => {}
             Fault::ClockSkew { node, offset_s } => {
                 set_clock(self.agents[*node].data_dir(), 0)?;
                 self.await_clock(*node, *offset_s, 0).await?;
@@ -923,7 +974,8 @@ fn describe(fault: &Fault) -> String {
         | Fault::Pause { node }
         | Fault::Restart { node }
         | Fault::Wipe { node }
-        | Fault::DiskFull { node } => {
+        | Fault::DiskFull { node }
+        | Fault::Poison { node } => {
             format!("n{node}")
         }
         Fault::ClockSkew { node, offset_s } => format!("n{node} {offset_s:+} s"),
@@ -988,6 +1040,43 @@ fn set_clock(data_dir: &Path, offset_s: i32) -> anyhow::Result<()> {
     let file = data_dir.with_file_name(name);
     std::fs::write(&file, format!("{offset_s:+}\n"))
         .with_context(|| format!("setting the clock in {}", file.display()))
+}
+
+/// The pods of `selector` as they wait: (node, reason, message) of each pod's first waiting
+/// container, polled until every pod waits with a reason, at most 60 s.
+async fn poison_pods(
+    client: &crate::kube::KubeClient,
+    selector: &str,
+) -> Vec<(String, String, String)> {
+    let path = format!("/api/v1/namespaces/default/pods?labelSelector={selector}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen = Vec::new();
+    loop {
+        if let Ok((200, body)) = client
+            .send(hyper::Method::GET, &path, "application/json", None)
+            .await
+            && let Ok(list) = serde_json::from_slice::<Value>(&body)
+        {
+            seen = list["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|pod| {
+                    let waiting = &pod["status"]["containerStatuses"][0]["state"]["waiting"];
+                    (
+                        pod["spec"]["nodeName"].as_str().unwrap_or("").to_owned(),
+                        waiting["reason"].as_str().unwrap_or("").to_owned(),
+                        waiting["message"].as_str().unwrap_or("").to_owned(),
+                    )
+                })
+                .collect();
+        }
+        let settled = !seen.is_empty() && seen.iter().all(|(_, reason, _)| !reason.is_empty());
+        if settled || Instant::now() > deadline {
+            return seen;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// The slow-disk library's delay file of the agent of `data_dir` (beside it, as its log is).
@@ -1284,6 +1373,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
         .scenario
         .slows_disks()
         .then(|| tokio::spawn(workload.clone().reader_loop()));
+    let poisoner = tokio::spawn(workload.clone().poison_during_faults(steps.clone()));
     let late_fenced = tokio::spawn(
         workload.clone().fenced_during_faults(
             steps.first().map_or(0, |s| s.start_ms) + 500,
@@ -1319,6 +1409,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     if let Some(reader) = reader {
         let _ = reader.await;
     }
+    let mut poisoned = poisoner.await.unwrap_or_default();
     let late_fenced = late_fenced.await.unwrap_or_default();
     played?;
     if config.sabotage {
@@ -1381,6 +1472,25 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
         let blocked = checker::reads_unblocked(&reads, &slow);
         checkers.push((checker::READS, blocked.len()));
         violations.extend(blocked);
+    }
+
+    // Checker 8: each hostile object refused by name, or its pods waiting with the cause.
+    if config.scenario.poisons() {
+        let selectors: Vec<Option<String>> = steps
+            .iter()
+            .enumerate()
+            .filter(|(_, step)| matches!(step.fault, Fault::Poison { .. }))
+            .flat_map(|(i, _)| poison::hostile_set(&i.to_string()))
+            .map(|h| h.pods)
+            .collect();
+        for (outcome, selector) in poisoned.iter_mut().zip(&selectors) {
+            if let (Some(selector), 200..=299) = (selector, outcome.status) {
+                outcome.pods = poison_pods(&workload.kube[0], selector).await;
+            }
+        }
+        let hostile = checker::hostile_objects(&poisoned);
+        checkers.push((checker::HOSTILE, hostile.len()));
+        violations.extend(hostile);
     }
 
     // Checker 1 over the final state as the agents hold it (all of them, once they agree).
@@ -1584,6 +1694,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
         intrusion_evidence,
         fenced_runs,
         overcommit_evidence,
+        hostile: poisoned,
     };
     if let Some(dir) = &report.config.report_dir {
         crate::report::write(&report, dir)?;

@@ -40,6 +40,8 @@ pub enum Fault {
     /// preloaded into the unmodified agent), then the disk is fast again. The agent keeps
     /// running; its readers must not wait for its disk.
     SlowDisk { node: usize, delay_ms: u64 },
+    /// The hostile objects of [`crate::poison`] sent to `node`'s Kubernetes API.
+    Poison { node: usize },
     /// A partition with the minority's first node killed as well.
     PartitionAndKill {
         groups: Vec<Vec<usize>>,
@@ -88,6 +90,7 @@ impl Fault {
             | Fault::Wipe { node }
             | Fault::DiskFull { node }
             | Fault::SlowDisk { node, .. }
+            | Fault::Poison { node }
             | Fault::ClockSkew { node, .. }
             | Fault::Flap { node, .. } => vec![*node],
         }
@@ -105,6 +108,7 @@ impl Fault {
             Fault::Wipe { .. } => "wipe",
             Fault::DiskFull { .. } => "disk-full",
             Fault::SlowDisk { .. } => "slow-disk",
+            Fault::Poison { .. } => "poison",
             Fault::ClockSkew { .. } => "clock-skew",
             Fault::PartitionAndKill { .. } => "partition+kill",
             Fault::Flap { .. } => "flap",
@@ -147,6 +151,7 @@ enum Kind {
     Wipe,
     DiskFull,
     SlowDisk,
+    Poison,
     ClockSkew,
     PartitionAndKill,
     Flap,
@@ -165,6 +170,7 @@ const ALL: &[Kind] = &[
     Kind::Wipe,
     Kind::DiskFull,
     Kind::SlowDisk,
+    Kind::Poison,
     Kind::ClockSkew,
     Kind::PartitionAndKill,
     Kind::Flap,
@@ -235,6 +241,13 @@ pub const SCENARIOS: &[Scenario] = &[
         dead_node_grace_ms: None,
     },
     Scenario {
+        name: "poison",
+        about: "hostile objects (huge counts, exponential $(VAR) expansion, oversized, malformed) sent to one agent's Kubernetes API",
+        kinds: &[Kind::Poison],
+        fault_ms: (3_000, 6_000),
+        dead_node_grace_ms: None,
+    },
+    Scenario {
         name: "clock-skew",
         about: "one agent's wall clock 10-50 s fast or slow (libfaketime), then right again",
         kinds: &[Kind::ClockSkew],
@@ -288,6 +301,11 @@ impl Scenario {
     /// run checks that reads never wait for a disk.
     pub fn slows_disks(&self) -> bool {
         self.kinds.contains(&Kind::SlowDisk)
+    }
+
+    /// Whether it sends hostile objects (checker 8 then judges their answers).
+    pub fn poisons(&self) -> bool {
+        self.kinds.contains(&Kind::Poison)
     }
 
     /// Whether its faults move clocks: every agent then runs under libfaketime.
@@ -414,6 +432,7 @@ fn fault(kind: Kind, nodes: usize, rng: &mut Xoshiro256PlusPlus) -> Fault {
         },
         Kind::Kill => Fault::Kill { node },
         Kind::DiskFull => Fault::DiskFull { node },
+        Kind::Poison => Fault::Poison { node },
         Kind::SlowDisk => Fault::SlowDisk {
             node,
             delay_ms: rng.random_range(1_000..=2_000),

@@ -23,6 +23,7 @@ const PROFILE: &[&str] = &[
     "restart",
     "disk-full",
     "slow-disk",
+    "poison",
     "clock-skew",
     "partition-kill",
     "flap",
