@@ -9,9 +9,10 @@
 //!   A write that changes nothing (a retry after a 503) is pushed again and acknowledged only at
 //!   quorum, like a retried delete of a tombstone. Peers that missed a push get it by
 //!   anti-entropy.
-//! - Changes reach watchers in commit order: they are published while the store lock that
-//!   committed them is held (before they are on disk: a crash then loses only what no one
-//!   acknowledged, and the store never reuses a resourceVersion it showed).
+//! - Changes reach watchers in commit order, once they are on this node's disk (as etcd's watch
+//!   sends only committed entries). Reads (GET, LIST, a watch's replay of the change log) show
+//!   this node's memory, which may be one group commit ahead of its disk: a crash then loses
+//!   only what no one acknowledged, and the store never reuses a resourceVersion it showed.
 //! - A peer's push is acknowledged once it is on this node's disk.
 //! - Anti-entropy: every node gossips its store's root digest; a node whose digest differs from
 //!   a live peer's runs a [`SyncSession`] with it (bucket hashes, then only differing buckets).
@@ -116,6 +117,9 @@ pub struct Replication {
     caught_up: Mutex<std::collections::HashMap<SocketAddr, Instant>>,
     /// What the store's writer thread has put on disk (see [`Replication::await_durable`]).
     durable: tokio::sync::watch::Sender<Durable>,
+    /// Changes committed in memory and not yet on disk, in commit order, each with its commit:
+    /// watchers get them once they are on disk ([`Replication::publish`]).
+    unpublished: Mutex<std::collections::VecDeque<(u64, Change)>>,
 }
 
 /// The store's commits on disk, as its writer thread reports them.
@@ -168,6 +172,7 @@ impl Replication {
         });
         Arc::new(Self {
             durable,
+            unpublished: Mutex::default(),
             store: Arc::new(Mutex::new(store)),
             endpoint,
             membership,
@@ -213,6 +218,7 @@ impl Replication {
                         d.commit = d.commit.max(done);
                         newer
                     });
+                    self.publish_durable(done);
                     store.take_batch()
                 };
                 let Some(batch) = batch else { break };
@@ -231,6 +237,7 @@ impl Replication {
                     .batch_done(batch, written.is_ok());
                 match written {
                     Ok(()) => {
+                        self.publish_durable(last);
                         self.durable.send_modify(|d| d.commit = d.commit.max(last));
                         retry = REWRITE_FIRST;
                     }
@@ -282,11 +289,33 @@ impl Replication {
         self.changes.subscribe()
     }
 
-    /// Sends committed changes to watchers. Callers hold the store lock that committed them, so
-    /// watchers see changes in commit (resourceVersion) order.
-    fn publish(&self, changes: impl IntoIterator<Item = Change>) {
+    /// Sends changes `store` just committed to watchers once they are on disk (at once for a
+    /// store that writes before returning; else when the writer reports them). Callers hold the
+    /// store lock that committed them, so watchers see changes in commit (resourceVersion)
+    /// order.
+    fn publish(&self, store: &Store, changes: impl IntoIterator<Item = Change>) {
+        let commit = store.last_commit();
+        let durable = store.durable_commit();
+        let mut waiting = self.unpublished.lock().unwrap_or_else(|p| p.into_inner());
         for change in changes {
-            let _ = self.changes.send(change);
+            if commit <= durable && waiting.is_empty() {
+                let _ = self.changes.send(change);
+            } else {
+                waiting.push_back((commit, change));
+            }
+        }
+    }
+
+    /// Sends watchers the changes held for commits up to `durable`, now on disk.
+    fn publish_durable(&self, durable: u64) {
+        let mut waiting = self.unpublished.lock().unwrap_or_else(|p| p.into_inner());
+        while waiting
+            .front()
+            .is_some_and(|(commit, _)| *commit <= durable)
+        {
+            if let Some((_, change)) = waiting.pop_front() {
+                let _ = self.changes.send(change);
+            }
         }
     }
 
@@ -352,7 +381,7 @@ impl Replication {
                     (store.commit_staged(entry)?, acks)
                 }
             };
-            self.publish(written.change.clone());
+            self.publish(&store, written.change.clone());
             (written, acks, store.last_commit())
         };
         let created = written
@@ -446,7 +475,7 @@ impl Replication {
         let object = on_disk(|| {
             let mut store = self.store.lock().unwrap();
             let outcome = store.merge_remote(vec![write])?;
-            self.publish(outcome.changes);
+            self.publish(&store, outcome.changes);
             Ok::<_, StoreError>(store.get(&key).or_else(|| store.deleted(&key)))
         })?;
         let object = object.ok_or(StoreError::NotFound { key })?;
@@ -461,7 +490,7 @@ impl Replication {
             // The home's state comes without the home's currency (`horizon`): merged as an
             // entry from a peer not known current.
             let outcome = store.merge_unvouched_at(vec![entry], now_ms())?;
-            self.publish(outcome.changes);
+            self.publish(&store, outcome.changes);
             Ok::<_, StoreError>(outcome.rejected)
         });
         match merged {
@@ -513,7 +542,7 @@ impl Replication {
             if let Some(e) = outcome.rejected.first() {
                 return Err(Refusal::Rejected(e.to_string()));
             }
-            self.publish(outcome.changes);
+            self.publish(&store, outcome.changes);
             Ok((acks, store.last_commit()))
         });
         let acks = match decided {
@@ -549,7 +578,7 @@ impl Replication {
             match store.delete(key, uid) {
                 Ok(written) => {
                     let acks = self.push(written.entry.clone(), &store, &peers);
-                    self.publish(written.change.clone());
+                    self.publish(&store, written.change.clone());
                     (Ok(written.object), acks)
                 }
                 Err(e @ StoreError::NotFound { .. }) => match store.tombstone(key) {
@@ -776,7 +805,7 @@ impl Replication {
                     Ok(req) => {
                         let mut store = this.store.lock().unwrap();
                         let (response, outcome) = sync::serve(&mut store, req, now_ms());
-                        this.publish(outcome.changes);
+                        this.publish(&store, outcome.changes);
                         let commit = store.last_commit();
                         drop(store);
                         this.report_refusals(peer, &outcome.rejected);
@@ -906,7 +935,7 @@ impl Replication {
                     .on_response(&mut store, response, now_ms())
                     .map_err(|e| e.to_string())?;
                 if let Step::Done(changes) = &step {
-                    self.publish(changes.iter().cloned());
+                    self.publish(&store, changes.iter().cloned());
                 }
                 Ok::<_, String>(step)
             })?;

@@ -29,8 +29,10 @@ use redb::Database;
 
 use super::{META, META_HLC, META_SEQ, OBJECTS, ObjectKey, Store, StoreConfig, StoreError};
 
-/// ResourceVersions write-behind may number past the last one on disk.
-pub const SEQ_RESERVE: u64 = 1 << 20;
+/// ResourceVersions write-behind may number past the last one on disk: so also the most
+/// commits (and changes held for watchers) memory may be ahead of a stalled disk, before writes
+/// are refused.
+pub const SEQ_RESERVE: u64 = 10_000;
 
 /// A rung-or-not flag a writer thread sleeps on.
 #[derive(Debug, Default)]
