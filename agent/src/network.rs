@@ -9,6 +9,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
+use std::sync::PoisonError;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -178,7 +179,11 @@ impl NodeNetwork {
     /// Ends the loop and waits for its current round (nothing touches the host afterwards).
     pub async fn stop(&self) {
         self.stop.send_replace(true);
-        let task = self.task.lock().unwrap().take();
+        let task = self
+            .task
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         if let Some(task) = task {
             let _ = task.await;
         }
@@ -216,9 +221,10 @@ impl NodeNetwork {
     /// Runs the lease and route loop: every second, and at once when a lease changes.
     pub fn start(self: &Arc<Self>) {
         let this = self.clone();
-        *self.task.lock().unwrap() = Some(crate::supervise::spawn("pod-network", move || {
-            this.clone().run()
-        }));
+        *self.task.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(crate::supervise::spawn("pod-network", move || {
+                this.clone().run()
+            }));
     }
 
     async fn run(self: Arc<Self>) {

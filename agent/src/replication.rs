@@ -22,6 +22,7 @@
 //! The protocol logic lives in `shoal_state::sync`; this module only moves bytes and time.
 
 use std::net::SocketAddr;
+use std::sync::PoisonError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -210,7 +211,7 @@ impl Replication {
             bell.wait(Duration::from_secs(1));
             loop {
                 let batch = {
-                    let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut store = self.store();
                     // A commit the store wrote itself (a rare synchronous one) is reported too.
                     let done = store.durable_commit();
                     self.durable.send_if_modified(|d| {
@@ -324,9 +325,20 @@ impl Replication {
         self.endpoint.refused_handshakes()
     }
 
+    /// The store, locked. A panic while it was held may have left its memory unlike its disk:
+    /// the agent then stops (exit code 70) rather than serve or replicate that memory, and
+    /// starts again from its disk under its supervisor; no acknowledged write is lost, as each
+    /// was on disk first.
+    fn store(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|_| {
+            tracing::error!("the store's lock is poisoned (a panic while it was held); stopping");
+            std::process::exit(70)
+        })
+    }
+
     /// Reads under the store lock.
     pub fn read<T>(&self, f: impl FnOnce(&Store) -> T) -> T {
-        f(&self.store.lock().unwrap())
+        f(&self.store())
     }
 
     /// Writes an object and waits for the write quorum. The push to peers starts before the
@@ -367,7 +379,7 @@ impl Replication {
         // The commit changes memory and the journal only; the store's writer thread fsyncs it
         // (with every other commit made meanwhile) while the push runs, and both are awaited.
         let (written, acks, commit) = {
-            let mut store = self.store.lock().unwrap();
+            let mut store = self.store();
             let (written, acks) = match store.stage(object, mode)? {
                 // Nothing changes here, but the state may be an earlier write of the same
                 // content that missed its quorum (a client retrying after 503): it is pushed
@@ -428,7 +440,7 @@ impl Replication {
         self.check_reachable(peers.len())?;
         let key = object.key.clone();
         let staged = {
-            let mut store = self.store.lock().unwrap();
+            let mut store = self.store();
             let read = store.entry(&key);
             match store.stage(object.clone(), mode)? {
                 Staged::Changed(write) => Some((read, write, store.last_sync_ms())),
@@ -473,7 +485,7 @@ impl Replication {
         }
         // The home's push has usually brought it here already; merging again changes nothing.
         let object = on_disk(|| {
-            let mut store = self.store.lock().unwrap();
+            let mut store = self.store();
             let outcome = store.merge_remote(vec![write])?;
             self.publish(&store, outcome.changes);
             Ok::<_, StoreError>(store.get(&key).or_else(|| store.deleted(&key)))
@@ -486,7 +498,7 @@ impl Replication {
     /// its refusal); refusals are reported as any.
     fn merge_from(&self, peer: SocketAddr, entry: WireEntry) {
         let merged = on_disk(|| {
-            let mut store = self.store.lock().unwrap();
+            let mut store = self.store();
             // The home's state comes without the home's currency (`horizon`): merged as an
             // entry from a peer not known current.
             let outcome = store.merge_unvouched_at(vec![entry], now_ms())?;
@@ -521,7 +533,7 @@ impl Replication {
             return refusal(Refusal::Unavailable { reachable, needed });
         }
         let decided = on_disk(|| {
-            let mut store = self.store.lock().unwrap();
+            let mut store = self.store();
             if store.peer_must_resync(last_sync_ms, now_ms()) {
                 return Err(Refusal::Rejected(format!(
                     "the requester last synced at {last_sync_ms} ms, before deletes this node has forgotten: it must resync first"
@@ -574,7 +586,7 @@ impl Replication {
         let peers = self.live_peers().await;
         self.check_reachable(peers.len())?;
         let (result, acks) = {
-            let mut store = self.store.lock().unwrap();
+            let mut store = self.store();
             match store.delete(key, uid) {
                 Ok(written) => {
                     let acks = self.push(written.entry.clone(), &store, &peers);
@@ -643,7 +655,7 @@ impl Replication {
                 listed.join(", ")
             ));
         }
-        on_disk(|| self.store.lock().unwrap().set_peak_members(members))
+        on_disk(|| self.store().set_peak_members(members))
             .map_err(|e| format!("cannot record the baseline: {e}"))?;
         info!(members, "membership baseline set by the operator");
         Ok(Baseline { members, listed })
@@ -654,7 +666,7 @@ impl Replication {
     /// node (fencing counts its majorities against the peak of this).
     fn note_members(&self, members: &[shoal_gossip::Member]) {
         let count = listed_names(members).len() as u64;
-        if let Err(error) = on_disk(|| self.store.lock().unwrap().note_members(count)) {
+        if let Err(error) = on_disk(|| self.store().note_members(count)) {
             warn!(%error, "cannot record the cluster size");
         }
     }
@@ -803,7 +815,7 @@ impl Replication {
                         return;
                     }
                     Ok(req) => {
-                        let mut store = this.store.lock().unwrap();
+                        let mut store = this.store();
                         let (response, outcome) = sync::serve(&mut store, req, now_ms());
                         this.publish(&store, outcome.changes);
                         let commit = store.last_commit();
@@ -853,7 +865,7 @@ impl Replication {
             let members = self.membership.members().await;
             self.note_members(&members);
             if round % TOMBSTONE_ROUNDS == 1 {
-                match on_disk(|| self.store.lock().unwrap().collect_tombstones(now_ms())) {
+                match on_disk(|| self.store().collect_tombstones(now_ms())) {
                     Ok(0) => {}
                     Ok(n) => info!(tombstones = n, "forgot tombstones older than the horizon"),
                     Err(error) => warn!(%error, "cannot collect tombstones"),
@@ -884,7 +896,7 @@ impl Replication {
                         debug!(%peer, %error, "resync after a long absence failed");
                     }
                 } else {
-                    let _ = on_disk(|| self.store.lock().unwrap().mark_synced(now_ms()));
+                    let _ = on_disk(|| self.store().mark_synced(now_ms()));
                 }
                 continue;
             }
@@ -899,7 +911,10 @@ impl Replication {
 
     /// Records that this node holds everything `peer` held at `at`.
     pub fn note_caught_up(&self, peer: SocketAddr, at: Instant) {
-        self.caught_up.lock().unwrap().insert(peer, at);
+        self.caught_up
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(peer, at);
     }
 
     /// How many peers this node has caught up with since `since`: it saw their store digest
@@ -908,7 +923,7 @@ impl Replication {
     pub fn caught_up_since(&self, since: Instant) -> usize {
         self.caught_up
             .lock()
-            .unwrap()
+            .unwrap_or_else(PoisonError::into_inner)
             .values()
             .filter(|at| **at >= since)
             .count()
@@ -930,7 +945,7 @@ impl Replication {
             self.traffic.count(payload.len(), bytes.len());
             let response = SyncResponse::decode(&bytes).map_err(|e| e.to_string())?;
             let step = on_disk(|| {
-                let mut store = self.store.lock().unwrap();
+                let mut store = self.store();
                 let step = session
                     .on_response(&mut store, response, now_ms())
                     .map_err(|e| e.to_string())?;
@@ -970,7 +985,10 @@ impl Replication {
         self.traffic
             .entries_refused
             .fetch_add(rejected.len() as u64, Ordering::Relaxed);
-        let mut logged = self.refusals_logged.lock().unwrap();
+        let mut logged = self
+            .refusals_logged
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         for error in rejected {
             let key = match error {
                 StoreError::Rejected { key, .. } => key.clone(),

@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::sync::PoisonError;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -233,7 +234,10 @@ impl Scheduling {
                 entries.insert(entry.request.uid.clone(), entry);
             }
         }
-        self.state.lock().unwrap().pods = entries;
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pods = entries;
     }
 
     /// Keeps the pod cache current from the store's change feed.
@@ -248,7 +252,7 @@ impl Scheduling {
                         .as_str()
                         .unwrap_or_default()
                         .to_owned();
-                    let mut state = self.state.lock().unwrap();
+                    let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
                     if change.event == shoal_state::EventType::Deleted {
                         state.pods.remove(&uid);
                         continue;
@@ -290,7 +294,7 @@ impl Scheduling {
         let epoch = self
             .state
             .lock()
-            .unwrap()
+            .unwrap_or_else(PoisonError::into_inner)
             .pods
             .get(pod_uid)
             .map(|p| p.epoch);
@@ -304,7 +308,7 @@ impl Scheduling {
     }
 
     pub fn must_stop_fenced(&self) -> bool {
-        let state = self.state.lock().unwrap();
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         state.fence.must_stop()
     }
 
@@ -313,7 +317,7 @@ impl Scheduling {
     /// binding ([`lease`]).
     pub fn may_run_fenced(&self, uid: &str) -> bool {
         let now = self.now();
-        let state = self.state.lock().unwrap();
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         !state.fence.must_stop()
             && state
                 .pods
@@ -328,7 +332,7 @@ impl Scheduling {
         let now = self.now();
         let hold = self.config.fence.lease_hold;
         let (asks, peers) = {
-            let mut guard = self.state.lock().unwrap();
+            let mut guard = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             let state = &mut *guard;
             let Some((name, _)) = state.addresses.get(&self.self_id).cloned() else {
                 return;
@@ -394,7 +398,7 @@ impl Scheduling {
                 match answer.map(|bytes| rmp_serde::from_slice::<LeaseReply>(&bytes)) {
                     Ok(Ok(reply)) => {
                         let grantor = format!("{peer:016x}");
-                        let mut state = this.state.lock().unwrap();
+                        let mut state = this.state.lock().unwrap_or_else(PoisonError::into_inner);
                         state.holder.on_reply(now, hold, &grantor, &asks, &reply);
                     }
                     Ok(Err(error)) => warn!(%addr, %error, "refused a malformed lease reply"),
@@ -430,7 +434,7 @@ impl Scheduling {
         let id = node_numeric_id(node_id)
             .ok_or_else(|| format!("node id {node_id:?} is not a hex number"))?;
         let now = self.now();
-        let mut guard = self.state.lock().unwrap();
+        let mut guard = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let state = &mut *guard;
         let baseline = u32::try_from(state.baseline).unwrap_or(u32::MAX);
         let granted = match (state.addresses.get(&id), state.grantor.as_mut()) {
@@ -446,7 +450,7 @@ impl Scheduling {
     pub fn unschedulable_reason(&self, pod_uid: &str) -> Option<String> {
         self.state
             .lock()
-            .unwrap()
+            .unwrap_or_else(PoisonError::into_inner)
             .all_unschedulable
             .get(pod_uid)
             .cloned()
@@ -481,7 +485,7 @@ impl Scheduling {
         use crate::controllers::workload::{Action, PodView};
         let daemon_sets = self.replication.read(|s| s.list("apps", "DaemonSet", None));
         let (me, cluster, listed, settled, live_ids, keys) = {
-            let state = self.state.lock().unwrap();
+            let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             let keys: Vec<ObjectKey> = state
                 .pods
                 .values()
@@ -585,7 +589,12 @@ impl Scheduling {
         ds: &Value,
         pods: &[crate::controllers::workload::PodView],
     ) -> Value {
-        let cluster = self.state.lock().unwrap().cluster.clone();
+        let cluster = self
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .cluster
+            .clone();
         crate::controllers::daemon_set::status(ds, &cluster, pods, crate::controllers::now_ms())
     }
 
@@ -607,7 +616,7 @@ impl Scheduling {
         }
         // Labels, taints and cordons users set through the API (read before the lock).
         let settings = self.replication.read(crate::node_settings::stored);
-        let mut state = self.state.lock().unwrap();
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
         let mut cluster = ClusterView::default();
         let mut addresses = HashMap::new();
@@ -795,7 +804,7 @@ impl Scheduling {
     }
 
     fn on_message(&self, from: NodeId, message: Message) -> Vec<Output> {
-        let mut state = self.state.lock().unwrap();
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let mut scheduler = state.scheduler.take().expect("scheduler present");
         let world = World {
             cluster: &state.cluster,
@@ -816,7 +825,7 @@ impl Scheduling {
                     let addr = self
                         .state
                         .lock()
-                        .unwrap()
+                        .unwrap_or_else(PoisonError::into_inner)
                         .addresses
                         .get(&to)
                         .map(|(_, a)| *a);
@@ -846,7 +855,7 @@ impl Scheduling {
                     let key = self
                         .state
                         .lock()
-                        .unwrap()
+                        .unwrap_or_else(PoisonError::into_inner)
                         .pods
                         .get(&pod)
                         .map(|p| p.key.clone());
@@ -860,7 +869,7 @@ impl Scheduling {
                         ));
                     }
                     let map = {
-                        let mut state = self.state.lock().unwrap();
+                        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
                         state.unschedulable.insert(pod.clone(), message.clone());
                         // Bounded: the newest verdicts of this auctioneer.
                         while state.unschedulable.len() > 256 {
@@ -886,7 +895,7 @@ impl Scheduling {
         let node_name = self
             .state
             .lock()
-            .unwrap()
+            .unwrap_or_else(PoisonError::into_inner)
             .addresses
             .get(&binding.node)
             .map(|(n, _)| n.clone());
@@ -905,7 +914,7 @@ impl Scheduling {
         let key = self
             .state
             .lock()
-            .unwrap()
+            .unwrap_or_else(PoisonError::into_inner)
             .pods
             .get(pod_uid)
             .map(|p| p.key.clone());

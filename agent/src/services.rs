@@ -6,6 +6,7 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
+use std::sync::PoisonError;
 use std::time::Duration;
 
 use shoal_net::dns::{DnsEndpoint, DnsPort, DnsService, Records};
@@ -134,7 +135,11 @@ impl ServicePlane {
     /// Stops the loop and the DNS server, then removes the nftables table.
     pub async fn cleanup(&self) {
         self.stop.send_replace(true);
-        let task = self.task.lock().unwrap().take();
+        let task = self
+            .task
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         if let Some(task) = task {
             let _ = task.await;
         }

@@ -7,6 +7,7 @@
 //! refused, never waited for, so a peer that floods only loses its own frames.
 
 use std::collections::HashMap;
+use std::sync::PoisonError;
 use std::sync::{Arc, Mutex};
 
 /// Bytes of peer frames held, per peer and in total, against their limits.
@@ -70,7 +71,7 @@ impl ReadBudget {
         peer: &Arc<str>,
         bytes: usize,
     ) -> Result<Held, OverBudget> {
-        let mut usage = self.state.lock().unwrap();
+        let mut usage = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let held = usage.by_peer.get(peer).copied().unwrap_or(0);
         if held.saturating_add(bytes) > self.per_peer_bytes {
             return Err(OverBudget::Peer {
@@ -102,7 +103,7 @@ impl ReadBudget {
     pub(crate) fn held_by(&self, peer: &str) -> usize {
         self.state
             .lock()
-            .unwrap()
+            .unwrap_or_else(PoisonError::into_inner)
             .by_peer
             .get(peer)
             .copied()
@@ -112,13 +113,20 @@ impl ReadBudget {
     /// Bytes all peers hold now.
     #[cfg(test)]
     pub(crate) fn held(&self) -> usize {
-        self.state.lock().unwrap().total
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .total
     }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        let mut usage = self.budget.state.lock().unwrap();
+        let mut usage = self
+            .budget
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         usage.total -= self.bytes;
         if let Some(held) = usage.by_peer.get_mut(&self.peer) {
             *held -= self.bytes;
@@ -168,7 +176,34 @@ mod tests {
         drop((second, third, fourth));
         assert_eq!((budget.held_by("alpha"), budget.held_by("beta")), (0, 0));
         assert_eq!(budget.held(), 0);
-        assert!(budget.state.lock().unwrap().by_peer.is_empty());
+        assert!(
+            budget
+                .state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .by_peer
+                .is_empty()
+        );
+    }
+
+    /// A panic while the budget's lock is held (a bug elsewhere) must not stop every later
+    /// frame of every peer: the lock is recovered, not unwrapped.
+    #[test]
+    fn a_panic_while_the_lock_is_held_does_not_stop_later_reservations() {
+        let budget = ReadBudget::new(100, 150);
+        let peer: Arc<str> = "alpha".into();
+        let held = budget.reserve(&peer, 10).unwrap();
+        let poisoner = budget.clone();
+        let panicked = std::thread::spawn(move || {
+            let _usage = poisoner.state.lock().unwrap_or_else(PoisonError::into_inner);
+            panic!("a bug while the budget is held");
+        })
+        .join();
+        assert!(panicked.is_err());
+        assert!(budget.state.is_poisoned());
+        let more = budget.reserve(&peer, 20).expect("reserves after the panic");
+        drop((held, more));
+        assert_eq!(budget.held(), 0);
     }
 
     #[test]

@@ -15,6 +15,7 @@ mod inbound;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::PoisonError;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -169,7 +170,11 @@ impl IncomingRequests {
 
 impl Drop for IncomingRequests {
     fn drop(&mut self) {
-        self.inner.handlers.lock().unwrap().remove(&self.channel);
+        self.inner
+            .handlers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.channel);
     }
 }
 
@@ -200,7 +205,11 @@ impl IncomingSessions {
 
 impl Drop for IncomingSessions {
     fn drop(&mut self) {
-        *self.inner.sessions.lock().unwrap() = None;
+        *self
+            .inner
+            .sessions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
     }
 }
 
@@ -231,7 +240,11 @@ impl IncomingFrames {
 
 impl Drop for IncomingFrames {
     fn drop(&mut self) {
-        self.inner.subscribers.lock().unwrap().remove(&self.channel);
+        self.inner
+            .subscribers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.channel);
     }
 }
 
@@ -263,13 +276,21 @@ impl PeerEndpoint {
     /// cluster's certificates, or one this node cannot verify), both directions: the evidence
     /// that a stranger tried, which the log shows only once per 30 s per peer.
     pub fn refused_handshakes(&self) -> u64 {
-        self.inner.refusals.lock().unwrap().count
+        self.inner
+            .refusals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .count
     }
 
     /// Frames refused since the endpoint was bound: over their channel's bound or the peer's
     /// buffer budget, or malformed (the log shows one per 30 s per peer).
     pub fn refused_frames(&self) -> u64 {
-        self.inner.frame_refusals.lock().unwrap().count
+        self.inner
+            .frame_refusals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .count
     }
 
     /// Binds the endpoint and starts accepting authenticated peers. Must run inside a tokio
@@ -324,7 +345,11 @@ impl PeerEndpoint {
 
     /// Receives the frames of `channel`. One subscriber per channel at a time.
     pub fn subscribe(&self, channel: Channel) -> Result<IncomingFrames, EndpointError> {
-        let mut subscribers = self.inner.subscribers.lock().unwrap();
+        let mut subscribers = self
+            .inner
+            .subscribers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if subscribers.contains_key(&channel) {
             return Err(EndpointError::AlreadySubscribed(channel));
         }
@@ -340,7 +365,11 @@ impl PeerEndpoint {
     /// Receives the requests of `channel` (see [`PeerEndpoint::request`]). One handler per
     /// channel at a time.
     pub fn subscribe_requests(&self, channel: Channel) -> Result<IncomingRequests, EndpointError> {
-        let mut handlers = self.inner.handlers.lock().unwrap();
+        let mut handlers = self
+            .inner
+            .handlers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if handlers.contains_key(&channel) {
             return Err(EndpointError::AlreadySubscribed(channel));
         }
@@ -356,7 +385,11 @@ impl PeerEndpoint {
     /// Receives the sessions peers open (see [`PeerEndpoint::open_session`]). One receiver at
     /// a time.
     pub fn subscribe_sessions(&self) -> Result<IncomingSessions, EndpointError> {
-        let mut sessions = self.inner.sessions.lock().unwrap();
+        let mut sessions = self
+            .inner
+            .sessions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if sessions.is_some() {
             return Err(EndpointError::AlreadySubscribed(Channel::Session));
         }
@@ -444,7 +477,11 @@ impl PeerEndpoint {
         payload: &[u8],
     ) -> Result<(), EndpointError> {
         let frame = Frame::encode(channel, payload)?;
-        let mut writers = self.inner.writers.lock().unwrap();
+        let mut writers = self
+            .inner
+            .writers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let frame = match writers.get(&peer) {
             None => frame,
             Some(tx) => match tx.try_send(frame) {
@@ -471,7 +508,7 @@ impl PeerEndpoint {
         self.inner
             .connections
             .lock()
-            .unwrap()
+            .unwrap_or_else(PoisonError::into_inner)
             .values()
             .filter(|c| c.close_reason().is_none())
             .count()
@@ -483,9 +520,21 @@ impl PeerEndpoint {
         self.inner
             .endpoint
             .close(VarInt::from_u32(0), b"node shutting down");
-        self.inner.subscribers.lock().unwrap().clear();
-        self.inner.handlers.lock().unwrap().clear();
-        *self.inner.sessions.lock().unwrap() = None;
+        self.inner
+            .subscribers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        self.inner
+            .handlers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        *self
+            .inner
+            .sessions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
         let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
     }
 }
@@ -503,7 +552,7 @@ async fn accept_loop(inner: Arc<Inner>) {
                 Err(error) => inner
                     .refusals
                     .lock()
-                    .unwrap()
+                    .unwrap_or_else(PoisonError::into_inner)
                     .refused(peer, &error, "inbound"),
             }
         });
@@ -531,7 +580,7 @@ fn register_connection(inner: &Arc<Inner>, conn: Connection) -> bool {
     inner
         .connections
         .lock()
-        .unwrap()
+        .unwrap_or_else(PoisonError::into_inner)
         .insert(conn.remote_address(), conn.clone());
     tokio::spawn(inbound::read_loop(inner.clone(), conn, node_id));
     true
@@ -540,7 +589,12 @@ fn register_connection(inner: &Arc<Inner>, conn: Connection) -> bool {
 impl Inner {
     /// A live connection to `peer`: the cached one, or a new one.
     async fn connection_to(self: &Arc<Self>, peer: SocketAddr) -> Option<Connection> {
-        let cached = self.connections.lock().unwrap().get(&peer).cloned();
+        let cached = self
+            .connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&peer)
+            .cloned();
         if let Some(conn) = cached.filter(|c| c.close_reason().is_none()) {
             return Some(conn);
         }
@@ -556,7 +610,7 @@ impl Inner {
             Ok(Err(error)) => {
                 self.refusals
                     .lock()
-                    .unwrap()
+                    .unwrap_or_else(PoisonError::into_inner)
                     .refused(peer, &error, "outbound");
                 None
             }
@@ -589,7 +643,7 @@ async fn write_loop(inner: Arc<Inner>, peer: SocketAddr, mut rx: mpsc::Receiver<
     // Drop our receiver first: a sender that raced us sees a closed queue and starts a new
     // writer, whose open queue we then leave in place.
     drop(rx);
-    let mut writers = inner.writers.lock().unwrap();
+    let mut writers = inner.writers.lock().unwrap_or_else(PoisonError::into_inner);
     if writers.get(&peer).is_some_and(|tx| tx.is_closed()) {
         writers.remove(&peer);
     }

@@ -9,6 +9,7 @@
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Mutex;
+use std::sync::PoisonError;
 
 use futures_util::TryStreamExt;
 use ipnet::Ipv4Net;
@@ -248,12 +249,20 @@ impl BridgeNetwork {
     /// The bridge's address (where the node's DNS server listens for its pods), once the node
     /// holds a block.
     pub fn gateway(&self) -> Option<Ipv4Addr> {
-        self.ipam.lock().unwrap().as_ref().map(Ipam::gateway)
+        self.ipam
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(Ipam::gateway)
     }
 
     /// The block this node's pods are numbered from, if it holds one.
     pub fn block(&self) -> Option<Ipv4Net> {
-        self.ipam.lock().unwrap().as_ref().map(Ipam::block)
+        self.ipam
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(Ipam::block)
     }
 
     /// Installs `block`: the bridge (made if missing) carries its gateway as its only address,
@@ -308,8 +317,8 @@ impl BridgeNetwork {
             path: "/proc/sys/net/ipv4/ip_forward".into(),
             source,
         })?;
-        *self.mtu.lock().unwrap() = mtu;
-        *self.ipam.lock().unwrap() = Some(ipam);
+        *self.mtu.lock().unwrap_or_else(PoisonError::into_inner) = mtu;
+        *self.ipam.lock().unwrap_or_else(PoisonError::into_inner) = Some(ipam);
         info!(%block, bridge = %self.bridge, %gateway, mtu, "pod network ready");
         Ok(misfits)
     }
@@ -371,7 +380,7 @@ impl BridgeNetwork {
             }
             Ok(())
         })?;
-        *self.ipam.lock().unwrap() = None;
+        *self.ipam.lock().unwrap_or_else(PoisonError::into_inner) = None;
         Ok(())
     }
 
@@ -385,12 +394,12 @@ impl BridgeNetwork {
 impl PodNetworkPlugin for BridgeNetwork {
     fn setup(&self, pod: &PodRef) -> Result<Option<PodNetwork>, NetError> {
         let (ip, prefix_len, gateway) = {
-            let mut guard = self.ipam.lock().unwrap();
+            let mut guard = self.ipam.lock().unwrap_or_else(PoisonError::into_inner);
             let ipam = guard.as_mut().ok_or(NetError::NoBlock)?;
             let ip = ipam.allocate(&pod.uid)?;
             (ip, ipam.block().prefix_len(), ipam.gateway())
         };
-        let mtu = *self.mtu.lock().unwrap();
+        let mtu = *self.mtu.lock().unwrap_or_else(PoisonError::into_inner);
         let network = PodNetwork {
             ip,
             prefix_len,
@@ -399,7 +408,12 @@ impl PodNetworkPlugin for BridgeNetwork {
         };
         let result = self.wire(pod, &network);
         if let Err(err) = result {
-            if let Some(ipam) = self.ipam.lock().unwrap().as_mut() {
+            if let Some(ipam) = self
+                .ipam
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_mut()
+            {
                 ipam.release(&pod.uid);
             }
             let _ = self.delete_veth(&pod.uid);
@@ -411,7 +425,7 @@ impl PodNetworkPlugin for BridgeNetwork {
     fn node_dns(&self) -> Option<std::net::Ipv4Addr> {
         self.ipam
             .lock()
-            .unwrap()
+            .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
             .map(|ipam| ipam.gateway())
     }
@@ -423,7 +437,12 @@ impl PodNetworkPlugin for BridgeNetwork {
 
     fn teardown(&self, pod: &PodRef) -> Result<(), NetError> {
         self.delete_veth(&pod.uid)?;
-        if let Some(ipam) = self.ipam.lock().unwrap().as_mut() {
+        if let Some(ipam) = self
+            .ipam
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_mut()
+        {
             ipam.release(&pod.uid);
         }
         Ok(())

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
+use std::sync::PoisonError;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -78,7 +79,11 @@ impl ImagePuller {
         handle: &tokio::runtime::Handle,
     ) -> Option<PullState> {
         let normal = reference::normalize(image).ok()?;
-        if let Some(state) = self.pulls.lock().unwrap().get(&normal)
+        if let Some(state) = self
+            .pulls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&normal)
             && matches!(state, PullState::Pulling { .. })
         {
             return Some(state.clone());
@@ -92,19 +97,24 @@ impl ImagePuller {
         });
         let Some((node_id, addr, digest)) = source else {
             // A failure stays visible until a peer has the image again.
-            return self.pulls.lock().unwrap().get(&normal).cloned();
+            return self
+                .pulls
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&normal)
+                .cloned();
         };
         let state = PullState::Pulling {
             from: node_id.clone(),
         };
         self.pulls
             .lock()
-            .unwrap()
+            .unwrap_or_else(PoisonError::into_inner)
             .insert(normal.clone(), state.clone());
         let puller = self.clone();
         handle.spawn(async move {
             let result = puller.fetch(addr, &normal, &digest).await;
-            let mut pulls = puller.pulls.lock().unwrap();
+            let mut pulls = puller.pulls.lock().unwrap_or_else(PoisonError::into_inner);
             match result {
                 Ok(bytes) => {
                     info!(image = %normal, from = %node_id, bytes, "image pulled from a peer");

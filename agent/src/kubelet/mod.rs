@@ -14,6 +14,7 @@ pub mod status;
 pub mod worker;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::PoisonError;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -227,11 +228,16 @@ impl Kubelet {
             .filter(|p| self.is_mine(p))
             .filter_map(|p| Some((p["metadata"]["uid"].as_str()?.to_owned(), BoundPod::new(p))))
             .collect();
-        *self.bound.lock().unwrap() = mine;
+        *self.bound.lock().unwrap_or_else(PoisonError::into_inner) = mine;
     }
 
     fn wake(&self) {
-        if let Some(tx) = self.wake.lock().unwrap().as_ref() {
+        if let Some(tx) = self
+            .wake
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
             let _ = tx.send(());
         }
     }
@@ -250,7 +256,7 @@ impl Kubelet {
                     // Parsed before the lock is taken: nothing derived from input runs under it.
                     let parsed = (!deleted && self.is_mine(&change.object))
                         .then(|| BoundPod::new(change.object.clone()));
-                    let mut bound = self.bound.lock().unwrap();
+                    let mut bound = self.bound.lock().unwrap_or_else(PoisonError::into_inner);
                     match parsed {
                         Some(pod) => {
                             bound.insert(uid.to_owned(), pod);
@@ -396,7 +402,11 @@ impl Kubelet {
         probe_tx: &mpsc::Sender<ProbeResult>,
         hook_tx: &mpsc::Sender<HookDone>,
     ) -> bool {
-        let bound = self.bound.lock().unwrap().clone();
+        let bound = self
+            .bound
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         let fenced_stop = self.scheduling.must_stop_fenced();
         let mut observed: HashMap<String, ObservedPod> = self
             .runtime
@@ -1077,7 +1087,7 @@ impl Kubelet {
         let (cpu_nanocores, memory) = metrics::host_usage()
             .map(|(cpu_ns, memory)| (sampler.host(now, cpu_ns), memory))
             .unwrap_or_default();
-        *self.usage.lock().unwrap() = metrics::NodeUsage {
+        *self.usage.lock().unwrap_or_else(PoisonError::into_inner) = metrics::NodeUsage {
             node: self.node_name.clone(),
             timestamp_ms: now,
             window_ms,
@@ -1089,7 +1099,10 @@ impl Kubelet {
 
     /// The latest usage sample.
     pub fn usage(&self) -> metrics::NodeUsage {
-        self.usage.lock().unwrap().clone()
+        self.usage
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Reads a container's log on this node. `previous` reads the attempt before the latest.

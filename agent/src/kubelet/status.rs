@@ -3,6 +3,7 @@
 //! read time, and watchers get a MODIFIED event when a pod's status changes.
 
 use std::collections::HashMap;
+use std::sync::PoisonError;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -66,7 +67,7 @@ impl PodStatusCache {
     pub fn get(&self, uid: &str, node: &str) -> Option<Value> {
         self.statuses
             .lock()
-            .unwrap()
+            .unwrap_or_else(PoisonError::into_inner)
             .get(uid)?
             .iter()
             .find(|s| s.node == node)
@@ -83,7 +84,7 @@ impl PodStatusCache {
     /// Records what this node just published (before gossip brings it back), so local
     /// readers and watchers see it at once.
     pub fn set_local(&self, uid: &str, node: &str, report: Option<PodReport>) {
-        let mut statuses = self.statuses.lock().unwrap();
+        let mut statuses = self.statuses.lock().unwrap_or_else(PoisonError::into_inner);
         let list = statuses.entry(uid.to_owned()).or_default();
         let before = list.clone();
         list.retain(|s| s.node != node);
@@ -119,7 +120,7 @@ impl PodStatusCache {
 
     /// Replaces the cache with `fresh`, announcing the pods whose status changed.
     pub fn replace(&self, fresh: HashMap<String, Vec<PublishedStatus>>) {
-        let mut statuses = self.statuses.lock().unwrap();
+        let mut statuses = self.statuses.lock().unwrap_or_else(PoisonError::into_inner);
         let change = |uid: &str, list: &[PublishedStatus]| {
             list.first().map(|s| StatusChange {
                 uid: uid.to_owned(),

@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -287,7 +288,10 @@ pub(super) async fn read_loop(inner: Arc<Inner>, conn: Connection, node_id: Arc<
             },
         }
     }
-    let mut connections = inner.connections.lock().unwrap();
+    let mut connections = inner
+        .connections
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
     if connections
         .get(&peer)
         .is_some_and(|c| c.stable_id() == conn.stable_id())
@@ -342,7 +346,11 @@ async fn answer_request(
     };
     let channel = frame.channel;
     if channel == Channel::Session {
-        let sessions = inner.sessions.lock().unwrap().clone();
+        let sessions = inner
+            .sessions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         let session = IncomingSession {
             peer,
             node_id,
@@ -368,7 +376,12 @@ async fn answer_request(
         return;
     }
     let (responder, response) = oneshot::channel();
-    let handler = inner.handlers.lock().unwrap().get(&channel).cloned();
+    let handler = inner
+        .handlers
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&channel)
+        .cloned();
     let queued = handler.is_some_and(|tx| {
         tx.try_send(IncomingRequest {
             peer,
@@ -409,7 +422,10 @@ impl Inner {
     /// Queues a peer's frame for its channel's subscriber; its bytes stay charged to the peer
     /// until the subscriber takes it.
     fn dispatch(&self, peer: SocketAddr, node_id: Arc<str>, frame: Frame, held: Held) {
-        let subscribers = self.subscribers.lock().unwrap();
+        let subscribers = self
+            .subscribers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let Some(tx) = subscribers.get(&frame.channel) else {
             debug!(%peer, channel = ?frame.channel, "no subscriber; frame dropped");
             return;
@@ -427,7 +443,7 @@ impl Inner {
     fn refuse(&self, peer: SocketAddr, node_id: &Arc<str>, refused: &Refused) {
         self.frame_refusals
             .lock()
-            .unwrap()
+            .unwrap_or_else(PoisonError::into_inner)
             .refused(peer, node_id, refused);
     }
 }
