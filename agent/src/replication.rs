@@ -336,9 +336,14 @@ impl Replication {
         })
     }
 
-    /// Reads under the store lock.
+    /// Reads under the store lock. A panic in `f` (a caller's bug: a controller's reconcile, say,
+    /// which its quarantine catches) reaches the caller after the lock is released, so it never
+    /// poisons the store: a read changes nothing in it.
     pub fn read<T>(&self, f: impl FnOnce(&Store) -> T) -> T {
-        f(&self.store())
+        let store = self.store();
+        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&store)));
+        drop(store);
+        read.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     }
 
     /// Writes an object and waits for the write quorum. The push to peers starts before the
