@@ -492,6 +492,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             self_info,
             kubeconfig,
             pod_statuses.clone(),
+            config.service_cidr,
         ),
         async move {
             let _ = stop_rx.await;

@@ -37,6 +37,8 @@ struct ControlState {
     self_info: Arc<SelfInfo>,
     kubeconfig: Option<Arc<KubeconfigInfo>>,
     pod_statuses: Arc<crate::kubelet::status::PodStatusCache>,
+    /// Where Service ClusterIPs come from (the write path allocates them).
+    service_cidr: ipnet::Ipv4Net,
 }
 
 /// What a kubeconfig for this agent's API needs (served on the root-only control socket).
@@ -56,6 +58,7 @@ pub fn router(
     self_info: SelfInfo,
     kubeconfig: Option<KubeconfigInfo>,
     pod_statuses: Arc<crate::kubelet::status::PodStatusCache>,
+    service_cidr: ipnet::Ipv4Net,
 ) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -84,6 +87,7 @@ pub fn router(
             self_info: Arc::new(self_info),
             kubeconfig: kubeconfig.map(Arc::new),
             pod_statuses,
+            service_cidr,
         })
 }
 
@@ -203,6 +207,24 @@ fn failure(status: StatusCode, reason: &str, message: String, field: Option<Stri
     )
 }
 
+impl From<crate::api::status::ApiError> for Failure {
+    fn from(e: crate::api::status::ApiError) -> Self {
+        let cause = |part: &str| {
+            e.details
+                .as_ref()
+                .and_then(|d| d["causes"][0][part].as_str())
+                .map(str::to_owned)
+        };
+        // An unavailable store says why (`NotDurable`, `Unavailable`, `HomeUnavailable`), as the
+        // control API always did; other errors keep the Kubernetes reason (`Invalid`, ...).
+        let reason = match cause("reason") {
+            Some(why) if e.code == StatusCode::SERVICE_UNAVAILABLE => why,
+            _ => e.reason.to_owned(),
+        };
+        failure(e.code, &reason, e.message, cause("field"))
+    }
+}
+
 impl From<ObjectError> for Failure {
     fn from(e: ObjectError) -> Self {
         let field = e.field().map(str::to_owned);
@@ -286,10 +308,55 @@ fn parse_body(body: &Bytes) -> Result<Value, Failure> {
     })
 }
 
+/// `shoal create` and `shoal apply`: the Kubernetes API's own write path
+/// ([`crate::api::admission`]), as `kubectl create` and `kubectl apply` (which asks for strict
+/// field validation) would send the object: the same refusals, defaults, ClusterIPs and
+/// serialized creates. `Upsert` updates the object when it exists, else creates it.
 async fn write(state: &ControlState, body: Bytes, mode: WriteMode) -> Result<Response, Failure> {
-    let mut object = shoal_state::validate(parse_body(&body)?, "default")?;
-    crate::api::validation::default_if_valid(object.info.kind, &mut object.body);
-    let (object, created) = state.replication.write(object, mode).await?;
+    use crate::api::admission::{Admission, prepare};
+    let object = parse_body(&body)?;
+    let api_version = object["apiVersion"].as_str().unwrap_or_default();
+    let kind = object["kind"].as_str().unwrap_or_default();
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let resource = crate::api::resources::all()
+        .into_iter()
+        .find(|r| r.group == group && r.version == version && r.kind == kind)
+        .filter(|r| r.kind_info().is_some())
+        .ok_or_else(|| {
+            failure(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Invalid",
+                format!("kind: no kind {kind:?} is stored in apiVersion {api_version:?}"),
+                Some("kind".into()),
+            )
+        })?;
+    let namespace = resource.namespaced.then(|| {
+        object["metadata"]["namespace"]
+            .as_str()
+            .filter(|ns| !ns.is_empty())
+            .unwrap_or("default")
+            .to_owned()
+    });
+    let strict = [("fieldValidation".to_owned(), "Strict".to_owned())].into();
+    let valid = prepare(&resource, namespace.as_deref(), None, object, &strict)?;
+    let admission = Admission {
+        replication: &state.replication,
+        service_cidr: state.service_cidr,
+    };
+    if resource.namespaced {
+        admission.check_namespace(&valid.key.namespace)?;
+    }
+    let (mode, ordered) = match mode {
+        WriteMode::Upsert if state.replication.read(|s| s.get(&valid.key)).is_some() => {
+            (WriteMode::Update, valid.resource_version.is_some())
+        }
+        WriteMode::Upsert | WriteMode::Create => (WriteMode::Create, true),
+        WriteMode::Update => (WriteMode::Update, valid.resource_version.is_some()),
+    };
+    let name = valid.key.name.clone();
+    let (object, created) = admission
+        .write(resource.kind, &name, valid, mode, ordered)
+        .await?;
     let status = if created {
         StatusCode::CREATED
     } else {

@@ -149,3 +149,57 @@ async fn apply_get_and_delete_manifests_from_yaml() {
     assert!(!ok);
     assert!(err.contains("metadata.name: Required value"), "{err}");
 }
+
+/// `shoal apply` writes through the Kubernetes API's admission (issue #36): what `kubectl
+/// apply` refuses, it refuses with the same field named, and what the API adds (a Service's
+/// ClusterIP) it adds. Before, the control socket stored all of these as sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_refuses_what_kubectl_apply_refuses() {
+    let lab = Lab::new();
+    let agents = lab.start_cluster(1).await;
+    let d = agents[0].data_dir().to_str().unwrap().to_owned();
+    let manifest = lab.path().join("object.yaml");
+    let m = manifest.to_str().unwrap().to_owned();
+    let apply = |yaml: &str| {
+        std::fs::write(&manifest, yaml).unwrap();
+        run(&["apply", "--data-dir", &d, "-f", &m])
+    };
+    for (yaml, names) in [
+        (
+            "apiVersion: batch/v1\nkind: Job\nmetadata: {name: huge}\nspec:\n  parallelism: 1099511627776\n  template:\n    spec:\n      restartPolicy: Never\n      containers: [{name: c, image: busybox}]\n",
+            "spec.parallelism",
+        ),
+        (
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: typo}\ndatta: {a: b}\n",
+            "unknown field \"datta\"",
+        ),
+        (
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: twins}\nspec:\n  initContainers: [{name: c, image: busybox}]\n  containers: [{name: c, image: busybox}]\n",
+            "spec.containers[0].name",
+        ),
+        (
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: lost, namespace: nowhere}\n",
+            "nowhere",
+        ),
+    ] {
+        let (ok, out, err) = apply(yaml);
+        assert!(!ok, "accepted: {out}\n{yaml}");
+        assert!(err.contains(names), "{names:?} not named: {err}");
+    }
+    let (ok, _, err) = run(&["get", "--data-dir", &d, "jobs", "huge"]);
+    assert!(!ok && err.contains("not found"), "{err}");
+
+    let (ok, _, err) = apply(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  selector: {app: web}\n  ports: [{port: 80}]\n",
+    );
+    assert!(ok, "{err}");
+    let (ok, out, err) = run(&["get", "--data-dir", &d, "svc", "web", "-o", "json"]);
+    assert!(ok, "{err}");
+    let service: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let ip = service["spec"]["clusterIP"].as_str().unwrap_or_default();
+    assert!(
+        ip.parse::<std::net::Ipv4Addr>().is_ok(),
+        "no ClusterIP: {out}"
+    );
+    assert_eq!(service["spec"]["ports"][0]["protocol"], "TCP", "defaulted");
+}

@@ -195,7 +195,10 @@ mod tests {
         let held = budget.reserve(&peer, 10).unwrap();
         let poisoner = budget.clone();
         let panicked = std::thread::spawn(move || {
-            let _usage = poisoner.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let _usage = poisoner
+                .state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             panic!("a bug while the budget is held");
         })
         .join();

@@ -12,13 +12,13 @@ use shoal_state::{Change, EventType, ObjectError, ObjectKey, StoreError, WriteMo
 use tokio::sync::broadcast::error::RecvError;
 
 use super::ApiState;
+use super::admission::prepare;
 use super::observed;
 use super::patch::{self, PatchError};
 use super::resources::{ApiResource, Source};
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::ApiError;
 use super::table;
-use super::validation;
 use crate::replication::WriteError;
 
 pub type Query = HashMap<String, String>;
@@ -61,7 +61,7 @@ fn now_rfc3339() -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
 }
 
-fn object_error(kind: &str, name: &str, e: ObjectError) -> ApiError {
+pub(super) fn object_error(kind: &str, name: &str, e: ObjectError) -> ApiError {
     match e {
         ObjectError::TooLarge { .. } => ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -73,7 +73,7 @@ fn object_error(kind: &str, name: &str, e: ObjectError) -> ApiError {
     }
 }
 
-fn write_error(kind: &str, name: &str, e: WriteError) -> ApiError {
+pub(super) fn write_error(kind: &str, name: &str, e: WriteError) -> ApiError {
     match e {
         WriteError::Store(e) => store_error(kind, name, e),
         e @ (WriteError::NotDurable { .. }
@@ -495,104 +495,13 @@ fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
     }
 }
 
-/// Checks the body against the URL, validates, defaults; returns the object to store.
-fn prepare(
-    resource: &ApiResource,
-    namespace: Option<&str>,
-    name: Option<&str>,
-    mut object: Value,
-    query: &Query,
-) -> Result<shoal_state::ValidObject, ApiError> {
-    let Some(info) = resource.kind_info() else {
-        return Err(ApiError::method_not_allowed(format!(
-            "{} are observed, not written",
-            resource.plural
-        )));
-    };
-    let Some(map) = object.as_object_mut() else {
-        return Err(ApiError::bad_request("the body must be a JSON object"));
-    };
-    map.entry("apiVersion")
-        .or_insert(json!(resource.api_version()));
-    map.entry("kind").or_insert(json!(resource.kind));
-    let obj_name = object["metadata"]["name"].as_str().unwrap_or("").to_owned();
-    if object["kind"] != resource.kind || object["apiVersion"] != resource.api_version() {
-        return Err(ApiError::bad_request(format!(
-            "the API version in the data ({}) does not match the expected API version ({}) or kind ({} vs {})",
-            object["apiVersion"],
-            resource.api_version(),
-            object["kind"],
-            resource.kind
-        )));
-    }
-    if let Some(name) = name
-        && !obj_name.is_empty()
-        && obj_name != name
-    {
-        return Err(ApiError::bad_request(format!(
-            "the name of the object ({obj_name}) does not match the name on the URL ({name})"
-        )));
-    }
-    if let Some(name) = name
-        && obj_name.is_empty()
-        && let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut)
-    {
-        meta.insert("name".into(), json!(name));
-    }
-    if let (Some(ns), Some(body_ns)) = (namespace, object["metadata"]["namespace"].as_str())
-        && resource.namespaced
-        && !body_ns.is_empty()
-        && body_ns != ns
-    {
-        return Err(ApiError::bad_request(
-            "the namespace of the provided object does not match the namespace sent on the request",
-        ));
-    }
-    // Unknown fields, at any depth, by the kind's schema (the protobuf descriptors): Strict
-    // refuses them, Warn (the default) drops them with a `Warning` header each, Ignore drops
-    // them quietly — what the apiserver's decoder does.
-    let mode = query
-        .get("fieldValidation")
-        .map_or("Warn", String::as_str)
-        .to_owned();
-    if !matches!(mode.as_str(), "Strict" | "Warn" | "Ignore") {
-        return Err(ApiError::bad_request(format!(
-            "fieldValidation: unsupported value {mode:?} (Strict, Warn or Ignore)"
-        )));
-    }
-    let unknown = super::protobuf::unknown_fields(&mut object, mode != "Strict")
-        .unwrap_or_else(|| validation::unknown_fields(resource.kind, &object));
-    if !unknown.is_empty() {
-        let list: Vec<String> = unknown
-            .iter()
-            .map(|f| format!("unknown field {f:?}"))
-            .collect();
-        match mode.as_str() {
-            "Strict" => {
-                return Err(ApiError::bad_request(format!(
-                    "strict decoding error: {}",
-                    list.join(", ")
-                )));
-            }
-            "Warn" => list.into_iter().for_each(warn),
-            _ => {}
-        }
-    }
-    let display_name = object["metadata"]["name"].as_str().unwrap_or("").to_owned();
-    let mut valid = shoal_state::validate(object, namespace.unwrap_or("default"))
-        .map_err(|e| object_error(resource.kind, &display_name, e))?;
-    validation::admit(info.kind, &mut valid.body)
-        .map_err(|e| ApiError::invalid(resource.kind, &display_name, &e.field, &e.detail))?;
-    Ok(valid)
-}
-
 tokio::task_local! {
     /// The warnings of the request being answered (one `Warning: 299` header each).
     pub static WARNINGS: std::cell::RefCell<Vec<String>>;
 }
 
 /// Adds a warning to the answer of the request being served.
-fn warn(text: String) {
+pub(super) fn warn(text: String) {
     let _ = WARNINGS.try_with(|w| w.borrow_mut().push(text));
 }
 
@@ -627,7 +536,7 @@ pub async fn create(request: &Request<'_>) -> Result<Response, ApiError> {
     }
     let valid = prepare(resource, namespace, None, object, query)?;
     if resource.namespaced {
-        check_namespace(state, &valid.key.namespace)?;
+        state.admission().check_namespace(&valid.key.namespace)?;
     }
     let name = valid.key.name.clone();
     if dry_run(query) {
@@ -803,217 +712,20 @@ where
 /// How often a patch is applied again after losing a race with another write.
 const PATCH_ATTEMPTS: u32 = 8;
 
-/// A Service's ClusterIP, as the apiserver's allocator gives it: kept across updates
-/// (immutable), checked when the user names one, otherwise allocated
-/// ([`shoal_net::service_ip::allocate`]; the ClusterIP controller repairs races).
-fn assign_cluster_ip(
-    state: &ApiState,
-    valid: &mut shoal_state::ValidObject,
-    mode: WriteMode,
-) -> Result<(), ApiError> {
-    use crate::controllers::service_ip;
-    let cidr = state.service_cidr;
-    let name = valid.key.name.clone();
-    let invalid = |field: &str, detail: String| ApiError::invalid("Service", &name, field, &detail);
-    let key = valid.key.clone();
-    let (stored, services) = state
-        .replication
-        .read(|s| (s.get(&key), s.list("", "Service", None)));
-    let spec = &mut valid.body["spec"];
-    let asked = spec["clusterIP"].as_str().unwrap_or_default().to_owned();
-    let kept = stored
-        .as_ref()
-        .filter(|_| mode != WriteMode::Create)
-        .and_then(|o| o["spec"]["clusterIP"].as_str())
-        .unwrap_or_default()
-        .to_owned();
-    if !kept.is_empty() {
-        if asked.is_empty() {
-            spec["clusterIP"] = json!(kept);
-            spec["clusterIPs"] = json!([kept]);
-            return Ok(());
-        }
-        if asked != kept {
-            return Err(invalid(
-                "spec.clusterIP",
-                format!("Invalid value: {asked:?}: field is immutable"),
-            ));
-        }
-        return Ok(());
-    }
-    if spec["type"].as_str() == Some("ExternalName") {
-        return Ok(());
-    }
-    if asked == "None" {
-        spec["clusterIPs"] = json!(["None"]);
-        return Ok(());
-    }
-    let others: Vec<Value> = services
-        .into_iter()
-        .filter(|s| {
-            s["metadata"]["namespace"].as_str() != Some(key.namespace.as_str())
-                || s["metadata"]["name"].as_str() != Some(key.name.as_str())
-        })
-        .collect();
-    let used = service_ip::used(&others, cidr);
-    let ip = if asked.is_empty() {
-        shoal_net::service_ip::allocate(cidr, &key.namespace, &key.name, &used)
-            .map_err(|e| invalid("spec.clusterIP", format!("Internal error: {e}")))?
-    } else {
-        let ip: std::net::Ipv4Addr = asked.parse().map_err(|_| {
-            invalid(
-                "spec.clusterIP",
-                format!("Invalid value: {asked:?}: must be a valid IPv4 address or None"),
-            )
-        })?;
-        shoal_net::service_ip::check(cidr, ip).map_err(|e| {
-            invalid(
-                "spec.clusterIPs",
-                format!("Invalid value: [{asked:?}]: failed to allocate IP {asked}: {e}"),
-            )
-        })?;
-        if used.contains(&ip) {
-            return Err(invalid(
-                "spec.clusterIPs",
-                format!(
-                    "Invalid value: [{asked:?}]: failed to allocate IP {asked}: provided IP is already allocated"
-                ),
-            ));
-        }
-        ip
-    };
-    spec["clusterIP"] = json!(ip.to_string());
-    spec["clusterIPs"] = json!([ip.to_string()]);
-    Ok(())
-}
-
-/// Node ports of a NodePort/LoadBalancer Service: kept across updates when the body leaves
-/// them out, checked when named (range, not another Service's), allocated otherwise.
-fn assign_node_ports(
-    state: &ApiState,
-    valid: &mut shoal_state::ValidObject,
-    mode: WriteMode,
-) -> Result<(), ApiError> {
-    use crate::controllers::service_ip;
-    if !service_ip::wants_node_ports(&valid.body) {
-        return Ok(());
-    }
-    let key = valid.key.clone();
-    let name = key.name.clone();
-    let (stored, services) = state
-        .replication
-        .read(|s| (s.get(&key), s.list("", "Service", None)));
-    let mut used = service_ip::used_node_ports(&services, (&key.namespace, &key.name));
-    let old_ports: Vec<Value> = stored
-        .filter(|_| mode != WriteMode::Create)
-        .and_then(|o| o["spec"]["ports"].as_array().cloned())
-        .unwrap_or_default();
-    let Some(ports) = valid.body["spec"]["ports"].as_array_mut() else {
-        return Ok(());
-    };
-    for (i, p) in ports.iter_mut().enumerate() {
-        if p["nodePort"].is_null()
-            && let Some(old) = old_ports
-                .iter()
-                .find(|o| o["port"] == p["port"] && o["name"] == p["name"])
-        {
-            p["nodePort"] = old["nodePort"].clone();
-        }
-        if p["nodePort"].is_null() {
-            continue;
-        }
-        let n = p["nodePort"].as_u64().and_then(|n| u16::try_from(n).ok());
-        match n {
-            Some(n) if shoal_net::service_ip::NODE_PORTS.contains(&n) && !used.contains(&n) => {
-                used.insert(n);
-            }
-            Some(n) if used.contains(&n) => {
-                return Err(ApiError::invalid(
-                    "Service",
-                    &name,
-                    &format!("spec.ports[{i}].nodePort"),
-                    &format!("Invalid value: {n}: provided port is already allocated"),
-                ));
-            }
-            _ => {
-                return Err(ApiError::invalid(
-                    "Service",
-                    &name,
-                    &format!("spec.ports[{i}].nodePort"),
-                    &format!(
-                        "Invalid value: {}: provided port is not in the valid range. The range of valid ports is 30000-32767",
-                        p["nodePort"]
-                    ),
-                ));
-            }
-        }
-    }
-    if let Some(ports) = service_ip::fill_node_ports(&valid.body, &mut used, &Default::default()) {
-        valid.body["spec"]["ports"] = json!(ports);
-    }
-    Ok(())
-}
-
-/// Writes a validated object (waiting for the write quorum) and answers with it: 201 when it
+/// Writes a validated object through [`Admission::write`] and answers with it: 201 when it
 /// was created, 200 otherwise.
-///
-/// An `ordered` write — a create, or a write with the client's own resourceVersion
-/// precondition — is decided by the object's home node ([`Replication::write_serialized`]),
-/// so no two agents acknowledge writes made from one version. The API's own read-modify-writes
-/// (a patch without the client's precondition) are checked here only: what they change is
-/// field-level and merges with the other agents' writes, as any write.
-///
-/// [`Replication::write_serialized`]: crate::replication::Replication::write_serialized
 async fn write(
     state: &ApiState,
     resource: &ApiResource,
     name: &str,
-    mut valid: shoal_state::ValidObject,
+    valid: shoal_state::ValidObject,
     mode: WriteMode,
     ordered: bool,
 ) -> Result<Response, ApiError> {
-    if valid.info.kind == "Service" && valid.info.group.is_empty() {
-        assign_cluster_ip(state, &mut valid, mode)?;
-        assign_node_ports(state, &mut valid, mode)?;
-    }
-    use crate::controllers::garbage;
-    // Being deleted is not undone by an update (the apiserver keeps deletionTimestamp).
-    let stored = state.replication.read(|s| s.get(&valid.key));
-    if let Some(stored) = stored.filter(garbage::deletion_requested)
-        && valid.body["metadata"].is_object()
-    {
-        let meta = &mut valid.body["metadata"];
-        if !meta["annotations"].is_object() {
-            meta["annotations"] = json!({});
-        }
-        for a in [
-            garbage::DELETION_ANNOTATION,
-            garbage::POLICY_ANNOTATION,
-            garbage::GRACE_ANNOTATION,
-        ] {
-            if let Some(v) = stored["metadata"]["annotations"][a].as_str() {
-                meta["annotations"][a] = json!(v);
-            }
-        }
-    }
-    let key = valid.key.clone();
-    let written = if ordered {
-        state.replication.write_serialized(valid, mode).await
-    } else {
-        state.replication.write(valid, mode).await
-    };
-    let (object, created) = written.map_err(|e| write_error(resource.kind, name, e))?;
-    // The last finalizer of an object being deleted removed: it goes now.
-    if garbage::finish(&object, 0, garbage::kubelet_pending(&object, &|_| true))
-        == garbage::Finish::Delete
-    {
-        let uid = object["metadata"]["uid"].as_str().map(str::to_owned);
-        state
-            .replication
-            .delete(&key, uid.as_deref())
-            .await
-            .map_err(|e| write_error(resource.kind, name, e))?;
-    }
+    let (object, created) = state
+        .admission()
+        .write(resource.kind, name, valid, mode, ordered)
+        .await?;
     let code = if created {
         StatusCode::CREATED
     } else {
@@ -1292,31 +1004,6 @@ async fn terminate_namespace(
 
 /// A namespaced object may be created only in a namespace that exists and is not being
 /// deleted (the built-in namespaces exist from the cluster's start).
-fn check_namespace(state: &ApiState, namespace: &str) -> Result<(), ApiError> {
-    let info = shoal_state::kind::lookup("v1", "Namespace").expect("Namespace is a stored kind");
-    let stored = state
-        .replication
-        .read(|s| s.get(&ObjectKey::new(info, "", namespace)));
-    match stored {
-        Some(ns) if crate::controllers::namespace::terminating(&ns) => {
-            let mut e = ApiError::new(
-                StatusCode::FORBIDDEN,
-                "Forbidden",
-                format!(
-                    "unable to create new content in namespace {namespace} because it is being terminated"
-                ),
-            );
-            e.details = Some(
-                json!({"name": namespace, "kind": "namespaces", "causes": [{"reason": "NamespaceTerminating", "message": format!("namespace {namespace} is being terminated"), "field": "metadata.namespace"}]}),
-            );
-            Err(e)
-        }
-        Some(_) => Ok(()),
-        None if crate::controllers::namespace::BUILT_IN.contains(&namespace) => Ok(()),
-        None => Err(ApiError::not_found("namespaces", namespace)),
-    }
-}
-
 /// Deletes (or orphans) the dependents of a deleted object (a deleted namespace's objects are
 /// the namespace controller's: `controllers::namespace`).
 async fn collect_garbage(

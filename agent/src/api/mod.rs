@@ -3,6 +3,7 @@
 //! discovery, OpenAPI v3, Table output, list/watch, patches and `Status` errors — so kubectl and
 //! client libraries work against any agent.
 
+pub(crate) mod admission;
 mod discovery;
 mod handlers;
 mod observed;
@@ -10,10 +11,10 @@ mod openapi;
 mod patch;
 mod portforward;
 mod protobuf;
-mod resources;
+pub(crate) mod resources;
 mod selector;
 mod spdy;
-mod status;
+pub(crate) mod status;
 mod stream;
 mod table;
 pub(crate) mod validation;
@@ -58,6 +59,16 @@ pub struct ApiState {
     pub server_address: String,
     /// Where Service ClusterIPs come from.
     pub service_cidr: ipnet::Ipv4Net,
+}
+
+impl ApiState {
+    /// The write path of this node ([`admission::Admission`]).
+    pub fn admission(&self) -> admission::Admission<'_> {
+        admission::Admission {
+            replication: &self.replication,
+            service_cidr: self.service_cidr,
+        }
+    }
 }
 
 /// Paths served without a token, as the apiserver does.

@@ -506,17 +506,6 @@ pub fn admit(kind: &str, body: &mut Value) -> Result<(), FieldError> {
     Ok(())
 }
 
-/// What the control API (`shoal apply`, the node operator's socket) does: an object that passes
-/// the kind's checks gets the same defaults as through the Kubernetes API, so a Deployment
-/// written one way and scaled the other keeps its template (a changed template is a rollout);
-/// one that fails them is stored as sent — generic validation only, as a buggy or older peer
-/// could replicate it — and the kubelet refuses it on its own.
-pub fn default_if_valid(kind: &str, body: &mut Value) {
-    if validate(kind, body).is_ok() {
-        default(kind, body);
-    }
-}
-
 /// The apiserver's `SetDefaults_Pod`: a limit without a request requests the limit, and
 /// service links are on.
 fn set_defaults_pod(spec: &mut Value) {

@@ -11,21 +11,26 @@ use sha2::Digest as _;
 use super::{container_status, lab, wait_pod};
 use crate::api::ApiLab;
 
-/// `shoal apply` through the control socket writes an object that fails the pod-spec checks
-/// after generic validation only (`validation::default_if_valid`): what a buggy or older peer
-/// could replicate. The kubelet must refuse it on its own.
-fn apply_bypassing_the_api(api: &ApiLab, agent: usize, name: &str, yaml: &str) {
-    let file = api.manifest(name, yaml);
-    let out = Command::new(crate::shoal_binary())
-        .args(["apply", "-f", &file, "--data-dir"])
-        .arg(api.agents[agent].data_dir())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "shoal apply {name}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+/// Writes `yaml`'s objects into agent `agent`'s store after generic validation only, while the
+/// agent is stopped, then starts it again: it replicates them to its peers as any state — what
+/// a buggy or older peer could do (the other agents merge peers' entries after structural
+/// checks only). Its Kubernetes API moves to another port, so tests read through the others. Every write path of the agent itself (`kubectl`, `shoal
+/// apply`) refuses them, so the kubelet must refuse them on its own.
+async fn store_bypassing_the_api(api: &mut ApiLab, agent: usize, yaml: &str) {
+    use serde::Deserialize as _;
+    let data_dir = api.agents[agent].data_dir().to_owned();
+    api.agents[agent].terminate().unwrap();
+    {
+        let path = shoal_agent::paths::store(&data_dir);
+        let mut store = shoal_state::Store::open(shoal_state::StoreConfig::new(path, 0xbad))
+            .expect("the stopped agent's store opens");
+        for document in serde_yaml_ng::Deserializer::from_str(yaml) {
+            let object = serde_json::Value::deserialize(document).unwrap();
+            let valid = shoal_state::validate(object, "default").unwrap();
+            store.write(valid, shoal_state::WriteMode::Upsert).unwrap();
+        }
+    }
+    api.agents[agent].restart().await.unwrap();
 }
 
 fn refused(api: &ApiLab, yaml_name: &str, yaml: &str, field: &str) {
@@ -38,7 +43,7 @@ fn refused(api: &ApiLab, yaml_name: &str, yaml: &str, field: &str) {
 /// Issue #13, hole 1: volume names and subPaths reached host paths.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn volume_names_and_sub_paths_never_reach_host_paths() {
-    let api = lab().await;
+    let mut api = lab().await;
     let canary = tempfile::tempdir().unwrap();
     std::fs::write(canary.path().join("keep"), b"host").unwrap();
     let canary_path = canary.path().display().to_string();
@@ -71,10 +76,9 @@ async fn volume_names_and_sub_paths_never_reach_host_paths() {
 
     // Past the API (a peer that did not check): the kubelet refuses the pod and writes
     // nothing. The ConfigMap's key would land in the canary directory.
-    apply_bypassing_the_api(
-        &api,
-        0,
-        "sneaky.yaml",
+    store_bypassing_the_api(
+        &mut api,
+        2,
         &format!(
             r#"apiVersion: v1
 kind: ConfigMap
@@ -90,7 +94,8 @@ spec:
   volumes: [{{name: {evil_volume:?}, configMap: {{name: cfg}}}}]
 "#
         ),
-    );
+    )
+    .await;
     let pod = wait_pod(&api, 0, "sneaky", "sneaky refused by its node", |p| {
         p["status"]["reason"] == "InvalidPodSpec"
     })
@@ -174,7 +179,7 @@ spec:
 /// (debug) or wrapped into "unlimited" (release).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absurd_quantities_are_refused_and_never_stop_the_node() {
-    let api = lab().await;
+    let mut api = lab().await;
     refused(
         &api,
         "huge-cpu.yaml",
@@ -188,10 +193,9 @@ async fn absurd_quantities_are_refused_and_never_stop_the_node() {
         "spec.terminationGracePeriodSeconds",
     );
     // Past the API, on a node: two containers of cpu 1e16 and memory 9E, bound directly.
-    apply_bypassing_the_api(
-        &api,
-        0,
-        "bad.yaml",
+    store_bypassing_the_api(
+        &mut api,
+        2,
         r#"apiVersion: v1
 kind: Pod
 metadata: {name: bad}
@@ -201,7 +205,8 @@ spec:
   - {name: a, image: shoal.local/busybox:1, command: [sleep, "30"], resources: {limits: {cpu: 1e16, memory: 9E}}}
   - {name: b, image: shoal.local/busybox:1, command: [sleep, "30"], resources: {limits: {cpu: 1e16, memory: 9E}}}
 "#,
-    );
+    )
+    .await;
     let pod = wait_pod(&api, 0, "bad", "bad refused by its node", |p| {
         p["status"]["reason"] == "InvalidPodSpec"
     })
