@@ -884,11 +884,8 @@ pub async fn delete(request: &Request<'_>, name: &str) -> Result<Response, ApiEr
         .delete(&key, uid)
         .await
         .map_err(|e| write_error(resource.kind, name, e))?;
-    let deleted_uid = object["metadata"]["uid"].as_str().unwrap_or("").to_owned();
-    let replication = state.replication.clone();
-    tokio::spawn(async move {
-        collect_garbage(&replication, &deleted_uid, policy == "Orphan").await;
-    });
+    // Its dependents are the garbage collector's (`controllers::garbage`): deleted, or orphaned
+    // by the policy written on the object above, at its next round.
     Ok(json_response(
         StatusCode::OK,
         &observed::with_status(state, resource.kind, object),
@@ -1004,55 +1001,6 @@ async fn terminate_namespace(
 
 /// A namespaced object may be created only in a namespace that exists and is not being
 /// deleted (the built-in namespaces exist from the cluster's start).
-/// Deletes (or orphans) the dependents of a deleted object (a deleted namespace's objects are
-/// the namespace controller's: `controllers::namespace`).
-async fn collect_garbage(
-    replication: &crate::replication::Replication,
-    owner_uid: &str,
-    orphan: bool,
-) {
-    let dependents: Vec<(ObjectKey, Value)> = replication.read(|s| {
-        shoal_state::KINDS
-            .iter()
-            .flat_map(|k| {
-                s.list(k.group, k.kind, None)
-                    .into_iter()
-                    .map(move |o| (k, o))
-            })
-            .filter(|(_, o)| {
-                o["metadata"]["ownerReferences"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|r| r["uid"] == owner_uid)
-            })
-            .map(|(k, o)| {
-                (
-                    ObjectKey::new(
-                        k,
-                        o["metadata"]["namespace"].as_str().unwrap_or(""),
-                        o["metadata"]["name"].as_str().unwrap_or(""),
-                    ),
-                    o,
-                )
-            })
-            .collect()
-    });
-    for (key, mut object) in dependents {
-        if orphan {
-            if let Some(refs) = object["metadata"]["ownerReferences"].as_array_mut() {
-                refs.retain(|r| r["uid"] != owner_uid);
-            }
-            if let Ok(valid) = shoal_state::validate(object, &key.namespace) {
-                let _ = replication.write(valid, WriteMode::Update).await;
-            }
-        } else if let Ok(gone) = replication.delete(&key, None).await {
-            let uid = gone["metadata"]["uid"].as_str().unwrap_or("").to_owned();
-            Box::pin(collect_garbage(replication, &uid, false)).await;
-        }
-    }
-}
-
 /// Subresources: status (observed, read-only), scale, log.
 pub async fn subresource(
     request: &Request<'_>,
