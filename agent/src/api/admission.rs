@@ -174,6 +174,8 @@ impl Admission<'_> {
         Ok((object, created))
     }
 
+    /// A namespaced object may be created only in a namespace that exists and is not being
+    /// deleted (the built-in namespaces exist from the cluster's start).
     pub fn check_namespace(&self, namespace: &str) -> Result<(), ApiError> {
         let info =
             shoal_state::kind::lookup("v1", "Namespace").expect("Namespace is a stored kind");

@@ -18,6 +18,7 @@ pub(crate) mod status;
 mod stream;
 mod table;
 pub(crate) mod validation;
+mod watch;
 
 /// The apiserver's defaulting of `kind` (controllers build objects users could have written).
 pub(crate) use validation::default as default_object;
