@@ -3,7 +3,8 @@
 //! This crate wires the node together: configuration ([`config`]), the node's persisted identity
 //! ([`node_identity`]), membership over the authenticated QUIC endpoint ([`agent`]), and the
 //! local control API on a Unix socket in the data dir ([`control`], [`client`]) that the CLI and
-//! tests use. [`testkit`] starts real `shoal` processes for integration tests and benchmarks.
+//! tests use. The harness that starts real `shoal` processes for integration tests and
+//! benchmarks is `shoal_chaos::testkit` (`chaos-tests/`), outside the product.
 
 pub mod agent;
 pub mod api;
@@ -28,7 +29,6 @@ pub mod scheduling;
 pub mod services;
 pub mod session;
 pub mod supervise;
-pub mod testkit;
 
 /// Version reported in gossip and by `shoal --version`.
 pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");

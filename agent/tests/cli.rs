@@ -2,7 +2,7 @@
 
 use std::process::Command;
 
-use shoal_agent::testkit::{alive_count, wait_until};
+use shoal_chaos::testkit::{alive_count, wait_until};
 
 use crate::{Lab, shoal_binary};
 

@@ -11,7 +11,7 @@ mod state;
 
 use std::path::{Path, PathBuf};
 
-use shoal_agent::testkit::{AgentProcess, AgentSpec, init_secret};
+use shoal_chaos::testkit::{AgentProcess, AgentSpec, init_secret};
 
 pub fn shoal_binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_shoal"))

@@ -12,6 +12,7 @@ pub mod poison;
 pub mod report;
 pub mod run;
 pub mod scenario;
+pub mod testkit;
 
 /// The `shoal` binary of this build (`target/<profile>/shoal`, next to the test or bench
 /// executable's `deps/` directory), or `$SHOAL_BIN`.
@@ -90,7 +91,7 @@ pub fn test_images() -> anyhow::Result<std::path::PathBuf> {
 }
 
 /// Imports the busybox test image into an agent's node (the agent may be running).
-pub fn import_busybox(agent: &shoal_agent::testkit::AgentProcess) -> anyhow::Result<()> {
+pub fn import_busybox(agent: &crate::testkit::AgentProcess) -> anyhow::Result<()> {
     let out = std::process::Command::new(shoal_binary()?)
         .args(["image", "import", "--data-dir"])
         .arg(agent.data_dir())
@@ -110,7 +111,7 @@ pub async fn start_cluster(
     lab: &lab::NetLab,
     n: usize,
     flags: &[&str],
-) -> anyhow::Result<(tempfile::TempDir, Vec<shoal_agent::testkit::AgentProcess>)> {
+) -> anyhow::Result<(tempfile::TempDir, Vec<crate::testkit::AgentProcess>)> {
     let root = tempfile::tempdir()?;
     let binary = shoal_binary()?;
     let agents = start_agents(&binary, root.path(), lab, n, flags, false, &|_| Vec::new()).await?;
@@ -128,7 +129,7 @@ pub async fn start_cluster_in(
     n: usize,
     flags: &[&str],
     env: &dyn Fn(usize) -> Vec<(String, String)>,
-) -> anyhow::Result<Vec<shoal_agent::testkit::AgentProcess>> {
+) -> anyhow::Result<Vec<crate::testkit::AgentProcess>> {
     start_agents(binary, root, lab, n, flags, true, env).await
 }
 
@@ -142,10 +143,10 @@ pub fn lab_agent_spec(
     flags: &[&str],
     env: Vec<(String, String)>,
     seeds: &[usize],
-) -> shoal_agent::testkit::AgentSpec {
+) -> crate::testkit::AgentSpec {
     let addr = |i: usize| std::net::SocketAddr::new(lab.address(i), 7600);
     let mut spec =
-        shoal_agent::testkit::AgentSpec::new(binary, root, &format!("n{i}"), &root.join("secret"))
+        crate::testkit::AgentSpec::new(binary, root, &format!("n{i}"), &root.join("secret"))
             .bind(addr(i))
             .netns(&lab.host(i));
     for flag in flags {
@@ -168,8 +169,8 @@ async fn start_agents(
     flags: &[&str],
     seed_joins: bool,
     env: &dyn Fn(usize) -> Vec<(String, String)>,
-) -> anyhow::Result<Vec<shoal_agent::testkit::AgentProcess>> {
-    use shoal_agent::testkit::{AgentProcess, alive_count, init_secret, wait_until};
+) -> anyhow::Result<Vec<crate::testkit::AgentProcess>> {
+    use crate::testkit::{AgentProcess, alive_count, init_secret, wait_until};
     let secret = root.join("secret");
     init_secret(binary, &secret)?;
     let mut agents = Vec::new();

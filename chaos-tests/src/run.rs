@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::testkit::AgentProcess;
 use anyhow::Context;
 use serde_json::{Value, json};
 use shoal_agent::client::ControlClient;
-use shoal_agent::testkit::AgentProcess;
 
 use crate::checker::{
     self, DigestSample, Final, Intrusion, JobSeen, Leftovers, PodSeen, ReplicaSample, Violation,
@@ -769,7 +769,7 @@ struct FaultDriver<'a> {
     lab: &'a NetLab,
     agents: &'a mut Vec<AgentProcess>,
     /// The agent a [`Fault::PartitionAndJoin`] starts (host `agents.len()`), until it does.
-    joiner: Option<shoal_agent::testkit::AgentSpec>,
+    joiner: Option<crate::testkit::AgentSpec>,
     started: Instant,
     log: Vec<(u64, String)>,
 }
@@ -1257,11 +1257,11 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
         root.path().join("secret")
     } else {
         let secret = root.path().join("intruder-secret");
-        shoal_agent::testkit::init_secret(&binary, &secret)?;
+        crate::testkit::init_secret(&binary, &secret)?;
         secret
     };
     let mut intruder_spec =
-        shoal_agent::testkit::AgentSpec::new(&binary, root.path(), INTRUDER, &intruder_secret)
+        crate::testkit::AgentSpec::new(&binary, root.path(), INTRUDER, &intruder_secret)
             .bind(intruder_addr)
             .netns(&lab.host(0));
     for agent in &agents {

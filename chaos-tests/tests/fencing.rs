@@ -7,8 +7,8 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use shoal_agent::testkit::{AgentProcess, state_of, wait_for_identical_digests, wait_until};
 use shoal_chaos::lab::NetLab;
+use shoal_chaos::testkit::{AgentProcess, state_of, wait_for_identical_digests, wait_until};
 use shoal_gossip::MemberState;
 
 const LIMIT: Duration = Duration::from_secs(60);

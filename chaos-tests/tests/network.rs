@@ -13,8 +13,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use shoal_agent::testkit::{AgentProcess, wait_until};
 use shoal_chaos::lab::NetLab;
+use shoal_chaos::testkit::{AgentProcess, wait_until};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -978,7 +978,7 @@ fn busybox_pod(name: &str, node: &str) -> Value {
 /// leases the freed block and renumbers its pod: every lease and every pod IP is unique again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocks_leased_on_both_sides_of_a_partition_are_made_unique_after_the_heal() {
-    use shoal_agent::testkit::{AgentSpec, wait_for_identical_digests};
+    use shoal_chaos::testkit::{AgentSpec, wait_for_identical_digests};
     let mut lab = NetLab::new(5).expect("creating the netns lab (needs root and iproute2)");
     // Four blocks: three nodes leave exactly one free.
     let flags = [
@@ -1009,11 +1009,11 @@ async fn blocks_leased_on_both_sides_of_a_partition_are_made_unique_after_the_he
     .unwrap();
     lab.partition(&[&[0, 1, 3], &[2, 4]]).unwrap();
     wait_until("the sides apart", LIMIT, || async {
-        shoal_agent::testkit::state_of(&agents[0], "n2")
+        shoal_chaos::testkit::state_of(&agents[0], "n2")
             .await
             .map(|s| s.0)
             == Some(shoal_gossip::MemberState::Dead)
-            && shoal_agent::testkit::state_of(&agents[2], "n0")
+            && shoal_chaos::testkit::state_of(&agents[2], "n0")
                 .await
                 .map(|s| s.0)
                 == Some(shoal_gossip::MemberState::Dead)

@@ -4,10 +4,10 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use shoal_agent::testkit::{
+use shoal_chaos::lab::NetLab;
+use shoal_chaos::testkit::{
     AgentProcess, alive_count, state_of, wait_for_identical_digests, wait_until,
 };
-use shoal_chaos::lab::NetLab;
 use shoal_gossip::MemberState;
 
 const LIMIT: Duration = Duration::from_secs(60);

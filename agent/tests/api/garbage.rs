@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use shoal_agent::testkit::wait_until;
+use shoal_chaos::testkit::wait_until;
 
 use super::ApiLab;
 

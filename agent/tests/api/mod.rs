@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use shoal_agent::testkit::{AgentProcess, alive_count, wait_until};
+use shoal_chaos::testkit::{AgentProcess, alive_count, wait_until};
 
 use crate::Lab;
 
@@ -31,7 +31,7 @@ impl ApiLab {
     /// Starts `n` agents; agent `i` gets the extra flags `extra(i)`.
     pub async fn start_with(n: usize, extra: impl Fn(usize) -> Vec<String>) -> Self {
         let lab = Lab::new();
-        let with_extra = |spec: shoal_agent::testkit::AgentSpec, i: usize| {
+        let with_extra = |spec: shoal_chaos::testkit::AgentSpec, i: usize| {
             extra(i)
                 .into_iter()
                 .fold(spec.arg("--api").arg("127.0.0.1:0"), |s, a| s.arg(a))

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use shoal_agent::testkit::{AgentProcess, alive_count, state_of, wait_until};
+use shoal_chaos::testkit::{AgentProcess, alive_count, state_of, wait_until};
 use shoal_gossip::MemberState;
 
 use crate::Lab;

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use shoal_agent::testkit::wait_until;
+use shoal_chaos::testkit::wait_until;
 
 use super::{lab, wait_pod};
 use crate::api::which;

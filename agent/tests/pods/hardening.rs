@@ -151,7 +151,7 @@ spec:
         .join("pods")
         .join(uid)
         .join("volumes/data/logs/app/hello");
-    shoal_agent::testkit::wait_until("legit wrote through its subPath", super::LIMIT, || {
+    shoal_chaos::testkit::wait_until("legit wrote through its subPath", super::LIMIT, || {
         let ok = std::fs::read_to_string(&hello).is_ok_and(|t| t == "hello\n");
         async move { ok }
     })
@@ -432,7 +432,7 @@ spec:
         let mut log = String::new();
         // The fork bomb ends the script one way or the other: a fork refused at the pids
         // limit, or all forks done.
-        shoal_agent::testkit::wait_until(&format!("{name} forked"), super::LIMIT, || {
+        shoal_chaos::testkit::wait_until(&format!("{name} forked"), super::LIMIT, || {
             let (_, out, _) = api.kubectl(0, &["logs", name]);
             log = out.clone();
             async move { out.contains("forked") || out.contains("can't fork") }
@@ -591,7 +591,7 @@ spec:
     );
     api.ok(0, &["apply", "-f", &file]);
     let mut log = String::new();
-    shoal_agent::testkit::wait_until("the hostPath pod ran", super::LIMIT, || {
+    shoal_chaos::testkit::wait_until("the hostPath pod ran", super::LIMIT, || {
         let (_, out, _) = api.kubectl(0, &["logs", "logs"]);
         log = out.clone();
         async move { out.contains("done") }
@@ -703,7 +703,7 @@ async fn a_node_that_allows_privileged_pods_runs_them_for_real() {
         ("host-pid", format!("pid1={}", host_init.trim())),
     ] {
         let mut log = String::new();
-        shoal_agent::testkit::wait_until(&format!("{name} says {says}"), super::LIMIT, || {
+        shoal_chaos::testkit::wait_until(&format!("{name} says {says}"), super::LIMIT, || {
             let (_, out, _) = api.kubectl(0, &["logs", name]);
             log = out.clone();
             let found = out.contains(&says);

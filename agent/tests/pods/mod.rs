@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use shoal_agent::testkit::wait_until;
+use shoal_chaos::testkit::wait_until;
 
 use crate::api::ApiLab;
 

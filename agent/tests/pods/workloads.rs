@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use shoal_agent::testkit::wait_until;
+use shoal_chaos::testkit::wait_until;
 
 use super::{LIMIT, lab, lab_with};
 
@@ -1407,7 +1407,7 @@ async fn a_daemon_set_follows_nodes_joining_and_leaving_and_a_replica_set_keeps_
         |s, a| s.arg(a),
     );
     api.agents.push(
-        shoal_agent::testkit::AgentProcess::start(spec)
+        shoal_chaos::testkit::AgentProcess::start(spec)
             .await
             .unwrap(),
     );

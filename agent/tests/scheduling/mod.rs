@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use shoal_agent::testkit::{state_of, wait_until};
+use shoal_chaos::testkit::{state_of, wait_until};
 use shoal_gossip::MemberState;
 
 use crate::api::ApiLab;

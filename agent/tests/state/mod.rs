@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use shoal_agent::testkit::{AgentProcess, alive_count, wait_until};
+use shoal_chaos::testkit::{AgentProcess, alive_count, wait_until};
 
 use crate::Lab;
 
@@ -53,7 +53,7 @@ async fn wait_for_object(agent: &AgentProcess, name: &str) -> Value {
 }
 
 async fn wait_for_equal_digests(agents: &[&AgentProcess]) {
-    shoal_agent::testkit::wait_for_identical_digests(agents, CONVERGE)
+    shoal_chaos::testkit::wait_for_identical_digests(agents, CONVERGE)
         .await
         .unwrap();
 }
@@ -328,7 +328,7 @@ async fn an_isolated_node_does_not_acknowledge_alone() {
     agents[1].kill().unwrap();
     wait_until("n1 seen dead", CONVERGE, || async {
         matches!(
-            shoal_agent::testkit::state_of(&agents[0], "n1").await,
+            shoal_chaos::testkit::state_of(&agents[0], "n1").await,
             Some((shoal_gossip::MemberState::Dead, _))
         )
     })

@@ -51,7 +51,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use shoal_agent::client::ControlClient;
-use shoal_agent::testkit::{AgentProcess, AgentSpec, init_secret, rss_bytes_of, wait_until};
+use shoal_chaos::testkit::{AgentProcess, AgentSpec, init_secret, rss_bytes_of, wait_until};
 use shoal_gossip::{
     Capacity, ChannelTransport, MemberState, Membership, MembershipConfig, NodeAddresses, NodeMeta,
 };

@@ -429,7 +429,7 @@ fn until_propagated(
 
 async fn propagation(pods: usize) -> anyhow::Result<()> {
     use serde_json::json;
-    use shoal_agent::testkit::wait_until;
+    use shoal_chaos::testkit::wait_until;
     let lab = shoal_chaos::lab::NetLab::new(3)?;
     let (_root, agents) = shoal_chaos::start_cluster(
         &lab,

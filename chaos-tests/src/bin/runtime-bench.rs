@@ -22,7 +22,7 @@ use shoal_agent::images::ImageStore;
 use shoal_agent::runtime::{
     ContainerMeta, ContainerRequest, Limits, ObservedState, Runtime, SandboxSpec,
 };
-use shoal_agent::testkit::{
+use shoal_chaos::testkit::{
     AgentProcess, AgentSpec, alive_count, init_secret, rss_bytes_of, wait_until,
 };
 

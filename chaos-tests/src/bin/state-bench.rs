@@ -27,7 +27,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
-use shoal_agent::testkit::{AgentProcess, AgentSpec, alive_count, init_secret, wait_until};
+use shoal_chaos::testkit::{AgentProcess, AgentSpec, alive_count, init_secret, wait_until};
 
 #[derive(Parser)]
 struct Args {

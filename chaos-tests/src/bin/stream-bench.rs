@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use shoal_agent::testkit::{AgentProcess, AgentSpec, alive_count, init_secret, wait_until};
+use shoal_chaos::testkit::{AgentProcess, AgentSpec, alive_count, init_secret, wait_until};
 
 #[derive(Parser)]
 struct Args {

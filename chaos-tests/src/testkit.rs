@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use shoal_gossip::{Member, MemberState};
 
-use crate::client::ControlClient;
+use shoal_agent::client::ControlClient;
 
 /// How to start one agent.
 #[derive(Debug, Clone)]
@@ -278,7 +278,7 @@ impl AgentProcess {
     }
 
     /// The local store's digest and counters.
-    pub async fn store_info(&self) -> anyhow::Result<crate::control::StoreInfo> {
+    pub async fn store_info(&self) -> anyhow::Result<shoal_agent::control::StoreInfo> {
         Ok(self.client.store_info().await?)
     }
 
@@ -387,7 +387,7 @@ impl Drop for AgentProcess {
         }
         // Containers outlive their agent by design (the shim supervises them): a test's
         // agent takes its pods with it.
-        if crate::paths::pods(&self.spec.data_dir).exists() {
+        if shoal_agent::paths::pods(&self.spec.data_dir).exists() {
             let _ = self.reset_node();
         }
     }
