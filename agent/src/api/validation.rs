@@ -194,6 +194,22 @@ fn validate_template(object: &Value, needs_selector: bool) -> Result<(), FieldEr
             "progressDeadlineSeconds",
         ],
     )?;
+    type_check(&spec["selector"], "spec.selector", "object")?;
+    type_check(
+        &spec["selector"]["matchLabels"],
+        "spec.selector.matchLabels",
+        "object",
+    )?;
+    type_check(&spec["template"], "spec.template", "object")?;
+    type_check(
+        &spec["template"]["metadata"],
+        "spec.template.metadata",
+        "object",
+    )?;
+    label_map(
+        &spec["template"]["metadata"]["labels"],
+        "spec.template.metadata.labels",
+    )?;
     if needs_selector {
         let selector = &spec["selector"];
         if selector.is_null() {
@@ -215,6 +231,20 @@ fn validate_template(object: &Value, needs_selector: bool) -> Result<(), FieldEr
         return Err(err("spec.template", "Required value"));
     }
     validate_pod_spec(&spec["template"]["spec"], "spec.template.spec")
+}
+
+/// A label map at `path` (absent is fine): an object of valid label keys to valid values, as
+/// `metadata.labels` must be (a template's labels become its pods').
+fn label_map(labels: &Value, path: &str) -> Result<(), FieldError> {
+    type_check(labels, path, "object")?;
+    for (k, v) in labels.as_object().into_iter().flatten() {
+        let at = format!("{path}.{k}");
+        type_check(v, &at, "string")?;
+        shoal_state::labels::validate_key(k).map_err(|e| err(at.clone(), e.to_string()))?;
+        shoal_state::labels::validate_value(k, v.as_str().unwrap_or_default())
+            .map_err(|e| err(at.clone(), e.to_string()))?;
+    }
+    Ok(())
 }
 
 /// The fields of `spec` (at `path`) that the apiserver types as non-negative `int32`: each, if
@@ -676,6 +706,45 @@ mod tests {
 
     /// Counts that ask for more than the apiserver allows are refused, naming the field: one
     /// Job with `parallelism: 2^40` once took down every agent in turn (issue #35, item 1).
+    /// Found by the `admission` fuzz target (2026-12-06): a Deployment whose selector and
+    /// template labels were strings passed, and its controller's first reconcile panicked
+    /// indexing them (quarantined in the agent, but refused here now, naming the field).
+    #[test]
+    fn template_labels_and_selectors_must_be_maps_of_valid_labels() {
+        let deployment = |selector: Value, labels: Value| {
+            json!({"spec": {"selector": selector, "template": {"metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "c", "image": "i"}]}}}})
+        };
+        for (d, field) in [
+            (
+                deployment(json!("ipFamili {app: web}"), json!({"app": "web"})),
+                "spec.selector",
+            ),
+            (
+                deployment(json!({"matchLabels": "app"}), json!({"app": "web"})),
+                "spec.selector.matchLabels",
+            ),
+            (
+                deployment(json!({"matchLabels": {"app": "web"}}), json!("p{pa:web}")),
+                "spec.template.metadata.labels",
+            ),
+            (
+                deployment(json!({"matchLabels": {"app": "web"}}), json!({"app": 7})),
+                "spec.template.metadata.labels.app",
+            ),
+            (
+                deployment(
+                    json!({"matchLabels": {"app": "web"}}),
+                    json!({"app": "web", "bad key!": "x"}),
+                ),
+                "spec.template.metadata.labels.bad key!",
+            ),
+        ] {
+            let e = validate("Deployment", &d).unwrap_err();
+            assert_eq!(e.field, field, "{e:?}");
+        }
+    }
+
     #[test]
     fn counts_are_bounded_as_the_apiserver_bounds_them() {
         let job = |spec: Value| {
