@@ -28,7 +28,9 @@
 //!   the state of one that vouched). The resync pulls the peer's whole state, merges it, and drops
 //!   what the peer lacks and could have forgotten: an incarnation created before the peer's
 //!   horizon and held here since before this replica's last sync (a delete wins over updates, so
-//!   one updated since goes too). It keeps what it created since, and what the peer never had (an
+//!   one updated since goes too; so does one that reached it from another replica since, as a push
+//!   to it while lapsed: it was not current to see that incarnation's delete). It keeps what it
+//!   created itself since, and what the peer never had (an
 //!   incarnation created after everything the peer forgot cannot be one of its forgotten
 //!   deletes), which the peer then pulls. Only such a resync makes a lapsed replica current
 //!   again. Syncing with a peer that cannot vouch (an empty new node, another

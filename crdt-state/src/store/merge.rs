@@ -88,7 +88,7 @@ impl Store {
     ) -> Result<MergeOutcome, StoreError> {
         let next = self.currency.after_sync(peer, now_ms, self.horizon());
         let forgotten = peer.believed(now_ms, self.horizon()).collected_through_ms;
-        self.resync_to(entries, forgotten, next, now_ms)
+        self.resync_to(entries, forgotten, true, next, now_ms)
     }
 
     /// Resyncs from a peer's full state, its currency unknown: drops every entry the peer lacks
@@ -106,18 +106,25 @@ impl Store {
         if next.current_since_ms == 0 {
             next.current_since_ms = now_ms;
         }
-        self.resync_to(entries, u64::MAX, next, now_ms)
+        self.resync_to(entries, u64::MAX, false, next, now_ms)
     }
 
+    /// `only_own_since`: of what the peer lacks and could have forgotten (created before
+    /// `forgotten_through_ms`), keep only the incarnations this store created itself since its
+    /// last sync — not ones that reached it from others since (a push to a replica away longer
+    /// than the horizon: it never became current, so it may not have seen their delete; found by
+    /// `tests/horizon.rs`, 2026-12-06).
     fn resync_to(
         &mut self,
         entries: Vec<WireEntry>,
         forgotten_through_ms: u64,
+        only_own_since: bool,
         next: Currency,
         now_ms: u64,
     ) -> Result<MergeOutcome, StoreError> {
         let theirs: BTreeSet<&ObjectKey> = entries.iter().map(|e| &e.key).collect();
         let since = self.resync_since();
+        let me = self.config.node;
         let gone: Vec<ObjectKey> = self
             .entries
             .iter()
@@ -126,7 +133,10 @@ impl Store {
                     && if e.state.is_deleted() {
                         e.state.max_stamp().time.wall_ms() <= since
                     } else {
-                        e.state.created.time.wall_ms() <= since.min(forgotten_through_ms)
+                        let created = e.state.created;
+                        let at = created.time.wall_ms();
+                        at <= forgotten_through_ms
+                            && (at <= since || (only_own_since && created.node != me))
                     }
             })
             .map(|(k, _)| k.clone())
