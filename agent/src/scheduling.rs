@@ -316,13 +316,24 @@ impl Scheduling {
     /// ([`Self::must_stop_fenced`]) and it holds the pod's run lease at the epoch of its
     /// binding ([`lease`]).
     pub fn may_run_fenced(&self, uid: &str) -> bool {
+        self.fenced_run_left(uid).is_some()
+    }
+
+    /// How much longer the fenced pod `uid` may run here if no further lease reply comes (the
+    /// node is not fenced off and holds the pod's run lease until then); `None`: not now. The
+    /// kubelet writes the end into the pod's fence lease, where its shims enforce it
+    /// (`runtime::lease`).
+    pub fn fenced_run_left(&self, uid: &str) -> Option<Duration> {
         let now = self.now();
         let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        !state.fence.must_stop()
-            && state
-                .pods
-                .get(uid)
-                .is_some_and(|p| state.holder.holds(uid, p.epoch, now, state.baseline))
+        if state.fence.must_stop() {
+            return None;
+        }
+        let pod = state.pods.get(uid)?;
+        let until = state
+            .holder
+            .held_until(uid, pod.epoch, now, state.baseline)?;
+        Some(until.saturating_sub(now))
     }
 
     /// Asks this node's own grantor and every live peer for the run leases of the fenced pods

@@ -32,6 +32,7 @@ pub const FENCED: &str = "a fenced pod never runs twice";
 pub const OVERCOMMIT: &str = "no node runs more than its allocatable";
 pub const READS: &str = "reads never wait for a disk";
 pub const HOSTILE: &str = "hostile objects refused or failed by name";
+pub const REPLACED: &str = "a silenced node's fenced pods are replaced";
 
 /// Checker 1: every acknowledged operation is visible at the end, or superseded under the
 /// documented merge rules (`crdt-state/src/crdt.rs`):
@@ -589,6 +590,77 @@ pub fn fenced(pods: &[String], instances: &[Instance]) -> Vec<Violation> {
     violations
 }
 
+/// How recent a heartbeat must be for its run to count as running (heartbeats come every
+/// 100 ms; a loaded host delays some).
+pub const FRESH_MS: u64 = 500;
+
+/// The fenced pods running on `node` at `at_ms`: a run that had started by then and whose last
+/// heartbeat is at most [`FRESH_MS`] before.
+pub fn running_on(runs: &[Instance], node: &str, at_ms: u64) -> Vec<String> {
+    let mut pods: Vec<String> = runs
+        .iter()
+        .filter(|r| r.node == node && r.beats > 0)
+        .filter(|r| r.first_ms <= at_ms && r.last_ms + FRESH_MS >= at_ms)
+        .map(|r| r.pod.clone())
+        .collect();
+    pods.sort();
+    pods.dedup();
+    pods
+}
+
+/// A fault that silenced a node running fenced pods (a pause, a stuck kubelet cut off).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Silenced {
+    pub fault: &'static str,
+    pub node: String,
+    pub start_ms: u64,
+    pub end_ms: u64,
+}
+
+/// Checker 9: the fenced pods that ran on a silenced node when its fault started were each
+/// started on another node before the fault ended (a run there whose first heartbeat falls
+/// inside the fault): fencing must not cost availability for longer than the replacement
+/// delay. A fault that found no fenced pod on its node is a violation too (the scenario tested
+/// nothing).
+pub fn replaced(runs: &[Instance], silenced: &[Silenced]) -> Vec<Violation> {
+    let violation = |message: String| Violation {
+        checker: REPLACED,
+        message,
+        ops: Vec::new(),
+    };
+    let mut violations = Vec::new();
+    for s in silenced {
+        let pods = running_on(runs, &s.node, s.start_ms);
+        if pods.is_empty() {
+            violations.push(violation(format!(
+                "the {} of {} at {:.1} s found no fenced pod running there: nothing was tested",
+                s.fault,
+                s.node,
+                s.start_ms as f64 / 1000.0
+            )));
+        }
+        for pod in pods {
+            let moved = runs.iter().any(|r| {
+                r.pod == pod
+                    && r.node != s.node
+                    && r.beats > 0
+                    && r.first_ms > s.start_ms
+                    && r.first_ms <= s.end_ms
+            });
+            if !moved {
+                violations.push(violation(format!(
+                    "{pod} ran on {} when its {} started at {:.1} s and was not started on another node before it ended at {:.1} s",
+                    s.node,
+                    s.fault,
+                    s.start_ms as f64 / 1000.0,
+                    s.end_ms as f64 / 1000.0
+                )));
+            }
+        }
+    }
+    violations
+}
+
 /// The cpu one node had granted at one moment, from the kernel ([`crate::cpu`]): each running
 /// container's cgroup and its cpu shares (1024 per requested cpu; 2 is the minimum a container
 /// without a cpu request gets, and requests nothing).
@@ -1027,6 +1099,51 @@ mod tests {
             last_ms,
             beats: 10,
         }
+    }
+
+    #[test]
+    fn a_silenced_node_s_fenced_pods_must_start_elsewhere_within_the_fault() {
+        let silenced = [Silenced {
+            fault: "pause",
+            node: "n1".into(),
+            start_ms: 2_000,
+            end_ms: 14_000,
+        }];
+        // f-0 ran on n1 when the pause began and started on n2 at 9 s; f-1 ran elsewhere.
+        let moved = [
+            run("f-0", "n1", "a", 100, 1_950),
+            run("f-0", "n2", "b", 9_000, 20_000),
+            run("f-1", "n3", "c", 100, 20_000),
+        ];
+        assert_eq!(replaced(&moved, &silenced), vec![]);
+        assert_eq!(running_on(&moved, "n1", 2_000), ["f-0"]);
+        // Not replaced before the fault ended (it came back on n1 after it): a violation.
+        let stayed = [
+            run("f-0", "n1", "a", 100, 1_950),
+            run("f-0", "n1", "b", 14_500, 20_000),
+            run("f-0", "n2", "c", 14_100, 14_400),
+        ];
+        let found = replaced(&stayed, &silenced);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].checker, REPLACED);
+        assert!(
+            found[0].message.contains("f-0 ran on n1"),
+            "{}",
+            found[0].message
+        );
+        // A fault on a node that ran no fenced pod tested nothing: a violation too (a run that
+        // ended long before the fault does not count).
+        let elsewhere = [
+            run("f-0", "n1", "a", 100, 1_000),
+            run("f-0", "n2", "b", 1_100, 20_000),
+        ];
+        let found = replaced(&elsewhere, &silenced);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].message.contains("nothing was tested"),
+            "{}",
+            found[0].message
+        );
     }
 
     #[test]

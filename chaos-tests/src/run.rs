@@ -86,6 +86,9 @@ pub struct RunConfig {
     pub sabotage: bool,
     /// The agent binary (none: [`crate::shoal_binary`]).
     pub binary: Option<PathBuf>,
+    /// Keep the agents' logs and the workload's objects in the report directory also when the
+    /// run passes (a failed run always keeps them).
+    pub keep_evidence: bool,
 }
 
 impl RunConfig {
@@ -96,6 +99,7 @@ impl RunConfig {
             seed,
             scenario,
             report_dir: None,
+            keep_evidence: false,
             converge_bound: Duration::from_secs(60),
             clients: 4,
             keys: 8,
@@ -772,6 +776,13 @@ struct FaultDriver<'a> {
     joiner: Option<crate::testkit::AgentSpec>,
     started: Instant,
     log: Vec<(u64, String)>,
+    /// The fenced pods' heartbeat directory and the host's uptime when the run's clock
+    /// started, to find a node that runs a fenced pod ([`Scenario::targets_fenced`]).
+    heartbeats: PathBuf,
+    start_uptime_ms: u64,
+    targets_fenced: bool,
+    /// The kubelet thread a [`Fault::KubeletStuck`] stopped, until it ends.
+    stuck: Option<crate::testkit::ThreadStop>,
 }
 
 impl FaultDriver<'_> {
@@ -800,6 +811,16 @@ impl FaultDriver<'_> {
             | Fault::Flap { .. } => self.filters(fault)?,
             Fault::Kill { node } => self.agents[*node].kill()?,
             Fault::Pause { node } => self.agents[*node].pause()?,
+            Fault::KubeletStuck { node } => {
+                let pid = self.agents[*node]
+                    .pid()
+                    .with_context(|| format!("n{node}'s agent is not running"))?;
+                let tid = crate::testkit::thread_named(pid, "kubelet").with_context(|| {
+                    format!("n{node}'s agent (pid {pid}) has no kubelet thread")
+                })?;
+                self.stuck = Some(crate::testkit::ThreadStop::new(tid)?);
+                self.filters(fault)?;
+            }
             // Sent by the workload (`poison_during_faults`), which holds the API clients.
             Fault::Poison { .. } => {}
             Fault::Restart { node } => {
@@ -858,6 +879,10 @@ impl FaultDriver<'_> {
             | Fault::Flap { .. } => self.lab.set_filters(&[], &[])?,
             Fault::Kill { node } | Fault::Wipe { node } => self.agents[*node].restart().await?,
             Fault::Pause { node } => self.agents[*node].resume()?,
+            Fault::KubeletStuck { .. } => {
+                self.lab.set_filters(&[], &[])?;
+                self.stuck = None;
+            }
             Fault::Restart { .. } | Fault::Poison { .. } => {}
             Fault::ClockSkew { node, offset_s } => {
                 set_clock(self.agents[*node].data_dir(), 0)?;
@@ -911,9 +936,41 @@ impl FaultDriver<'_> {
         }
     }
 
-    async fn play(&mut self, steps: &[Step]) -> anyhow::Result<()> {
+    /// Points a node fault at a node that runs a fenced pod now, if the scenario wants that:
+    /// the schedule's node if it runs one, else the next that does.
+    fn retarget(&mut self, fault: &mut Fault) -> anyhow::Result<()> {
+        if !self.targets_fenced {
+            return Ok(());
+        }
+        let (Fault::Pause { node } | Fault::KubeletStuck { node }) = fault else {
+            return Ok(());
+        };
+        let now_ms = uptime_ms()?.saturating_sub(self.start_uptime_ms);
+        let runs = fenced_runs(&self.heartbeats, self.start_uptime_ms)?;
+        let n = self.agents.len();
+        let chosen = (0..n)
+            .map(|k| (*node + k) % n)
+            .find(|i| !checker::running_on(&runs, self.agents[*i].name(), now_ms).is_empty());
+        match chosen {
+            Some(i) => {
+                if i != *node {
+                    self.note(format!(
+                        "n{i} runs a fenced pod (n{} does not): the fault goes there",
+                        *node
+                    ));
+                }
+                *node = i;
+            }
+            // Checker 9 reports a fault that silenced no fenced pod.
+            None => self.note("no node runs a fenced pod now".to_owned()),
+        }
+        Ok(())
+    }
+
+    async fn play(&mut self, steps: &mut [Step]) -> anyhow::Result<()> {
         for step in steps {
             sleep_until(self.started, step.start_ms).await;
+            self.retarget(&mut step.fault)?;
             self.start(&step.fault).await?;
             if let Fault::Flap { node, period_ms } = &step.fault {
                 // Cut at the start; then reconnected and cut again in turns until the end.
@@ -972,6 +1029,7 @@ fn describe(fault: &Fault) -> String {
         Fault::Loss { node, percent } => format!("{percent}% into n{node}"),
         Fault::Kill { node }
         | Fault::Pause { node }
+        | Fault::KubeletStuck { node }
         | Fault::Restart { node }
         | Fault::Wipe { node }
         | Fault::DiskFull { node }
@@ -1146,7 +1204,7 @@ fn wipe(data_dir: &Path) -> anyhow::Result<()> {
 /// built, an agent would not start); broken invariants are in the report.
 pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     require_root()?;
-    let steps = scenario::schedule(
+    let mut steps = scenario::schedule(
         config.scenario,
         config.nodes,
         config.duration.as_millis() as u64,
@@ -1395,8 +1453,12 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
         joiner,
         started,
         log: Vec::new(),
+        heartbeats: heartbeats.clone(),
+        start_uptime_ms,
+        targets_fenced: config.scenario.targets_fenced,
+        stuck: None,
     };
-    let played = driver.play(&steps).await;
+    let played = driver.play(&mut steps).await;
     let mut fault_log = std::mem::take(&mut driver.log);
     // The workload stops with the last heal, so the time the stores take to agree is the
     // time to repair what the faults did.
@@ -1569,6 +1631,24 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     let fence = checker::fenced(&names, &fenced_runs);
     checkers.push((checker::FENCED, fence.len()));
     violations.extend(fence);
+    // Checker 9: what a fault silenced moved.
+    if config.scenario.targets_fenced {
+        let silenced: Vec<checker::Silenced> = steps
+            .iter()
+            .filter_map(|step| match step.fault {
+                Fault::Pause { node } | Fault::KubeletStuck { node } => Some(checker::Silenced {
+                    fault: step.fault.name(),
+                    node: agents[node].name().to_owned(),
+                    start_ms: step.start_ms,
+                    end_ms: step.end_ms,
+                }),
+                _ => None,
+            })
+            .collect();
+        let moved = checker::replaced(&fenced_runs, &silenced);
+        checkers.push((checker::REPLACED, moved.len()));
+        violations.extend(moved);
+    }
 
     // Checker 5, over every sample of the run (the self-test's breach has been there for the
     // replica checker's wait; one more sample period makes sure it is read).
@@ -1665,7 +1745,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
         .collect();
     // A failed run keeps what a person needs to find out why: the agents' logs and the
     // workload's controller objects as the first agent that answers holds them.
-    if !violations.is_empty()
+    if (!violations.is_empty() || config.keep_evidence)
         && let Some(dir) = &config.report_dir
     {
         keep_evidence(dir, &agents, &logs).await;

@@ -26,6 +26,10 @@ pub enum Fault {
     Kill { node: usize },
     /// SIGSTOP: silent, sockets open; SIGCONT when the fault ends.
     Pause { node: usize },
+    /// The node's kubelet thread stopped (ptrace: the rest of its agent runs on) and the node
+    /// cut off from every other: the majority replaces its fenced pods, which only their shims
+    /// can stop. Both undone when the fault ends.
+    KubeletStuck { node: usize },
     /// SIGTERM and a clean start at once.
     Restart { node: usize },
     /// `kill -9`, the data dir wiped, started again as a new node when the fault ends.
@@ -86,6 +90,7 @@ impl Fault {
             Fault::Loss { node, .. }
             | Fault::Kill { node }
             | Fault::Pause { node }
+            | Fault::KubeletStuck { node }
             | Fault::Restart { node }
             | Fault::Wipe { node }
             | Fault::DiskFull { node }
@@ -104,6 +109,7 @@ impl Fault {
             Fault::Loss { .. } => "loss",
             Fault::Kill { .. } => "kill",
             Fault::Pause { .. } => "pause",
+            Fault::KubeletStuck { .. } => "kubelet-stuck",
             Fault::Restart { .. } => "restart",
             Fault::Wipe { .. } => "wipe",
             Fault::DiskFull { .. } => "disk-full",
@@ -137,6 +143,10 @@ pub struct Scenario {
     /// The agents' dead-node grace period (none: their default, 10 min), for faults that must
     /// outlast it.
     pub dead_node_grace_ms: Option<u64>,
+    /// Its node faults (pause, kubelet-stuck) hit a node that runs a fenced pod when they start
+    /// (the runner picks it: the schedule cannot know where pods run), and the fenced pods they
+    /// silence must be replaced on another node before they end (checker 9).
+    pub targets_fenced: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,6 +157,7 @@ enum Kind {
     Loss,
     Kill,
     Pause,
+    KubeletStuck,
     Restart,
     Wipe,
     DiskFull,
@@ -166,6 +177,7 @@ const ALL: &[Kind] = &[
     Kind::Loss,
     Kind::Kill,
     Kind::Pause,
+    Kind::KubeletStuck,
     Kind::Restart,
     Kind::Wipe,
     Kind::DiskFull,
@@ -183,6 +195,7 @@ pub const SCENARIOS: &[Scenario] = &[
         kinds: &[Kind::Partition],
         fault_ms: (4_000, 10_000),
         dead_node_grace_ms: None,
+        targets_fenced: false,
     },
     Scenario {
         name: "one-way",
@@ -190,6 +203,7 @@ pub const SCENARIOS: &[Scenario] = &[
         kinds: &[Kind::OneWay],
         fault_ms: (4_000, 10_000),
         dead_node_grace_ms: None,
+        targets_fenced: false,
     },
     Scenario {
         name: "bridge",
@@ -197,6 +211,7 @@ pub const SCENARIOS: &[Scenario] = &[
         kinds: &[Kind::Bridge],
         fault_ms: (4_000, 10_000),
         dead_node_grace_ms: None,
+        targets_fenced: false,
     },
     Scenario {
         name: "loss",
@@ -204,6 +219,7 @@ pub const SCENARIOS: &[Scenario] = &[
         kinds: &[Kind::Loss],
         fault_ms: (4_000, 10_000),
         dead_node_grace_ms: None,
+        targets_fenced: false,
     },
     Scenario {
         name: "kill",
@@ -211,6 +227,7 @@ pub const SCENARIOS: &[Scenario] = &[
         kinds: &[Kind::Kill],
         fault_ms: (2_000, 8_000),
         dead_node_grace_ms: None,
+        targets_fenced: false,
     },
     Scenario {
         name: "pause",
@@ -218,6 +235,23 @@ pub const SCENARIOS: &[Scenario] = &[
         kinds: &[Kind::Pause],
         fault_ms: (2_000, 8_000),
         dead_node_grace_ms: None,
+        targets_fenced: false,
+    },
+    Scenario {
+        name: "pause-fenced",
+        about: "SIGSTOP of a node that runs a fenced pod, longer than its replacement delay: the pod must move, never run twice",
+        kinds: &[Kind::Pause],
+        fault_ms: (12_000, 14_000),
+        dead_node_grace_ms: None,
+        targets_fenced: true,
+    },
+    Scenario {
+        name: "kubelet-stuck",
+        about: "the kubelet thread of a node that runs a fenced pod stopped (ptrace) and the node cut off: the majority replaces the pod, only the shims can stop the old one",
+        kinds: &[Kind::KubeletStuck],
+        fault_ms: (12_000, 14_000),
+        dead_node_grace_ms: None,
+        targets_fenced: true,
     },
     Scenario {
         name: "restart",
@@ -225,6 +259,7 @@ pub const SCENARIOS: &[Scenario] = &[
         kinds: &[Kind::Restart, Kind::Wipe],
         fault_ms: (2_000, 6_000),
         dead_node_grace_ms: None,
+        targets_fenced: false,
     },
     Scenario {
         name: "disk-full",
@@ -232,6 +267,7 @@ pub const SCENARIOS: &[Scenario] = &[
         kinds: &[Kind::DiskFull],
         fault_ms: (3_000, 8_000),
         dead_node_grace_ms: None,
+        targets_fenced: false,
     },
     Scenario {
         name: "slow-disk",
@@ -239,6 +275,7 @@ pub const SCENARIOS: &[Scenario] = &[
         kinds: &[Kind::SlowDisk],
         fault_ms: (5_000, 9_000),
         dead_node_grace_ms: None,
+        targets_fenced: false,
     },
     Scenario {
         name: "poison",
@@ -246,6 +283,7 @@ pub const SCENARIOS: &[Scenario] = &[
         kinds: &[Kind::Poison],
         fault_ms: (3_000, 6_000),
         dead_node_grace_ms: None,
+        targets_fenced: false,
     },
     Scenario {
         name: "clock-skew",
@@ -253,6 +291,7 @@ pub const SCENARIOS: &[Scenario] = &[
         kinds: &[Kind::ClockSkew],
         fault_ms: (4_000, 10_000),
         dead_node_grace_ms: None,
+        targets_fenced: false,
     },
     Scenario {
         name: "partition-kill",
@@ -260,6 +299,7 @@ pub const SCENARIOS: &[Scenario] = &[
         kinds: &[Kind::PartitionAndKill],
         fault_ms: (4_000, 10_000),
         dead_node_grace_ms: None,
+        targets_fenced: false,
     },
     Scenario {
         name: "flap",
@@ -267,6 +307,7 @@ pub const SCENARIOS: &[Scenario] = &[
         kinds: &[Kind::Flap],
         fault_ms: (4_000, 10_000),
         dead_node_grace_ms: None,
+        targets_fenced: false,
     },
     Scenario {
         name: "long-partition",
@@ -274,6 +315,7 @@ pub const SCENARIOS: &[Scenario] = &[
         kinds: &[Kind::Partition],
         fault_ms: (13_000, 16_000),
         dead_node_grace_ms: Some(6_000),
+        targets_fenced: false,
     },
     Scenario {
         name: "partition-join",
@@ -281,6 +323,7 @@ pub const SCENARIOS: &[Scenario] = &[
         kinds: &[Kind::PartitionAndJoin],
         fault_ms: (10_000, 14_000),
         dead_node_grace_ms: None,
+        targets_fenced: false,
     },
     Scenario {
         name: "random",
@@ -288,6 +331,7 @@ pub const SCENARIOS: &[Scenario] = &[
         kinds: ALL,
         fault_ms: (2_000, 10_000),
         dead_node_grace_ms: None,
+        targets_fenced: false,
     },
 ];
 
@@ -449,6 +493,7 @@ fn fault(kind: Kind, nodes: usize, rng: &mut Xoshiro256PlusPlus) -> Fault {
             }
         }
         Kind::Pause => Fault::Pause { node },
+        Kind::KubeletStuck => Fault::KubeletStuck { node },
         Kind::Restart => Fault::Restart { node },
         Kind::Wipe => Fault::Wipe { node },
         Kind::PartitionAndKill => {
@@ -491,7 +536,7 @@ pub fn blocked_pairs(fault: &Fault, nodes: usize) -> Vec<(usize, usize)> {
             pairs
         }
         Fault::OneWay { from, to } => between(from, to),
-        Fault::Flap { node, .. } => {
+        Fault::Flap { node, .. } | Fault::KubeletStuck { node } => {
             let others: Vec<usize> = (0..nodes).filter(|n| n != node).collect();
             let mut pairs = between(&[*node], &others);
             pairs.extend(between(&others, &[*node]));

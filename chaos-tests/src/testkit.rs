@@ -459,3 +459,66 @@ pub async fn alive_count(observer: &AgentProcess) -> usize {
         .map(|ms| ms.iter().filter(|m| m.state == MemberState::Alive).count())
         .unwrap_or(0)
 }
+
+/// Stops one thread of another process with ptrace (`PTRACE_SEIZE` + `PTRACE_INTERRUPT`: only
+/// that thread stops, the rest of the process runs on) until dropped: a stuck thread, as a
+/// blocking call that never returns would leave it. The tracer is a thread of its own, as
+/// ptrace binds a tracee to the thread that attached it.
+pub struct ThreadStop {
+    resume: Option<std::sync::mpsc::Sender<()>>,
+    tracer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ThreadStop {
+    /// Stops thread `tid`; returns once it is stopped.
+    pub fn new(tid: i32) -> anyhow::Result<Self> {
+        let (stopped_tx, stopped_rx) = std::sync::mpsc::channel();
+        let (resume_tx, resume_rx) = std::sync::mpsc::channel::<()>();
+        let tracer = std::thread::spawn(move || {
+            // SAFETY: plain ptrace requests on a thread id; the pointers passed are null or a
+            // local status integer.
+            unsafe {
+                let seized = libc::ptrace(libc::PTRACE_SEIZE, tid, 0, 0) == 0
+                    && libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0) == 0;
+                let mut status = 0;
+                let stopped = seized && libc::waitpid(tid, &mut status, libc::__WALL) == tid;
+                let error = std::io::Error::last_os_error();
+                let _ = stopped_tx.send(stopped.then_some(()).ok_or(error));
+                let _ = resume_rx.recv();
+                if seized {
+                    libc::ptrace(libc::PTRACE_DETACH, tid, 0, 0);
+                }
+            }
+        });
+        let stop = Self {
+            resume: Some(resume_tx),
+            tracer: Some(tracer),
+        };
+        match stopped_rx.recv() {
+            Ok(Ok(())) => Ok(stop),
+            Ok(Err(error)) => Err(anyhow::anyhow!("could not stop thread {tid}: {error}")),
+            Err(_) => Err(anyhow::anyhow!("the tracer of thread {tid} ended")),
+        }
+    }
+}
+
+impl Drop for ThreadStop {
+    fn drop(&mut self) {
+        drop(self.resume.take());
+        if let Some(t) = self.tracer.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The id of `pid`'s thread named `name`.
+pub fn thread_named(pid: u32, name: &str) -> Option<i32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .filter_map(Result::ok)
+        .find(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))?
+        .file_name()
+        .to_str()?
+        .parse()
+        .ok()
+}

@@ -20,6 +20,8 @@ const PROFILE: &[&str] = &[
     "loss",
     "kill",
     "pause",
+    "pause-fenced",
+    "kubelet-stuck",
     "restart",
     "disk-full",
     "slow-disk",

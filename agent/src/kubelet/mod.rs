@@ -364,11 +364,12 @@ impl Kubelet {
     }
 
     /// Renews the fence lease of each pod of `held` (fenced pods this pass found it may run:
-    /// the node holds their run leases and is not fenced off). The renewal comes from this
-    /// loop's own progress, not from another task's: a kubelet that is stuck cannot stop a
-    /// pod it should stop, so it stops renewing, and the pod's shims kill its containers once
-    /// the lease lapses (`runtime::lease`).
-    fn renew_fence_leases(&self, held: &[String]) {
+    /// the node holds their run leases and is not fenced off), each with the deadline
+    /// ([`crate::runtime::lease::monotonic_ms`]) at which its run lease lapses. The renewal
+    /// comes from this loop's own progress, not from another task's: a kubelet that is stuck
+    /// cannot stop a pod it should stop, so it stops renewing, and the pod's shims kill its
+    /// containers at the last deadline written (`runtime::lease`).
+    fn renew_fence_leases(&self, held: &[(String, u64)]) {
         let now = std::time::Instant::now();
         {
             let mut renewed = self.fence_renewed.lock().unwrap_or_else(|e| e.into_inner());
@@ -380,9 +381,9 @@ impl Kubelet {
         let counter = self
             .fence_renewals
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        for uid in held {
+        for (uid, deadline_ms) in held {
             let path = self.runtime.fence_lease_path(uid);
-            match crate::runtime::lease::renew(&path, counter) {
+            match crate::runtime::lease::renew(&path, counter, *deadline_ms) {
                 Ok(()) => {}
                 // No sandbox yet: no container to hold the lease either.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -456,7 +457,7 @@ impl Kubelet {
                 .any(|c| matches!(c.state, crate::runtime::ObservedState::Creating))
         });
         // Fenced pods this pass may run: their fence leases are renewed after it.
-        let mut fence_held: Vec<String> = Vec::new();
+        let mut fence_held: Vec<(String, u64)> = Vec::new();
         for uid in uids {
             let now = now_ms();
             let pod = bound.get(&uid);
@@ -471,11 +472,18 @@ impl Kubelet {
                             .get(partition::ANNOTATION)
                             .map(String::as_str),
                     );
-                    // A fenced pod runs only while this node holds its run lease.
-                    fenced = policy == Policy::Fenced
-                        && (fenced_stop || !self.scheduling.may_run_fenced(&uid));
-                    if policy == Policy::Fenced && !fenced && !deleting {
-                        fence_held.push(uid.clone());
+                    // A fenced pod runs only while this node holds its run lease; its shims
+                    // kill it when that lease would lapse, whatever this loop does by then.
+                    let left = (policy == Policy::Fenced && !fenced_stop)
+                        .then(|| self.scheduling.fenced_run_left(&uid))
+                        .flatten();
+                    fenced = policy == Policy::Fenced && left.is_none();
+                    if let Some(left) = left
+                        && !deleting
+                    {
+                        let deadline_ms = crate::runtime::lease::monotonic_ms()
+                            .saturating_add(left.as_millis() as u64);
+                        fence_held.push((uid.clone(), deadline_ms));
                     }
                     (!fenced && !deleting).then_some(plan)
                 }

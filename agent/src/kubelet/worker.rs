@@ -367,13 +367,16 @@ impl PodWorker {
                 };
                 self.event(&name, false, "Killing", message);
                 let hook = self.pre_stop.get(&name).filter(|_| grace > 0).cloned();
+                // No grace (a fenced pod that must stop, a forced delete): SIGKILL in this
+                // decision, not a SIGTERM now and the kill a pass later.
+                let kill_now = grace == 0;
                 self.stopping.insert(
                     key,
                     Stopping {
                         term_at_ms: now_ms,
                         term_sent: hook.is_none(),
                         hook_running: hook.is_some(),
-                        kill_at_ms: None,
+                        kill_at_ms: kill_now.then_some(now_ms),
                         reason,
                     },
                 );
@@ -386,7 +389,11 @@ impl PodWorker {
                     None => Action::Signal {
                         name,
                         attempt,
-                        signal: StopSignal::Term,
+                        signal: if kill_now {
+                            StopSignal::Kill
+                        } else {
+                            StopSignal::Term
+                        },
                     },
                 });
             }
@@ -1491,6 +1498,34 @@ mod tests {
                 Action::RemoveSandbox
             ]
         );
+        assert!(d.finished);
+    }
+
+    #[test]
+    fn a_pod_stopped_now_is_killed_in_the_same_decision_without_its_hook() {
+        // A fenced pod whose node lost its run lease: no SIGTERM first (its container may
+        // ignore it), no preStop hook, no second pass before the SIGKILL.
+        let p = plan(json!({"containers": [{"name": "a", "image": "b",
+            "lifecycle": {"preStop": {"exec": {"command": ["sleep", "5"]}}}}]}));
+        let mut w = worker();
+        w.decide(0, Some(&p), true, &[running("a", 0, 0)]);
+        w.stop_now();
+        let d = w.decide(100, None, true, &[running("a", 0, 0)]);
+        assert_eq!(
+            d.actions,
+            [Action::Signal {
+                name: "a".into(),
+                attempt: 0,
+                signal: StopSignal::Kill
+            }]
+        );
+        // Repeated now and then in case it raced with the start, not at every pass.
+        assert!(
+            w.decide(200, None, true, &[running("a", 0, 0)])
+                .actions
+                .is_empty()
+        );
+        let d = w.decide(2_200, None, true, &[exited("a", 0, 137, 150)]);
         assert!(d.finished);
     }
 

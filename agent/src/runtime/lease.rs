@@ -6,14 +6,26 @@
 //! a lease file per fenced pod (`<data dir>/pods/<uid>/fence.lease`) on every pass of its own
 //! loop in which that pod may run — the node holds the pod's run lease and is not fenced off
 //! ([`renew`]) — so a stuck kubelet, which could not stop the pod when told to, stops renewing
-//! too; the shim of a fenced container watches its pod's lease ([`LeaseWatch`]) and kills the
-//! container once the lease has not changed for the fence timeout `F`.
+//! too. The shim of a fenced container watches its pod's lease ([`LeaseWatch`]) and kills the
+//! container at whichever comes first:
 //!
-//! The shim times the lease on its own monotonic clock from the last *change* it saw, never
-//! from a time written in the file: an agent whose clock is off (or faked) cannot stretch it.
-//! The timing argument of `scheduler::partition` then holds for a silent agent too: it stops
-//! renewing when it goes silent at `t0`, its fenced containers are killed by `t0 + F + POLL`,
-//! and the majority replaces them no earlier than `t0 + R`, with `R > D + F + 1 s`.
+//! - **the deadline** written in the file: when the node's run lease on the pod lapses
+//!   (`scheduler::lease::Holder::held_until`), on the host's `CLOCK_MONOTONIC`, which every
+//!   process of the host shares and which neither the wall clock nor libfaketime (as the chaos
+//!   tool runs it) moves. This is what makes the stop punctual: the timing argument of
+//!   `scheduler::lease` needs the holder to stop its pod within the margin `term - hold`
+//!   (1 s) after its lease lapses, and a kubelet pass slowed by a loaded host, or two passes
+//!   (a SIGTERM the pod ignores, then the SIGKILL), can take longer than that; the shim polls
+//!   every [`POLL`], whatever the kubelet does. (Found by the chaos tool: a fenced pod ran on
+//!   two nodes for 270 ms under CI's load.)
+//! - **silence**: the content has not changed for the fence timeout `F`, timed on the shim's
+//!   own clock from the last change it saw (the backstop for a lease file without a deadline).
+//!
+//! A deadline only ever shortens the run: an agent can at worst kill its own containers early.
+//! The timing argument of `scheduler::partition` holds for a silent agent too: it stops
+//! renewing when it goes silent at `t0`, its fenced containers are killed by the deadline it
+//! last wrote (at most `t0 + F`) plus `POLL`, and the majority replaces them no earlier than
+//! `t0 + R`, with `R > D + F + 1 s`.
 
 use std::io;
 use std::path::Path;
@@ -25,20 +37,39 @@ pub const FILE: &str = "fence.lease";
 /// How often a shim looks at the lease.
 pub const POLL: Duration = Duration::from_millis(100);
 
-/// Renews the lease: writes a new content (the agent's pid and a counter that only grows), by a
-/// rename so a reader sees the old content or the new one.
-pub fn renew(path: &Path, counter: u64) -> io::Result<()> {
+/// The host's `CLOCK_MONOTONIC` in milliseconds: the clock of a lease's deadline, shared by
+/// the agent that writes it and the shim that enforces it.
+pub fn monotonic_ms() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| Duration::from(t).as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Renews the lease: writes a new content (the agent's pid, a counter that only grows, and the
+/// deadline in [`monotonic_ms`] after which the container must not run), by a rename so a
+/// reader sees the old content or the new one.
+pub fn renew(path: &Path, counter: u64, deadline_ms: u64) -> io::Result<()> {
     let tmp = path.with_extension("lease.tmp");
-    std::fs::write(&tmp, format!("{} {counter}\n", std::process::id()))?;
+    std::fs::write(
+        &tmp,
+        format!("{} {counter} {deadline_ms}\n", std::process::id()),
+    )?;
     std::fs::rename(&tmp, path)
 }
 
-/// A shim's view of the lease: pure (the caller reads the file and the clock).
+/// The deadline a lease's content carries, if any (the third field).
+fn deadline(content: &str) -> Option<u64> {
+    content.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// A shim's view of the lease: pure (the caller reads the file and the clocks).
 #[derive(Debug, Clone)]
 pub struct LeaseWatch {
     timeout: Duration,
     last: Option<String>,
     changed_at: Instant,
+    /// The deadline of the last content seen ([`monotonic_ms`]).
+    deadline_ms: Option<u64>,
 }
 
 impl LeaseWatch {
@@ -48,17 +79,23 @@ impl LeaseWatch {
             timeout,
             last: None,
             changed_at: now,
+            deadline_ms: None,
         }
     }
 
-    /// Takes in the lease's content at `now` (`None`: the file is missing or unreadable, e.g.
-    /// the data dir was wiped); returns whether the lease has lapsed.
-    pub fn observe(&mut self, content: Option<String>, now: Instant) -> bool {
-        if content.is_some() && content != self.last {
-            self.last = content;
+    /// Takes in the lease's content at `now` and `monotonic_ms` ([`monotonic_ms`], read at the
+    /// same moment; `None` content: the file is missing or unreadable, e.g. the data dir was
+    /// wiped, and the last deadline seen still stands); returns whether the lease has lapsed.
+    pub fn observe(&mut self, content: Option<String>, now: Instant, monotonic_ms: u64) -> bool {
+        if let Some(content) = content
+            && self.last.as_ref() != Some(&content)
+        {
+            self.deadline_ms = deadline(&content);
+            self.last = Some(content);
             self.changed_at = now;
         }
-        now.saturating_duration_since(self.changed_at) >= self.timeout
+        self.deadline_ms.is_some_and(|d| monotonic_ms >= d)
+            || now.saturating_duration_since(self.changed_at) >= self.timeout
     }
 }
 
@@ -67,37 +104,63 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_lease_lapses_only_after_the_timeout_without_a_change() {
+    fn a_lease_without_a_deadline_lapses_only_after_the_timeout_without_a_change() {
         let t0 = Instant::now();
         let ms = |n| t0 + Duration::from_millis(n);
         let mut watch = LeaseWatch::new(Duration::from_secs(1), t0);
         // A missing file right after the start is not a lapse yet.
-        assert!(!watch.observe(None, ms(100)));
-        assert!(!watch.observe(Some("1 1".into()), ms(500)));
+        assert!(!watch.observe(None, ms(100), 0));
+        assert!(!watch.observe(Some("1 1".into()), ms(500), 0));
         // Unchanged: the clock runs from the last change (500 ms), not the first look.
-        assert!(!watch.observe(Some("1 1".into()), ms(1400)));
-        assert!(watch.observe(Some("1 1".into()), ms(1500)));
+        assert!(!watch.observe(Some("1 1".into()), ms(1400), 0));
+        assert!(watch.observe(Some("1 1".into()), ms(1500), 0));
         // Renewed: valid again.
-        assert!(!watch.observe(Some("1 2".into()), ms(1600)));
+        assert!(!watch.observe(Some("1 2".into()), ms(1600), 0));
         // The file vanishes (the data dir wiped): the lease lapses a timeout after the last
         // renewal.
-        assert!(!watch.observe(None, ms(2500)));
-        assert!(watch.observe(None, ms(2600)));
+        assert!(!watch.observe(None, ms(2500), 0));
+        assert!(watch.observe(None, ms(2600), 0));
     }
 
     #[test]
-    fn renewals_change_the_content() {
+    fn a_lease_lapses_at_its_deadline_however_recently_it_was_renewed() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0);
+        // Renewed at monotonic 10,000 ms with a deadline 700 ms later.
+        assert!(!watch.observe(Some("1 1 10700".into()), ms(0), 10_000));
+        assert!(!watch.observe(Some("1 1 10700".into()), ms(699), 10_699));
+        assert!(watch.observe(Some("1 1 10700".into()), ms(700), 10_700));
+        // A renewal moves the deadline; a missing file keeps the last one.
+        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0);
+        assert!(!watch.observe(Some("1 1 10700".into()), ms(0), 10_000));
+        assert!(!watch.observe(Some("1 2 11200".into()), ms(500), 10_500));
+        assert!(!watch.observe(None, ms(1000), 11_000));
+        assert!(watch.observe(None, ms(1200), 11_200));
+        // A deadline already past when it is written (the agent's lease lapsed between the
+        // computation and the write) lapses at once.
+        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0);
+        assert!(watch.observe(Some("1 1 9000".into()), ms(0), 10_000));
+    }
+
+    #[test]
+    fn renewals_change_the_content_and_carry_the_deadline() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(FILE);
         let t0 = Instant::now();
+        let now = monotonic_ms();
+        assert!(now > 0);
         let mut watch = LeaseWatch::new(Duration::from_millis(50), t0);
-        renew(&path, 1).unwrap();
+        renew(&path, 1, now + 60_000).unwrap();
         let first = std::fs::read_to_string(&path).ok();
-        assert!(!watch.observe(first.clone(), t0 + Duration::from_millis(40)));
-        renew(&path, 2).unwrap();
+        assert!(!watch.observe(first.clone(), t0 + Duration::from_millis(40), now));
+        renew(&path, 2, now + 60_000).unwrap();
         let second = std::fs::read_to_string(&path).ok();
         assert_ne!(first, second);
-        assert!(!watch.observe(second, t0 + Duration::from_millis(80)));
+        assert!(!watch.observe(second, t0 + Duration::from_millis(80), now));
         assert!(!path.with_extension("lease.tmp").exists());
+        renew(&path, 3, now).unwrap();
+        let third = std::fs::read_to_string(&path).ok();
+        assert!(watch.observe(third, t0 + Duration::from_millis(90), now));
     }
 }

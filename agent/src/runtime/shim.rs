@@ -390,7 +390,11 @@ pub fn run(args: &ShimArgs) -> io::Result<()> {
             && lease_checked.elapsed() >= super::lease::POLL
         {
             lease_checked = Instant::now();
-            if watch.observe(std::fs::read_to_string(path.as_path()).ok(), lease_checked) {
+            if watch.observe(
+                std::fs::read_to_string(path.as_path()).ok(),
+                lease_checked,
+                super::lease::monotonic_ms(),
+            ) {
                 eprintln!(
                     "shoal shim {}: the fence lease {} lapsed: killing the fenced container",
                     args.id,

@@ -231,16 +231,47 @@ impl Holder {
         if *held_epoch != epoch {
             return false;
         }
-        let baseline = self
-            .baselines
+        let baseline = self.baseline_at(now, baseline);
+        let live = grants.values().filter(|until| **until > now).count();
+        has_majority(live, baseline)
+    }
+
+    /// Until when pod `uid`, bound here at `epoch`, may run if no further reply comes: the
+    /// time the grants counted at `now` stop being a majority (`None`: it may not run at
+    /// `now`). [`Holder::holds`] is true from `now` until then; it may turn true again later
+    /// only through a new reply. The baseline counted is the one in force at `now` (a larger
+    /// reported baseline that lapses sooner would only lengthen the hold). The shim of a fenced
+    /// container kills it at this time whatever its kubelet does (`runtime::lease`).
+    pub fn held_until(
+        &self,
+        uid: &str,
+        epoch: u64,
+        now: Duration,
+        baseline: usize,
+    ) -> Option<Duration> {
+        if !self.holds(uid, epoch, now, baseline) {
+            return None;
+        }
+        let (_, grants) = self.grants.get(uid)?;
+        let baseline = self.baseline_at(now, baseline);
+        let mut untils: Vec<Duration> = grants.values().copied().filter(|u| *u > now).collect();
+        untils.sort_unstable_by(|a, b| b.cmp(a));
+        // The fewest live grants that are a majority: the hold ends when the one that many
+        // places from the latest expires.
+        let needed = (1..=untils.len()).find(|n| has_majority(*n, baseline))?;
+        Some(untils[needed - 1])
+    }
+
+    /// The baseline counted at `now`: `baseline`, or a larger one a grantor reported with a
+    /// reply that still counts.
+    fn baseline_at(&self, now: Duration, baseline: usize) -> usize {
+        self.baselines
             .values()
             .filter(|(_, until)| *until > now)
             .map(|(b, _)| *b as usize)
             .max()
             .unwrap_or(0)
-            .max(baseline);
-        let live = grants.values().filter(|until| **until > now).count();
-        has_majority(live, baseline)
+            .max(baseline)
     }
 
     /// Forgets the pods not in `keep` (no longer bound here) and lapsed grants.
@@ -507,6 +538,65 @@ mod tests {
                 winner_holds,
                 "once the stores agree, their node holds the pod"
             );
+        }
+    }
+
+    #[test]
+    fn a_hold_lasts_until_the_majority_s_earliest_grant_lapses() {
+        let mut h = Holder::default();
+        let asks = ask("p", 1);
+        let yes = LeaseReply {
+            granted: vec!["p".into()],
+            baseline: 5,
+        };
+        assert_eq!(h.held_until("p", 1, s(10), 5), None);
+        h.on_reply(s(10), HOLD, "a", &asks, &yes);
+        h.on_reply(s(11), HOLD, "b", &asks, &yes);
+        h.on_reply(s(12), HOLD, "c", &asks, &yes);
+        h.on_reply(s(13), HOLD, "d", &asks, &yes);
+        // Four grants lapsing at 15, 16, 17 and 18 s: three of five hold until 16 s.
+        assert_eq!(h.held_until("p", 1, s(13), 5), Some(s(16)));
+        assert!(h.holds("p", 1, s(16) - Duration::from_millis(1), 5));
+        assert!(!h.holds("p", 1, s(16), 5));
+        assert_eq!(h.held_until("p", 1, s(16), 5), None);
+        assert_eq!(h.held_until("p", 2, s(13), 5), None, "another epoch");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        /// The deadline a shim enforces is never later than the hold it stands for: the holder
+        /// holds the pod from `now` until `held_until`, and (no larger baseline lapsing in
+        /// between) not at that instant.
+        #[test]
+        fn held_until_is_where_holds_ends(
+            replies in proptest::collection::vec((0usize..7, 0u64..200, any::<bool>(), 3u32..8), 0..24),
+            baseline in 1usize..8,
+            now in 0u64..200,
+        ) {
+            let mut h = Holder::default();
+            let asks = ask("p", 1);
+            for (grantor, sent, granted, reported) in &replies {
+                let reply = LeaseReply {
+                    granted: if *granted { vec!["p".into()] } else { vec![] },
+                    baseline: *reported,
+                };
+                h.on_reply(Duration::from_millis(sent * 100), HOLD, &format!("g{grantor}"), &asks, &reply);
+            }
+            let now = Duration::from_millis(now * 100);
+            let until = h.held_until("p", 1, now, baseline);
+            prop_assert_eq!(until.is_some(), h.holds("p", 1, now, baseline));
+            if let Some(until) = until {
+                prop_assert!(until > now);
+                let mut t = now;
+                while t < until {
+                    prop_assert!(h.holds("p", 1, t, baseline), "not held at {:?} < {:?}", t, until);
+                    t += Duration::from_millis(50);
+                }
+                let larger_lapses = replies.iter().any(|(_, _, _, b)| *b as usize > baseline);
+                if !larger_lapses {
+                    prop_assert!(!h.holds("p", 1, until, baseline));
+                }
+            }
         }
     }
 

@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use shoal_chaos::testkit::wait_until;
+use shoal_chaos::testkit::{ThreadStop, thread_named, wait_until};
 
 use crate::api::ApiLab;
 
@@ -857,66 +857,6 @@ async fn a_node_refuses_pods_beyond_its_allocatable_and_they_are_auctioned_again
     assert_eq!(pod_json(&api, 0, "big")["status"]["phase"], "Running");
 }
 
-/// Stops one thread of another process with ptrace (`PTRACE_SEIZE` + `PTRACE_INTERRUPT`: only
-/// that thread stops, the rest of the process runs on) until dropped. The tracer is a thread
-/// of its own, as ptrace binds a tracee to the thread that attached it.
-struct ThreadStop {
-    resume: Option<std::sync::mpsc::Sender<()>>,
-    tracer: Option<std::thread::JoinHandle<()>>,
-}
-
-impl ThreadStop {
-    fn new(tid: i32) -> Self {
-        let (stopped_tx, stopped_rx) = std::sync::mpsc::channel();
-        let (resume_tx, resume_rx) = std::sync::mpsc::channel::<()>();
-        let tracer = std::thread::spawn(move || {
-            // SAFETY: plain ptrace requests on a thread id; the pointers passed are null or a
-            // local status integer.
-            unsafe {
-                let seized = libc::ptrace(libc::PTRACE_SEIZE, tid, 0, 0) == 0
-                    && libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0) == 0;
-                let mut status = 0;
-                let stopped = seized && libc::waitpid(tid, &mut status, libc::__WALL) == tid;
-                stopped_tx.send(stopped).unwrap();
-                let _ = resume_rx.recv();
-                if seized {
-                    libc::ptrace(libc::PTRACE_DETACH, tid, 0, 0);
-                }
-            }
-        });
-        assert!(
-            stopped_rx.recv().unwrap(),
-            "could not stop thread {tid}: {}",
-            std::io::Error::last_os_error()
-        );
-        Self {
-            resume: Some(resume_tx),
-            tracer: Some(tracer),
-        }
-    }
-}
-
-impl Drop for ThreadStop {
-    fn drop(&mut self) {
-        drop(self.resume.take());
-        if let Some(t) = self.tracer.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// The id of `pid`'s thread named `name`.
-fn thread_named(pid: u32, name: &str) -> Option<i32> {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .ok()?
-        .filter_map(Result::ok)
-        .find(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))?
-        .file_name()
-        .to_str()?
-        .parse()
-        .ok()
-}
-
 /// Issue #35, item 12: a fenced pod's containers live while the kubelet that could stop them
 /// makes progress, not merely while the agent does. With the kubelet's thread stopped (and the
 /// rest of the agent running: gossip, scheduling, the API), the fence lease is no longer
@@ -980,7 +920,7 @@ spec:
 
     let pid = api.agents[0].pid().unwrap();
     let tid = thread_named(pid, "kubelet").expect("the agent has a kubelet thread");
-    let stop = ThreadStop::new(tid);
+    let stop = ThreadStop::new(tid).unwrap();
     wait_until("the shim kills the fenced container", LIMIT, || {
         let killed = std::fs::read_to_string(&exit)
             .ok()

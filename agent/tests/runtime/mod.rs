@@ -244,12 +244,13 @@ fn a_fenced_container_dies_once_the_fence_lease_is_not_renewed() {
     let uid = "rt-fence";
     node.sandbox(uid);
     let path = node.runtime.fence_lease_path(uid);
-    lease::renew(&path, 0).unwrap();
+    let far = || lease::monotonic_ms() + 60_000;
+    lease::renew(&path, 0, far()).unwrap();
     let forever = ["sh", "-c", "trap '' TERM; while true; do sleep 0.1; done"];
     node.start_as(uid, "fenced", &forever, default_limits(), false, true);
     node.start_as(uid, "free", &forever, default_limits(), false, false);
     for n in 1..=20 {
-        lease::renew(&path, n).unwrap();
+        lease::renew(&path, n, far()).unwrap();
         std::thread::sleep(Duration::from_millis(100));
     }
     // Four fence timeouts have passed, the lease renewed all along.
@@ -274,6 +275,51 @@ fn a_fenced_container_dies_once_the_fence_lease_is_not_renewed() {
         "the unfenced container must run on: {:?}",
         state_of(&node, uid, "free")
     );
+    node.runtime.remove_sandbox(uid).unwrap();
+    assert_no_leaks(uid, &node.runtime);
+}
+
+/// The deadline in a fenced pod's lease is enforced by the shim however busy the renewals
+/// are: an agent whose run lease on the pod lapses writes the lapse as the deadline, and the
+/// container dies then, not a fence timeout after the renewals stop (which, under load, let a
+/// fenced pod run on two nodes at once).
+#[test]
+fn a_fenced_container_dies_at_its_lease_deadline_while_renewed() {
+    use shoal_agent::runtime::lease;
+    let mut node = Node::new();
+    node.runtime = node
+        .runtime
+        .clone()
+        .with_fence_timeout(Duration::from_secs(60));
+    let uid = "rt-deadline";
+    node.sandbox(uid);
+    let path = node.runtime.fence_lease_path(uid);
+    let deadline = lease::monotonic_ms() + 1_500;
+    lease::renew(&path, 0, deadline).unwrap();
+    let forever = ["sh", "-c", "trap '' TERM; while true; do sleep 0.1; done"];
+    node.start_as(uid, "fenced", &forever, default_limits(), false, true);
+    // Renewed every 100 ms, always with the same deadline (the run lease was not extended):
+    // it runs until shortly before the deadline...
+    let mut n = 1;
+    while lease::monotonic_ms() + 300 < deadline {
+        assert!(
+            matches!(
+                state_of(&node, uid, "fenced"),
+                Some(ObservedState::Running(_) | ObservedState::Creating)
+            ),
+            "killed before its deadline: {:?}",
+            state_of(&node, uid, "fenced")
+        );
+        lease::renew(&path, n, deadline).unwrap();
+        n += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // ... and dies at it, long before the lease's 60 s of silence would end it.
+    let ObservedState::Exited { exited, .. } = node.wait_exit(uid, "fenced") else {
+        unreachable!()
+    };
+    assert!(exited.fence_lapsed, "{exited:?}");
+    assert_eq!(exited.signal, Some(9), "{exited:?}");
     node.runtime.remove_sandbox(uid).unwrap();
     assert_no_leaks(uid, &node.runtime);
 }

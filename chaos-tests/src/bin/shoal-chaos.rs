@@ -59,6 +59,10 @@ enum Command {
         /// when `SHOAL_BIN` is an agent built with `--features fault-injection`).
         #[arg(long)]
         self_test: bool,
+        /// Keep the agents' logs (and the workload's objects) in the report directory also
+        /// when the run passes.
+        #[arg(long)]
+        keep_logs: bool,
     },
     /// Remove what killed runs left (agents, namespaces, data directories).
     Clean,
@@ -96,6 +100,7 @@ fn main() {
             report,
             clients,
             self_test,
+            keep_logs,
         } => {
             let Some(scenario) = scenario(&name) else {
                 eprintln!(
@@ -118,6 +123,7 @@ fn main() {
             config.report_dir = report;
             config.clients = clients.max(1);
             config.sabotage = self_test;
+            config.keep_evidence = keep_logs;
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
