@@ -312,17 +312,21 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         config.event_ttl,
         crate::events::MAX_PER_NAMESPACE,
     ));
-    tokio::spawn(crate::events::follow_nodes(
-        events.clone(),
-        membership.clone(),
-        config.name.clone(),
-    ));
+    {
+        let (events, membership, name) = (events.clone(), membership.clone(), config.name.clone());
+        crate::supervise::spawn("node-events", move || {
+            crate::events::follow_nodes(events.clone(), membership.clone(), name.clone())
+        });
+    }
     let pod_statuses = Arc::new(crate::kubelet::status::PodStatusCache::default());
-    tokio::spawn(
-        pod_statuses
-            .clone()
-            .follow(membership.clone(), std::time::Duration::from_millis(100)),
-    );
+    {
+        let (statuses, membership) = (pod_statuses.clone(), membership.clone());
+        crate::supervise::spawn("pod-statuses", move || {
+            statuses
+                .clone()
+                .follow(membership.clone(), std::time::Duration::from_millis(100))
+        });
+    }
     let scheduling = crate::scheduling::Scheduling::new(
         node.numeric_id(),
         replication.clone(),

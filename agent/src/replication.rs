@@ -196,7 +196,10 @@ impl Replication {
                 })?;
         }
         let requests = self.endpoint.subscribe_requests(Channel::Sync)?;
-        tokio::spawn(self.clone().serve(requests));
+        let me = self.clone();
+        crate::supervise::spawn_receiving("sync-requests", requests, move |requests, _| {
+            me.clone().serve(requests)
+        });
         let me = self.clone();
         crate::supervise::spawn("anti-entropy", move || me.clone().anti_entropy());
         Ok(())
@@ -794,7 +797,8 @@ impl Replication {
     }
 
     /// Answers peers' sync requests.
-    async fn serve(self: Arc<Self>, mut requests: IncomingRequests) {
+    async fn serve(self: Arc<Self>, requests: crate::supervise::Held<IncomingRequests>) {
+        let mut requests = requests.lock().await;
         while let Some(request) = requests.recv().await {
             let this = self.clone();
             // Store work (merges) runs off the async workers.

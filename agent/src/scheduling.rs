@@ -212,9 +212,19 @@ impl Scheduling {
         // Subscribe before the first listing, so no change falls between them.
         let changes = self.replication.subscribe();
         self.reload_pods();
-        tokio::spawn(self.clone().follow(changes));
-        tokio::spawn(self.clone().receive(incoming));
-        tokio::spawn(self.clone().serve_leases(lease_requests));
+        // Each loop keeps its receiver across a panic (`supervise::spawn_receiving`).
+        let me = self.clone();
+        crate::supervise::spawn_receiving("scheduling-pods", changes, move |changes, restarted| {
+            me.clone().follow(changes, restarted)
+        });
+        let me = self.clone();
+        crate::supervise::spawn_receiving("auction-messages", incoming, move |incoming, _| {
+            me.clone().receive(incoming)
+        });
+        let me = self.clone();
+        crate::supervise::spawn_receiving("lease-requests", lease_requests, move |requests, _| {
+            me.clone().serve_leases(requests)
+        });
         let me = self.clone();
         crate::supervise::spawn("scheduling", move || me.clone().run());
         Ok(())
@@ -241,10 +251,17 @@ impl Scheduling {
     }
 
     /// Keeps the pod cache current from the store's change feed.
+    /// Keeps the pod cache current from the store's change feed (`restarted`: after a panic,
+    /// which lost the change being taken in, the cache is listed again first).
     async fn follow(
         self: Arc<Self>,
-        mut changes: tokio::sync::broadcast::Receiver<shoal_state::Change>,
+        changes: crate::supervise::Held<tokio::sync::broadcast::Receiver<shoal_state::Change>>,
+        restarted: bool,
     ) {
+        let mut changes = changes.lock().await;
+        if restarted {
+            self.reload_pods();
+        }
         loop {
             match changes.recv().await {
                 Ok(change) if change.key.kind == "Pod" && change.key.group.is_empty() => {
@@ -420,7 +437,8 @@ impl Scheduling {
     }
 
     /// Answers peers' run-lease requests with this node's grantor.
-    async fn serve_leases(self: Arc<Self>, mut requests: IncomingRequests) {
+    async fn serve_leases(self: Arc<Self>, requests: crate::supervise::Held<IncomingRequests>) {
+        let mut requests = requests.lock().await;
         while let Some(request) = requests.recv().await {
             let reply = match self.answer_lease(&request.node_id, &request.payload) {
                 Ok(reply) => reply,
@@ -784,17 +802,22 @@ impl Scheduling {
             .filter_map(|m| m.meta.as_ref().map(|meta| meta.name.clone()))
             .collect();
         state.settled = settled;
-        let mut scheduler = state.scheduler.take().expect("scheduler present");
+        // Borrowed, never taken out: a panic inside must not leave the state without it.
+        let State {
+            scheduler, cluster, ..
+        } = &mut *state;
         let world = World {
-            cluster: &state.cluster,
+            cluster,
             pending: &pending,
         };
-        let outputs = scheduler.tick(self.now(), &world);
-        state.scheduler = Some(scheduler);
-        outputs
+        scheduler
+            .as_mut()
+            .expect("the scheduler is set at construction")
+            .tick(self.now(), &world)
     }
 
-    async fn receive(self: Arc<Self>, mut incoming: IncomingFrames) {
+    async fn receive(self: Arc<Self>, incoming: crate::supervise::Held<IncomingFrames>) {
+        let mut incoming = incoming.lock().await;
         while let Some(frame) = incoming.recv().await {
             let peer = frame.peer;
             let wire: WireMessage = match rmp_serde::from_slice(&frame.payload) {
@@ -816,14 +839,17 @@ impl Scheduling {
 
     fn on_message(&self, from: NodeId, message: Message) -> Vec<Output> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut scheduler = state.scheduler.take().expect("scheduler present");
+        let State {
+            scheduler, cluster, ..
+        } = &mut *state;
         let world = World {
-            cluster: &state.cluster,
+            cluster,
             pending: &[],
         };
-        let outputs = scheduler.on_message(self.now(), from, message, &world);
-        state.scheduler = Some(scheduler);
-        outputs
+        scheduler
+            .as_mut()
+            .expect("the scheduler is set at construction")
+            .on_message(self.now(), from, message, &world)
     }
 
     async fn handle(&self, mut outputs: Vec<Output>) {

@@ -158,115 +158,138 @@ pub fn start(
     replication: Arc<Replication>,
     statuses: Arc<PodStatusCache>,
     domain: String,
-    gateway: impl Fn() -> Option<Ipv4Addr> + Send + 'static,
+    gateway: impl Fn() -> Option<Ipv4Addr> + Send + Sync + 'static,
     table: String,
     cluster: ipnet::Ipv4Net,
 ) -> Arc<ServicePlane> {
-    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
     let plane_table = table.clone();
     // Bridged traffic (a pod answering a pod on its own bridge) must pass conntrack, or the
     // reply to a ClusterIP connection would skip its un-DNAT.
     let _ = std::fs::write("/proc/sys/net/bridge/bridge-nf-call-iptables", "1");
-    let task = tokio::spawn(async move {
-        let mut applied: Option<(ipnet::Ipv4Net, Vec<shoal_net::nft::ServicePort>)> = None;
-        let (tx, rx) = tokio::sync::watch::channel(Arc::new(Records::build(&domain, &[])));
-        let upstreams = shoal_net::dns::upstreams(
-            &std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
-        );
-        let mut last: Vec<DnsService> = Vec::new();
-        let mut serving: Option<(Ipv4Addr, tokio::task::JoinHandle<()>)> = None;
-        // The store's version and the statuses' when the rules and records last matched them:
-        // while neither moves there is nothing to derive again.
-        let mut derived_from: Option<(u64, u64)> = None;
-        loop {
-            let inputs = (
-                replication.read(|s| s.resource_version()),
-                statuses.version(),
-            );
-            if derived_from != Some(inputs) {
-                let derived =
-                    crate::endpoints::services_with_backends(&replication, &statuses, None);
-                let services: Vec<DnsService> =
-                    derived.iter().map(|(s, b)| dns_service(s, b)).collect();
-                let ports: Vec<shoal_net::nft::ServicePort> = derived
-                    .iter()
-                    .flat_map(|(s, b)| service_ports(s, b))
-                    .collect();
-                let wanted = (cluster, ports.clone());
-                if applied.as_ref() != Some(&wanted) {
-                    let table_name = table.clone();
-                    let attempt = ports.clone();
-                    let loaded = tokio::task::spawn_blocking(move || {
-                        // The rebuild flushes what is loaded and keeps the sets of clients pinned
-                        // by ClientIP affinity (only this task changes the table).
-                        let current = shoal_net::nft::loaded(&table_name);
-                        shoal_net::nft::apply(&shoal_net::nft::ruleset(
-                            &table_name,
-                            cluster,
-                            &attempt,
-                            &current,
-                        ))
-                    })
-                    .await;
-                    match loaded {
-                        Ok(Ok(())) => {
-                            tracing::debug!(table = %table, ports = ports.len(), "service rules loaded");
-                            applied = Some(wanted);
-                        }
-                        Ok(Err(e)) => {
-                            warn!(table = %table, error = %e, "service rules not loaded; retrying");
-                            tokio::time::sleep(Duration::from_secs(1)).await;
-                        }
-                        Err(e) => warn!(error = %e, "service rules task"),
-                    }
-                }
-                if services != last {
-                    tx.send_replace(Arc::new(Records::build(&domain, &services)));
-                    last = services;
-                }
-                // Derived again next round unless the rules loaded.
-                if applied.as_ref().is_some_and(|(_, p)| *p == ports) {
-                    derived_from = Some(inputs);
-                }
-            }
-            let want = gateway();
-            let running = serving
-                .as_ref()
-                .is_some_and(|(_, task)| !task.is_finished());
-            if want != serving.as_ref().map(|(ip, _)| *ip) || (!running && want.is_some()) {
-                if let Some((_, task)) = serving.take() {
-                    task.abort();
-                }
-                if let Some(ip) = want {
-                    let addr = SocketAddr::from((ip, 53));
-                    let rx = rx.clone();
-                    let upstreams = upstreams.clone();
-                    info!(%addr, ?upstreams, "cluster DNS listening");
-                    serving = Some((
-                        ip,
-                        tokio::spawn(async move {
-                            if let Err(e) = shoal_net::dns::serve(addr, rx, upstreams).await {
-                                warn!(%addr, error = %e, "cluster DNS stopped; retrying");
-                                tokio::time::sleep(Duration::from_secs(1)).await;
-                            }
-                        }),
-                    ));
-                }
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(REFRESH) => {}
-                _ = stopped.changed() => {
-                    if let Some((_, task)) = serving.take() {
-                        task.abort();
-                    }
-                    return;
-                }
-            }
-        }
+    let gateway: Arc<Gateway> = Arc::new(gateway);
+    // Supervised: a panic restarts the loop, which derives everything again from the store
+    // (its DNS server stops with the run that started it).
+    let task = crate::supervise::spawn("service-plane", move || {
+        run(
+            replication.clone(),
+            statuses.clone(),
+            domain.clone(),
+            gateway.clone(),
+            table.clone(),
+            cluster,
+            stopped.clone(),
+        )
     });
     Arc::new(ServicePlane {
         stop,
         task: std::sync::Mutex::new(Some(task)),
         table: plane_table,
     })
+}
+
+/// Where the DNS server listens: the bridge's address (none yet: no block leased).
+type Gateway = dyn Fn() -> Option<Ipv4Addr> + Send + Sync;
+
+/// The service plane's loop: nftables rules and DNS records derived from the store and the
+/// pods' statuses, and the DNS server on the gateway.
+async fn run(
+    replication: Arc<Replication>,
+    statuses: Arc<PodStatusCache>,
+    domain: String,
+    gateway: Arc<Gateway>,
+    table: String,
+    cluster: ipnet::Ipv4Net,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut applied: Option<(ipnet::Ipv4Net, Vec<shoal_net::nft::ServicePort>)> = None;
+    let (tx, rx) = tokio::sync::watch::channel(Arc::new(Records::build(&domain, &[])));
+    let upstreams =
+        shoal_net::dns::upstreams(&std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default());
+    let mut last: Vec<DnsService> = Vec::new();
+    // Aborted when dropped: a panicking run does not leave its server behind.
+    let mut serving: Option<(Ipv4Addr, crate::supervise::AbortOnDrop)> = None;
+    // The store's version and the statuses' when the rules and records last matched them:
+    // while neither moves there is nothing to derive again.
+    let mut derived_from: Option<(u64, u64)> = None;
+    loop {
+        if *stopped.borrow() {
+            return;
+        }
+        let inputs = (
+            replication.read(|s| s.resource_version()),
+            statuses.version(),
+        );
+        if derived_from != Some(inputs) {
+            let derived = crate::endpoints::services_with_backends(&replication, &statuses, None);
+            let services: Vec<DnsService> =
+                derived.iter().map(|(s, b)| dns_service(s, b)).collect();
+            let ports: Vec<shoal_net::nft::ServicePort> = derived
+                .iter()
+                .flat_map(|(s, b)| service_ports(s, b))
+                .collect();
+            let wanted = (cluster, ports.clone());
+            if applied.as_ref() != Some(&wanted) {
+                let table_name = table.clone();
+                let attempt = ports.clone();
+                let loaded = tokio::task::spawn_blocking(move || {
+                    // The rebuild flushes what is loaded and keeps the sets of clients pinned
+                    // by ClientIP affinity (only this task changes the table).
+                    let current = shoal_net::nft::loaded(&table_name);
+                    shoal_net::nft::apply(&shoal_net::nft::ruleset(
+                        &table_name,
+                        cluster,
+                        &attempt,
+                        &current,
+                    ))
+                })
+                .await;
+                match loaded {
+                    Ok(Ok(())) => {
+                        tracing::debug!(table = %table, ports = ports.len(), "service rules loaded");
+                        applied = Some(wanted);
+                    }
+                    Ok(Err(e)) => {
+                        warn!(table = %table, error = %e, "service rules not loaded; retrying");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    Err(e) => warn!(error = %e, "service rules task"),
+                }
+            }
+            if services != last {
+                tx.send_replace(Arc::new(Records::build(&domain, &services)));
+                last = services;
+            }
+            // Derived again next round unless the rules loaded.
+            if applied.as_ref().is_some_and(|(_, p)| *p == ports) {
+                derived_from = Some(inputs);
+            }
+        }
+        let want = gateway();
+        let running = serving
+            .as_ref()
+            .is_some_and(|(_, task)| !task.0.is_finished());
+        if want != serving.as_ref().map(|(ip, _)| *ip) || (!running && want.is_some()) {
+            serving = None;
+            if let Some(ip) = want {
+                let addr = SocketAddr::from((ip, 53));
+                let rx = rx.clone();
+                let upstreams = upstreams.clone();
+                info!(%addr, ?upstreams, "cluster DNS listening");
+                serving = Some((
+                    ip,
+                    crate::supervise::AbortOnDrop(tokio::spawn(async move {
+                        if let Err(e) = shoal_net::dns::serve(addr, rx, upstreams).await {
+                            warn!(%addr, error = %e, "cluster DNS stopped; retrying");
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                    })),
+                ));
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(REFRESH) => {}
+            _ = stopped.changed() => return,
+        }
+    }
 }

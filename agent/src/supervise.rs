@@ -31,7 +31,7 @@ fn next_wait(previous: Option<Duration>, ran: Duration) -> Duration {
 }
 
 /// A task aborted when its handle is dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -70,6 +70,33 @@ where
                 Err(_) => return,
             }
         }
+    })
+}
+
+/// A receiver kept across the restarts of the loop that owns it ([`spawn_receiving`]).
+pub type Held<R> = std::sync::Arc<tokio::sync::Mutex<R>>;
+
+/// Spawns a loop that owns a receiver (a subscription to the store's change feed, a channel's
+/// incoming frames or requests), supervised as [`spawn`] does. The receiver outlives a run that
+/// panics (a tokio mutex is not poisoned: the panicking run's guard is dropped as it unwinds),
+/// so the next run goes on with the messages that queued meanwhile, having lost only the one it
+/// was handling; it is told it was `restarted`, and must then reload whatever it derives from
+/// the messages (what the lost one would have changed).
+pub fn spawn_receiving<R, F, Fut>(
+    name: &'static str,
+    receiver: R,
+    run: F,
+) -> tokio::task::JoinHandle<()>
+where
+    R: Send + 'static,
+    F: Fn(Held<R>, bool) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let held: Held<R> = std::sync::Arc::new(tokio::sync::Mutex::new(receiver));
+    let started = std::sync::atomic::AtomicBool::new(false);
+    spawn(name, move || {
+        let restarted = started.swap(true, std::sync::atomic::Ordering::SeqCst);
+        run(held.clone(), restarted)
     })
 }
 
@@ -139,6 +166,34 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(runs.load(Ordering::SeqCst), 3);
+    }
+
+    /// A loop that panics on one message goes on with the next from the same receiver, told
+    /// it was restarted; it ends when the receiver closes.
+    #[tokio::test]
+    async fn a_receiving_loop_keeps_its_receiver_across_a_panic() {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<u32>();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let recorded = seen.clone();
+        for n in [1, 2, 3, 4] {
+            tx.send(n).unwrap();
+        }
+        drop(tx);
+        spawn_receiving("test", rx, move |rx, restarted| {
+            let seen = recorded.clone();
+            async move {
+                let mut rx = rx.lock().await;
+                seen.lock().unwrap().push(if restarted { 100 } else { 0 });
+                while let Some(n) = rx.recv().await {
+                    assert_ne!(n, 2, "a poison message");
+                    seen.lock().unwrap().push(n);
+                }
+            }
+        })
+        .await
+        .unwrap();
+        // Message 2 was lost with the run that panicked on it; 3 and 4 were not.
+        assert_eq!(*seen.lock().unwrap(), [0, 1, 100, 3, 4]);
     }
 
     #[test]

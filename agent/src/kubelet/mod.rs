@@ -203,7 +203,10 @@ impl Kubelet {
     pub fn start(self: &Arc<Self>) {
         let changes = self.replication.subscribe();
         self.reload_bound();
-        tokio::spawn(self.clone().follow(changes));
+        let me = self.clone();
+        crate::supervise::spawn_receiving("kubelet-pods", changes, move |changes, restarted| {
+            me.clone().follow(changes, restarted)
+        });
         let handle = tokio::runtime::Handle::current();
         let _ = self.handle.set(handle.clone());
         let kubelet = self.clone();
@@ -242,10 +245,18 @@ impl Kubelet {
         }
     }
 
+    /// Keeps the bound pods current from the store's change feed (`restarted`: after a panic,
+    /// which lost the change being taken in, they are listed again first).
     async fn follow(
         self: Arc<Self>,
-        mut changes: tokio::sync::broadcast::Receiver<shoal_state::Change>,
+        changes: crate::supervise::Held<tokio::sync::broadcast::Receiver<shoal_state::Change>>,
+        restarted: bool,
     ) {
+        let mut changes = changes.lock().await;
+        if restarted {
+            self.reload_bound();
+            self.wake();
+        }
         loop {
             match changes.recv().await {
                 Ok(change) if change.key.kind == "Pod" && change.key.group.is_empty() => {
