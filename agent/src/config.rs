@@ -94,6 +94,9 @@ pub struct AgentFlags {
     /// Most entries (files, directories, links) one image layer may hold (default 1,000,000).
     #[arg(long, value_name = "N")]
     pub max_layer_entries: Option<u64>,
+    /// Most bytes all the layers of one image may unpack to together (default 64 GiB).
+    #[arg(long, value_name = "BYTES")]
+    pub max_image_bytes: Option<u64>,
     /// A host path prefix `hostPath` volumes may name (repeatable; default: any path but this
     /// agent's data dir and what contains it).
     #[arg(long = "host-path-allow", value_name = "PREFIX")]
@@ -209,6 +212,8 @@ pub struct KubeletFile {
     pub max_layer_bytes: Option<u64>,
     #[serde(default)]
     pub max_layer_entries: Option<u64>,
+    #[serde(default)]
+    pub max_image_bytes: Option<u64>,
     #[serde(default)]
     pub host_path_allow: Option<Vec<PathBuf>>,
 }
@@ -474,6 +479,10 @@ impl AgentConfig {
                         .max_layer_entries
                         .or(file.kubelet.max_layer_entries)
                         .unwrap_or(default.max_entries),
+                    max_image_bytes: flags
+                        .max_image_bytes
+                        .or(file.kubelet.max_image_bytes)
+                        .unwrap_or(default.max_image_bytes),
                 }
             },
         };
@@ -551,7 +560,10 @@ impl AgentConfig {
         if self.pod_pids_limit < 16 {
             return Err(invalid("kubelet.pod-pids-limit", "must be at least 16"));
         }
-        if self.layer_limits.max_bytes == 0 || self.layer_limits.max_entries == 0 {
+        if self.layer_limits.max_bytes == 0
+            || self.layer_limits.max_entries == 0
+            || self.layer_limits.max_image_bytes == 0
+        {
             return Err(invalid(
                 "kubelet.max-layer-bytes",
                 "layer limits must be greater than 0",

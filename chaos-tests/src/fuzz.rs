@@ -678,6 +678,7 @@ fn small_layer_limits() -> shoal_agent::images::layer::LayerLimits {
     shoal_agent::images::layer::LayerLimits {
         max_bytes: 1 << 20,
         max_entries: 1_000,
+        ..shoal_agent::images::layer::LayerLimits::default()
     }
 }
 

@@ -44,6 +44,10 @@ pub enum LayerError {
     },
     #[error("layer {blob}: more than {limit} bytes uncompressed (the node's --max-layer-bytes)")]
     TooLarge { blob: PathBuf, limit: u64 },
+    #[error(
+        "layer {blob}: its files hold more than the {limit} bytes its image has left (the node's --max-image-bytes)"
+    )]
+    OverImage { blob: PathBuf, limit: u64 },
     #[error("layer {blob}: more than {limit} entries (the node's --max-layer-entries)")]
     TooManyEntries { blob: PathBuf, limit: u64 },
     #[error(
@@ -67,13 +71,22 @@ pub struct LayerLimits {
     pub max_bytes: u64,
     /// Entries (files, directories, links, whiteouts) in the layer.
     pub max_entries: u64,
+    /// What all the layers of one image may unpack to together (their files' apparent sizes):
+    /// an image of many layers, each under `max_bytes`, is still bounded. [`unpack`] takes it
+    /// as what the image has left for this layer's files.
+    pub max_image_bytes: u64,
 }
+
+/// Most layers one image may have (Docker's limit: overlayfs stacks each as a lower
+/// directory, and the mount's options must fit a page).
+pub const MAX_LAYERS: usize = 127;
 
 impl Default for LayerLimits {
     fn default() -> Self {
         Self {
             max_bytes: 32 << 30,
             max_entries: 1_000_000,
+            max_image_bytes: 64 << 30,
         }
     }
 }
@@ -297,14 +310,14 @@ fn space_of(dir: &Path) -> io::Result<(u64, u64)> {
 /// bytes hash to its file name when `blob_hex` is given, then applies every entry beneath
 /// `dest` (symlinks in the layer resolved with `dest` as `/`, OCI whiteouts turned into
 /// overlay whiteouts), bounded by `limits`, and checks the uncompressed content against
-/// `diff_id` (`sha256:<hex>`) when given.
+/// `diff_id` (`sha256:<hex>`) when given. Returns the apparent bytes its files hold.
 pub fn unpack(
     blob: &Path,
     dest: &Path,
     blob_hex: Option<&str>,
     diff_id: Option<&str>,
     limits: LayerLimits,
-) -> Result<(), LayerError> {
+) -> Result<u64, LayerError> {
     let io_err = |source| LayerError::Io {
         blob: blob.to_owned(),
         source,
@@ -366,6 +379,12 @@ pub fn unpack(
         if apparent > limits.max_bytes {
             return Err(too_large());
         }
+        if apparent > limits.max_image_bytes {
+            return Err(LayerError::OverImage {
+                blob: blob.to_owned(),
+                limit: limits.max_image_bytes,
+            });
+        }
         if size > 0 {
             let (available, total) = space_of(dest).map_err(io_err)?;
             let reserve = reserve_of(total);
@@ -423,7 +442,7 @@ pub fn unpack(
             actual,
         });
     }
-    Ok(())
+    Ok(apparent)
 }
 
 #[cfg(test)]
@@ -616,7 +635,7 @@ mod tests {
         std::fs::write(&blob, tar_of(items)).unwrap();
         let dest = base.join("root");
         std::fs::create_dir_all(&dest).unwrap();
-        unpack(&blob, &dest, None, None, LayerLimits::default())
+        unpack(&blob, &dest, None, None, LayerLimits::default()).map(|_| ())
     }
 
     /// Issue #13, hole 2: `evil -> /` then `evil/.wh.etc` removed the host's /etc. Here the
@@ -684,12 +703,14 @@ mod tests {
         let small = LayerLimits {
             max_bytes: 16 << 10,
             max_entries: 100,
+            ..LayerLimits::default()
         };
         let err = unpack(&blob, &dest, None, None, small).unwrap_err();
         assert!(matches!(err, LayerError::TooLarge { .. }), "{err}");
         let few = LayerLimits {
             max_bytes: 1 << 30,
             max_entries: 2,
+            ..LayerLimits::default()
         };
         let err = unpack(&blob, &dest, None, None, few).unwrap_err();
         assert!(matches!(err, LayerError::TooManyEntries { .. }), "{err}");
@@ -740,6 +761,7 @@ mod tests {
         let roomy = LayerLimits {
             max_bytes: u64::MAX,
             max_entries: 10,
+            max_image_bytes: u64::MAX,
         };
         let err = unpack(&blob, &dest, None, None, roomy).unwrap_err();
         assert!(matches!(err, LayerError::NoSpace { .. }), "{err}");

@@ -49,8 +49,33 @@ pub enum ImageError {
     },
     #[error("image {reference} is in use by a running container ({mount})")]
     InUse { reference: String, mount: String },
+    #[error(
+        "image {reference}: its layers unpack to more than {limit} bytes together (the node's --max-image-bytes)"
+    )]
+    TooLarge { reference: String, limit: u64 },
+    #[error("image {reference}: {layers} layers (at most {limit})")]
+    TooManyLayers {
+        reference: String,
+        layers: usize,
+        limit: usize,
+    },
     #[error(transparent)]
     Layer(#[from] layer::LayerError),
+}
+
+/// The suffix of the file beside an unpacked layer (`layers/<hex>.size`) that records the
+/// apparent bytes its files hold (for `--max-image-bytes`).
+const SIZE_SUFFIX: &str = ".size";
+
+/// A layer's recorded size; 0 when missing or unreadable (the file is the node's own, small,
+/// and a bad one only makes the image bound more lenient, never the layer's).
+fn read_size(path: &Path) -> u64 {
+    std::fs::read(path)
+        .ok()
+        .filter(|b| b.len() <= 20)
+        .and_then(|b| String::from_utf8(b).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// One tagged image.
@@ -461,7 +486,9 @@ impl ImageStore {
             for entry in std::fs::read_dir(&path).map_err(self.store_err(&path))? {
                 let entry = entry.map_err(self.store_err(&path))?;
                 let name = entry.file_name().to_string_lossy().into_owned();
-                if live.contains(&name) {
+                // A layer's recorded size lives and goes with it.
+                let owner = name.strip_suffix(SIZE_SUFFIX).unwrap_or(&name);
+                if live.contains(owner) {
                     continue;
                 }
                 let p = entry.path();
@@ -585,25 +612,59 @@ impl ImageStore {
                 ),
             ));
         }
+        if manifest.layers().len() > layer::MAX_LAYERS {
+            return Err(ImageError::TooManyLayers {
+                reference: normal,
+                layers: manifest.layers().len(),
+                limit: layer::MAX_LAYERS,
+            });
+        }
         let mut layers = Vec::new();
+        // The apparent bytes of the image's layers so far, against --max-image-bytes.
+        let mut used = 0u64;
+        let image_limit = self.layer_limits.max_image_bytes;
         for (descriptor, diff_id) in manifest.layers().iter().zip(diff_ids) {
             let layer_digest = descriptor.digest().to_string();
             let hex = reference::parse_digest(&layer_digest)
                 .map_err(|e| damaged("layer", &layer_digest, e))?;
             let dir = self.root.join("layers").join(hex);
-            if !dir.exists() {
+            let size_file = self.root.join("layers").join(format!("{hex}{SIZE_SUFFIX}"));
+            if dir.exists() {
+                // Unpacked for this or another image: its recorded size counts (a layer
+                // unpacked before sizes were recorded counts as empty; it passed its own bound).
+                used = used.saturating_add(read_size(&size_file));
+            } else {
+                let left = image_limit.saturating_sub(used);
                 let tmp = tempfile::Builder::new()
                     .prefix("layer-")
                     .tempdir_in(self.root.join("tmp"))
                     .map_err(self.store_err(&self.root.join("tmp")))?;
+                let limits = layer::LayerLimits {
+                    max_image_bytes: left,
+                    ..self.layer_limits
+                };
                 // The blob is hashed again before it is unpacked: disk contents are input too.
-                layer::unpack(
+                let bytes = match layer::unpack(
                     &self.blob_path(hex),
                     tmp.path(),
                     Some(hex),
                     Some(diff_id),
-                    self.layer_limits,
-                )?;
+                    limits,
+                ) {
+                    Ok(bytes) => bytes,
+                    Err(layer::LayerError::OverImage { .. }) => {
+                        return Err(ImageError::TooLarge {
+                            reference: normal,
+                            limit: image_limit,
+                        });
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                used = used.saturating_add(bytes);
+                // Before the layer is in place: a size without its layer is harmless, a
+                // layer without its size counts as empty.
+                std::fs::write(&size_file, bytes.to_string())
+                    .map_err(self.store_err(&size_file))?;
                 let tmp = tmp.keep();
                 if let Err(source) = std::fs::rename(&tmp, &dir) {
                     let _ = std::fs::remove_dir_all(&tmp);

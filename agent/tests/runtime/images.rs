@@ -77,3 +77,63 @@ fn a_corrupted_archive_is_refused_naming_the_blob() {
     std::fs::write(&junk, b"not a tar").unwrap();
     assert!(store.import(&junk, None).is_err());
 }
+
+/// Issue #35, item 6: all the layers of one image are bounded together (`--max-image-bytes`),
+/// in their files' apparent sizes, recorded beside each unpacked layer so that a layer another
+/// image unpacked first counts too.
+#[test]
+fn an_image_s_layers_are_bounded_together() {
+    use shoal_agent::images::layer::LayerLimits;
+    let dir = tempfile::tempdir().unwrap();
+    let archive = test_images().join("httpd-1.oci.tar");
+    // Unbounded: the sizes each layer records.
+    let store = ImageStore::open(dir.path().join("a")).unwrap();
+    store.import(&archive, None).unwrap();
+    let httpd = store.resolve("shoal.local/httpd:1").unwrap();
+    let sizes: Vec<u64> = httpd
+        .layers
+        .iter()
+        .map(|l| {
+            std::fs::read_to_string(l.with_extension("size"))
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(sizes.len(), 2);
+    assert!(sizes.iter().all(|s| *s > 0), "{sizes:?}");
+    let total: u64 = sizes.iter().sum();
+    let with = |max_image_bytes: u64, name: &str| {
+        let store = ImageStore::open(dir.path().join(name))
+            .unwrap()
+            .with_layer_limits(LayerLimits {
+                max_image_bytes,
+                ..LayerLimits::default()
+            });
+        store.import(&archive, None).unwrap();
+        store
+    };
+    // One byte short of both layers: refused, naming the bound; the first layer, unpacked
+    // within it, stays (another image may use it).
+    let short = with(total - 1, "b");
+    let err = short
+        .resolve("shoal.local/httpd:1")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("--max-image-bytes") && err.contains("shoal.local/httpd:1"),
+        "{err}"
+    );
+    // Asked again, the layer already there counts by its recorded size: still refused.
+    let err = short
+        .resolve("shoal.local/httpd:1")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--max-image-bytes"), "{err}");
+    // Exactly both layers: resolved.
+    let exact = with(total, "c");
+    assert_eq!(
+        exact.resolve("shoal.local/httpd:1").unwrap().layers.len(),
+        2
+    );
+}
