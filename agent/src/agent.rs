@@ -454,6 +454,18 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         token: identity.api_token().to_owned(),
         cluster_id: identity.cluster_id().to_owned(),
     });
+    // The Kubernetes API's state: served on its listener (when there is one), and the control
+    // socket's object writes and deletes go through the same path.
+    let api_state = crate::api::ApiState {
+        replication: replication.clone(),
+        membership: membership.clone(),
+        scheduling: scheduling.clone(),
+        pod_statuses: pod_statuses.clone(),
+        logs: logs.clone(),
+        token: identity.api_token().into(),
+        server_address: api_advertise.map(|a| a.to_string()).unwrap_or_default(),
+        service_cidr: config.service_cidr,
+    };
     if let (Some(listener), Some(addr)) = (api_listener, api_advertise) {
         let mut names = vec![
             addr.ip().to_string(),
@@ -467,21 +479,11 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         names.dedup();
         let api_cert = identity.issue_node_certificate(&node.node_id, &names)?;
         let tls = identity.api_server_config(&api_cert)?;
-        let state = crate::api::ApiState {
-            replication: replication.clone(),
-            membership: membership.clone(),
-            scheduling: scheduling.clone(),
-            pod_statuses: pod_statuses.clone(),
-            logs: logs.clone(),
-            token: identity.api_token().into(),
-            server_address: addr.to_string(),
-            service_cidr: config.service_cidr,
-        };
         info!(%addr, "Kubernetes API listening");
         tokio::spawn(crate::api::serve(
             listener,
             tls,
-            crate::api::router(state),
+            crate::api::router(api_state.clone()),
             crate::api::ConnectionLimits::default(),
             async move {
                 let _ = api_stop_rx.await;
@@ -490,14 +492,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     }
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(socket.serve(
-        control::router(
-            membership.clone(),
-            replication.clone(),
-            self_info,
-            kubeconfig,
-            pod_statuses.clone(),
-            config.service_cidr,
-        ),
+        control::router(api_state, self_info, kubeconfig),
         async move {
             let _ = stop_rx.await;
         },

@@ -39,6 +39,8 @@ struct ControlState {
     pod_statuses: Arc<crate::kubelet::status::PodStatusCache>,
     /// Where Service ClusterIPs come from (the write path allocates them).
     service_cidr: ipnet::Ipv4Net,
+    /// The Kubernetes API's state: deletes go through its path.
+    api: Arc<crate::api::ApiState>,
 }
 
 /// What a kubeconfig for this agent's API needs (served on the root-only control socket).
@@ -53,12 +55,9 @@ pub struct KubeconfigInfo {
 /// The routes of the control socket. Objects are addressed as
 /// `/v1/objects/{kind}/{name}?namespace=ns`, where `kind` is a kind, plural or short name.
 pub fn router(
-    membership: Arc<Membership>,
-    replication: Arc<Replication>,
+    api: crate::api::ApiState,
     self_info: SelfInfo,
     kubeconfig: Option<KubeconfigInfo>,
-    pod_statuses: Arc<crate::kubelet::status::PodStatusCache>,
-    service_cidr: ipnet::Ipv4Net,
 ) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -82,12 +81,13 @@ pub fn router(
             2 * shoal_state::object::MAX_OBJECT_BYTES,
         ))
         .with_state(ControlState {
-            membership,
-            replication,
+            membership: api.membership.clone(),
+            replication: api.replication.clone(),
             self_info: Arc::new(self_info),
             kubeconfig: kubeconfig.map(Arc::new),
-            pod_statuses,
-            service_cidr,
+            pod_statuses: api.pod_statuses.clone(),
+            service_cidr: api.service_cidr,
+            api: Arc::new(api),
         })
 }
 
@@ -421,49 +421,24 @@ async fn get_handler(
         .ok_or_else(|| StoreError::NotFound { key }.into())
 }
 
+/// A delete as `kubectl delete` makes it, through the Kubernetes API's path (one delete path,
+/// issue #36): a pod on a node is marked and stopped within its grace period, an object with
+/// finalizers waits for them, a Namespace turns Terminating, dependents are the garbage
+/// collector's.
 async fn delete_handler(
     State(state): State<ControlState>,
     UrlPath((kind_name, name)): UrlPath<(String, String)>,
     Query(query): Query<NamespaceQuery>,
-) -> Result<Json<Value>, Failure> {
+) -> Result<Response, Failure> {
     let info = kind_named(&kind_name)?;
-    let key = key_of(info, &name, &query);
-    // A pod on a node goes as through the Kubernetes API: marked as being deleted, stopped by
-    // its node within its grace period, then deleted by it (`garbage::pod_grace`).
-    const ATTEMPTS: u32 = 8;
-    for attempt in 1..=ATTEMPTS {
-        let current = state.replication.read(|s| s.get(&key));
-        let grace = current
-            .as_ref()
-            .filter(|_| info.group.is_empty() && info.kind == "Pod")
-            .and_then(|pod| {
-                crate::controllers::garbage::pod_grace(pod, query.grace_period_seconds)
-            });
-        let (Some(current), Some(grace)) = (current, grace) else {
-            break;
-        };
-        let uid = current["metadata"]["uid"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        let lay = crate::controllers::Lay::Terminate {
-            at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-            grace,
-        };
-        let marked =
-            crate::controllers::overlay(&key, &uid, current.clone(), &mut |c| lay.apply(c));
-        let valid = match marked {
-            // Already being deleted within this grace period.
-            None => return Ok(Json(with_observed(&state, info.kind, current))),
-            Some(valid) => valid?,
-        };
-        match state.replication.write(valid, WriteMode::Update).await {
-            Ok((marked, _)) => return Ok(Json(with_observed(&state, info.kind, marked))),
-            Err(WriteError::Store(StoreError::Conflict { .. })) if attempt < ATTEMPTS => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(Json(state.replication.delete(&key, None).await?))
+    Ok(crate::api::delete_stored(
+        &state.api,
+        info,
+        query.namespace.as_deref(),
+        &name,
+        query.grace_period_seconds,
+    )
+    .await?)
 }
 
 async fn baseline_handler(State(state): State<ControlState>) -> Json<crate::replication::Baseline> {

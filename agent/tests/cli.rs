@@ -203,3 +203,49 @@ async fn apply_refuses_what_kubectl_apply_refuses() {
     );
     assert_eq!(service["spec"]["ports"][0]["protocol"], "TCP", "defaulted");
 }
+
+/// `shoal delete` goes through the Kubernetes API's delete path (issue #36): a Namespace turns
+/// Terminating and what is in it is deleted before it goes, as after `kubectl delete namespace`.
+/// Before, the control socket deleted the Namespace object alone and left its contents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_takes_the_kubernetes_api_s_path() {
+    let lab = Lab::new();
+    let agents = lab.start_cluster(1).await;
+    let d = agents[0].data_dir().to_str().unwrap().to_owned();
+    let manifest = lab.path().join("team.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: team}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings, namespace: team}\ndata: {a: b}\n",
+    )
+    .unwrap();
+    let (ok, _, err) = run(&["apply", "--data-dir", &d, "-f", manifest.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = run(&["delete", "--data-dir", &d, "namespace", "team"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "namespace/team deleted\n");
+    let gone = |args: &[&str]| {
+        let (ok, _, err) = run(args);
+        !ok && err.contains("not found")
+    };
+    wait_until(
+        "the namespace's ConfigMap deleted, then the namespace",
+        std::time::Duration::from_secs(30),
+        || async {
+            gone(&[
+                "get",
+                "--data-dir",
+                &d,
+                "cm",
+                "settings",
+                "--namespace",
+                "team",
+            ]) && gone(&["get", "--data-dir", &d, "namespace", "team"])
+        },
+    )
+    .await
+    .unwrap();
+    // A namespace that may not be deleted is refused as the API refuses it.
+    let (ok, _, err) = run(&["delete", "--data-dir", &d, "namespace", "default"]);
+    assert!(!ok);
+    assert!(err.contains("may not be deleted"), "{err}");
+}

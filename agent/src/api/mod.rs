@@ -72,6 +72,35 @@ impl ApiState {
     }
 }
 
+/// DELETE of a stored object (`namespace`: `default` when the kind is namespaced and none is
+/// given) exactly as the Kubernetes API's DELETE makes it, with `gracePeriodSeconds`: the
+/// control socket's `shoal delete` goes through here.
+pub async fn delete_stored(
+    state: &ApiState,
+    info: &'static shoal_state::kind::KindInfo,
+    namespace: Option<&str>,
+    name: &str,
+    grace_period_seconds: Option<i64>,
+) -> Result<axum::response::Response, status::ApiError> {
+    let resource = resources::ApiResource {
+        info,
+        source: resources::Source::Stored(info),
+    };
+    let mut query = handlers::Query::new();
+    if let Some(seconds) = grace_period_seconds {
+        query.insert("gracePeriodSeconds".to_owned(), seconds.to_string());
+    }
+    let request = handlers::Request {
+        state,
+        resource: &resource,
+        namespace: info.namespaced.then(|| namespace.unwrap_or("default")),
+        query: &query,
+        headers: &axum::http::HeaderMap::new(),
+        body: &axum::body::Bytes::new(),
+    };
+    handlers::delete(&request, name).await
+}
+
 /// Paths served without a token, as the apiserver does.
 fn is_public(path: &str) -> bool {
     matches!(path, "/healthz" | "/readyz" | "/livez" | "/version")
