@@ -26,6 +26,7 @@ use crate::scheduler::auction::{
     AuctionConfig, Binding, Message, NodeId, Output, Scheduler, World, auctioneer,
 };
 use crate::scheduler::cluster::ClusterView;
+use crate::scheduler::eviction;
 use crate::scheduler::lease::{self, LeaseReply, LeaseRequest};
 use crate::scheduler::model::{NodeView, PodRequest, Resources, Taint, TaintEffect};
 use crate::scheduler::partition::{self, FenceConfig, Policy};
@@ -123,7 +124,7 @@ struct State {
     pods: HashMap<String, PodEntry>,
     cluster: ClusterView,
     addresses: HashMap<NodeId, (String, SocketAddr)>,
-    dead_since: HashMap<String, Instant>,
+    dead_since: eviction::DeadTimers<String>,
     /// This node's verdicts as auctioneer.
     unschedulable: BTreeMap<String, String>,
     /// Everyone's verdicts, refreshed every tick (for the API's PodScheduled condition).
@@ -646,7 +647,7 @@ impl Scheduling {
         // Labels, taints and cordons users set through the API (read before the lock).
         let settings = self.replication.read(crate::node_settings::stored);
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let now = Instant::now();
+        let now = self.now();
         let mut cluster = ClusterView::default();
         let mut addresses = HashMap::new();
         let mut live_names: HashMap<String, NodeId> = HashMap::new();
@@ -656,11 +657,11 @@ impl Scheduling {
             let (Some(id), Some(meta)) = (node_numeric_id(&m.node_id), m.meta.as_ref()) else {
                 continue;
             };
-            if m.state == MemberState::Dead {
-                state.dead_since.entry(meta.name.clone()).or_insert(now);
+            let dead = m.state == MemberState::Dead;
+            state.dead_since.observe(&meta.name, dead, now);
+            if dead {
                 continue;
             }
-            state.dead_since.remove(&meta.name);
             if m.state != MemberState::Alive {
                 undecided.insert(meta.name.clone());
                 continue;
@@ -735,42 +736,40 @@ impl Scheduling {
         let bound = |uid: &str, pods: &HashMap<String, PodEntry>| {
             pods.get(uid).is_some_and(|p| p.node_name.is_some())
         };
+        let rules = eviction::Rules {
+            majority,
+            eviction_delay: self.config.eviction_delay,
+            fence: &self.config.fence,
+        };
         for entry in state.pods.values() {
-            if entry.node_name.is_none()
-                && let Some(preemptor) = &entry.preempted_by
-                && state.pods.contains_key(preemptor)
-                && !bound(preemptor, &state.pods)
-            {
-                continue;
-            }
-            let next_epoch = match &entry.node_name {
-                Some(node) => match live_names.get(node) {
-                    Some(id) => {
+            let awaits_preemptor = entry.node_name.is_none()
+                && entry
+                    .preempted_by
+                    .as_ref()
+                    .is_some_and(|p| state.pods.contains_key(p) && !bound(p, &state.pods));
+            let pod = eviction::Pod {
+                bound: entry.node_name.is_some(),
+                epoch: entry.epoch,
+                policy: entry.policy,
+                daemon: entry.daemon.is_some(),
+                awaits_preemptor,
+            };
+            let seen = match &entry.node_name {
+                None => eviction::Seen::Live,
+                Some(node) if live_names.contains_key(node) => eviction::Seen::Live,
+                Some(node) if undecided.contains(node) => eviction::Seen::Undecided,
+                Some(_) if pod.daemon => eviction::Seen::Gone(None),
+                Some(node) => eviction::Seen::Gone(dead_since.gone_for(node, now, settled)),
+            };
+            let next_epoch = match eviction::decide(&rules, &pod, seen) {
+                eviction::Verdict::Placed => {
+                    if let Some(id) = entry.node_name.as_ref().and_then(|n| live_names.get(n)) {
                         cluster.place(*id, &entry.request);
-                        continue;
                     }
-                    None if undecided.contains(node) || entry.daemon.is_some() => continue,
-                    // A node absent from an unsettled view is not judged (nor timed) yet.
-                    None if !settled && !dead_since.contains_key(node) => continue,
-                    // A dead (or vanished) node: its pods move once the eviction delay passed.
-                    None => {
-                        let since = *dead_since.entry(node.clone()).or_insert(now);
-                        let dead_for = now.duration_since(since);
-                        if !partition::may_replace(
-                            entry.policy,
-                            dead_for,
-                            majority,
-                            self.config.eviction_delay,
-                            &self.config.fence,
-                        ) {
-                            continue;
-                        }
-                        entry.epoch.saturating_add(1)
-                    }
-                },
-                // A fenced pod is never started where a majority is not visible.
-                None if entry.policy == Policy::Fenced && !majority => continue,
-                None => entry.epoch.max(1),
+                    continue;
+                }
+                eviction::Verdict::Wait => continue,
+                eviction::Verdict::Auction(epoch) => epoch,
             };
             if auctioneer(&entry.request.uid, live_ids.iter().copied()) == Some(self.self_id) {
                 // A pod whose nodeName points at a dead node must not be bound back there.

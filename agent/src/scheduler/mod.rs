@@ -8,6 +8,7 @@
 
 pub mod auction;
 pub mod cluster;
+pub mod eviction;
 pub mod lease;
 pub mod model;
 pub mod partition;

@@ -12,6 +12,7 @@ use super::auction::{
     AuctionConfig, Binding, Message, NodeId, Output, Scheduler, World, auctioneer,
 };
 use super::cluster::ClusterView;
+use super::eviction;
 use super::model::{NodeView, PodRequest};
 use super::partition::{self, FenceConfig, Policy};
 use super::predicates;
@@ -67,7 +68,7 @@ pub struct Sim {
     pub cluster: ClusterView,
     pods: HashMap<String, Arc<PodRequest>>,
     pub bindings: HashMap<String, Binding>,
-    dead: HashMap<NodeId, Duration>,
+    dead: eviction::DeadTimers<NodeId>,
     queue: BinaryHeap<Reverse<(Duration, u64)>>,
     in_transit: HashMap<u64, (NodeId, NodeId, Message)>,
     msg_seq: u64,
@@ -105,7 +106,7 @@ impl Sim {
             cluster,
             pods: HashMap::new(),
             bindings: HashMap::new(),
-            dead: HashMap::new(),
+            dead: eviction::DeadTimers::default(),
             queue: BinaryHeap::new(),
             in_transit: HashMap::new(),
             msg_seq: 0,
@@ -186,7 +187,7 @@ impl Sim {
     /// delay (membership would have declared it dead by then).
     pub fn kill(&mut self, node: NodeId) {
         self.schedulers.remove(&node);
-        self.dead.insert(node, self.now);
+        self.dead.observe(&node, true, self.now);
         self.cluster.remove_node(node);
         self.evictions
             .push((self.now + self.config.eviction_delay, node));
@@ -214,31 +215,39 @@ impl Sim {
     pub fn bound_count(&self) -> usize {
         self.bindings
             .values()
-            .filter(|b| !self.dead.contains_key(&b.node))
+            .filter(|b| !self.dead.contains(&b.node))
             .count()
     }
 
-    /// Pods of dead nodes become pending with epoch + 1 once their policy allows: available
-    /// after the eviction delay; fenced only with a majority and after the fenced delay.
+    /// Pods of dead nodes become pending at the next epoch once their policy allows: the live
+    /// scheduler's decision ([`eviction::decide`]; this world's view is always settled and has
+    /// no suspect nodes or DaemonSet pods).
     fn evict_due(&mut self) {
         let now = self.now;
         self.evictions.retain(|(at, _)| *at > now);
-        let majority = self.fence.has_majority();
-        let orphans: Vec<(String, u64)> = self
-            .bindings
-            .iter()
-            .filter_map(|(uid, b)| {
-                let since = *self.dead.get(&b.node)?;
-                partition::may_replace(
-                    self.policy(uid),
-                    now.saturating_sub(since),
-                    majority,
-                    self.config.eviction_delay,
-                    &self.config.fence,
-                )
-                .then(|| (uid.clone(), b.epoch + 1))
-            })
-            .collect();
+        let rules = eviction::Rules {
+            majority: self.fence.has_majority(),
+            eviction_delay: self.config.eviction_delay,
+            fence: &self.config.fence,
+        };
+        let mut orphans: Vec<(String, u64)> = Vec::new();
+        for (uid, b) in &self.bindings {
+            let seen = if self.dead.contains(&b.node) {
+                eviction::Seen::Gone(self.dead.gone_for(&b.node, now, true))
+            } else {
+                eviction::Seen::Live
+            };
+            let pod = eviction::Pod {
+                bound: true,
+                epoch: b.epoch,
+                policy: self.policies.get(uid).copied().unwrap_or(Policy::Available),
+                daemon: false,
+                awaits_preemptor: false,
+            };
+            if let eviction::Verdict::Auction(epoch) = eviction::decide(&rules, &pod, seen) {
+                orphans.push((uid.clone(), epoch));
+            }
+        }
         for (uid, epoch) in orphans {
             self.make_pending(&uid, epoch);
         }
