@@ -7,10 +7,11 @@
 //! to an incarnation the merge dropped, every completion counted once.
 //!
 //! What the sim models around the controllers, as the shell's neighbours do it: the scheduler
-//! binds unbound pods and rebinds those on nodes its side cannot see (a dead node's pods are
-//! re-auctioned; the real binding is fenced, `scheduler::fencing`, here it is `spec.nodeName`
-//! alone), and each kubelet reports the pods bound to it: Running and Ready, a Job's pods
-//! Succeeded after [`JOB_ROUNDS`] rounds. A side sees no status from the other side's nodes.
+//! binds unbound pods and rebinds those on nodes its side cannot see, when the live scheduler's
+//! decision (`scheduler::eviction`) lets them move (the real binding is an epoch register, with
+//! run leases for fenced pods, `scheduler::lease`; here it is `spec.nodeName` alone), and each
+//! kubelet reports the pods bound to it: Running and Ready, a Job's pods Succeeded after
+//! [`JOB_ROUNDS`] rounds. A side sees no status from the other side's nodes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -23,6 +24,8 @@ use super::{
     has_finalizers, job, namespace_of, overlay, uid_of, write_of,
 };
 use crate::scheduler::auction::auctioneer;
+use crate::scheduler::eviction;
+use crate::scheduler::partition::{self, FenceConfig, Policy};
 
 /// The simulated epoch (ms).
 const START_MS: u64 = 1_800_000_000_000;
@@ -129,6 +132,8 @@ struct Sim {
     round: u64,
     seed: u64,
     kubelets: Kubelets,
+    /// Each side's clocks of the nodes it cannot see ([`eviction::DeadTimers`]).
+    dead: [eviction::DeadTimers<u64>; 2],
 }
 
 impl Sim {
@@ -147,6 +152,7 @@ impl Sim {
             round: 0,
             seed: 0x5eed_1234_abcd_ef01,
             kubelets: Kubelets::default(),
+            dead: Default::default(),
         }
     }
 
@@ -230,7 +236,14 @@ impl Sim {
                 }
                 writes += collect(&mut self.sides[side].1, node, &live, self.now_ms);
             }
-            writes += bind(&mut self.sides[side].1, &live, self.now_ms);
+            let all = self.all_nodes();
+            writes += bind(
+                &mut self.sides[side].1,
+                &mut self.dead[side],
+                &live,
+                &all,
+                self.now_ms,
+            );
         }
         if !self.partitioned {
             self.sync();
@@ -333,13 +346,52 @@ fn execute(store: &mut Store, write: Write, now_ms: u64) -> Option<shoal_state::
     written.ok()
 }
 
-/// The scheduler's part: unbound pods, and pods bound to nodes this side cannot see, are
-/// bound to the live node the auction's rendezvous hash picks.
-fn bind(store: &mut Store, live: &[u64], now_ms: u64) -> usize {
+/// The scheduler's part, with the live scheduler's decision ([`eviction::decide`]): unbound
+/// pods, and pods bound to nodes this side cannot see once their policy lets them move, are
+/// bound to the live node the auction's rendezvous hash picks. This world has no failure
+/// detector: a node the side cannot see is dead from the round it is cut off, its `available`
+/// pods move at once (no eviction delay), its `fenced` ones only on a side with a majority of
+/// `all`, a round's detection and fence timeout later.
+fn bind(
+    store: &mut Store,
+    dead: &mut eviction::DeadTimers<u64>,
+    live: &[u64],
+    all: &[u64],
+    now_ms: u64,
+) -> usize {
     let info = shoal_state::kind::lookup("v1", "Pod").expect("Pod is stored");
+    let now = std::time::Duration::from_millis(now_ms.saturating_sub(START_MS));
+    for node in all {
+        dead.observe(node, !live.contains(node), now);
+    }
+    let round = std::time::Duration::from_millis(ROUND_MS);
+    let fence = FenceConfig::new(round, round);
+    let rules = eviction::Rules {
+        majority: partition::has_majority(live.len(), all.len()),
+        eviction_delay: std::time::Duration::ZERO,
+        fence: &fence,
+    };
     let mut writes = 0;
     for pod in store.list("", "Pod", None) {
-        if bound_node(&pod).is_some_and(|n| live.contains(&n)) {
+        let node = bound_node(&pod);
+        let facts = eviction::Pod {
+            bound: node.is_some(),
+            // Bindings here are `spec.nodeName` alone, without an epoch.
+            epoch: 0,
+            policy: Policy::parse(pod["metadata"]["annotations"][partition::ANNOTATION].as_str()),
+            daemon: pod["metadata"]["ownerReferences"]
+                .as_array()
+                .is_some_and(|o| o.iter().any(|r| r["kind"] == "DaemonSet")),
+            awaits_preemptor: false,
+        };
+        let seen = match node {
+            Some(n) if !live.contains(&n) => eviction::Seen::Gone(dead.gone_for(&n, now, true)),
+            _ => eviction::Seen::Live,
+        };
+        if !matches!(
+            eviction::decide(&rules, &facts, seen),
+            eviction::Verdict::Auction(_)
+        ) {
             continue;
         }
         let Some(node) = auctioneer(uid_of(&pod), live.iter().copied()) else {

@@ -2,9 +2,11 @@
 //!
 //! Pure decision code only: [`model`] (what a pod asks for, what a node offers), [`predicates`]
 //! (a node's own admission and score), [`cluster`] (the replicated view of placements),
-//! [`auction`] (the per-node state machine) and [`sim`] (all nodes in one deterministic process,
-//! for tests and the 1,000-node benchmark). Wiring it to the agents' QUIC channels and the
-//! desired-state bindings is the next step.
+//! [`auction`] (the per-node state machine), [`eviction`] (which pods go up for auction and when
+//! a dead node's pods may move), [`partition`] and [`lease`] (fencing), and [`sim`] (all nodes
+//! in one deterministic process, for tests and the 1,000-node benchmark). The live shell,
+//! `crate::scheduling`, drives the same cores with membership views, the agents' QUIC channels
+//! and the desired-state bindings.
 
 pub mod auction;
 pub mod cluster;
