@@ -4,6 +4,7 @@
 //! client libraries work against any agent.
 
 pub(crate) mod admission;
+mod delete;
 mod discovery;
 mod handlers;
 mod observed;
@@ -11,11 +12,13 @@ mod openapi;
 mod patch;
 mod portforward;
 mod protobuf;
+mod read;
 pub(crate) mod resources;
 mod selector;
 mod spdy;
 pub(crate) mod status;
 mod stream;
+mod subresource;
 mod table;
 pub(crate) mod validation;
 mod watch;

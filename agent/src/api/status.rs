@@ -3,6 +3,9 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
+use shoal_state::{ObjectError, StoreError};
+
+use crate::replication::WriteError;
 
 /// An API error, rendered as a `Status` object.
 #[derive(Debug, Clone)]
@@ -88,5 +91,118 @@ impl IntoResponse for ApiError {
             self.to_status().to_string(),
         )
             .into_response()
+    }
+}
+
+/// The Status of an object refused before it is written (`kind`/`name` for its details).
+pub(crate) fn object_error(kind: &str, name: &str, e: ObjectError) -> ApiError {
+    match e {
+        ObjectError::TooLarge { .. } => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "RequestEntityTooLarge",
+            e.to_string(),
+        ),
+        ObjectError::UnknownKind { .. } => ApiError::bad_request(e.to_string()),
+        ObjectError::Invalid { field, reason } => ApiError::invalid(kind, name, &field, &reason),
+    }
+}
+
+/// The Status of a write the replicated store refused or could not make durable: a write
+/// below its quorum is 503 with a cause saying whether a retry may find it done.
+pub(crate) fn write_error(kind: &str, name: &str, e: WriteError) -> ApiError {
+    match e {
+        WriteError::Store(e) => store_error(kind, name, e),
+        e @ (WriteError::NotDurable { .. }
+        | WriteError::Unavailable { .. }
+        | WriteError::Home { .. }) => {
+            // The cause tells a client whether a retry may find the write done: `NotDurable`
+            // was stored here and replicates later; `Unavailable` stored nothing.
+            let cause = match e {
+                WriteError::NotDurable { .. } => "NotDurable",
+                WriteError::Home { .. } => "HomeUnavailable",
+                _ => "Unavailable",
+            };
+            let message = e.to_string();
+            let mut err = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailable",
+                &message,
+            );
+            err.details = Some(json!({"name": name, "kind": kind.to_lowercase(),
+                "causes": [{"reason": cause, "message": message}], "retryAfterSeconds": 1}));
+            err
+        }
+    }
+}
+
+/// The Status of a store error: not found, already exists, conflict, expired.
+pub(crate) fn store_error(kind: &str, name: &str, e: StoreError) -> ApiError {
+    let plural_kind = kind.to_lowercase();
+    match e {
+        StoreError::NotFound { .. } => ApiError::not_found(&plural_kind, name),
+        StoreError::AlreadyExists { .. } => {
+            let mut err = ApiError::new(
+                StatusCode::CONFLICT,
+                "AlreadyExists",
+                format!("{plural_kind} {name:?} already exists"),
+            );
+            err.details = Some(json!({"name": name, "kind": plural_kind}));
+            err
+        }
+        StoreError::Conflict { reason, .. } => {
+            let mut err = ApiError::new(
+                StatusCode::CONFLICT,
+                "Conflict",
+                format!("Operation cannot be fulfilled on {plural_kind} {name:?}: {reason}"),
+            );
+            err.details = Some(json!({"name": name, "kind": plural_kind}));
+            err
+        }
+        StoreError::Expired { .. } => ApiError::new(StatusCode::GONE, "Expired", e.to_string()),
+        other => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            other.to_string(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_below_quorum_says_whether_it_was_stored() {
+        let stored = write_error(
+            "ConfigMap",
+            "c",
+            WriteError::NotDurable {
+                acked: 1,
+                needed: 2,
+                why: "confirmed it within 5s".into(),
+            },
+        )
+        .to_status();
+        let nothing = write_error(
+            "ConfigMap",
+            "c",
+            WriteError::Unavailable {
+                reachable: 1,
+                needed: 2,
+            },
+        )
+        .to_status();
+        for (status, cause) in [(&stored, "NotDurable"), (&nothing, "Unavailable")] {
+            assert_eq!(status["code"], 503);
+            assert_eq!(status["reason"], "ServiceUnavailable");
+            assert_eq!(status["details"]["causes"][0]["reason"], cause, "{status}");
+            assert_eq!(status["details"]["name"], "c");
+        }
+        assert!(
+            nothing["message"]
+                .as_str()
+                .unwrap()
+                .contains("nothing was written")
+        );
     }
 }
