@@ -70,16 +70,23 @@ pub struct LeaseWatch {
     changed_at: Instant,
     /// The deadline of the last content seen ([`monotonic_ms`]).
     deadline_ms: Option<u64>,
+    /// When the watch began ([`monotonic_ms`]): a deadline before it was written for an
+    /// earlier container of the pod, before this one was started.
+    started_ms: u64,
 }
 
 impl LeaseWatch {
-    /// Starts watching at `now`: the container just started, so its agent held the lease then.
-    pub fn new(timeout: Duration, now: Instant) -> Self {
+    /// Starts watching at `now` (`monotonic_ms`, read at the same moment): the container just
+    /// started, so its agent held the lease then. A deadline already past then is the pod's
+    /// earlier run's (its lease lapsed and was held again; the kubelet writes the new deadline
+    /// after the start, in the same pass): it is not enforced, the silence timeout is.
+    pub fn new(timeout: Duration, now: Instant, monotonic_ms: u64) -> Self {
         Self {
             timeout,
             last: None,
             changed_at: now,
             deadline_ms: None,
+            started_ms: monotonic_ms,
         }
     }
 
@@ -90,7 +97,7 @@ impl LeaseWatch {
         if let Some(content) = content
             && self.last.as_ref() != Some(&content)
         {
-            self.deadline_ms = deadline(&content);
+            self.deadline_ms = deadline(&content).filter(|d| *d > self.started_ms);
             self.last = Some(content);
             self.changed_at = now;
         }
@@ -107,7 +114,7 @@ mod tests {
     fn a_lease_without_a_deadline_lapses_only_after_the_timeout_without_a_change() {
         let t0 = Instant::now();
         let ms = |n| t0 + Duration::from_millis(n);
-        let mut watch = LeaseWatch::new(Duration::from_secs(1), t0);
+        let mut watch = LeaseWatch::new(Duration::from_secs(1), t0, 0);
         // A missing file right after the start is not a lapse yet.
         assert!(!watch.observe(None, ms(100), 0));
         assert!(!watch.observe(Some("1 1".into()), ms(500), 0));
@@ -126,21 +133,32 @@ mod tests {
     fn a_lease_lapses_at_its_deadline_however_recently_it_was_renewed() {
         let t0 = Instant::now();
         let ms = |n| t0 + Duration::from_millis(n);
-        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0);
+        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0, 10_000);
         // Renewed at monotonic 10,000 ms with a deadline 700 ms later.
         assert!(!watch.observe(Some("1 1 10700".into()), ms(0), 10_000));
         assert!(!watch.observe(Some("1 1 10700".into()), ms(699), 10_699));
         assert!(watch.observe(Some("1 1 10700".into()), ms(700), 10_700));
         // A renewal moves the deadline; a missing file keeps the last one.
-        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0);
+        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0, 10_000);
         assert!(!watch.observe(Some("1 1 10700".into()), ms(0), 10_000));
         assert!(!watch.observe(Some("1 2 11200".into()), ms(500), 10_500));
         assert!(!watch.observe(None, ms(1000), 11_000));
         assert!(watch.observe(None, ms(1200), 11_200));
-        // A deadline already past when it is written (the agent's lease lapsed between the
-        // computation and the write) lapses at once.
-        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0);
-        assert!(watch.observe(Some("1 1 9000".into()), ms(0), 10_000));
+        // A deadline that passes after the container started lapses at once when seen.
+        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0, 10_000);
+        assert!(watch.observe(Some("1 1 10100".into()), ms(200), 10_200));
+        // One already past when the container started is its pod's earlier run's (the lease
+        // was lost, then held again, and the kubelet writes the new deadline after the start):
+        // not enforced; the next renewal's is, and the silence timeout stays.
+        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0, 10_000);
+        assert!(!watch.observe(Some("1 7 9000".into()), ms(0), 10_000));
+        assert!(!watch.observe(Some("1 7 9000".into()), ms(100), 10_100));
+        assert!(!watch.observe(Some("1 8 10900".into()), ms(200), 10_200));
+        assert!(watch.observe(Some("1 8 10900".into()), ms(900), 10_900));
+        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0, 10_000);
+        assert!(!watch.observe(Some("1 7 9000".into()), ms(0), 10_000));
+        assert!(!watch.observe(Some("1 7 9000".into()), ms(4_999), 14_999));
+        assert!(watch.observe(Some("1 7 9000".into()), ms(5_000), 15_000));
     }
 
     #[test]
@@ -150,7 +168,7 @@ mod tests {
         let t0 = Instant::now();
         let now = monotonic_ms();
         assert!(now > 0);
-        let mut watch = LeaseWatch::new(Duration::from_millis(50), t0);
+        let mut watch = LeaseWatch::new(Duration::from_millis(50), t0, now - 10);
         renew(&path, 1, now + 60_000).unwrap();
         let first = std::fs::read_to_string(&path).ok();
         assert!(!watch.observe(first.clone(), t0 + Duration::from_millis(40), now));

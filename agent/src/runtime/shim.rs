@@ -378,7 +378,11 @@ pub fn run(args: &ShimArgs) -> io::Result<()> {
         .map(|(path, ms)| {
             (
                 path,
-                super::lease::LeaseWatch::new(Duration::from_millis(ms), Instant::now()),
+                super::lease::LeaseWatch::new(
+                    Duration::from_millis(ms),
+                    Instant::now(),
+                    super::lease::monotonic_ms(),
+                ),
             )
         });
     let mut lease_checked = Instant::now();
