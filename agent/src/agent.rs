@@ -395,7 +395,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
                 host_paths: crate::runtime::HostPathPolicy {
                     allow: config.host_path_allow.clone(),
                 },
-                allocatable: crate::scheduler::model::Resources::new(
+                allocatable: shoal_model::placement::Resources::new(
                     meta.capacity.cpu_millis,
                     meta.capacity.memory_bytes,
                     u64::from(meta.capacity.pods),

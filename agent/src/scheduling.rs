@@ -28,8 +28,8 @@ use crate::scheduler::auction::{
 use crate::scheduler::cluster::ClusterView;
 use crate::scheduler::eviction;
 use crate::scheduler::lease::{self, LeaseReply, LeaseRequest};
-use crate::scheduler::model::{NodeView, PodRequest, Resources, Taint, TaintEffect};
 use crate::scheduler::partition::{self, FenceConfig, Policy};
+use shoal_model::placement::{NodeView, PodRequest, Resources, Taint, TaintEffect};
 
 /// Annotation carrying a binding's epoch.
 pub const EPOCH_ANNOTATION: &str = shoal_state::crdt::BINDING_EPOCH_ANNOTATION;

@@ -6,10 +6,11 @@
 //! libFuzzer, nightly) drives them; the tests at the end replay its committed corpus and every
 //! crash input kept in `chaos-tests/fuzz/regressions/` under stable `cargo test`.
 //!
-//! The API's admission, patches and selectors are private to `shoal-agent`
-//! (`api::validation::admit`, `api::patch`, `api::selector`), so those three targets go through
-//! the nearest public entry point, [`shoal_agent::api::router`], served in-process (no socket)
-//! over a one-node store, with `dryRun=All` wherever nothing needs writing (`api.rs`).
+//! The admission, patch and selector targets go through the Kubernetes API as a client reaches
+//! it, [`shoal_agent::api::router`], served in-process (no socket) over a one-node store, with
+//! `dryRun=All` wherever nothing needs writing (`api.rs`): so they cover the object model's
+//! checks (`shoal_model::validation`, `shoal_model::selector`) and the agent's own steps
+//! around them (`api::patch`, which is private, and the unknown-field check).
 //!
 //! An input made of several parts separates them with NUL bytes (never part of JSON or YAML).
 
@@ -202,7 +203,7 @@ fn reconcile_admitted(object: &Value) {
         }
         "Job" => reconcile_job(object, &mut random),
         "CronJob" => {
-            if let Ok(schedule) = cron_job::schedule(object) {
+            if let Ok(schedule) = shoal_model::cron::schedule(object) {
                 let _ = schedule.next(NOW_MS);
                 let _ = schedule.latest(NOW_MS - 3_600_000, NOW_MS);
             }
@@ -219,7 +220,7 @@ fn reconcile_admitted(object: &Value) {
         }
         "Service" => serve_service(object),
         "HorizontalPodAutoscaler" => {
-            let _ = hpa::Spec::parse(object);
+            let _ = shoal_model::hpa::Spec::parse(object);
             let mut memory = hpa::Memory::default();
             let _ = hpa::reconcile(
                 object,
@@ -240,7 +241,7 @@ fn reconcile_admitted(object: &Value) {
 /// A pod as the kubelet, the scheduler and the controllers read it.
 fn read_pod(pod: &Value) {
     let _ = shoal_agent::kubelet::pod::PodPlan::parse(pod);
-    let _ = shoal_agent::scheduler::model::PodRequest::from_pod(pod);
+    let _ = shoal_model::placement::PodRequest::from_pod(pod);
     let _ = PodView::new(pod, None);
 }
 
@@ -255,7 +256,7 @@ fn reconcile_replica_set(set: &Value, random: &mut dyn FnMut() -> u64) {
 }
 
 fn reconcile_job(job: &Value, random: &mut dyn FnMut() -> u64) {
-    let _ = job::failure_policy(job);
+    let _ = shoal_model::job::failure_policy(job);
     for action in job::reconcile(job, &[], NOW_MS, random)
         .into_iter()
         .take(FOLLOWED)
@@ -379,8 +380,8 @@ pub fn selectors(data: &[u8]) {
         let _ = shoal_agent::api::parse_path(text);
     }
     if let Ok(text) = std::str::from_utf8(quantity) {
-        let _ = shoal_agent::scheduler::quantity::cpu_millis(text);
-        let _ = shoal_agent::scheduler::quantity::bytes(text);
+        let _ = shoal_model::quantity::cpu_millis(text);
+        let _ = shoal_model::quantity::bytes(text);
     }
     let query = format!(
         "labelSelector={}&fieldSelector={}",

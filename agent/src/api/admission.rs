@@ -12,8 +12,8 @@ use shoal_state::{ObjectKey, WriteMode};
 use super::handlers::{Query, object_error, warn, write_error};
 use super::resources::ApiResource;
 use super::status::ApiError;
-use super::validation;
 use crate::replication::Replication;
+use shoal_model::validation::{self, FieldError};
 
 /// What admission reads beside the object: the store, and where ClusterIPs come from.
 #[derive(Clone, Copy)]
@@ -108,9 +108,44 @@ pub fn prepare(
     let display_name = object["metadata"]["name"].as_str().unwrap_or("").to_owned();
     let mut valid = shoal_state::validate(object, namespace.unwrap_or("default"))
         .map_err(|e| object_error(resource.kind, &display_name, e))?;
-    validation::admit(info.kind, &mut valid.body)
+    pod_cidr_block(info.kind, &valid.body)
+        .and_then(|()| validation::admit(info.kind, &mut valid.body))
         .map_err(|e| ApiError::invalid(resource.kind, &display_name, &e.field, &e.detail))?;
     Ok(valid)
+}
+
+/// A `PodCIDRBlock` lease's name, cidr and node agree, in the network plugin's naming (the
+/// one kind whose check belongs to `netplugin`, not to the object model).
+fn pod_cidr_block(kind: &str, object: &Value) -> Result<(), FieldError> {
+    if kind != "PodCIDRBlock" {
+        return Ok(());
+    }
+    let err = |field: &str, detail: String| FieldError {
+        field: field.into(),
+        detail,
+    };
+    let name = object["metadata"]["name"].as_str().unwrap_or_default();
+    let Some((block, holder)) = shoal_net::lease::parse_lease_name(name) else {
+        return Err(err(
+            "metadata.name",
+            format!(
+                "Invalid value: {name:?}: must be <block>.<node id>, like 10-88-3-0-24.1f2e3d4c5b6a7980"
+            ),
+        ));
+    };
+    if object["spec"]["cidr"].as_str() != Some(block.to_string().as_str()) {
+        return Err(err(
+            "spec.cidr",
+            format!("Invalid value: must be {block}, the block the name stands for"),
+        ));
+    }
+    if object["spec"]["nodeID"].as_str() != Some(holder) {
+        return Err(err(
+            "spec.nodeID",
+            format!("Invalid value: must be {holder:?}, the node the name stands for"),
+        ));
+    }
+    Ok(())
 }
 
 impl Admission<'_> {

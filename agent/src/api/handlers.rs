@@ -15,8 +15,8 @@ use super::admission::prepare;
 use super::observed;
 use super::patch::{self, PatchError};
 use super::resources::{ApiResource, Source};
-use super::selector::{FieldSelector, LabelSelector};
 use super::status::ApiError;
+use shoal_model::selector::{FieldSelector, LabelSelector};
 
 pub use super::delete::{delete, delete_collection};
 pub(super) use super::read::get_object;

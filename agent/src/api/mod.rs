@@ -14,17 +14,12 @@ mod portforward;
 mod protobuf;
 mod read;
 pub(crate) mod resources;
-mod selector;
 mod spdy;
 pub(crate) mod status;
 mod stream;
 mod subresource;
 mod table;
-pub(crate) mod validation;
 mod watch;
-
-/// The apiserver's defaulting of `kind` (controllers build objects users could have written).
-pub(crate) use validation::default as default_object;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

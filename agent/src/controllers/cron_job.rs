@@ -11,12 +11,9 @@
 //! (`batch.shoal.io/last-schedule`) when its Job is created, so a time whose Job the history limit
 //! already deleted is never run again.
 
-use std::str::FromStr;
-
-use chrono::{TimeZone, Utc};
-use croner::Cron;
-use croner::parser::{CronParser, Seconds, Year};
 use serde_json::{Value, json};
+
+use shoal_model::cron::schedule;
 
 use super::job;
 use super::workload::{Action, PodView, controller_of, controller_ref, created_ms};
@@ -25,66 +22,6 @@ use super::workload::{Action, PodView, controller_of, controller_ref, created_ms
 pub const SCHEDULED_KEY: &str = "batch.kubernetes.io/cronjob-scheduled-timestamp";
 /// The CronJob's own record of the last time it created a Job for.
 pub const LAST_SCHEDULE_KEY: &str = "batch.shoal.io/last-schedule";
-
-/// A parsed `spec.schedule` in its time zone.
-#[derive(Debug)]
-pub struct Schedule {
-    cron: Cron,
-    zone: chrono_tz::Tz,
-}
-
-/// Parses `spec.schedule` and `spec.timeZone`; the error names the field.
-pub fn schedule(cron_job: &Value) -> Result<Schedule, (&'static str, String)> {
-    let spec = &cron_job["spec"];
-    let Some(text) = spec["schedule"].as_str() else {
-        return Err(("spec.schedule", "Required value".into()));
-    };
-    if text.trim_start().starts_with("TZ=") || text.trim_start().starts_with("CRON_TZ=") {
-        return Err((
-            "spec.schedule",
-            format!("Invalid value: {text:?}: TZ and CRON_TZ are not supported, use spec.timeZone"),
-        ));
-    }
-    let cron = CronParser::builder()
-        .seconds(Seconds::Disallowed)
-        .year(Year::Disallowed)
-        .build()
-        .parse(text)
-        .map_err(|e| ("spec.schedule", format!("Invalid value: {text:?}: {e}")))?;
-    let zone = match spec["timeZone"].as_str() {
-        None => chrono_tz::Tz::UTC,
-        Some(name) => chrono_tz::Tz::from_str(name).map_err(|_| {
-            (
-                "spec.timeZone",
-                format!("Invalid value: {name:?}: unknown time zone"),
-            )
-        })?,
-    };
-    Ok(Schedule { cron, zone })
-}
-
-impl Schedule {
-    /// The latest scheduled time in `(after_ms, now_ms]`, ms since the epoch.
-    pub fn latest(&self, after_ms: u64, now_ms: u64) -> Option<u64> {
-        let now = self
-            .zone
-            .timestamp_millis_opt(i64::try_from(now_ms).ok()?)
-            .single()?;
-        let previous = self.cron.find_previous_occurrence(&now, true).ok()?;
-        let at = u64::try_from(previous.with_timezone(&Utc).timestamp_millis()).ok()?;
-        (at > after_ms).then_some(at)
-    }
-
-    /// The next scheduled time after `after_ms`.
-    pub fn next(&self, after_ms: u64) -> Option<u64> {
-        let after = self
-            .zone
-            .timestamp_millis_opt(i64::try_from(after_ms).ok()?)
-            .single()?;
-        let next = self.cron.find_next_occurrence(&after, false).ok()?;
-        u64::try_from(next.with_timezone(&Utc).timestamp_millis()).ok()
-    }
-}
 
 use super::workload::rfc3339_seconds as rfc3339_ms;
 
@@ -237,7 +174,7 @@ pub fn new_job(cron_job: &Value, job_name: &str, at: u64) -> Value {
     if let Some(meta) = job_object["metadata"].as_object_mut() {
         meta.retain(|_, v| !v.is_null());
     }
-    crate::api::default_object("Job", &mut job_object);
+    shoal_model::validation::default("Job", &mut job_object);
     job_object
 }
 

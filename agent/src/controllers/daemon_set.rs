@@ -35,7 +35,7 @@ use serde_json::{Value, json};
 
 use super::workload::{Action, PodView, min_ready_ms, template_hash};
 use crate::scheduler::cluster::ClusterView;
-use crate::scheduler::model::{NodeView, PodRequest, Resources, TaintEffect};
+use shoal_model::placement::{NodeView, PodRequest, Resources, TaintEffect};
 
 /// The tolerations Kubernetes' DaemonSet controller adds to its pods: a daemon keeps running
 /// on a cordoned node (`kubectl drain --ignore-daemonsets` leaves it there) and on one that
@@ -62,7 +62,7 @@ pub fn daemon_pod(ds: &Value, node_name: &str) -> Value {
             }
         }
         spec["tolerations"] = Value::Array(tolerations);
-        crate::api::validation::default_pod(&mut spec);
+        shoal_model::validation::default_pod(&mut spec);
     }
     let mut labels = template["metadata"]["labels"].clone();
     if !labels.is_object() {
@@ -508,7 +508,7 @@ mod tests {
         assert_eq!(going, ["n0", "n1"]);
     }
 
-    use crate::scheduler::model::{NodeView, Taint, TaintEffect};
+    use shoal_model::placement::{NodeView, Taint, TaintEffect};
 
     const NOW: u64 = 1_800_000_000_000;
 

@@ -616,7 +616,7 @@ fn check(
             .map(|d| d.as_millis() as u64)
             .collect();
         times.sort_unstable();
-        let schedule = super::cron_job::schedule(cj).map_err(|(_, e)| e)?;
+        let schedule = shoal_model::cron::schedule(cj).map_err(|(_, e)| e)?;
         for pair in times.windows(2) {
             if schedule.next(pair[0]) != Some(pair[1]) {
                 errors.push(format!(

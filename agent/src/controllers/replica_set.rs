@@ -121,7 +121,7 @@ pub fn new_pod(rs: &Value, suffix: &str) -> Value {
         metadata["annotations"] = template["metadata"]["annotations"].clone();
     }
     let mut spec = template["spec"].clone();
-    crate::api::validation::default_pod(&mut spec);
+    shoal_model::validation::default_pod(&mut spec);
     json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec})
 }
 

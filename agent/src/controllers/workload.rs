@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use crate::scheduler::model::{Term, label_selector, term_matches};
+use shoal_model::placement::{Term, label_selector, term_matches};
 
 /// A pod's phase as its node reports it (`Pending` until a node does).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -343,7 +343,7 @@ pub fn name_suffix(random: u64) -> String {
 pub fn template_hash(template: &Value) -> String {
     use sha2::Digest;
     let mut template = template.clone();
-    crate::api::validation::hashed_template(&mut template);
+    shoal_model::validation::hashed_template(&mut template);
     if let Some(labels) = template["metadata"]["labels"].as_object_mut() {
         labels.remove("pod-template-hash");
     }
@@ -415,7 +415,7 @@ mod tests {
         let bare = json!({"metadata": {"labels": {"app": "web"}},
                           "spec": {"containers": [{"name": "c", "image": "web:1"}]}});
         let mut defaulted = bare.clone();
-        crate::api::validation::default_pod_template(&mut defaulted);
+        shoal_model::validation::default_pod_template(&mut defaulted);
         assert_ne!(defaulted, bare);
         assert_eq!(template_hash(&defaulted), template_hash(&bare));
         // Templates stored with the null lists an earlier defaulting inserted hash as the

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::scheduler::model::Resources;
+use shoal_model::placement::Resources;
 
 /// Why a pod was refused, in the kubelet's words.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,10 +9,10 @@ use std::path::PathBuf;
 use base64::Engine;
 use serde_json::Value;
 
-use super::environment::{Environment, TooLarge};
 use super::pod::{ContainerPlan, EnvSource, HostPathType, PodPlan, VolumeSource};
 use crate::images::ResolvedImage;
 use crate::runtime::spec::{BindMount, ContainerRequest, DEFAULT_CAPABILITIES, Limits, Seccomp};
+use shoal_model::environment::{Environment, TooLarge};
 
 /// Why a container cannot be created, as Kubernetes reports it in `waiting.reason`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,7 +167,7 @@ fn resource_value(
                 c.cpu_request_millis
             }
             .unwrap_or(0);
-            let div = crate::scheduler::quantity::cpu_millis(divisor)
+            let div = shoal_model::quantity::cpu_millis(divisor)
                 .map_err(bad)?
                 .max(1);
             millis.div_ceil(div).to_string()
@@ -179,9 +179,7 @@ fn resource_value(
                 c.memory_request_bytes
             }
             .unwrap_or(0);
-            let div = crate::scheduler::quantity::bytes(divisor)
-                .map_err(bad)?
-                .max(1);
+            let div = shoal_model::quantity::bytes(divisor).map_err(bad)?.max(1);
             bytes.div_ceil(div).to_string()
         }
         other => {

@@ -1,12 +1,10 @@
 //! The kubelet: runs the pods bound to this node (DESIGN.md §8).
 pub mod admission;
 pub mod container;
-pub mod environment;
 pub mod exec;
 pub mod image_puller;
 pub mod logs;
 pub mod metrics;
-pub mod node_inputs;
 pub mod node_service;
 pub mod pod;
 pub mod probe;
@@ -45,7 +43,7 @@ pub struct KubeletConfig {
     /// Which host paths `hostPath` volumes may name (`--host-path-allow`).
     pub host_paths: crate::runtime::HostPathPolicy,
     /// What pods may request in all on this node (its capacity, as gossiped to bidders).
-    pub allocatable: crate::scheduler::model::Resources,
+    pub allocatable: shoal_model::placement::Resources,
 }
 
 impl Default for KubeletConfig {
@@ -56,7 +54,7 @@ impl Default for KubeletConfig {
             allow_privileged: false,
             pod_pids_limit: Some(4096),
             host_paths: Default::default(),
-            allocatable: crate::scheduler::model::Resources::new(u64::MAX, u64::MAX, u64::MAX),
+            allocatable: shoal_model::placement::Resources::new(u64::MAX, u64::MAX, u64::MAX),
         }
     }
 }
@@ -650,7 +648,7 @@ impl Kubelet {
         observed: &HashMap<String, ObservedPod>,
         workers: &HashMap<String, PodWorker>,
     ) -> HashMap<String, admission::Refusal> {
-        use crate::scheduler::model::Resources;
+        use shoal_model::placement::Resources;
         let sandbox_requests = |uid: &str| {
             observed.get(uid).map(|pod| {
                 let sandbox = &pod.sandbox;

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::scheduler::quantity;
+use shoal_model::quantity;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RestartPolicy {
@@ -84,7 +84,7 @@ pub enum VolumeSource {
 pub use crate::runtime::HostPathType;
 
 /// `items[]` of a configMap or secret volume: one key written at `path` (checked to
-/// descend, [`super::node_inputs`]).
+/// descend, [`shoal_model::node_inputs`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyToPath {
     pub key: String,
@@ -236,7 +236,7 @@ pub struct PodPlan {
     pub dns: shoal_net::dns::PodDns,
     /// The pod's requests as the auction and admission count them (recorded with its sandbox,
     /// so admission still counts a pod that runs here after its object is gone).
-    pub requests: crate::scheduler::model::Resources,
+    pub requests: shoal_model::placement::Resources,
 }
 
 fn strings(value: &Value) -> Option<Vec<String>> {
@@ -448,7 +448,7 @@ impl PodPlan {
         let spec = &pod["spec"];
         // Again at the node: the API checked this, but a stored pod may come from a peer that
         // did not (or an older version of this check).
-        super::node_inputs::check(spec, "spec").map_err(|p| p.to_string())?;
+        shoal_model::node_inputs::check(spec, "spec").map_err(|p| p.to_string())?;
         let uid = meta["uid"].as_str().unwrap_or_default();
         if !uid.is_empty() && !crate::runtime::is_safe_id(uid) {
             return Err(format!("metadata.uid: Invalid value: {uid:?}: not a uid"));
@@ -536,8 +536,8 @@ impl PodPlan {
         };
         let name = text(&meta["name"]);
         // Unparsable quantities failed in `container` above already.
-        let requests = crate::scheduler::model::PodRequest::from_pod(pod)
-            .map_or(crate::scheduler::model::Resources::new(0, 0, 1), |r| {
+        let requests = shoal_model::placement::PodRequest::from_pod(pod)
+            .map_or(shoal_model::placement::Resources::new(0, 0, 1), |r| {
                 r.requests
             });
         Ok(Self {

@@ -59,35 +59,7 @@ pub enum RuntimeError {
     Network(#[from] shoal_net::NetError),
 }
 
-/// `hostPath.type`: what must be at the path (and what the kubelet creates).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HostPathType {
-    /// `""`: no check.
-    Unchecked,
-    DirectoryOrCreate,
-    Directory,
-    FileOrCreate,
-    File,
-    Socket,
-    CharDevice,
-    BlockDevice,
-}
-
-impl HostPathType {
-    pub fn parse(value: &str) -> Option<Self> {
-        Some(match value {
-            "" => Self::Unchecked,
-            "DirectoryOrCreate" => Self::DirectoryOrCreate,
-            "Directory" => Self::Directory,
-            "FileOrCreate" => Self::FileOrCreate,
-            "File" => Self::File,
-            "Socket" => Self::Socket,
-            "CharDevice" => Self::CharDevice,
-            "BlockDevice" => Self::BlockDevice,
-            _ => return None,
-        })
-    }
-}
+pub use shoal_model::node_inputs::HostPathType;
 
 /// Which host paths pods may mount with `hostPath` (`--host-path-allow`): below one of
 /// `allow` (any path when empty), and never the agent's own data dir, anything in it, or

@@ -26,8 +26,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::cluster::ClusterView;
-use super::model::{PodRequest, Resources};
 use super::predicates::{self, Decline};
+use shoal_model::placement::{PodRequest, Resources};
 
 pub type NodeId = u64;
 

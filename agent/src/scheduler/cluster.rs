@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::model::{NodeView, Operator, PodRequest, Resources, Term};
+use shoal_model::placement::{NodeView, Operator, PodRequest, Resources, Term};
 
 /// What the view keeps of a placed pod.
 #[derive(Debug, Clone)]
@@ -242,7 +242,10 @@ impl ClusterView {
             .values()
             .filter(|n| n.labels.get(topology_key).is_some_and(|d| d == domain))
             .flat_map(|n| self.pods_on.get(&n.id).into_iter().flatten())
-            .filter(|p| p.namespace == namespace && super::model::term_matches(selector, &p.labels))
+            .filter(|p| {
+                p.namespace == namespace
+                    && shoal_model::placement::term_matches(selector, &p.labels)
+            })
             .count() as u64
     }
 

@@ -12,10 +12,8 @@ pub mod auction;
 pub mod cluster;
 pub mod eviction;
 pub mod lease;
-pub mod model;
 pub mod partition;
 pub mod predicates;
-pub mod quantity;
 pub mod sim;
 pub mod workload;
 

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use super::cluster::ClusterView;
-use super::model::{NodeView, PodRequest, Resources, TaintEffect, term_matches};
+use shoal_model::placement::{NodeView, PodRequest, Resources, TaintEffect, term_matches};
 
 /// Why a node declines a pod.
 #[derive(
@@ -116,7 +116,7 @@ pub fn check(
         });
         // As in Kubernetes: the first pod of a group that matches its own selector may go
         // anywhere, or it could never be placed.
-        let first_of_its_kind = super::model::term_matches(&term.selector, &pod.labels)
+        let first_of_its_kind = shoal_model::placement::term_matches(&term.selector, &pod.labels)
             && !cluster.any_matching(&term.topology_key, &pod.namespace, &term.selector);
         if here == 0 && !first_of_its_kind {
             return Err(Decline::Affinity);
@@ -248,7 +248,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::scheduler::model::{Taint, TaintEffect};
+    use shoal_model::placement::{Taint, TaintEffect};
 
     fn node(id: u64, labels: &[(&str, &str)], cpu: u64, mem_gib: u64) -> NodeView {
         let mut l: BTreeMap<String, String> = labels

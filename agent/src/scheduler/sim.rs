@@ -13,9 +13,9 @@ use super::auction::{
 };
 use super::cluster::ClusterView;
 use super::eviction;
-use super::model::{NodeView, PodRequest};
 use super::partition::{self, FenceConfig, Policy};
 use super::predicates;
+use shoal_model::placement::{NodeView, PodRequest};
 
 /// Tunables of a simulation.
 #[derive(Debug, Clone)]
@@ -304,7 +304,7 @@ impl Sim {
     pub fn heal(sides: Vec<Sim>) -> Sim {
         let mut sides = sides.into_iter();
         let mut merged = sides.next().expect("at least one side");
-        let mut all_nodes: BTreeMap<NodeId, super::model::NodeView> = BTreeMap::new();
+        let mut all_nodes: BTreeMap<NodeId, shoal_model::placement::NodeView> = BTreeMap::new();
         let mut schedulers = std::mem::take(&mut merged.schedulers);
         let mut bindings = std::mem::take(&mut merged.bindings);
         let mut now = merged.now;

@@ -6,9 +6,9 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::auction::{Binding, auctioneer};
-use super::model::{PodRequest, Resources};
 use super::sim::{Sim, SimConfig};
 use super::workload;
+use shoal_model::placement::{PodRequest, Resources};
 
 fn settle(sim: &mut Sim, want: usize) {
     sim.run(Duration::from_secs(60), |s| {
@@ -201,7 +201,7 @@ proptest! {
 #[test]
 fn a_high_priority_pod_preempts_the_least_important_pods() {
     use serde_json::json;
-    let node = |id: u64| super::model::NodeView {
+    let node = |id: u64| shoal_model::placement::NodeView {
         id,
         name: format!("n{id}"),
         labels: [("kubernetes.io/hostname".to_owned(), format!("n{id}"))].into(),

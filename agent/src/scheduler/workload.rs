@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::model::{
+use shoal_model::placement::{
     NodeView, Operator, PodRequest, Requirement, Resources, Spread, Taint, TaintEffect, Toleration,
 };
 

@@ -1,7 +1,7 @@
 //! The parts of a pod spec that reach a node's filesystem and arithmetic, checked the way the
 //! apiserver checks them (DESIGN.md §8: names are validated at the API *and* again at the
 //! node). The API calls [`check`] for pods and pod templates; the kubelet calls it again in
-//! [`super::pod::PodPlan::parse`], since a stored pod may come from a peer that did not.
+//! `PodPlan::parse` (`agent/src/kubelet/pod.rs`), since a stored pod may come from a peer that did not.
 //!
 //! What is checked: container and volume names are DNS-1123 labels (one safe path
 //! component each), ConfigMap/Secret item keys and paths stay beneath their volume, volume
@@ -12,8 +12,8 @@
 use serde_json::Value;
 use shoal_state::labels;
 
-use super::environment::Environment;
-use crate::scheduler::quantity;
+use crate::environment::Environment;
+use crate::quantity;
 
 /// A field and what is wrong with it (`spec.volumes[0].name`, `Invalid value: …`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +37,36 @@ fn problem(field: impl Into<String>, detail: impl Into<String>) -> Problem {
 
 fn invalid(field: String, value: &str, reason: &str) -> Problem {
     problem(field, format!("Invalid value: {value:?}: {reason}"))
+}
+
+/// `hostPath.type`: what must be at the path (and what the kubelet creates).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostPathType {
+    /// `""`: no check.
+    Unchecked,
+    DirectoryOrCreate,
+    Directory,
+    FileOrCreate,
+    File,
+    Socket,
+    CharDevice,
+    BlockDevice,
+}
+
+impl HostPathType {
+    pub fn parse(value: &str) -> Option<Self> {
+        Some(match value {
+            "" => Self::Unchecked,
+            "DirectoryOrCreate" => Self::DirectoryOrCreate,
+            "Directory" => Self::Directory,
+            "FileOrCreate" => Self::FileOrCreate,
+            "File" => Self::File,
+            "Socket" => Self::Socket,
+            "CharDevice" => Self::CharDevice,
+            "BlockDevice" => Self::BlockDevice,
+            _ => return None,
+        })
+    }
 }
 
 /// Seconds the node multiplies into milliseconds and adds to clocks: non-negative and small
@@ -129,7 +159,7 @@ fn items(source: &Value, at: &str) -> Result<(), Problem> {
 /// the node.
 /// The `$(VAR)` expansion of container `c` (at `at`) as far as the spec alone decides it:
 /// literal `env[].value`s against each other, then `command` and `args`, with the kubelet's
-/// bounds ([`super::environment`]). Variables from the image, ConfigMaps, Secrets and the
+/// bounds ([`crate::environment`]). Variables from the image, ConfigMaps, Secrets and the
 /// downward API are not known here: the kubelet checks again with them.
 fn expansion(c: &Value, at: &str) -> Result<(), Problem> {
     let mut env = Environment::new();
@@ -189,7 +219,7 @@ pub fn check(spec: &Value, path: &str) -> Result<(), Problem> {
                 ));
             }
             let kind = host["type"].as_str().unwrap_or_default();
-            if super::pod::HostPathType::parse(kind).is_none() {
+            if HostPathType::parse(kind).is_none() {
                 return Err(problem(
                     format!("{at}.hostPath.type"),
                     format!(

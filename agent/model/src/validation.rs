@@ -102,7 +102,7 @@ fn validate_pod_spec(spec: &Value, path: &str) -> Result<(), FieldError> {
     type_check(spec, path, "object")?;
     // What reaches the node's filesystem and arithmetic (names, paths, quantities,
     // durations): the same check the kubelet makes again.
-    crate::kubelet::node_inputs::check(spec, path).map_err(|p| err(p.field, p.detail))?;
+    crate::node_inputs::check(spec, path).map_err(|p| err(p.field, p.detail))?;
     let containers = &spec["containers"];
     type_check(containers, &format!("{path}.containers"), "array")?;
     let list = containers.as_array().map(Vec::as_slice).unwrap_or_default();
@@ -352,13 +352,12 @@ pub fn validate(kind: &str, object: &Value) -> Result<(), FieldError> {
             validate_template(object, false)?;
             validate_job_spec(&object["spec"], "spec")?;
             job_restart_policy(&object["spec"]["template"]["spec"], "spec.template.spec")?;
-            crate::controllers::job::failure_policy(object)
+            crate::job::failure_policy(object)
                 .map(|_| ())
                 .map_err(|(field, message)| err(field, message))
         }
         "CronJob" => {
-            crate::controllers::cron_job::schedule(object)
-                .map_err(|(field, message)| err(field, message))?;
+            crate::cron::schedule(object).map_err(|(field, message)| err(field, message))?;
             let job_spec = &object["spec"]["jobTemplate"]["spec"];
             if job_spec.is_null() {
                 return Err(err("spec.jobTemplate.spec", "Required value"));
@@ -410,33 +409,9 @@ pub fn validate(kind: &str, object: &Value) -> Result<(), FieldError> {
             }
             Ok(())
         }
-        "HorizontalPodAutoscaler" => crate::controllers::hpa::Spec::parse(object)
+        "HorizontalPodAutoscaler" => crate::hpa::Spec::parse(object)
             .map(|_| ())
             .map_err(|(field, message)| err(field, message)),
-        "PodCIDRBlock" => {
-            let name = object["metadata"]["name"].as_str().unwrap_or_default();
-            let Some((block, holder)) = shoal_net::lease::parse_lease_name(name) else {
-                return Err(err(
-                    "metadata.name",
-                    format!(
-                        "Invalid value: {name:?}: must be <block>.<node id>, like 10-88-3-0-24.1f2e3d4c5b6a7980"
-                    ),
-                ));
-            };
-            if object["spec"]["cidr"].as_str() != Some(block.to_string().as_str()) {
-                return Err(err(
-                    "spec.cidr",
-                    format!("Invalid value: must be {block}, the block the name stands for"),
-                ));
-            }
-            if object["spec"]["nodeID"].as_str() != Some(holder) {
-                return Err(err(
-                    "spec.nodeID",
-                    format!("Invalid value: must be {holder:?}, the node the name stands for"),
-                ));
-            }
-            Ok(())
-        }
         _ => Ok(()),
     }
 }
@@ -527,7 +502,6 @@ fn default_pod_spec(spec: &mut Value) {
     }
 }
 
-/// Fills defaults the apiserver would.
 /// What the Kubernetes API does to an object before it is written: the kind's checks, then the
 /// apiserver's defaults (which assume the checks passed).
 pub fn admit(kind: &str, body: &mut Value) -> Result<(), FieldError> {
@@ -695,7 +669,7 @@ pub fn default(kind: &str, object: &mut Value) {
             }
         }
         "Secret" => default_field(object, "type", json!("Opaque")),
-        "HorizontalPodAutoscaler" => crate::controllers::hpa::default(object),
+        "HorizontalPodAutoscaler" => crate::hpa::default(object),
         _ => {}
     }
 }
