@@ -335,7 +335,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         crate::scheduling::SchedulingConfig {
             eviction_delay: config.eviction_delay,
             // Detection bound: twice what the phi threshold needs at a steady heartbeat.
-            fence: crate::scheduler::partition::FenceConfig::new(
+            fence: shoal_core::placement::partition::FenceConfig::new(
                 config.gossip_interval.mul_f64(config.phi_threshold * 2.0),
                 config.fence_timeout,
             ),

@@ -24,7 +24,6 @@ pub mod node_identity;
 pub mod node_settings;
 pub mod replication;
 pub mod runtime;
-pub mod scheduler;
 pub mod scheduling;
 pub mod services;
 pub mod session;

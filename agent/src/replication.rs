@@ -1047,8 +1047,10 @@ fn home_of(
         .filter(|m| m.is_self || m.state == MemberState::Alive)
         .filter_map(|m| Some((u64::from_str_radix(&m.node_id, 16).ok()?, m)))
         .collect();
-    let home =
-        crate::scheduler::auction::auctioneer(&key.to_string(), live.iter().map(|(id, _)| *id))?;
+    let home = shoal_core::placement::auction::auctioneer(
+        &key.to_string(),
+        live.iter().map(|(id, _)| *id),
+    )?;
     let (_, member) = live.iter().find(|(id, _)| *id == home)?;
     let addr = (!member.is_self).then_some(member.gossip_addr);
     Some((member.name().to_owned(), addr))

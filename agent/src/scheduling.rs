@@ -22,13 +22,13 @@ use tracing::{debug, info, warn};
 use crate::events::{self, EventType, NewEvent, ObjectRef, Recorder};
 
 use crate::replication::Replication;
-use crate::scheduler::auction::{
+use shoal_core::placement::auction::{
     AuctionConfig, Binding, Message, NodeId, Output, Scheduler, World, auctioneer,
 };
-use crate::scheduler::cluster::ClusterView;
-use crate::scheduler::eviction;
-use crate::scheduler::lease::{self, LeaseReply, LeaseRequest};
-use crate::scheduler::partition::{self, FenceConfig, Policy};
+use shoal_core::placement::cluster::ClusterView;
+use shoal_core::placement::eviction;
+use shoal_core::placement::lease::{self, LeaseReply, LeaseRequest};
+use shoal_core::placement::partition::{self, FenceConfig, Policy};
 use shoal_model::placement::{NodeView, PodRequest, Resources, Taint, TaintEffect};
 
 /// Annotation carrying a binding's epoch.

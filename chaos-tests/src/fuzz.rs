@@ -185,7 +185,7 @@ fn reconcile_admitted(object: &Value) {
             let _ = deployment::status(object, &[], &[], NOW_MS);
         }
         "DaemonSet" => {
-            let cluster = shoal_agent::scheduler::cluster::ClusterView::default();
+            let cluster = shoal_core::placement::cluster::ClusterView::default();
             let _ = daemon_set::fitting_nodes(object, &cluster);
             read_pod(&daemon_set::daemon_pod(object, "fuzz-node"));
             let round = daemon_set::Round {

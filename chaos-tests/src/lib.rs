@@ -12,6 +12,7 @@ pub mod poison;
 pub mod report;
 pub mod run;
 pub mod scenario;
+pub mod sim;
 pub mod testkit;
 
 /// The `shoal` binary of this build (`target/<profile>/shoal`, next to the test or bench

@@ -1,6 +1,6 @@
 //! Workload controllers without a controller manager (DESIGN.md §7): every workload object
 //! is reconciled by one owner node, the live node with the highest rendezvous hash of the
-//! object's uid (the auction's rule, [`crate::scheduler::auction::auctioneer`]), so a dead
+//! object's uid (the auction's rule, [`shoal_core::placement::auction::auctioneer`]), so a dead
 //! owner is replaced without an election and work spreads over the cluster. The decisions are
 //! pure ([`replica_set`], [`deployment`]); this shell feeds them the store and the pods'
 //! gossiped statuses and writes their actions through the same store API users write with.
@@ -8,7 +8,7 @@
 //!
 //! After a partition both sides' owners may have acted; the next reconcile on the healed
 //! cluster removes the surplus in the same deterministic order everywhere
-//! ([`replica_set::removal_rank`]). The partition simulator (`partition_sim.rs`, tests) runs
+//! ([`replica_set::removal_rank`]). The partition simulator (`chaos-tests/src/sim/partition.rs`, tests) runs
 //! this module's pure core — [`decide`], [`write_of`], [`overlay`], [`garbage_plan`],
 //! [`garbage_writes`] — on both sides of a cut over real stores and checks the healed state.
 
@@ -20,8 +20,7 @@ pub mod garbage;
 pub mod hpa;
 pub mod job;
 pub mod namespace;
-#[cfg(test)]
-mod partition_sim;
+
 pub mod quarantine;
 pub mod replica_set;
 pub mod service_ip;
@@ -39,8 +38,9 @@ use tracing::{debug, info, warn};
 
 use crate::kubelet::status::PodStatusCache;
 use crate::replication::Replication;
-use quarantine::Quarantine;
-use workload::{Action, PodView};
+pub use quarantine::Quarantine;
+pub use workload::Action;
+use workload::PodView;
 
 /// Writes one pass keeps in flight.
 const WRITES_IN_FLIGHT: usize = 16;
@@ -409,17 +409,17 @@ pub fn decide(
     actions
 }
 
-fn namespace_of(object: &Value) -> &str {
+pub fn namespace_of(object: &Value) -> &str {
     object["metadata"]["namespace"]
         .as_str()
         .unwrap_or("default")
 }
 
-fn name_of(object: &Value) -> &str {
+pub fn name_of(object: &Value) -> &str {
     object["metadata"]["name"].as_str().unwrap_or_default()
 }
 
-fn uid_of(object: &Value) -> &str {
+pub fn uid_of(object: &Value) -> &str {
     object["metadata"]["uid"].as_str().unwrap_or_default()
 }
 
@@ -548,7 +548,7 @@ impl Controllers {
     }
 
     fn owns(&self, object: &Value, live: &[u64]) -> bool {
-        crate::scheduler::auction::auctioneer(uid_of(object), live.iter().copied())
+        shoal_core::placement::auction::auctioneer(uid_of(object), live.iter().copied())
             == Some(self.node_id)
     }
 
@@ -732,7 +732,7 @@ impl Controllers {
             .iter()
             .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
             .collect();
-        let bootstrap = crate::scheduler::auction::auctioneer(
+        let bootstrap = shoal_core::placement::auction::auctioneer(
             "shoal-built-in-namespaces",
             live.iter().copied(),
         ) == Some(self.node_id);
@@ -1277,8 +1277,9 @@ pub fn garbage_plan(
             read.tombstones.get(key).cloned(),
         )
     };
-    let mine =
-        |uid: &str| crate::scheduler::auction::auctioneer(uid, live.iter().copied()) == Some(node);
+    let mine = |uid: &str| {
+        shoal_core::placement::auction::auctioneer(uid, live.iter().copied()) == Some(node)
+    };
     garbage::plan(
         &read.objects,
         &garbage::Round {
@@ -1355,7 +1356,7 @@ pub fn garbage_writes(plan: garbage::Plan, now: &str) -> Vec<Collect> {
     writes
 }
 
-fn has_finalizers(object: &Value) -> bool {
+pub fn has_finalizers(object: &Value) -> bool {
     object["metadata"]["finalizers"]
         .as_array()
         .is_some_and(|f| !f.is_empty())

@@ -644,11 +644,11 @@ pub fn build(
         host_ipc: plan.host_ipc,
         host_network: plan.host_network,
         privileged: c.privileged,
-        fenced: crate::scheduler::partition::Policy::parse(
+        fenced: shoal_core::placement::partition::Policy::parse(
             plan.annotations
-                .get(crate::scheduler::partition::ANNOTATION)
+                .get(shoal_core::placement::partition::ANNOTATION)
                 .map(String::as_str),
-        ) == crate::scheduler::partition::Policy::Fenced,
+        ) == shoal_core::placement::partition::Policy::Fenced,
         stdin: c.stdin,
         stdin_once: c.stdin_once,
         tty: c.tty,

@@ -26,8 +26,8 @@ use crate::events::{self, EventType, NewEvent, ObjectRef, Recorder};
 use crate::images::{ImageError, ImageStore};
 use crate::replication::Replication;
 use crate::runtime::{ContainerMeta, ObservedPod, Runtime, SandboxSpec};
-use crate::scheduler::partition::{self, Policy};
 use crate::scheduling::Scheduling;
+use shoal_core::placement::partition::{self, Policy};
 use worker::{Action, PodWorker, ProbeKind, StopSignal, WorkerConfig};
 
 /// Tunables.

@@ -10,10 +10,10 @@
 //! container at whichever comes first:
 //!
 //! - **the deadline** written in the file: when the node's run lease on the pod lapses
-//!   (`scheduler::lease::Holder::held_until`), on the host's `CLOCK_MONOTONIC`, which every
+//!   (`shoal_core::placement::lease::Holder::held_until`), on the host's `CLOCK_MONOTONIC`, which every
 //!   process of the host shares and which neither the wall clock nor libfaketime (as the chaos
 //!   tool runs it) moves. This is what makes the stop punctual: the timing argument of
-//!   `scheduler::lease` needs the holder to stop its pod within the margin `term - hold`
+//!   `shoal_core::placement::lease` needs the holder to stop its pod within the margin `term - hold`
 //!   (1 s) after its lease lapses, and a kubelet pass slowed by a loaded host, or two passes
 //!   (a SIGTERM the pod ignores, then the SIGKILL), can take longer than that; the shim polls
 //!   every [`POLL`], whatever the kubelet does. (Found by the chaos tool: a fenced pod ran on
@@ -22,7 +22,7 @@
 //!   own clock from the last change it saw (the backstop for a lease file without a deadline).
 //!
 //! A deadline only ever shortens the run: an agent can at worst kill its own containers early.
-//! The timing argument of `scheduler::partition` holds for a silent agent too: it stops
+//! The timing argument of `shoal_core::placement::partition` holds for a silent agent too: it stops
 //! renewing when it goes silent at `t0`, its fenced containers are killed by the deadline it
 //! last wrote (at most `t0 + F`) plus `POLL`, and the majority replaces them no earlier than
 //! `t0 + R`, with `R > D + F + 1 s`.

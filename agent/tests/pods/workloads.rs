@@ -64,7 +64,7 @@ async fn owner_of_web(api: &crate::api::ApiLab) -> usize {
         let id = agent.client().self_info().await.unwrap().node_id;
         ids.push(u64::from_str_radix(&id, 16).unwrap());
     }
-    let owner_id = shoal_agent::scheduler::auction::auctioneer(&uid, ids.iter().copied()).unwrap();
+    let owner_id = shoal_core::placement::auction::auctioneer(&uid, ids.iter().copied()).unwrap();
     ids.iter().position(|id| *id == owner_id).unwrap()
 }
 

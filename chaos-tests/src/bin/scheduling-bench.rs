@@ -9,8 +9,8 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use shoal_agent::scheduler::sim::{Sim, SimConfig, central_greedy, cpu_utilisation_stddev};
-use shoal_agent::scheduler::workload;
+use shoal_chaos::sim::scheduler::{Sim, SimConfig, central_greedy, cpu_utilisation_stddev};
+use shoal_core::placement::workload;
 
 #[derive(Parser)]
 struct Args {
@@ -105,7 +105,7 @@ fn main() {
 }
 
 /// With SHOAL_BENCH_DEBUG set: CPU utilisation by node size (where imbalance comes from).
-fn debug_distribution(cluster: &shoal_agent::scheduler::cluster::ClusterView) {
+fn debug_distribution(cluster: &shoal_core::placement::cluster::ClusterView) {
     let mut by_size: std::collections::BTreeMap<u64, Vec<f64>> = Default::default();
     for n in cluster.nodes() {
         by_size

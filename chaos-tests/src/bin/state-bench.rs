@@ -265,7 +265,7 @@ async fn serialized(
         .context("ConfigMap kind")?;
     let local = |name: &str| {
         let key = shoal_state::ObjectKey::new(info, "default", name).to_string();
-        shoal_agent::scheduler::auction::auctioneer(&key, ids.iter().copied()) == Some(ids[0])
+        shoal_core::placement::auction::auctioneer(&key, ids.iter().copied()) == Some(ids[0])
     };
     let path = "/api/v1/namespaces/default/configmaps";
     let mut creates: [Vec<f64>; 2] = Default::default();

@@ -8,8 +8,8 @@
 //!
 //! What the sim models around the controllers, as the shell's neighbours do it: the scheduler
 //! binds unbound pods and rebinds those on nodes its side cannot see, when the live scheduler's
-//! decision (`scheduler::eviction`) lets them move (the real binding is an epoch register, with
-//! run leases for fenced pods, `scheduler::lease`; here it is `spec.nodeName` alone), and each
+//! decision (`shoal_core::placement::eviction`) lets them move (the real binding is an epoch register, with
+//! run leases for fenced pods, `shoal_core::placement::lease`; here it is `spec.nodeName` alone), and each
 //! kubelet reports the pods bound to it: Running and Ready, a Job's pods Succeeded after
 //! [`JOB_ROUNDS`] rounds. A side sees no status from the other side's nodes.
 
@@ -18,14 +18,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use serde_json::{Value, json};
 use shoal_state::{ObjectKey, Store, StoreConfig, WriteMode};
 
-use super::workload::{Phase, PodView, replicas, selector, selects};
-use super::{
+use shoal_agent::controllers::workload::{Phase, PodView, replicas, selector, selects};
+use shoal_agent::controllers::{
     GarbageRead, Quarantine, Snapshot, Write, decide, garbage, garbage_plan, garbage_writes,
     has_finalizers, job, namespace_of, overlay, uid_of, write_of,
 };
-use crate::scheduler::auction::auctioneer;
-use crate::scheduler::eviction;
-use crate::scheduler::partition::{self, FenceConfig, Policy};
+use shoal_core::placement::auction::auctioneer;
+use shoal_core::placement::eviction;
+use shoal_core::placement::partition::{self, FenceConfig, Policy};
 
 /// The simulated epoch (ms).
 const START_MS: u64 = 1_800_000_000_000;
@@ -93,7 +93,8 @@ impl Kubelets {
                 .status(&pod, live, round)
                 .is_some_and(|s| s["phase"] == "Succeeded");
             if succeeded {
-                let job = super::workload::controller_of(&pod).unwrap_or_default();
+                let job =
+                    shoal_agent::controllers::workload::controller_of(&pod).unwrap_or_default();
                 self.succeeded.insert(uid_of(&pod).to_owned(), job);
             }
         }
@@ -278,7 +279,7 @@ impl Sim {
 }
 
 /// Writes `action` to `store`; 1 if that changed it.
-fn apply(store: &mut Store, action: super::Action, now_ms: u64) -> usize {
+fn apply(store: &mut Store, action: shoal_agent::controllers::Action, now_ms: u64) -> usize {
     write_of(action).map_or(0, |write| {
         usize::from(execute(store, write, now_ms).is_some_and(|w| w.change.is_some()))
     })
@@ -337,7 +338,12 @@ fn execute(store: &mut Store, write: Write, now_ms: u64) -> Option<shoal_state::
         }
         Write::Delete { key, uid } => {
             let current = store.get(&key);
-            match super::delete_write(key, uid, current.as_ref(), &job_time(now_ms)) {
+            match shoal_agent::controllers::delete_write(
+                key,
+                uid,
+                current.as_ref(),
+                &job_time(now_ms),
+            ) {
                 Write::Delete { key, uid } => store.delete_at(&key, Some(&uid), now_ms),
                 graceful => return execute(store, graceful, now_ms),
             }
@@ -466,7 +472,7 @@ fn check(
         .chain(&snapshot.replica_sets)
         .chain(&snapshot.jobs);
     for object in objects {
-        if let Some(owner) = super::workload::controller_of(object)
+        if let Some(owner) = shoal_agent::controllers::workload::controller_of(object)
             && !stored.contains(owner.as_str())
         {
             errors.push(format!(
@@ -523,8 +529,8 @@ fn check(
 
     // Each Deployment: one ReplicaSet of the current template holds all its replicas.
     for d in &snapshot.deployments {
-        let sets = super::deployment::owned_sets(d, &snapshot.replica_sets);
-        let hash = super::workload::template_hash(&d["spec"]["template"]);
+        let sets = shoal_agent::controllers::deployment::owned_sets(d, &snapshot.replica_sets);
+        let hash = shoal_agent::controllers::workload::template_hash(&d["spec"]["template"]);
         let current: Vec<&&Value> = sets
             .iter()
             .filter(|s| s["metadata"]["labels"]["pod-template-hash"] == hash.as_str())
@@ -607,9 +613,13 @@ fn check(
         let mut times: Vec<u64> = snapshot
             .jobs
             .iter()
-            .filter(|j| super::workload::controller_of(j).as_deref() == Some(uid_of(cj)))
+            .filter(|j| {
+                shoal_agent::controllers::workload::controller_of(j).as_deref() == Some(uid_of(cj))
+            })
             .filter_map(|j| {
-                let at = j["metadata"]["annotations"][super::cron_job::SCHEDULED_KEY].as_str()?;
+                let at = j["metadata"]["annotations"]
+                    [shoal_agent::controllers::cron_job::SCHEDULED_KEY]
+                    .as_str()?;
                 humantime::parse_rfc3339(at).ok()
             })
             .filter_map(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
@@ -676,7 +686,9 @@ fn active_pods(store: &Store, owner_uid: &str) -> usize {
     store
         .list("", "Pod", None)
         .iter()
-        .filter(|p| super::workload::controller_of(p).as_deref() == Some(owner_uid))
+        .filter(|p| {
+            shoal_agent::controllers::workload::controller_of(p).as_deref() == Some(owner_uid)
+        })
         .count()
 }
 
@@ -897,7 +909,12 @@ fn a_cron_job_scheduled_on_both_sides_keeps_one_job_per_time() {
         store
             .list("batch", "Job", None)
             .iter()
-            .map(|j| (super::name_of(j).to_owned(), uid_of(j).to_owned()))
+            .map(|j| {
+                (
+                    shoal_agent::controllers::name_of(j).to_owned(),
+                    uid_of(j).to_owned(),
+                )
+            })
             .collect()
     };
     let (a, b) = (jobs(&sim.sides[0].1), jobs(&sim.sides[1].1));

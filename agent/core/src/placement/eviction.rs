@@ -1,6 +1,6 @@
 //! Which pods go up for auction, and when a dead node's pods may move: one decision, driven by
-//! the live scheduler (`crate::scheduling`, fed with membership views) and by the simulator
-//! ([`super::sim`], fed with simulated deaths). Pure: time is an input (any monotonic clock's
+//! the live scheduler (the agent's `scheduling.rs`, fed with membership views) and by the simulator
+//! (`chaos-tests/src/sim/scheduler.rs`, fed with simulated deaths). Pure: time is an input (any monotonic clock's
 //! `Duration` since a fixed start, the same on every call).
 //!
 //! A pod bound to a live node stays (it counts against the node). A node that is suspect or

@@ -8,13 +8,13 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::auction::{
+use shoal_core::placement::auction::{
     AuctionConfig, Binding, Message, NodeId, Output, Scheduler, World, auctioneer,
 };
-use super::cluster::ClusterView;
-use super::eviction;
-use super::partition::{self, FenceConfig, Policy};
-use super::predicates;
+use shoal_core::placement::cluster::ClusterView;
+use shoal_core::placement::eviction;
+use shoal_core::placement::partition::{self, FenceConfig, Policy};
+use shoal_core::placement::predicates;
 use shoal_model::placement::{NodeView, PodRequest};
 
 /// Tunables of a simulation.

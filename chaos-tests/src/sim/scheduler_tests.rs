@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use super::auction::{Binding, auctioneer};
-use super::sim::{Sim, SimConfig};
-use super::workload;
+use super::scheduler::{Sim, SimConfig};
+use shoal_core::placement::auction::{Binding, auctioneer};
+use shoal_core::placement::workload;
 use shoal_model::placement::{PodRequest, Resources};
 
 fn settle(sim: &mut Sim, want: usize) {
@@ -26,7 +26,7 @@ fn fifty_nodes_place_every_pod_once_without_overcommit() {
     sim.check_invariants().unwrap();
     assert_eq!(sim.bound_count() + sim.unschedulable.len(), pods.len());
     // The workload asks for more than the 50 nodes have: compare with a central greedy scheduler.
-    let greedy = super::sim::central_greedy(&workload::nodes(1, 50), &pods);
+    let greedy = super::scheduler::central_greedy(&workload::nodes(1, 50), &pods);
     let greedy_placed: u64 = greedy.nodes().map(|n| greedy.allocated(n.id).pods).sum();
     assert!(
         sim.bound_count() as f64 >= 0.95 * greedy_placed as f64,
@@ -263,7 +263,7 @@ fn a_high_priority_pod_preempts_the_least_important_pods() {
 
 #[test]
 fn a_partition_heals_to_one_binding_per_pod_and_fenced_pods_never_run_twice() {
-    use super::partition::Policy;
+    use shoal_core::placement::partition::Policy;
     let nodes = workload::nodes(7, 50);
     let ids: Vec<u64> = nodes.iter().map(|n| n.id).collect();
     let pods = workload::pods(8, 600);

@@ -31,7 +31,7 @@
 //! that monotonic clocks advance at nearly the same rate (the margin `term - hold` covers the
 //! drift) and that a holder stops its pod within that margin after its lease lapses (the
 //! kubelet polls every 100 ms; a frozen agent's containers are killed by their shims `hold`
-//! after its last round, [`crate::runtime::lease`]).
+//! after its last round, the agent's `runtime/lease.rs`).
 //!
 //! The baseline a holder counts against is the largest of its own and those its grantors
 //! reported with replies whose grants still count (a report lapses with them). Baselines only
