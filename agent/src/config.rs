@@ -439,7 +439,7 @@ impl AgentConfig {
                 .service_cidr
                 .or(file.network.service_cidr)
                 .unwrap_or_else(|| {
-                    shoal_net::service_ip::DEFAULT_SERVICE_CIDR
+                    shoal_model::service_ip::DEFAULT_SERVICE_CIDR
                         .parse()
                         .expect("the default parses")
                 }),
@@ -535,7 +535,7 @@ impl AgentConfig {
                 format!("{} is not an absolute path", bad.display()),
             ));
         }
-        if let Err(e) = shoal_net::service_ip::check(
+        if let Err(e) = shoal_model::service_ip::check(
             self.service_cidr,
             std::net::Ipv4Addr::from(u32::from(self.service_cidr.network()) + 2),
         ) {

@@ -40,7 +40,7 @@ pub fn services_with_backends(
     let mut by_namespace: BTreeMap<String, Vec<(Value, Option<Value>)>> = BTreeMap::new();
     for mut pod in pods {
         // A pod being deleted is terminating (its `deletionTimestamp`, as the API shows it).
-        crate::controllers::garbage::render_deletion(&mut pod);
+        shoal_core::controllers::garbage::render_deletion(&mut pod);
         let status = statuses.status_of(&pod);
         let ns = pod["metadata"]["namespace"]
             .as_str()

@@ -269,7 +269,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 path.push_str(&format!("&gracePeriodSeconds={seconds}"));
             }
             let body = runtime()?.block_on(call(&client, hyper::Method::DELETE, &path, None))?;
-            use shoal_agent::controllers::garbage;
+            use shoal_core::controllers::garbage;
             match garbage::deletion_grace_ms(&body).filter(|_| garbage::deletion_requested(&body)) {
                 Some(ms) => println!(
                     "{} terminating (its node stops it within {} s, then deletes it)",

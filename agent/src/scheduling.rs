@@ -96,11 +96,11 @@ struct PodEntry {
 }
 
 impl PodEntry {
-    fn parse(key: ObjectKey, pod: &Value) -> Result<Self, String> {
+    fn parse(key: ObjectKey, pod: &Value) -> Result<Self, shoal_model::placement::RequestError> {
         Ok(Self {
             request: Arc::new(PodRequest::from_pod(pod)?),
             policy: Policy::parse(pod["metadata"]["annotations"][partition::ANNOTATION].as_str()),
-            daemon: crate::controllers::daemon_set::daemon_set_of(pod).map(str::to_owned),
+            daemon: shoal_core::controllers::daemon_set::daemon_set_of(pod).map(str::to_owned),
             key,
             node_name: pod["spec"]["nodeName"]
                 .as_str()
@@ -174,6 +174,17 @@ fn to_taint(t: &shoal_gossip::NodeTaint) -> Option<Taint> {
 
 fn node_numeric_id(hex_id: &str) -> Option<NodeId> {
     u64::from_str_radix(hex_id, 16).ok()
+}
+
+/// Why a peer's run-lease request was refused.
+#[derive(Debug, thiserror::Error)]
+enum LeaseRefusal {
+    #[error("malformed lease request: {0}")]
+    Malformed(#[from] rmp_serde::decode::Error),
+    #[error(transparent)]
+    Invalid(#[from] lease::RequestError),
+    #[error("node id {0:?} is not a hex number")]
+    NodeId(String),
 }
 
 impl Scheduling {
@@ -457,12 +468,11 @@ impl Scheduling {
 
     /// The grantor's answer to the node `node_id` (from its certificate): only a node this one
     /// sees alive, and only for the pods its store binds to that node.
-    fn answer_lease(&self, node_id: &str, payload: &[u8]) -> Result<LeaseReply, String> {
-        let request: LeaseRequest =
-            rmp_serde::from_slice(payload).map_err(|e| format!("malformed lease request: {e}"))?;
+    fn answer_lease(&self, node_id: &str, payload: &[u8]) -> Result<LeaseReply, LeaseRefusal> {
+        let request: LeaseRequest = rmp_serde::from_slice(payload)?;
         lease::validate(&request)?;
-        let id = node_numeric_id(node_id)
-            .ok_or_else(|| format!("node id {node_id:?} is not a hex number"))?;
+        let id =
+            node_numeric_id(node_id).ok_or_else(|| LeaseRefusal::NodeId(node_id.to_owned()))?;
         let now = self.now();
         let mut guard = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let state = &mut *guard;
@@ -508,11 +518,11 @@ impl Scheduling {
     }
 
     /// One round of this node's DaemonSet duties, decided by
-    /// [`crate::controllers::daemon_set::reconcile_node`] from the live nodes this round's tick
+    /// [`shoal_core::controllers::daemon_set::reconcile_node`] from the live nodes this round's tick
     /// saw and the DaemonSets' pods as stored, with the statuses their nodes report.
     async fn claim_daemon_pods(&self) {
-        use crate::controllers::daemon_set;
-        use crate::controllers::workload::{Action, PodView};
+        use shoal_core::controllers::daemon_set;
+        use shoal_core::controllers::workload::{Action, PodView};
         let daemon_sets = self.replication.read(|s| s.list("apps", "DaemonSet", None));
         let (me, cluster, listed, settled, live_ids, keys) = {
             let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -613,11 +623,11 @@ impl Scheduling {
     }
 
     /// A DaemonSet's status as observed, over the live nodes the last tick saw
-    /// ([`crate::controllers::daemon_set::status`]).
+    /// ([`shoal_core::controllers::daemon_set::status`]).
     pub fn daemon_set_status(
         &self,
         ds: &Value,
-        pods: &[crate::controllers::workload::PodView],
+        pods: &[shoal_core::controllers::workload::PodView],
     ) -> Value {
         let cluster = self
             .state
@@ -625,7 +635,12 @@ impl Scheduling {
             .unwrap_or_else(PoisonError::into_inner)
             .cluster
             .clone();
-        crate::controllers::daemon_set::status(ds, &cluster, pods, crate::controllers::now_ms())
+        shoal_core::controllers::daemon_set::status(
+            ds,
+            &cluster,
+            pods,
+            crate::controllers::now_ms(),
+        )
     }
 
     /// Rebuilds the world and lets the scheduler start auctions.

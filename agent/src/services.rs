@@ -59,7 +59,7 @@ pub fn service_ports(
                 .collect();
             endpoints.sort();
             endpoints.dedup();
-            let node_port = crate::controllers::service_ip::wants_node_ports(service)
+            let node_port = shoal_core::controllers::service_ip::wants_node_ports(service)
                 .then(|| p["nodePort"].as_u64().and_then(|n| u16::try_from(n).ok()))
                 .flatten();
             let affinity_seconds = (service["spec"]["sessionAffinity"] == "ClientIP").then(|| {

@@ -6,14 +6,14 @@
 //! the agent is stopping) and is not restarted.
 //!
 //! Objects that make one reconcile fail are handled closer to the decision
-//! ([`crate::controllers::quarantine`]); this is the net under everything else.
+//! ([`shoal_core::controllers::quarantine`]); this is the net under everything else.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 use tracing::error;
 
-use crate::controllers::quarantine::panic_message;
+use shoal_core::controllers::quarantine::panic_message;
 
 /// The first wait before a panicked loop starts again.
 pub const FIRST_RESTART: Duration = Duration::from_millis(100);

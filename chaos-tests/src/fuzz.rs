@@ -26,8 +26,8 @@ use std::time::Duration;
 use hickory_proto::op::{Message, Query};
 use hickory_proto::rr::{Name, RecordType};
 use serde_json::{Value, json};
-use shoal_agent::controllers::workload::{Action, PodView};
-use shoal_agent::controllers::{
+use shoal_core::controllers::workload::{Action, PodView};
+use shoal_core::controllers::{
     cron_job, daemon_set, deployment, hpa, job, replica_set, service_ip, workload,
 };
 use shoal_net::dns::{DnsEndpoint, DnsPort, DnsService, Records, Reply};

@@ -1889,7 +1889,7 @@ async fn replica_sample(
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        let status = shoal_agent::controllers::job::status(&job, &[], now_ms);
+        let status = shoal_core::controllers::job::status(&job, &[], now_ms);
         JobSeen {
             completions: job["spec"]["completions"].as_u64().unwrap_or(1),
             succeeded: status["succeeded"].as_u64().unwrap_or(0),

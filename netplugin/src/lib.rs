@@ -9,8 +9,8 @@
 //! - [`linux`]: the node's bridge, a veth pair per pod and the routes to other nodes' blocks,
 //!   through netlink (`rtnetlink`).
 //! - [`dns`]: the node's DNS server for its pods and their resolv.conf.
-//! - [`service_ip`]: ClusterIP allocation; [`nft`]: the nftables ruleset that load-balances
-//!   ClusterIPs.
+//! - [`nft`]: the nftables ruleset that load-balances ClusterIPs (their allocation is the object
+//!   model's, `shoal_model::service_ip`).
 //!
 //! The runtime calls a [`PodNetworkPlugin`]; everything host-specific sits behind it.
 
@@ -20,7 +20,6 @@ pub mod lease;
 pub mod linux;
 pub mod netns;
 pub mod nft;
-pub mod service_ip;
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;

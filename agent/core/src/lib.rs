@@ -5,11 +5,14 @@
 //! functions with a simulated world, so what a simulation shows is a statement about shipped
 //! code.
 //!
-//! Place in the data path: manifest → model → store → controllers → **placement** → kubelet →
-//! runtime → network.
+//! Place in the data path: manifest → model → store → **controllers** → **placement** → kubelet
+//! → runtime → network.
 //!
+//! - [`controllers`]: the workload controllers, one file per kind (`reconcile` → actions), the
+//!   only garbage collector, and the store write each action becomes.
 //! - [`placement`]: the distributed auction, a node's predicates and score, the replicated view
 //!   of placements, which pods a dead or fenced node loses and when ([`placement::eviction`],
 //!   the one place this is decided), run leases and fencing.
 
+pub mod controllers;
 pub mod placement;

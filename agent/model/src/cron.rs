@@ -8,6 +8,8 @@ use croner::Cron;
 use croner::parser::{CronParser, Seconds, Year};
 use serde_json::Value;
 
+use crate::FieldError;
+
 /// A parsed `spec.schedule` in its time zone.
 #[derive(Debug)]
 pub struct Schedule {
@@ -16,13 +18,13 @@ pub struct Schedule {
 }
 
 /// Parses `spec.schedule` and `spec.timeZone`; the error names the field.
-pub fn schedule(cron_job: &Value) -> Result<Schedule, (&'static str, String)> {
+pub fn schedule(cron_job: &Value) -> Result<Schedule, FieldError> {
     let spec = &cron_job["spec"];
     let Some(text) = spec["schedule"].as_str() else {
-        return Err(("spec.schedule", "Required value".into()));
+        return Err(FieldError::new("spec.schedule", "Required value"));
     };
     if text.trim_start().starts_with("TZ=") || text.trim_start().starts_with("CRON_TZ=") {
-        return Err((
+        return Err(FieldError::new(
             "spec.schedule",
             format!("Invalid value: {text:?}: TZ and CRON_TZ are not supported, use spec.timeZone"),
         ));
@@ -32,11 +34,11 @@ pub fn schedule(cron_job: &Value) -> Result<Schedule, (&'static str, String)> {
         .year(Year::Disallowed)
         .build()
         .parse(text)
-        .map_err(|e| ("spec.schedule", format!("Invalid value: {text:?}: {e}")))?;
+        .map_err(|e| FieldError::new("spec.schedule", format!("Invalid value: {text:?}: {e}")))?;
     let zone = match spec["timeZone"].as_str() {
         None => chrono_tz::Tz::UTC,
         Some(name) => chrono_tz::Tz::from_str(name).map_err(|_| {
-            (
+            FieldError::new(
                 "spec.timeZone",
                 format!("Invalid value: {name:?}: unknown time zone"),
             )

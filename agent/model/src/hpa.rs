@@ -1,9 +1,10 @@
 //! The spec of an autoscaling/v2 HorizontalPodAutoscaler: parsed and checked as the apiserver
 //! checks it (errors name the field), and defaulted as the apiserver defaults it. The autoscaler
-//! itself (`agent/src/controllers/hpa.rs`) decides from the parsed [`Spec`].
+//! itself (`agent/core/src/controllers/hpa.rs`) decides from the parsed [`Spec`].
 
 use serde_json::{Value, json};
 
+use crate::FieldError;
 use crate::quantity;
 
 /// Kubernetes' default target when `spec.metrics` is empty: 80% of the CPU request.
@@ -27,7 +28,7 @@ impl Resource {
     }
 
     /// A request or a value in this resource's unit (millicores, bytes).
-    pub fn parse(self, q: &str) -> Result<u64, String> {
+    pub fn parse(self, q: &str) -> Result<u64, quantity::QuantityError> {
         match self {
             Resource::Cpu => quantity::cpu_millis(q),
             Resource::Memory => quantity::bytes(q),
@@ -116,10 +117,8 @@ pub struct Spec {
     pub behavior: Option<Behavior>,
 }
 
-type FieldError = (String, String);
-
 fn field_err(field: impl Into<String>, message: impl Into<String>) -> FieldError {
-    (field.into(), message.into())
+    FieldError::new(field, message)
 }
 
 /// Kubernetes' defaults for `behavior.scaleUp` (each field independently).

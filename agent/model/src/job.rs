@@ -1,8 +1,10 @@
 //! `spec.podFailurePolicy` of a batch/v1 Job, parsed and checked as the apiserver checks it: the
-//! rules the Job controller (`agent/src/controllers/job.rs`) judges failed pods by.
+//! rules the Job controller (`agent/core/src/controllers/job.rs`) judges failed pods by.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use crate::FieldError;
 
 /// What a `podFailurePolicy` rule does with a failed pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,15 +39,15 @@ pub struct ExitCodes {
 
 /// The rules of `job`'s `spec.podFailurePolicy`, checked as the apiserver checks them (the
 /// error names the field). FailIndex needs `backoffLimitPerIndex`, which is not served.
-pub fn failure_policy(job: &Value) -> Result<Vec<FailureRule>, (String, String)> {
+pub fn failure_policy(job: &Value) -> Result<Vec<FailureRule>, FieldError> {
     let policy = &job["spec"]["podFailurePolicy"];
     if policy.is_null() {
         return Ok(Vec::new());
     }
     let restart = &job["spec"]["template"]["spec"]["restartPolicy"];
     if !restart.is_null() && restart != "Never" {
-        return Err((
-            "spec.template.spec.restartPolicy".into(),
+        return Err(FieldError::new(
+            "spec.template.spec.restartPolicy",
             format!(
                 "Invalid value: {restart}: only \"Never\" is supported when podFailurePolicy is specified"
             ),
@@ -69,13 +71,13 @@ pub fn failure_policy(job: &Value) -> Result<Vec<FailureRule>, (String, String)>
             Some("Ignore") => FailureAction::Ignore,
             Some("Count") => FailureAction::Count,
             Some("FailIndex") => {
-                return Err((
+                return Err(FieldError::new(
                     format!("{at}.action"),
-                    "Invalid value: \"FailIndex\": requires backoffLimitPerIndex, which Shoal does not serve".into(),
+                    "Invalid value: \"FailIndex\": requires backoffLimitPerIndex, which Shoal does not serve",
                 ));
             }
             other => {
-                return Err((
+                return Err(FieldError::new(
                     format!("{at}.action"),
                     format!(
                         "Unsupported value: {other:?}: supported values: \"Count\", \"FailIndex\", \"FailJob\", \"Ignore\""
@@ -86,10 +88,9 @@ pub fn failure_policy(job: &Value) -> Result<Vec<FailureRule>, (String, String)>
         let codes = &r["onExitCodes"];
         let conditions = &r["onPodConditions"];
         if codes.is_null() == conditions.is_null() {
-            return Err((
+            return Err(FieldError::new(
                 at,
-                "Invalid value: specifying one of onExitCodes and onPodConditions is required"
-                    .into(),
+                "Invalid value: specifying one of onExitCodes and onPodConditions is required",
             ));
         }
         let on_exit_codes = if codes.is_null() {
@@ -99,7 +100,7 @@ pub fn failure_policy(job: &Value) -> Result<Vec<FailureRule>, (String, String)>
                 Some("In") => false,
                 Some("NotIn") => true,
                 other => {
-                    return Err((
+                    return Err(FieldError::new(
                         format!("{at}.onExitCodes.operator"),
                         format!(
                             "Unsupported value: {other:?}: supported values: \"In\", \"NotIn\""
@@ -114,22 +115,22 @@ pub fn failure_policy(job: &Value) -> Result<Vec<FailureRule>, (String, String)>
                 .filter_map(Value::as_i64)
                 .collect();
             if values.is_empty() || values.len() > 255 {
-                return Err((
+                return Err(FieldError::new(
                     format!("{at}.onExitCodes.values"),
-                    "Invalid value: must have between 1 and 255 exit codes".into(),
+                    "Invalid value: must have between 1 and 255 exit codes",
                 ));
             }
             if !not_in && values.contains(&0) {
-                return Err((
+                return Err(FieldError::new(
                     format!("{at}.onExitCodes.values"),
-                    "Invalid value: 0: must not be 0 for the In operator".into(),
+                    "Invalid value: 0: must not be 0 for the In operator",
                 ));
             }
             let container = codes["containerName"].as_str().map(str::to_owned);
             if let Some(c) = &container
                 && !containers.contains(&c.as_str())
             {
-                return Err((
+                return Err(FieldError::new(
                     format!("{at}.onExitCodes.containerName"),
                     format!(
                         "Invalid value: {c:?}: must be one of the container or initContainer names in the pod template"

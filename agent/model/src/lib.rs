@@ -17,15 +17,38 @@
 //! - [`node_inputs`] and [`environment`]: the parts of a pod spec that reach a node's filesystem
 //!   and arithmetic, and environment-variable expansion with its bounds; checked at the API and
 //!   again at the node.
+//! - [`service_ip`]: ClusterIP and NodePort allocation, as pure functions of the addresses and
+//!   ports in use (the API allocates at create, the ClusterIP controller repairs races).
+//! - [`event`]: what an event is about and says, before a node's log aggregates it.
 //! - [`job`], [`cron`], [`hpa`]: the parsed specs of Jobs' failure policies, CronJobs' schedules
 //!   and HorizontalPodAutoscalers, shared by admission and by their controllers.
 
 pub mod cron;
 pub mod environment;
+pub mod event;
 pub mod hpa;
 pub mod job;
 pub mod node_inputs;
 pub mod placement;
 pub mod quantity;
 pub mod selector;
+pub mod service_ip;
 pub mod validation;
+
+/// A field and what is wrong with it, as the apiserver words it
+/// (`spec.template.spec.containers[0].image`, `Required value`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {detail}")]
+pub struct FieldError {
+    pub field: String,
+    pub detail: String,
+}
+
+impl FieldError {
+    pub fn new(field: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            detail: detail.into(),
+        }
+    }
+}

@@ -12,30 +12,15 @@
 use serde_json::Value;
 use shoal_state::labels;
 
+use crate::FieldError;
 use crate::environment::Environment;
 use crate::quantity;
 
-/// A field and what is wrong with it (`spec.volumes[0].name`, `Invalid value: …`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    pub field: String,
-    pub detail: String,
+fn problem(field: impl Into<String>, detail: impl Into<String>) -> FieldError {
+    FieldError::new(field, detail)
 }
 
-impl std::fmt::Display for Problem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.field, self.detail)
-    }
-}
-
-fn problem(field: impl Into<String>, detail: impl Into<String>) -> Problem {
-    Problem {
-        field: field.into(),
-        detail: detail.into(),
-    }
-}
-
-fn invalid(field: String, value: &str, reason: &str) -> Problem {
+fn invalid(field: String, value: &str, reason: &str) -> FieldError {
     problem(field, format!("Invalid value: {value:?}: {reason}"))
 }
 
@@ -73,7 +58,7 @@ impl HostPathType {
 /// enough that the product fits (about 292 million years).
 pub const MAX_SECONDS: i64 = i64::MAX / 1000;
 
-fn seconds(value: &Value, field: String, min: i64) -> Result<(), Problem> {
+fn seconds(value: &Value, field: String, min: i64) -> Result<(), FieldError> {
     if value.is_null() {
         return Ok(());
     }
@@ -90,7 +75,7 @@ fn seconds(value: &Value, field: String, min: i64) -> Result<(), Problem> {
     }
 }
 
-fn quantities(resources: &Value, at: &str) -> Result<(), Problem> {
+fn quantities(resources: &Value, at: &str) -> Result<(), FieldError> {
     for section in ["requests", "limits"] {
         for (name, q) in resources[section].as_object().into_iter().flatten() {
             let field = format!("{at}.resources.{section}.{name}");
@@ -110,13 +95,13 @@ fn quantities(resources: &Value, at: &str) -> Result<(), Problem> {
                 // in units.
                 _ => quantity::bytes(&text),
             };
-            parsed.map_err(|reason| invalid(field, &text, &reason))?;
+            parsed.map_err(|reason| invalid(field, &text, &reason.to_string()))?;
         }
     }
     Ok(())
 }
 
-fn probe(value: &Value, at: String) -> Result<(), Problem> {
+fn probe(value: &Value, at: String) -> Result<(), FieldError> {
     if value.is_null() {
         return Ok(());
     }
@@ -139,7 +124,7 @@ fn probe(value: &Value, at: String) -> Result<(), Problem> {
     Ok(())
 }
 
-fn items(source: &Value, at: &str) -> Result<(), Problem> {
+fn items(source: &Value, at: &str) -> Result<(), FieldError> {
     for (j, item) in source["items"].as_array().into_iter().flatten().enumerate() {
         let key = item["key"].as_str().unwrap_or_default();
         if key.is_empty() {
@@ -161,7 +146,7 @@ fn items(source: &Value, at: &str) -> Result<(), Problem> {
 /// literal `env[].value`s against each other, then `command` and `args`, with the kubelet's
 /// bounds ([`crate::environment`]). Variables from the image, ConfigMaps, Secrets and the
 /// downward API are not known here: the kubelet checks again with them.
-fn expansion(c: &Value, at: &str) -> Result<(), Problem> {
+fn expansion(c: &Value, at: &str) -> Result<(), FieldError> {
     let mut env = Environment::new();
     for (j, e) in c["env"].as_array().into_iter().flatten().enumerate() {
         let (Some(name), Some(value)) = (e["name"].as_str(), e["value"].as_str()) else {
@@ -188,7 +173,7 @@ fn expansion(c: &Value, at: &str) -> Result<(), Problem> {
     Ok(())
 }
 
-pub fn check(spec: &Value, path: &str) -> Result<(), Problem> {
+pub fn check(spec: &Value, path: &str) -> Result<(), FieldError> {
     let mut volumes = std::collections::BTreeSet::new();
     for (i, v) in spec["volumes"].as_array().into_iter().flatten().enumerate() {
         let at = format!("{path}.volumes[{i}]");

@@ -182,12 +182,27 @@ fn string_map(v: &Value) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// Why a pod's scheduling fields or a label selector cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error(transparent)]
+    Quantity(#[from] quantity::QuantityError),
+    #[error("unsupported operator {0:?}")]
+    Operator(String),
+    /// The error of one field of the pod.
+    #[error("{field}: {source}")]
+    At {
+        field: String,
+        source: Box<RequestError>,
+    },
+}
+
 /// A Kubernetes label selector (`matchLabels`, `matchExpressions`) as a [`Term`].
-pub fn label_selector(v: &Value) -> Result<Term, String> {
+pub fn label_selector(v: &Value) -> Result<Term, RequestError> {
     parse_term(v)
 }
 
-fn parse_term(v: &Value) -> Result<Term, String> {
+fn parse_term(v: &Value) -> Result<Term, RequestError> {
     let mut reqs = Vec::new();
     for (k, val) in v["matchLabels"].as_object().into_iter().flatten() {
         reqs.push(Requirement {
@@ -204,7 +219,7 @@ fn parse_term(v: &Value) -> Result<Term, String> {
             "DoesNotExist" => Operator::DoesNotExist,
             "Gt" => Operator::Gt,
             "Lt" => Operator::Lt,
-            other => return Err(format!("unsupported operator {other:?}")),
+            other => return Err(RequestError::Operator(other.to_owned())),
         };
         reqs.push(Requirement {
             key: e["key"].as_str().unwrap_or_default().to_owned(),
@@ -232,12 +247,12 @@ fn parse_effect(s: &str) -> Option<TaintEffect> {
 impl PodRequest {
     /// Reads a Pod object. Requests are summed over containers (init containers: the max, as
     /// Kubernetes does); a pod always counts as one against `pods`.
-    pub fn from_pod(pod: &Value) -> Result<Self, String> {
+    pub fn from_pod(pod: &Value) -> Result<Self, RequestError> {
         let spec = &pod["spec"];
         let mut requests = Resources::new(0, 0, 1);
         // As Kubernetes defaults them: a resource with a limit and no request requests its
         // limit (the kubelet sizes the container's cgroup from the same value).
-        let container_requests = |c: &Value| -> Result<(u64, u64), String> {
+        let container_requests = |c: &Value| -> Result<(u64, u64), RequestError> {
             let resources = &c["resources"];
             let amount = |name: &str| {
                 let requested = &resources["requests"][name];
@@ -289,8 +304,8 @@ impl PodRequest {
                     parse_term(&p["preference"])?,
                 ))
             })
-            .collect::<Result<_, String>>()?;
-        let pod_terms = |field: &str| -> Result<Vec<AntiAffinity>, String> {
+            .collect::<Result<_, RequestError>>()?;
+        let pod_terms = |field: &str| -> Result<Vec<AntiAffinity>, RequestError> {
             affinity[field]["requiredDuringSchedulingIgnoredDuringExecution"]
                 .as_array()
                 .into_iter()
@@ -318,9 +333,13 @@ impl PodRequest {
             {
                 let weight = t["weight"].as_i64().unwrap_or(1).clamp(1, 100);
                 let term = &t["podAffinityTerm"];
-                let selector = parse_term(&term["labelSelector"]).map_err(|e| {
-                    format!("spec.affinity.{field}.preferredDuringSchedulingIgnoredDuringExecution[{i}]: {e}")
-                })?;
+                let selector =
+                    parse_term(&term["labelSelector"]).map_err(|e| RequestError::At {
+                        field: format!(
+                            "spec.affinity.{field}.preferredDuringSchedulingIgnoredDuringExecution[{i}]"
+                        ),
+                        source: Box::new(e),
+                    })?;
                 preferred_pod_terms.push((
                     sign * weight,
                     AntiAffinity {
@@ -348,7 +367,7 @@ impl PodRequest {
                     selector: parse_term(&t["labelSelector"])?,
                 })
             })
-            .collect::<Result<_, String>>()?;
+            .collect::<Result<_, RequestError>>()?;
         let tolerations = spec["tolerations"]
             .as_array()
             .into_iter()

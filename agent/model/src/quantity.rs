@@ -8,6 +8,32 @@
 /// signed 64-bit integers).
 pub const MAX: u64 = i64::MAX as u64;
 
+/// Why a quantity was refused; `what` names it as the message shows it (`quantity`,
+/// `cpu quantity`, `memory quantity`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuantityError {
+    #[error("invalid {what} {quantity:?}")]
+    Invalid {
+        what: &'static str,
+        quantity: String,
+    },
+    #[error("{what} {quantity:?} must not be negative")]
+    Negative {
+        what: &'static str,
+        quantity: String,
+    },
+    #[error("{what} {quantity:?} has too many digits")]
+    TooManyDigits {
+        what: &'static str,
+        quantity: String,
+    },
+    #[error("{what} {quantity:?} is too large (at most {MAX} in its unit)")]
+    TooLarge {
+        what: &'static str,
+        quantity: String,
+    },
+}
+
 /// `value = digits × 10^exp10 × 2^exp2`, exact.
 struct Parsed {
     digits: u128,
@@ -15,9 +41,12 @@ struct Parsed {
     exp2: u32,
 }
 
-fn parse(q: &str) -> Result<Parsed, String> {
+fn parse(q: &str, what: &'static str) -> Result<Parsed, QuantityError> {
     let q = q.trim();
-    let bad = || format!("invalid quantity {q:?}");
+    let bad = || QuantityError::Invalid {
+        what,
+        quantity: q.to_owned(),
+    };
     // The suffix: binary (Ki…Ei), decimal SI (n u m k M G T P E) or an exponent (e3, E-2).
     const BINARY: &[(&str, u32)] = &[
         ("Ki", 10),
@@ -59,7 +88,10 @@ fn parse(q: &str) -> Result<Parsed, String> {
     }
     let number = number.strip_prefix('+').unwrap_or(number);
     if number.starts_with('-') {
-        return Err(format!("quantity {q:?} must not be negative"));
+        return Err(QuantityError::Negative {
+            what,
+            quantity: q.to_owned(),
+        });
     }
     let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
     if whole.is_empty() && fraction.is_empty()
@@ -72,7 +104,10 @@ fn parse(q: &str) -> Result<Parsed, String> {
     let all = all.trim_start_matches('0');
     // 38 significant digits fit a u128; Kubernetes' own limit is far below that.
     if all.len() > 38 {
-        return Err(format!("quantity {q:?} has too many digits"));
+        return Err(QuantityError::TooManyDigits {
+            what,
+            quantity: q.to_owned(),
+        });
     }
     let digits = if all.is_empty() {
         0
@@ -88,13 +123,11 @@ fn parse(q: &str) -> Result<Parsed, String> {
 }
 
 /// The quantity's value × 10^`scale`, rounded up, if it fits [`MAX`].
-fn scaled(q: &str, scale: i32) -> Result<u64, String> {
-    let p = parse(q)?;
-    let too_large = || {
-        format!(
-            "quantity {:?} is too large (at most {MAX} in its unit)",
-            q.trim()
-        )
+fn scaled(q: &str, scale: i32, what: &'static str) -> Result<u64, QuantityError> {
+    let p = parse(q, what)?;
+    let too_large = || QuantityError::TooLarge {
+        what,
+        quantity: q.trim().to_owned(),
     };
     if p.digits == 0 {
         return Ok(0);
@@ -126,13 +159,13 @@ fn scaled(q: &str, scale: i32) -> Result<u64, String> {
 }
 
 /// Parses a CPU quantity into millicores.
-pub fn cpu_millis(q: &str) -> Result<u64, String> {
-    scaled(q, 3).map_err(|e| e.replace("quantity", "cpu quantity"))
+pub fn cpu_millis(q: &str) -> Result<u64, QuantityError> {
+    scaled(q, 3, "cpu quantity")
 }
 
 /// Parses a memory quantity into bytes.
-pub fn bytes(q: &str) -> Result<u64, String> {
-    scaled(q, 0).map_err(|e| e.replace("quantity", "memory quantity"))
+pub fn bytes(q: &str) -> Result<u64, QuantityError> {
+    scaled(q, 0, "memory quantity")
 }
 
 #[cfg(test)]
@@ -156,7 +189,7 @@ mod tests {
         assert_eq!(bytes("0.5"), Ok(1));
         assert_eq!(bytes("1E-40"), Ok(1));
         assert_eq!(bytes("0"), Ok(0));
-        assert!(bytes("-1Mi").unwrap_err().contains("negative"));
+        assert!(bytes("-1Mi").unwrap_err().to_string().contains("negative"));
         assert!(bytes("1.2.3").is_err());
         assert!(bytes("Mi").is_err());
         assert!(bytes("1Xi").is_err());
@@ -165,10 +198,15 @@ mod tests {
     #[test]
     fn values_beyond_an_i64_are_errors_not_wraps() {
         // Issue #13, hole 3: `cpu: 1e16` is 1e19 millicores; `memory: 8Ei` is 2^63 bytes.
-        assert!(cpu_millis("1e16").unwrap_err().contains("too large"));
-        assert!(bytes("8Ei").unwrap_err().contains("too large"));
+        assert!(
+            cpu_millis("1e16")
+                .unwrap_err()
+                .to_string()
+                .contains("too large")
+        );
+        assert!(bytes("8Ei").unwrap_err().to_string().contains("too large"));
         assert!(bytes("99999999999999999999999999999999999999999").is_err());
-        assert!(bytes("1e40").unwrap_err().contains("too large"));
+        assert!(bytes("1e40").unwrap_err().to_string().contains("too large"));
         assert_eq!(bytes("9223372036854775807"), Ok(MAX));
     }
 

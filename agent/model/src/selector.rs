@@ -36,28 +36,51 @@ fn split_top(s: &str) -> Vec<&str> {
     out
 }
 
-fn check_key(key: &str, whole: &str) -> Result<String, String> {
+/// Why a selector was refused, in the apiserver's words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectorError {
+    /// A label selector's requirement that does not parse.
+    #[error("unable to parse requirement {requirement:?}: {reason}")]
+    Requirement { requirement: String, reason: String },
+    /// A field selector's part without `=`, `==` or `!=`.
+    #[error("invalid selector: {0:?}; expected field=value")]
+    NotFieldValue(String),
+    /// A field the kind cannot be selected by.
+    #[error("field label not supported: {field} (the fields of {kind} are {known})")]
+    UnknownField {
+        field: String,
+        kind: String,
+        known: String,
+    },
+}
+
+fn requirement(part: &str, reason: impl std::fmt::Display) -> SelectorError {
+    SelectorError::Requirement {
+        requirement: part.to_owned(),
+        reason: reason.to_string(),
+    }
+}
+
+fn check_key(key: &str, whole: &str) -> Result<String, SelectorError> {
     shoal_state::labels::validate_key(key)
         .map(|()| key.to_owned())
-        .map_err(|e| format!("unable to parse requirement {whole:?}: {e}"))
+        .map_err(|e| requirement(whole, e))
 }
 
 impl LabelSelector {
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, SelectorError> {
         let mut reqs = Vec::new();
         for part in split_top(s)
             .into_iter()
             .map(str::trim)
             .filter(|p| !p.is_empty())
         {
-            let set = |rest: &str| -> Result<Vec<String>, String> {
+            let set = |rest: &str| -> Result<Vec<String>, SelectorError> {
                 let inner = rest
                     .trim()
                     .strip_prefix('(')
                     .and_then(|r| r.strip_suffix(')'))
-                    .ok_or_else(|| {
-                        format!("unable to parse requirement {part:?}: expected (values)")
-                    })?;
+                    .ok_or_else(|| requirement(part, "expected (values)"))?;
                 Ok(inner
                     .split(',')
                     .map(|v| v.trim().to_owned())
@@ -69,7 +92,7 @@ impl LabelSelector {
             } else if let Some((k, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
                 let v = v.trim();
                 shoal_state::labels::validate_value(k.trim(), v)
-                    .map_err(|e| format!("unable to parse requirement {part:?}: {e}"))?;
+                    .map_err(|e| requirement(part, e))?;
                 Requirement::Equals(check_key(k.trim(), part)?, v.to_owned())
             } else if let Some((k, rest)) = part.split_once(" notin ") {
                 Requirement::NotIn(check_key(k.trim(), part)?, set(rest)?)
@@ -151,7 +174,7 @@ struct FieldRequirement {
 pub struct FieldSelector(Vec<FieldRequirement>);
 
 impl FieldSelector {
-    pub fn parse(s: &str, kind: &str) -> Result<Self, String> {
+    pub fn parse(s: &str, kind: &str) -> Result<Self, SelectorError> {
         let mut reqs = Vec::new();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (field, equal, value) = if let Some((f, v)) = part.split_once("!=") {
@@ -159,7 +182,7 @@ impl FieldSelector {
             } else if let Some((f, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
                 (f, true, v)
             } else {
-                return Err(format!("invalid selector: {part:?}; expected field=value"));
+                return Err(SelectorError::NotFieldValue(part.to_owned()));
             };
             let field = field.trim();
             let absent = match field {
@@ -173,10 +196,11 @@ impl FieldSelector {
                             .into_iter()
                             .chain(selectable(kind).iter().map(|(f, _)| *f))
                             .collect();
-                        format!(
-                            "field label not supported: {other} (the fields of {kind} are {})",
-                            known.join(", ")
-                        )
+                        SelectorError::UnknownField {
+                            field: other.to_owned(),
+                            kind: kind.to_owned(),
+                            known: known.join(", "),
+                        }
                     })?,
             };
             reqs.push(FieldRequirement {
@@ -243,7 +267,7 @@ mod tests {
         assert!(!ok("metadata.namespace!=ns", "ConfigMap", &o));
         let err = FieldSelector::parse("spec.nodeName=x", "ConfigMap").unwrap_err();
         assert_eq!(
-            err,
+            err.to_string(),
             "field label not supported: spec.nodeName (the fields of ConfigMap are metadata.name, metadata.namespace)"
         );
         let pod = json!({
@@ -308,6 +332,7 @@ mod tests {
         assert!(
             FieldSelector::parse("spec.nodeName", "Pod")
                 .unwrap_err()
+                .to_string()
                 .contains("expected field=value")
         );
     }

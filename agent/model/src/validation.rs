@@ -3,18 +3,10 @@
 
 use serde_json::{Value, json};
 
-/// A validation failure: the field and what is wrong with it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FieldError {
-    pub field: String,
-    pub detail: String,
-}
+pub use crate::FieldError;
 
 fn err(field: impl Into<String>, detail: impl Into<String>) -> FieldError {
-    FieldError {
-        field: field.into(),
-        detail: detail.into(),
-    }
+    FieldError::new(field, detail)
 }
 
 /// Top-level fields each kind accepts (for `fieldValidation=Strict`).
@@ -102,7 +94,7 @@ fn validate_pod_spec(spec: &Value, path: &str) -> Result<(), FieldError> {
     type_check(spec, path, "object")?;
     // What reaches the node's filesystem and arithmetic (names, paths, quantities,
     // durations): the same check the kubelet makes again.
-    crate::node_inputs::check(spec, path).map_err(|p| err(p.field, p.detail))?;
+    crate::node_inputs::check(spec, path)?;
     let containers = &spec["containers"];
     type_check(containers, &format!("{path}.containers"), "array")?;
     let list = containers.as_array().map(Vec::as_slice).unwrap_or_default();
@@ -352,12 +344,10 @@ pub fn validate(kind: &str, object: &Value) -> Result<(), FieldError> {
             validate_template(object, false)?;
             validate_job_spec(&object["spec"], "spec")?;
             job_restart_policy(&object["spec"]["template"]["spec"], "spec.template.spec")?;
-            crate::job::failure_policy(object)
-                .map(|_| ())
-                .map_err(|(field, message)| err(field, message))
+            crate::job::failure_policy(object).map(|_| ())
         }
         "CronJob" => {
-            crate::cron::schedule(object).map_err(|(field, message)| err(field, message))?;
+            crate::cron::schedule(object)?;
             let job_spec = &object["spec"]["jobTemplate"]["spec"];
             if job_spec.is_null() {
                 return Err(err("spec.jobTemplate.spec", "Required value"));
@@ -409,9 +399,7 @@ pub fn validate(kind: &str, object: &Value) -> Result<(), FieldError> {
             }
             Ok(())
         }
-        "HorizontalPodAutoscaler" => crate::hpa::Spec::parse(object)
-            .map(|_| ())
-            .map_err(|(field, message)| err(field, message)),
+        "HorizontalPodAutoscaler" => crate::hpa::Spec::parse(object).map(|_| ()),
         _ => Ok(()),
     }
 }

@@ -169,7 +169,7 @@ impl Admission<'_> {
             assign_cluster_ip(self, &mut valid, mode)?;
             assign_node_ports(self, &mut valid, mode)?;
         }
-        use crate::controllers::garbage;
+        use shoal_core::controllers::garbage;
         // Being deleted is not undone by an update (the apiserver keeps deletionTimestamp).
         let stored = self.replication.read(|s| s.get(&valid.key));
         if let Some(stored) = stored.filter(garbage::deletion_requested)
@@ -218,7 +218,7 @@ impl Admission<'_> {
             .replication
             .read(|s| s.get(&ObjectKey::new(info, "", namespace)));
         match stored {
-            Some(ns) if crate::controllers::namespace::terminating(&ns) => {
+            Some(ns) if shoal_core::controllers::namespace::terminating(&ns) => {
                 let mut e = ApiError::new(
                     StatusCode::FORBIDDEN,
                     "Forbidden",
@@ -232,7 +232,7 @@ impl Admission<'_> {
                 Err(e)
             }
             Some(_) => Ok(()),
-            None if crate::controllers::namespace::BUILT_IN.contains(&namespace) => Ok(()),
+            None if shoal_core::controllers::namespace::BUILT_IN.contains(&namespace) => Ok(()),
             None => Err(ApiError::not_found("namespaces", namespace)),
         }
     }
@@ -240,13 +240,13 @@ impl Admission<'_> {
 
 /// A Service's ClusterIP, as the apiserver's allocator gives it: kept across updates
 /// (immutable), checked when the user names one, otherwise allocated
-/// ([`shoal_net::service_ip::allocate`]; the ClusterIP controller repairs races).
+/// ([`shoal_model::service_ip::allocate`]; the ClusterIP controller repairs races).
 fn assign_cluster_ip(
     state: &Admission<'_>,
     valid: &mut shoal_state::ValidObject,
     mode: WriteMode,
 ) -> Result<(), ApiError> {
-    use crate::controllers::service_ip;
+    use shoal_core::controllers::service_ip;
     let cidr = state.service_cidr;
     let name = valid.key.name.clone();
     let invalid = |field: &str, detail: String| ApiError::invalid("Service", &name, field, &detail);
@@ -292,7 +292,7 @@ fn assign_cluster_ip(
         .collect();
     let used = service_ip::used(&others, cidr);
     let ip = if asked.is_empty() {
-        shoal_net::service_ip::allocate(cidr, &key.namespace, &key.name, &used)
+        shoal_model::service_ip::allocate(cidr, &key.namespace, &key.name, &used)
             .map_err(|e| invalid("spec.clusterIP", format!("Internal error: {e}")))?
     } else {
         let ip: std::net::Ipv4Addr = asked.parse().map_err(|_| {
@@ -301,7 +301,7 @@ fn assign_cluster_ip(
                 format!("Invalid value: {asked:?}: must be a valid IPv4 address or None"),
             )
         })?;
-        shoal_net::service_ip::check(cidr, ip).map_err(|e| {
+        shoal_model::service_ip::check(cidr, ip).map_err(|e| {
             invalid(
                 "spec.clusterIPs",
                 format!("Invalid value: [{asked:?}]: failed to allocate IP {asked}: {e}"),
@@ -329,7 +329,7 @@ fn assign_node_ports(
     valid: &mut shoal_state::ValidObject,
     mode: WriteMode,
 ) -> Result<(), ApiError> {
-    use crate::controllers::service_ip;
+    use shoal_core::controllers::service_ip;
     if !service_ip::wants_node_ports(&valid.body) {
         return Ok(());
     }
@@ -359,7 +359,7 @@ fn assign_node_ports(
         }
         let n = p["nodePort"].as_u64().and_then(|n| u16::try_from(n).ok());
         match n {
-            Some(n) if shoal_net::service_ip::NODE_PORTS.contains(&n) && !used.contains(&n) => {
+            Some(n) if shoal_model::service_ip::NODE_PORTS.contains(&n) && !used.contains(&n) => {
                 used.insert(n);
             }
             Some(n) if used.contains(&n) => {

@@ -136,13 +136,13 @@ pub async fn delete(request: &Request<'_>, name: &str) -> Result<Response, ApiEr
             .or_else(|| options["gracePeriodSeconds"].as_i64());
         let pod = info.kind == "Pod" && info.group.is_empty();
         let pod_grace = pod
-            .then(|| crate::controllers::garbage::pod_grace(&current, grace))
+            .then(|| shoal_core::controllers::garbage::pod_grace(&current, grace))
             .flatten();
         let graceful = pod_grace.is_some();
         let deferred = policy == "Foreground"
             || finalizers
             || graceful
-            || (!pod && crate::controllers::garbage::deletion_requested(&current));
+            || (!pod && shoal_core::controllers::garbage::deletion_requested(&current));
         if deferred || policy == "Orphan" {
             let marked = mark_for_deletion(
                 state, resource, namespace, name, &policy, deferred, pod_grace,
@@ -169,7 +169,7 @@ pub async fn delete(request: &Request<'_>, name: &str) -> Result<Response, ApiEr
     ))
 }
 
-/// Writes how `name` is being deleted ([`crate::controllers::garbage::mark_deleting`]; with
+/// Writes how `name` is being deleted ([`shoal_core::controllers::garbage::mark_deleting`]; with
 /// `deferred`, that it is being deleted, otherwise only the policy) over its stored version.
 async fn mark_for_deletion(
     state: &ApiState,
@@ -184,18 +184,22 @@ async fn mark_for_deletion(
     loop {
         let mut current = get_object(state, resource, namespace, name).await?;
         let changed = if deferred {
-            let marked =
-                crate::controllers::garbage::mark_deleting(&mut current, policy, &now_rfc3339());
+            let marked = shoal_core::controllers::garbage::mark_deleting(
+                &mut current,
+                policy,
+                &now_rfc3339(),
+            );
             let shortened =
-                grace.is_some_and(|g| crate::controllers::garbage::set_grace(&mut current, g));
+                grace.is_some_and(|g| shoal_core::controllers::garbage::set_grace(&mut current, g));
             marked || shortened
         } else {
             if !current["metadata"]["annotations"].is_object() {
                 current["metadata"]["annotations"] = json!({});
             }
             let annotations = &mut current["metadata"]["annotations"];
-            let unchanged = annotations[crate::controllers::garbage::POLICY_ANNOTATION] == policy;
-            annotations[crate::controllers::garbage::POLICY_ANNOTATION] = json!(policy);
+            let unchanged =
+                annotations[shoal_core::controllers::garbage::POLICY_ANNOTATION] == policy;
+            annotations[shoal_core::controllers::garbage::POLICY_ANNOTATION] = json!(policy);
             !unchanged
         };
         if !changed {
@@ -233,7 +237,7 @@ async fn terminate_namespace(
     name: &str,
     query: &Query,
 ) -> Result<Response, ApiError> {
-    if crate::controllers::namespace::UNDELETABLE.contains(&name) {
+    if shoal_core::controllers::namespace::UNDELETABLE.contains(&name) {
         let mut e = ApiError::new(
             StatusCode::FORBIDDEN,
             "Forbidden",
@@ -247,14 +251,14 @@ async fn terminate_namespace(
         |e| e.code == StatusCode::CONFLICT,
         move || async move {
             let mut current = get_object(state, resource, None, name).await?;
-            if crate::controllers::namespace::terminating(&current) || dry_run(query) {
+            if shoal_core::controllers::namespace::terminating(&current) || dry_run(query) {
                 return Ok(json_response(StatusCode::OK, &current));
             }
             if !current["metadata"]["annotations"].is_object() {
                 current["metadata"]["annotations"] = json!({});
             }
             current["metadata"]["annotations"]
-                [crate::controllers::namespace::DELETION_ANNOTATION] = json!(now_rfc3339());
+                [shoal_core::controllers::namespace::DELETION_ANNOTATION] = json!(now_rfc3339());
             let valid = prepare(
                 resource,
                 None,

@@ -48,7 +48,7 @@ use crate::controllers::now_ms;
 fn workload_world(
     state: &ApiState,
     object: &Value,
-) -> (Vec<Value>, Vec<crate::controllers::workload::PodView>) {
+) -> (Vec<Value>, Vec<shoal_core::controllers::workload::PodView>) {
     let namespace = object["metadata"]["namespace"]
         .as_str()
         .unwrap_or("default");
@@ -61,9 +61,9 @@ fn workload_world(
     let views = pods
         .into_iter()
         .map(|mut p| {
-            crate::controllers::garbage::render_deletion(&mut p);
+            shoal_core::controllers::garbage::render_deletion(&mut p);
             let status = state.pod_statuses.status_of(&p);
-            crate::controllers::workload::PodView::from_object(p, status.as_ref())
+            shoal_core::controllers::workload::PodView::from_object(p, status.as_ref())
         })
         .collect();
     (sets, views)
@@ -71,16 +71,16 @@ fn workload_world(
 
 /// Adds the observed `status` to a stored object.
 pub fn with_status(state: &ApiState, kind: &str, mut object: Value) -> Value {
-    crate::controllers::garbage::render_deletion(&mut object);
+    shoal_core::controllers::garbage::render_deletion(&mut object);
     let status = match kind {
         "Pod" => pod_status(state, &object),
         "Deployment" => {
             let (sets, pods) = workload_world(state, &object);
-            crate::controllers::deployment::status(&object, &sets, &pods, now_ms())
+            shoal_core::controllers::deployment::status(&object, &sets, &pods, now_ms())
         }
         "ReplicaSet" => {
             let (_, pods) = workload_world(state, &object);
-            crate::controllers::replica_set::status(&object, &pods, now_ms())
+            shoal_core::controllers::replica_set::status(&object, &pods, now_ms())
         }
         "DaemonSet" => {
             let (_, pods) = workload_world(state, &object);
@@ -88,7 +88,7 @@ pub fn with_status(state: &ApiState, kind: &str, mut object: Value) -> Value {
         }
         "Job" => {
             let (_, pods) = workload_world(state, &object);
-            crate::controllers::job::status(&object, &pods, now_ms())
+            shoal_core::controllers::job::status(&object, &pods, now_ms())
         }
         "CronJob" => {
             let namespace = object["metadata"]["namespace"]
@@ -97,10 +97,10 @@ pub fn with_status(state: &ApiState, kind: &str, mut object: Value) -> Value {
             let jobs = state
                 .replication
                 .read(|s| s.list("batch", "Job", Some(namespace)));
-            crate::controllers::cron_job::status(&object, &jobs, now_ms())
+            shoal_core::controllers::cron_job::status(&object, &jobs, now_ms())
         }
-        "Namespace" if crate::controllers::namespace::terminating(&object) => {
-            let since = crate::controllers::namespace::deletion_requested(&object)
+        "Namespace" if shoal_core::controllers::namespace::terminating(&object) => {
+            let since = shoal_core::controllers::namespace::deletion_requested(&object)
                 .unwrap_or_default()
                 .to_owned();
             object["metadata"]["deletionTimestamp"] = json!(since);
@@ -108,7 +108,7 @@ pub fn with_status(state: &ApiState, kind: &str, mut object: Value) -> Value {
         }
         "Namespace" => json!({"phase": "Active"}),
         "Service" => json!({"loadBalancer": {}}),
-        "HorizontalPodAutoscaler" => crate::controllers::hpa::status(&object),
+        "HorizontalPodAutoscaler" => shoal_core::controllers::hpa::status(&object),
         _ => return object,
     };
     if let Some(map) = object.as_object_mut() {

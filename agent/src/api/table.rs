@@ -479,7 +479,7 @@ fn columns(kind: &str) -> Vec<Column> {
                 ))
             }),
             col("Targets", "string", 0, |o| {
-                json!(crate::controllers::hpa::targets_column(o))
+                json!(shoal_core::controllers::hpa::targets_column(o))
             }),
             col("MinPods", "integer", 0, |o| {
                 json!(o["spec"]["minReplicas"].as_i64().unwrap_or(1))

@@ -158,7 +158,9 @@ fn resource_value(
             .find(|c| c.name == container)
             .ok_or_else(|| config_error(format!("resourceFieldRef: no container {container:?}")))?
     };
-    let bad = |e: String| config_error(format!("resourceFieldRef.divisor: {e}"));
+    let bad = |e: shoal_model::quantity::QuantityError| {
+        config_error(format!("resourceFieldRef.divisor: {e}"))
+    };
     Ok(match resource {
         "requests.cpu" | "limits.cpu" => {
             let millis = if resource == "limits.cpu" {

@@ -472,8 +472,8 @@ impl Kubelet {
             let pod = bound.get(&uid);
             let mut fenced = false;
             // A pod being deleted is stopped (gracefully), then its object deleted.
-            let deleting =
-                pod.is_some_and(|p| crate::controllers::garbage::deletion_requested(&p.object));
+            let deleting = pod
+                .is_some_and(|p| shoal_core::controllers::garbage::deletion_requested(&p.object));
             let plan: Option<&pod::PodPlan> = match pod.map(|p| &p.plan) {
                 Some(Ok(plan)) => {
                     let policy = Policy::parse(
@@ -525,7 +525,7 @@ impl Kubelet {
             }
             if deleting
                 && let Some(ms) =
-                    pod.and_then(|p| crate::controllers::garbage::deletion_grace_ms(&p.object))
+                    pod.and_then(|p| shoal_core::controllers::garbage::deletion_grace_ms(&p.object))
             {
                 worker.limit_grace(ms);
             }
@@ -619,7 +619,7 @@ impl Kubelet {
     /// Deletes the object of a pod being deleted once it stopped here, unless finalizers
     /// still hold it (then it stays, stopped, until they are removed).
     fn delete_stopped(&self, handle: &tokio::runtime::Handle, object: &Value) {
-        use crate::controllers::garbage;
+        use shoal_core::controllers::garbage;
         if garbage::finish(object, 0, false) != garbage::Finish::Delete {
             return;
         }

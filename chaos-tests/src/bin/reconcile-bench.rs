@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use clap::Parser;
 use serde_json::{Value, json};
-use shoal_agent::controllers::{GarbageRead, Snapshot, decide, garbage_plan};
+use shoal_core::controllers::{GarbageRead, Snapshot, decide, garbage_plan};
 use shoal_state::{ObjectState, Stamp, Store, StoreConfig, WireEntry, hlc::Timestamp};
 
 /// The system allocator, counting allocations.
@@ -123,7 +123,7 @@ fn main() {
         "conditions": [{"type": "Ready", "status": "True"}]});
     let live = [1u64];
     let mut random = || 0u64;
-    let mut quarantine = shoal_agent::controllers::quarantine::Quarantine::new();
+    let mut quarantine = shoal_core::controllers::quarantine::Quarantine::new();
     let (mut list_cpu, mut views_cpu, mut decide_cpu, mut allocations, mut bytes) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..args.passes {

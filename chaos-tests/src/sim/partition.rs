@@ -18,8 +18,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use serde_json::{Value, json};
 use shoal_state::{ObjectKey, Store, StoreConfig, WriteMode};
 
-use shoal_agent::controllers::workload::{Phase, PodView, replicas, selector, selects};
-use shoal_agent::controllers::{
+use shoal_core::controllers::workload::{Phase, PodView, replicas, selector, selects};
+use shoal_core::controllers::{
     GarbageRead, Quarantine, Snapshot, Write, decide, garbage, garbage_plan, garbage_writes,
     has_finalizers, job, namespace_of, overlay, uid_of, write_of,
 };
@@ -94,7 +94,7 @@ impl Kubelets {
                 .is_some_and(|s| s["phase"] == "Succeeded");
             if succeeded {
                 let job =
-                    shoal_agent::controllers::workload::controller_of(&pod).unwrap_or_default();
+                    shoal_core::controllers::workload::controller_of(&pod).unwrap_or_default();
                 self.succeeded.insert(uid_of(&pod).to_owned(), job);
             }
         }
@@ -279,7 +279,7 @@ impl Sim {
 }
 
 /// Writes `action` to `store`; 1 if that changed it.
-fn apply(store: &mut Store, action: shoal_agent::controllers::Action, now_ms: u64) -> usize {
+fn apply(store: &mut Store, action: shoal_core::controllers::Action, now_ms: u64) -> usize {
     write_of(action).map_or(0, |write| {
         usize::from(execute(store, write, now_ms).is_some_and(|w| w.change.is_some()))
     })
@@ -338,7 +338,7 @@ fn execute(store: &mut Store, write: Write, now_ms: u64) -> Option<shoal_state::
         }
         Write::Delete { key, uid } => {
             let current = store.get(&key);
-            match shoal_agent::controllers::delete_write(
+            match shoal_core::controllers::delete_write(
                 key,
                 uid,
                 current.as_ref(),
@@ -472,7 +472,7 @@ fn check(
         .chain(&snapshot.replica_sets)
         .chain(&snapshot.jobs);
     for object in objects {
-        if let Some(owner) = shoal_agent::controllers::workload::controller_of(object)
+        if let Some(owner) = shoal_core::controllers::workload::controller_of(object)
             && !stored.contains(owner.as_str())
         {
             errors.push(format!(
@@ -529,8 +529,8 @@ fn check(
 
     // Each Deployment: one ReplicaSet of the current template holds all its replicas.
     for d in &snapshot.deployments {
-        let sets = shoal_agent::controllers::deployment::owned_sets(d, &snapshot.replica_sets);
-        let hash = shoal_agent::controllers::workload::template_hash(&d["spec"]["template"]);
+        let sets = shoal_core::controllers::deployment::owned_sets(d, &snapshot.replica_sets);
+        let hash = shoal_core::controllers::workload::template_hash(&d["spec"]["template"]);
         let current: Vec<&&Value> = sets
             .iter()
             .filter(|s| s["metadata"]["labels"]["pod-template-hash"] == hash.as_str())
@@ -614,11 +614,11 @@ fn check(
             .jobs
             .iter()
             .filter(|j| {
-                shoal_agent::controllers::workload::controller_of(j).as_deref() == Some(uid_of(cj))
+                shoal_core::controllers::workload::controller_of(j).as_deref() == Some(uid_of(cj))
             })
             .filter_map(|j| {
                 let at = j["metadata"]["annotations"]
-                    [shoal_agent::controllers::cron_job::SCHEDULED_KEY]
+                    [shoal_core::controllers::cron_job::SCHEDULED_KEY]
                     .as_str()?;
                 humantime::parse_rfc3339(at).ok()
             })
@@ -626,7 +626,7 @@ fn check(
             .map(|d| d.as_millis() as u64)
             .collect();
         times.sort_unstable();
-        let schedule = shoal_model::cron::schedule(cj).map_err(|(_, e)| e)?;
+        let schedule = shoal_model::cron::schedule(cj).map_err(|e| e.to_string())?;
         for pair in times.windows(2) {
             if schedule.next(pair[0]) != Some(pair[1]) {
                 errors.push(format!(
@@ -687,7 +687,7 @@ fn active_pods(store: &Store, owner_uid: &str) -> usize {
         .list("", "Pod", None)
         .iter()
         .filter(|p| {
-            shoal_agent::controllers::workload::controller_of(p).as_deref() == Some(owner_uid)
+            shoal_core::controllers::workload::controller_of(p).as_deref() == Some(owner_uid)
         })
         .count()
 }
@@ -911,7 +911,7 @@ fn a_cron_job_scheduled_on_both_sides_keeps_one_job_per_time() {
             .iter()
             .map(|j| {
                 (
-                    shoal_agent::controllers::name_of(j).to_owned(),
+                    shoal_core::controllers::name_of(j).to_owned(),
                     uid_of(j).to_owned(),
                 )
             })

@@ -76,23 +76,26 @@ pub struct LeaseReply {
 pub const MAX_ASKS: usize = 10_000;
 pub const MAX_UID_BYTES: usize = 128;
 
+/// Why a peer's lease request was refused (naming the field).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("asks: {0} pods in one request (at most {MAX_ASKS})")]
+    TooManyAsks(usize),
+    #[error("asks[].uid: {0} bytes (1 to {MAX_UID_BYTES})")]
+    BadUid(usize),
+}
+
 /// Checks a peer's request before it is answered.
-pub fn validate(request: &LeaseRequest) -> Result<(), String> {
+pub fn validate(request: &LeaseRequest) -> Result<(), RequestError> {
     if request.asks.len() > MAX_ASKS {
-        return Err(format!(
-            "asks: {} pods in one request (at most {MAX_ASKS})",
-            request.asks.len()
-        ));
+        return Err(RequestError::TooManyAsks(request.asks.len()));
     }
     if let Some(ask) = request
         .asks
         .iter()
         .find(|a| a.uid.is_empty() || a.uid.len() > MAX_UID_BYTES)
     {
-        return Err(format!(
-            "asks[].uid: {} bytes (1 to {MAX_UID_BYTES})",
-            ask.uid.len()
-        ));
+        return Err(RequestError::BadUid(ask.uid.len()));
     }
     Ok(())
 }
@@ -417,7 +420,7 @@ mod tests {
         let long = LeaseRequest {
             asks: ask(&"u".repeat(MAX_UID_BYTES + 1), 1),
         };
-        assert!(validate(&long).unwrap_err().contains("asks[].uid"));
+        assert!(matches!(validate(&long), Err(RequestError::BadUid(_))));
         let many = LeaseRequest {
             asks: (0..=MAX_ASKS)
                 .map(|i| Ask {
@@ -426,7 +429,7 @@ mod tests {
                 })
                 .collect(),
         };
-        assert!(validate(&many).unwrap_err().contains("asks"));
+        assert!(matches!(validate(&many), Err(RequestError::TooManyAsks(_))));
     }
 
     /// A message in flight: (deliver at, holder, grantor, sent at).

@@ -79,21 +79,37 @@ impl FenceConfig {
         }
     }
 
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), FenceConfigError> {
         if self.replace_after <= self.detection_bound + self.fence_timeout {
-            return Err(format!(
-                "fenced replacement delay {:?} must exceed detection bound {:?} + fence timeout {:?}",
-                self.replace_after, self.detection_bound, self.fence_timeout
-            ));
+            return Err(FenceConfigError::ReplaceTooSoon {
+                replace_after: self.replace_after,
+                detection_bound: self.detection_bound,
+                fence_timeout: self.fence_timeout,
+            });
         }
         if self.lease_hold >= self.lease_term {
-            return Err(format!(
-                "run lease hold {:?} must be shorter than the lease term {:?}",
-                self.lease_hold, self.lease_term
-            ));
+            return Err(FenceConfigError::HoldNotShorter {
+                hold: self.lease_hold,
+                term: self.lease_term,
+            });
         }
         Ok(())
     }
+}
+
+/// A fencing configuration the timing argument does not hold for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FenceConfigError {
+    #[error(
+        "fenced replacement delay {replace_after:?} must exceed detection bound {detection_bound:?} + fence timeout {fence_timeout:?}"
+    )]
+    ReplaceTooSoon {
+        replace_after: Duration,
+        detection_bound: Duration,
+        fence_timeout: Duration,
+    },
+    #[error("run lease hold {hold:?} must be shorter than the lease term {term:?}")]
+    HoldNotShorter { hold: Duration, term: Duration },
 }
 
 /// Whether `alive` nodes (this one included) are a strict majority of the `known` membership.

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::events::{EventType, NewEvent, ObjectRef};
+use shoal_model::event::{EventType, NewEvent, ObjectRef};
 
 /// The object's controlling owner, as an event's subject.
 fn owner(object: &Value) -> Option<ObjectRef> {
@@ -37,7 +37,7 @@ fn component(kind: &str) -> &'static str {
 }
 
 /// A reconcile of `object` failed and quarantined it ([`super::quarantine`]).
-pub fn reconcile_failed(object: crate::events::ObjectRef, message: &str) -> NewEvent {
+pub fn reconcile_failed(object: shoal_model::event::ObjectRef, message: &str) -> NewEvent {
     let source = component(&object.kind);
     NewEvent::new(
         object,

@@ -1,16 +1,18 @@
-//! Workload controllers without a controller manager (DESIGN.md §7): every workload object
-//! is reconciled by one owner node, the live node with the highest rendezvous hash of the
-//! object's uid (the auction's rule, [`shoal_core::placement::auction::auctioneer`]), so a dead
-//! owner is replaced without an election and work spreads over the cluster. The decisions are
-//! pure ([`replica_set`], [`deployment`]); this shell feeds them the store and the pods'
-//! gossiped statuses and writes their actions through the same store API users write with.
-//! Level-triggered: a restarted or newly chosen owner simply continues from what it sees.
+//! The workload controllers' pure core (DESIGN.md §7): every decision a controller makes, from
+//! a snapshot of the store and the pods' observed statuses to [`Action`]s and the store writes
+//! they become. No I/O: the agent's shell (`agent/src/controllers.rs`) reads the store, chooses
+//! each object's owner node and writes; the partition simulator
+//! (`chaos-tests/src/sim/partition.rs`) drives the same functions — [`decide`], [`write_of`],
+//! [`overlay`], [`garbage_plan`], [`garbage_writes`] — on both sides of a cut over real stores.
+//!
+//! One file per kind ([`replica_set`], [`deployment`], [`daemon_set`], [`job`], [`cron_job`],
+//! [`hpa`], [`namespace`], [`service_ip`]), each `reconcile → actions`; [`garbage`] is the only
+//! garbage collector (the API's delete does not cascade); [`quarantine`] keeps a panicking
+//! reconcile from stopping the others; [`workload`] is what they share (pod views, actions).
 //!
 //! After a partition both sides' owners may have acted; the next reconcile on the healed
 //! cluster removes the surplus in the same deterministic order everywhere
-//! ([`replica_set::removal_rank`]). The partition simulator (`chaos-tests/src/sim/partition.rs`, tests) runs
-//! this module's pure core — [`decide`], [`write_of`], [`overlay`], [`garbage_plan`],
-//! [`garbage_writes`] — on both sides of a cut over real stores and checks the healed state.
+//! ([`replica_set::removal_rank`]).
 
 pub mod cron_job;
 pub mod daemon_set;
@@ -20,74 +22,19 @@ pub mod garbage;
 pub mod hpa;
 pub mod job;
 pub mod namespace;
-
 pub mod quarantine;
 pub mod replica_set;
 pub mod service_ip;
 pub mod workload;
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::Value;
-use shoal_gossip::{MemberState, Membership};
-use shoal_state::{ObjectKey, WriteMode, kind};
-use tokio::sync::broadcast::error::{RecvError, TryRecvError};
-use tracing::{debug, info, warn};
+use shoal_state::{ObjectKey, kind};
 
-use crate::kubelet::status::PodStatusCache;
-use crate::replication::Replication;
 pub use quarantine::Quarantine;
 pub use workload::Action;
 use workload::PodView;
-
-/// Writes one pass keeps in flight.
-const WRITES_IN_FLIGHT: usize = 16;
-
-/// The reconcile loop's tunables.
-#[derive(Debug, Clone, Copy)]
-pub struct ControllerConfig {
-    /// Longest pause between two passes (changes wake the loop sooner).
-    pub resync: Duration,
-    /// Shortest pause between two passes (a burst of changes is one pass).
-    pub debounce: Duration,
-    /// Where Service ClusterIPs come from (`--service-cidr`).
-    pub service_cidr: ipnet::Ipv4Net,
-    /// How often an HorizontalPodAutoscaler is synced (`--hpa-sync-period`; Kubernetes'
-    /// `--horizontal-pod-autoscaler-sync-period`, 15 s).
-    pub hpa_sync: Duration,
-}
-
-impl Default for ControllerConfig {
-    fn default() -> Self {
-        Self {
-            resync: Duration::from_secs(1),
-            debounce: Duration::from_millis(50),
-            service_cidr: shoal_net::service_ip::DEFAULT_SERVICE_CIDR
-                .parse()
-                .expect("the default parses"),
-            hpa_sync: Duration::from_secs(15),
-        }
-    }
-}
-
-/// The controllers of one agent.
-pub struct Controllers {
-    node_id: u64,
-    replication: Arc<Replication>,
-    membership: Arc<Membership>,
-    statuses: Arc<PodStatusCache>,
-    config: ControllerConfig,
-    /// Where the controllers' Events go (this node's recorder).
-    events: Arc<crate::events::Recorder>,
-    /// The nodes' usage samples (the autoscalers' metrics), if this agent reads them.
-    usage: Option<Arc<crate::kubelet::node_service::NodeService>>,
-    /// What each autoscaler this node owns remembers ([`hpa::Memory`]), by uid.
-    autoscalers: std::sync::Mutex<std::collections::HashMap<String, hpa::Memory>>,
-    /// When the garbage collector last ran (ms since the epoch).
-    collected_ms: std::sync::atomic::AtomicU64,
-}
 
 /// Everything one pass decides with: the workloads and pods of each namespace, with the
 /// pods' observed statuses.
@@ -211,11 +158,6 @@ pub struct Listed {
 }
 
 impl Snapshot {
-    /// Reads the store and the pod statuses.
-    pub fn read(replication: &Replication, statuses: &PodStatusCache) -> Self {
-        Self::from_listed(replication.read(Self::list), |pod| statuses.status_of(pod))
-    }
-
     /// The workloads of `store` and, if there is any, every pod.
     pub fn list(store: &shoal_state::Store) -> Listed {
         let deployments = store.list("apps", "Deployment", None);
@@ -423,586 +365,6 @@ pub fn uid_of(object: &Value) -> &str {
     object["metadata"]["uid"].as_str().unwrap_or_default()
 }
 
-impl Controllers {
-    pub fn new(
-        node_id: u64,
-        replication: Arc<Replication>,
-        membership: Arc<Membership>,
-        statuses: Arc<PodStatusCache>,
-        config: ControllerConfig,
-        events: Arc<crate::events::Recorder>,
-        usage: Option<Arc<crate::kubelet::node_service::NodeService>>,
-    ) -> Arc<Self> {
-        Arc::new(Self {
-            node_id,
-            replication,
-            membership,
-            statuses,
-            config,
-            events,
-            usage,
-            autoscalers: Default::default(),
-            collected_ms: Default::default(),
-        })
-    }
-
-    /// Records what an acknowledged controller write tells ([`events`]).
-    fn record(&self, event: Option<crate::events::NewEvent>) {
-        if let Some(event) = event {
-            self.events.record(event);
-        }
-    }
-
-    /// Starts the reconcile loop, supervised ([`crate::supervise`]).
-    pub fn start(self: &Arc<Self>) {
-        let me = self.clone();
-        crate::supervise::spawn("controllers", move || me.clone().run());
-    }
-
-    async fn run(self: Arc<Self>) {
-        let mut changes = self.replication.subscribe();
-        let mut statuses = self.statuses.subscribe();
-        let wakes = |change: &shoal_state::Change| {
-            matches!(
-                change.key.kind.as_str(),
-                "Pod"
-                    | "ReplicaSet"
-                    | "Deployment"
-                    | "Job"
-                    | "CronJob"
-                    | "Service"
-                    | "Namespace"
-                    | "HorizontalPodAutoscaler"
-            )
-        };
-        // The objects whose reconcile failed, skipped until their retry ([`quarantine`]).
-        let mut quarantine = Quarantine::new();
-        loop {
-            // Only the statuses of pods a controller controls feed a reconcile (readiness,
-            // completion); a bare pod's status changing wakes nothing.
-            let began = tokio::time::Instant::now();
-            let (controlled, requeue) = self.pass(&mut quarantine).await;
-            // Under a stream of changes (a burst of creates) passes would run back to back and
-            // take a whole core from the API and the scheduler: rest at least as long as the
-            // pass took.
-            tokio::time::sleep(self.config.debounce.max(began.elapsed())).await;
-            // What came in during the pass and the debounce is covered by one more pass, all of
-            // it: taking one change per pass would replay a burst (a thousand pods created) as
-            // a thousand passes over the whole store.
-            let mut again = false;
-            loop {
-                match changes.try_recv() {
-                    Ok(c) => again |= wakes(&c),
-                    Err(TryRecvError::Lagged(_)) => again = true,
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Closed) => return,
-                }
-            }
-            loop {
-                match statuses.try_recv() {
-                    Ok(c) => again |= controlled.contains(&c.uid),
-                    Err(TryRecvError::Lagged(_)) => again = true,
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Closed) => return,
-                }
-            }
-            if again {
-                continue;
-            }
-            // Wait for a change of a workload or a pod (stored or observed), the earliest
-            // requeue a controller asked for, or the resync.
-            let wait = requeue.map_or(self.config.resync, |at_ms| {
-                Duration::from_millis(at_ms.saturating_sub(now_ms())).min(self.config.resync)
-            });
-            let resync = tokio::time::sleep(wait);
-            tokio::pin!(resync);
-            loop {
-                tokio::select! {
-                    _ = &mut resync => break,
-                    change = changes.recv() => match change {
-                        Ok(c) if wakes(&c) => break,
-                        Ok(_) => {}
-                        Err(RecvError::Lagged(_)) => break,
-                        Err(RecvError::Closed) => return,
-                    },
-                    change = statuses.recv() => match change {
-                        Ok(c) if controlled.contains(&c.uid) => break,
-                        Ok(_) => {}
-                        Err(RecvError::Lagged(_)) => break,
-                        Err(RecvError::Closed) => return,
-                    },
-                }
-            }
-        }
-    }
-
-    /// The live nodes' numeric ids (owners are chosen among them).
-    async fn live_nodes(&self) -> Vec<u64> {
-        self.membership
-            .members()
-            .await
-            .into_iter()
-            .filter(|m| m.is_self || m.state == MemberState::Alive)
-            .filter_map(|m| u64::from_str_radix(&m.node_id, 16).ok())
-            .collect()
-    }
-
-    fn owns(&self, object: &Value, live: &[u64]) -> bool {
-        shoal_core::placement::auction::auctioneer(uid_of(object), live.iter().copied())
-            == Some(self.node_id)
-    }
-
-    /// One reconcile of every workload this node owns; returns the uids of the pods some
-    /// controller controls (whose statuses matter to the next pass) and the earliest requeue
-    /// a controller asked for (ms since the epoch).
-    async fn pass(&self, quarantine: &mut Quarantine) -> (HashSet<String>, Option<u64>) {
-        let live = self.live_nodes().await;
-        let snapshot = Snapshot::read(&self.replication, &self.statuses);
-        let controlled = snapshot
-            .pods
-            .values()
-            .flat_map(NamespacePods::all)
-            .filter(|p| p.controller_uid.is_some())
-            .map(|p| p.uid.clone())
-            .collect();
-        let now = now_ms();
-        let mut random = || rand::random::<u64>();
-        let mut actions = decide(
-            &snapshot,
-            &|o| self.owns(o, &live),
-            now,
-            &mut random,
-            quarantine,
-        );
-        actions.extend(self.autoscale(&snapshot, &live, now).await);
-        // One due already asked for nothing this pass could do: not a reason to spin.
-        let requeue = earliest_requeue(&actions).filter(|at| *at > now);
-        // Concurrently: each write waits for its quorum, and a ReplicaSet of 100 creates 100.
-        futures_util::StreamExt::for_each_concurrent(
-            futures_util::stream::iter(actions),
-            WRITES_IN_FLIGHT,
-            |action| self.apply(action),
-        )
-        .await;
-        self.service_ips(&live).await;
-        self.namespaces(&live).await;
-        let now = now_ms();
-        let last = self.collected_ms.load(std::sync::atomic::Ordering::Relaxed);
-        if now >= last.saturating_add(GARBAGE_INTERVAL_MS) {
-            self.collected_ms
-                .store(now, std::sync::atomic::Ordering::Relaxed);
-            self.collect_garbage(&live, now).await;
-        }
-        (controlled, requeue)
-    }
-
-    /// One round of [`garbage`] collection: each dependent whose first owner this node owns
-    /// is judged from what the store holds of its owners, and each object being deleted that
-    /// this node owns is finished; what a round leaves undone (a failed write, a dependent
-    /// still going) the next one does.
-    async fn collect_garbage(&self, live: &[u64], now: u64) {
-        let alive_names: HashSet<String> = self
-            .membership
-            .members()
-            .await
-            .into_iter()
-            .filter(|m| m.is_self || matches!(m.state, MemberState::Alive | MemberState::Suspect))
-            .map(|m| m.name().to_owned())
-            .collect();
-        // The store's lock is held for the copy only; the round runs off the async workers.
-        let read = self.replication.read(GarbageRead::of);
-        let (node, live) = (self.node_id, live.to_vec());
-        let planned = tokio::task::spawn_blocking(move || {
-            let alive = |name: &str| alive_names.contains(name);
-            garbage_plan(&read, node, &live, &alive, now)
-        })
-        .await;
-        let Ok(plan) = planned else {
-            warn!("the garbage collector's round panicked; the next one runs as usual");
-            return;
-        };
-        for step in garbage_writes(plan, &now_rfc3339()) {
-            match self.graceful(step.write) {
-                Write::Over { key, uid, lay } => {
-                    let terminating = matches!(lay, Lay::Terminate { .. });
-                    let written = self
-                        .write_over(key.clone(), &uid, lay.what(), |current| lay.apply(current))
-                        .await;
-                    if terminating && step.announce {
-                        self.record(written.as_ref().and_then(events::deleted));
-                    }
-                    if step.then_delete && written.is_some_and(|w| !has_finalizers(&w)) {
-                        match self.replication.delete(&key, Some(&uid)).await {
-                            Ok(_) => info!(object = %key, "finalized and deleted"),
-                            Err(e) => debug!(object = %key, error = %e, "not deleted yet"),
-                        }
-                    }
-                }
-                Write::Delete { key, uid } => match self.replication.delete(&key, Some(&uid)).await
-                {
-                    Ok(stored) => {
-                        info!(object = %key, "garbage collected");
-                        if step.announce {
-                            self.record(events::deleted(&stored));
-                        }
-                    }
-                    Err(e) => debug!(object = %key, error = %e, "garbage not collected"),
-                },
-                Write::Create(_) => {}
-            }
-        }
-    }
-
-    /// `write`, with a delete made as [`delete_write`] makes it from this node's copy of the
-    /// object (a pod on a node is deleted gracefully).
-    fn graceful(&self, write: Write) -> Write {
-        match write {
-            Write::Delete { key, uid } => {
-                let current = self.replication.read(|s| s.get(&key));
-                delete_write(key, uid, current.as_ref(), &now_rfc3339())
-            }
-            other => other,
-        }
-    }
-
-    /// One sync of each autoscaler this node owns that is due ([`hpa::reconcile`]), from the
-    /// usage every live node samples (asked only when one is due).
-    async fn autoscale(&self, snapshot: &Snapshot, live: &[u64], now: u64) -> Vec<Action> {
-        let owned: Vec<&Value> = snapshot
-            .autoscalers
-            .iter()
-            .filter(|h| self.owns(h, live))
-            .collect();
-        let sync_ms = u64::try_from(self.config.hpa_sync.as_millis()).unwrap_or(u64::MAX);
-        let due = {
-            let mut memories = self.autoscalers.lock().unwrap_or_else(|e| e.into_inner());
-            memories.retain(|uid, _| owned.iter().any(|h| uid_of(h) == uid));
-            owned
-                .iter()
-                .any(|h| memories.get(uid_of(h)).is_none_or(|m| m.due(now, sync_ms)))
-        };
-        let Some(source) = self.usage.as_ref().filter(|_| due) else {
-            return Vec::new();
-        };
-        let usage: std::collections::HashMap<String, hpa::Usage> = source
-            .cluster_usage()
-            .await
-            .into_iter()
-            .flat_map(|node| node.pods)
-            .map(|pod| {
-                let sum = pod
-                    .containers
-                    .iter()
-                    .fold(hpa::Usage::default(), |u, c| hpa::Usage {
-                        cpu_nanocores: u.cpu_nanocores.saturating_add(c.cpu_nanocores),
-                        memory_bytes: u.memory_bytes.saturating_add(c.memory_working_set_bytes),
-                    });
-                (pod.uid, sum)
-            })
-            .collect();
-        let mut memories = self.autoscalers.lock().unwrap_or_else(|e| e.into_inner());
-        let mut actions = Vec::new();
-        for autoscaler in owned {
-            let namespace = namespace_of(autoscaler);
-            let reference = &autoscaler["spec"]["scaleTargetRef"];
-            let target_name = reference["name"].as_str().unwrap_or("");
-            let targets = match reference["kind"].as_str() {
-                Some("Deployment") => &snapshot.deployments,
-                Some("ReplicaSet") => &snapshot.replica_sets,
-                _ => &Vec::new(),
-            };
-            let target = targets
-                .iter()
-                .find(|t| namespace_of(t) == namespace && name_of(t) == target_name);
-            let pods: Vec<&PodView> = snapshot.pods_in(namespace).iter().collect();
-            let memory = memories.entry(uid_of(autoscaler).to_owned()).or_default();
-            actions.extend(hpa::reconcile(
-                autoscaler, target, &pods, &usage, memory, now, sync_ms,
-            ));
-        }
-        actions
-    }
-
-    /// Creates the built-in namespaces (their owner: the node owning a fixed name), and empties
-    /// then deletes the namespaces being deleted that this node owns ([`namespace::finalize`]).
-    async fn namespaces(&self, live: &[u64]) {
-        let info = kind::lookup("v1", "Namespace").expect("Namespace is a stored kind");
-        let namespaces = self.replication.read(|s| s.list("", "Namespace", None));
-        let names: Vec<String> = namespaces
-            .iter()
-            .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
-            .collect();
-        let bootstrap = shoal_core::placement::auction::auctioneer(
-            "shoal-built-in-namespaces",
-            live.iter().copied(),
-        ) == Some(self.node_id);
-        if bootstrap {
-            for object in namespace::missing_built_ins(&names) {
-                if let Ok(valid) = shoal_state::validate(object, "") {
-                    match self.replication.write(valid, WriteMode::Create).await {
-                        Ok((o, _)) => {
-                            info!(namespace = %o["metadata"]["name"], "built-in namespace created")
-                        }
-                        Err(e) => debug!(error = %e, "built-in namespace not created"),
-                    }
-                }
-            }
-        }
-        // Each namespace's owner gives it its `default` ServiceAccount.
-        let accounts: Vec<(String, String)> = self.replication.read(|s| {
-            s.list("", "ServiceAccount", None)
-                .iter()
-                .map(|a| {
-                    let text = |f: &str| a["metadata"][f].as_str().unwrap_or_default().to_owned();
-                    (text("namespace"), text("name"))
-                })
-                .collect()
-        });
-        let owned: Vec<Value> = namespaces
-            .iter()
-            .filter(|n| self.owns(n, live))
-            .cloned()
-            .collect();
-        for account in namespace::missing_default_accounts(&owned, &accounts) {
-            let ns = account["metadata"]["namespace"]
-                .as_str()
-                .unwrap_or("")
-                .to_owned();
-            if let Ok(valid) = shoal_state::validate(account, &ns) {
-                match self.replication.write(valid, WriteMode::Create).await {
-                    Ok(_) => debug!(namespace = %ns, "default ServiceAccount created"),
-                    Err(e) => {
-                        debug!(namespace = %ns, error = %e, "default ServiceAccount not created")
-                    }
-                }
-            }
-        }
-        for ns in namespaces
-            .iter()
-            .filter(|n| namespace::terminating(n) && self.owns(n, live))
-        {
-            // Contents first, then (looked at again at once) the emptied namespace.
-            for _ in 0..2 {
-                if !self.finalize_namespace(info, ns).await {
-                    break;
-                }
-            }
-        }
-    }
-
-    /// One step of [`namespace::finalize`]; returns whether it deleted contents (the next step
-    /// may delete the namespace).
-    async fn finalize_namespace(&self, info: &'static shoal_state::KindInfo, ns: &Value) -> bool {
-        {
-            let name = ns["metadata"]["name"].as_str().unwrap_or_default();
-            let contents: Vec<(ObjectKey, String)> = self.replication.read(|s| {
-                shoal_state::KINDS
-                    .iter()
-                    .filter(|k| k.namespaced)
-                    .flat_map(|k| {
-                        s.list(k.group, k.kind, Some(name))
-                            .into_iter()
-                            .map(move |o| {
-                                (
-                                    ObjectKey::new(
-                                        k,
-                                        name,
-                                        o["metadata"]["name"].as_str().unwrap_or(""),
-                                    ),
-                                    o["metadata"]["uid"].as_str().unwrap_or("").to_owned(),
-                                )
-                            })
-                    })
-                    .collect()
-            });
-            match namespace::finalize(ns, contents) {
-                namespace::Finalize::Contents(objects) => {
-                    futures_util::StreamExt::for_each_concurrent(
-                        futures_util::stream::iter(objects),
-                        WRITES_IN_FLIGHT,
-                        |(key, uid)| async move {
-                            if let Err(e) = self.replication.delete(&key, Some(&uid)).await {
-                                debug!(object = %key, error = %e, "namespace content not deleted");
-                            }
-                        },
-                    )
-                    .await;
-                    true
-                }
-                namespace::Finalize::Namespace(uid) => {
-                    let key = ObjectKey::new(info, "", name);
-                    match self.replication.delete(&key, Some(&uid)).await {
-                        Ok(_) => info!(namespace = %name, "namespace emptied and deleted"),
-                        Err(e) => debug!(namespace = %name, error = %e, "namespace not deleted"),
-                    }
-                    false
-                }
-                namespace::Finalize::Nothing => false,
-            }
-        }
-    }
-
-    /// Gives the Services this node owns the ClusterIP and node ports they need
-    /// ([`service_ip::reconcile`], [`service_ip::reconcile_node_ports`]).
-    async fn service_ips(&self, live: &[u64]) {
-        let services = self.replication.read(|s| s.list("", "Service", None));
-        for (i, ip) in service_ip::reconcile(&services, self.config.service_cidr) {
-            let ip = serde_json::json!(ip.to_string());
-            self.update_service(&services[i], live, "clusterIP", "ClusterIP", |spec| {
-                spec["clusterIPs"] = serde_json::json!([ip]);
-                spec["clusterIP"] = ip.clone();
-            })
-            .await;
-        }
-        for (i, ports) in service_ip::reconcile_node_ports(&services) {
-            self.update_service(&services[i], live, "ports", "node ports", |spec| {
-                spec["ports"] = serde_json::json!(&ports);
-            })
-            .await;
-        }
-    }
-
-    /// Applies `change` to the spec of `service` as stored now, if this node owns it and its
-    /// `field` is still what the decision saw (a user's edit since wins), and writes it.
-    async fn update_service(
-        &self,
-        service: &Value,
-        live: &[u64],
-        field: &str,
-        what: &str,
-        mut change: impl FnMut(&mut Value),
-    ) {
-        if !self.owns(service, live) {
-            return;
-        }
-        let Some(key) = key_of(
-            "Service",
-            namespace_of(service),
-            service["metadata"]["name"].as_str().unwrap_or(""),
-        ) else {
-            return;
-        };
-        self.write_over(key, uid_of(service), what, |current| {
-            if current["spec"][field] != service["spec"][field] {
-                return false;
-            }
-            change(&mut current["spec"]);
-            true
-        })
-        .await;
-    }
-
-    /// Lays `change` over `key` as stored now (not as read for the decision, so a binding or a
-    /// user's edit made since is kept) if it is still the incarnation `uid` and `change` agrees
-    /// (returns true), and writes it through the store API users write with — from the version
-    /// it read, and laid over again if another write came in between (as the API's patches).
-    async fn write_over(
-        &self,
-        key: ObjectKey,
-        uid: &str,
-        what: &str,
-        mut change: impl FnMut(&mut Value) -> bool,
-    ) -> Option<Value> {
-        for attempt in 1..=WRITE_ATTEMPTS {
-            let current = self.replication.read(|s| s.get(&key))?;
-            let valid = match overlay(&key, uid, current, &mut change)? {
-                Ok(valid) => valid,
-                Err(e) => {
-                    warn!(object = %key, error = %e, "controller built an invalid {what}");
-                    return None;
-                }
-            };
-            match self.replication.write(valid, WriteMode::Update).await {
-                Ok((written, _)) => {
-                    info!(object = %key, "controller wrote {what}");
-                    return Some(written);
-                }
-                Err(crate::replication::WriteError::Store(shoal_state::StoreError::Conflict {
-                    ..
-                })) if attempt < WRITE_ATTEMPTS => {
-                    debug!(object = %key, attempt, "{what} raced another write; laid over again");
-                }
-                Err(e) => {
-                    debug!(object = %key, error = %e, "controller could not write {what}");
-                    return None;
-                }
-            }
-        }
-        None
-    }
-
-    async fn apply(&self, action: Action) {
-        if let Action::Failed { object, message } = &action {
-            warn!(object = %format!("{}/{}/{}", object.kind, object.namespace, object.name),
-                %message, "reconcile failed: quarantined");
-            self.record(Some(events::reconcile_failed(object.clone(), message)));
-            return;
-        }
-        let rescaled = match &action {
-            Action::Scale {
-                namespace,
-                autoscaler,
-                autoscaler_uid,
-                message,
-                ..
-            } => Some(events::rescaled(
-                namespace,
-                autoscaler,
-                autoscaler_uid,
-                message,
-            )),
-            _ => None,
-        };
-        match write_of(action).map(|w| self.graceful(w)) {
-            None => {}
-            Some(Write::Create(object)) => {
-                let what = describe(&object);
-                let namespace = namespace_of(&object).to_owned();
-                match shoal_state::validate(object, &namespace) {
-                    Ok(valid) => match self.replication.write(valid, WriteMode::Create).await {
-                        Ok((written, _)) => {
-                            info!(object = %what, "controller created");
-                            self.record(events::created(&written));
-                        }
-                        Err(e) => debug!(object = %what, error = %e, "controller create failed"),
-                    },
-                    Err(e) => {
-                        warn!(object = %what, error = %e, "controller built an invalid object")
-                    }
-                }
-            }
-            Some(Write::Over { key, uid, lay }) => {
-                let mut from = None;
-                let terminating = matches!(lay, Lay::Terminate { .. });
-                let written = self
-                    .write_over(key, &uid, lay.what(), |current| {
-                        from = lay.scales_from(current);
-                        lay.apply(current)
-                    })
-                    .await;
-                if let Some(written) = written {
-                    if terminating {
-                        self.record(events::deleted(&written));
-                    } else if let Some(event) = rescaled {
-                        self.record(Some(event));
-                    } else if let Some(from) = from {
-                        self.record(events::scaled(&written, from));
-                    }
-                }
-            }
-            Some(Write::Delete { key, uid }) => {
-                match self.replication.delete(&key, Some(&uid)).await {
-                    Ok(stored) => {
-                        info!(object = %key, "controller deleted");
-                        self.record(events::deleted(&stored));
-                    }
-                    Err(e) => debug!(object = %key, error = %e, "controller delete failed"),
-                }
-            }
-        }
-    }
-}
-
 /// A controller's [`Action`] as a store write: what the shell and the partition simulator
 /// both do with one.
 #[derive(Debug, Clone, PartialEq)]
@@ -1115,7 +477,7 @@ impl Lay {
         }
     }
 
-    fn what(&self) -> &'static str {
+    pub fn what(&self) -> &'static str {
         match self {
             Lay::Update(_) => "an update",
             Lay::Replicas(_) => "a scale",
@@ -1277,9 +639,8 @@ pub fn garbage_plan(
             read.tombstones.get(key).cloned(),
         )
     };
-    let mine = |uid: &str| {
-        shoal_core::placement::auction::auctioneer(uid, live.iter().copied()) == Some(node)
-    };
+    let mine =
+        |uid: &str| crate::placement::auction::auctioneer(uid, live.iter().copied()) == Some(node);
     garbage::plan(
         &read.objects,
         &garbage::Round {
@@ -1362,15 +723,8 @@ pub fn has_finalizers(object: &Value) -> bool {
         .is_some_and(|f| !f.is_empty())
 }
 
-/// How often the garbage collector runs.
-const GARBAGE_INTERVAL_MS: u64 = 2_000;
-
-/// How often a controller's write is laid over a newer version before it gives up (the next
-/// pass decides again).
-const WRITE_ATTEMPTS: u32 = 5;
-
 /// The store key of a kind controllers write.
-fn key_of(kind_name: &str, namespace: &str, name: &str) -> Option<ObjectKey> {
+pub fn key_of(kind_name: &str, namespace: &str, name: &str) -> Option<ObjectKey> {
     let group_version = match kind_name {
         "ReplicaSet" | "Deployment" => "apps/v1",
         "HorizontalPodAutoscaler" => "autoscaling/v2",
@@ -1382,27 +736,6 @@ fn key_of(kind_name: &str, namespace: &str, name: &str) -> Option<ObjectKey> {
         namespace,
         name,
     ))
-}
-
-/// Now, as `metadata` timestamps are written.
-fn now_rfc3339() -> String {
-    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
-}
-
-/// Milliseconds since the epoch (0 before it).
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-fn describe(object: &Value) -> String {
-    format!(
-        "{} {}/{}",
-        object["kind"].as_str().unwrap_or("?"),
-        namespace_of(object),
-        object["metadata"]["name"].as_str().unwrap_or("?")
-    )
 }
 
 #[cfg(test)]

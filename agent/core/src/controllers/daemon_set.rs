@@ -34,7 +34,7 @@ use std::collections::HashSet;
 use serde_json::{Value, json};
 
 use super::workload::{Action, PodView, min_ready_ms, template_hash};
-use shoal_core::placement::cluster::ClusterView;
+use crate::placement::cluster::ClusterView;
 use shoal_model::placement::{NodeView, PodRequest, Resources, TaintEffect};
 
 /// The tolerations Kubernetes' DaemonSet controller adds to its pods: a daemon keeps running
@@ -96,7 +96,7 @@ fn request_of(ds: &Value, node_name: &str) -> Option<PodRequest> {
 /// and the taints it tolerates; resources are no reason to refuse a DaemonSet pod, it is the
 /// node's to run).
 fn fits(request: &PodRequest, node: &NodeView, cluster: &ClusterView) -> bool {
-    shoal_core::placement::predicates::check(request, node, Resources::default(), cluster).is_ok()
+    crate::placement::predicates::check(request, node, Resources::default(), cluster).is_ok()
 }
 
 /// Whether a DaemonSet pod (`request`), already on `node`, may keep running there: as

@@ -1,7 +1,7 @@
 //! The Service ClusterIP controller: gives every Service that needs one an address from the
 //! service CIDR, and moves the later-created of two Services that hold one address (two agents
 //! allocated at once, or on two sides of a partition) to a free one. The API allocates at
-//! create time with the same allocator ([`shoal_net::service_ip::allocate`]); this covers what
+//! create time with the same allocator ([`shoal_model::service_ip::allocate`]); this covers what
 //! arrives by other paths and repairs races. Pure: `reconcile` decides, the shell writes.
 
 use std::collections::BTreeSet;
@@ -9,7 +9,7 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 use serde_json::Value;
-use shoal_net::service_ip::{self, Claim};
+use shoal_model::service_ip::{self, Claim};
 
 /// A Service's address as its spec states it.
 #[derive(Debug, Clone, PartialEq, Eq)]

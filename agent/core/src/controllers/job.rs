@@ -995,7 +995,7 @@ mod tests {
         let refused = |policy: Value, restart: &str| {
             let mut j = job(json!({"podFailurePolicy": policy}));
             j["spec"]["template"]["spec"]["restartPolicy"] = json!(restart);
-            failure_policy(&j).unwrap_err().0
+            failure_policy(&j).unwrap_err().field
         };
         let rule = |r: Value| json!({"rules": [r]});
         let codes = json!({"operator": "In", "values": [1]});

@@ -119,6 +119,26 @@ pub fn cpu_unready(pod: &PodView, now_ms: u64) -> bool {
     }
 }
 
+/// Why a metric gave no proposal: the message of the HPA's `ScalingActive` condition, as
+/// Kubernetes words it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum MetricError {
+    #[error(
+        "failed to get {resource} utilization: missing request for {resource} in container {container} of Pod {pod}"
+    )]
+    MissingRequest {
+        resource: &'static str,
+        container: String,
+        pod: String,
+    },
+    #[error(
+        "failed to get {resource} utilization: unable to get metrics for resource {resource}: no metrics returned from resource metrics API"
+    )]
+    NoMetrics { resource: &'static str },
+    #[error("failed to get {resource} utilization: no metrics returned matched known pods")]
+    NoMatchedPods { resource: &'static str },
+}
+
 /// One metric's proposal: replicas, and its `currentMetrics` entry.
 fn propose(
     metric: &Metric,
@@ -126,7 +146,7 @@ fn propose(
     pods: &[&PodView],
     usage: &HashMap<String, Usage>,
     now_ms: u64,
-) -> Result<(i64, Value), String> {
+) -> Result<(i64, Value), MetricError> {
     let resource = metric.resource;
     // Requests summed over containers; Kubernetes refuses a container without one.
     let mut requests: HashMap<&str, u64> = HashMap::new();
@@ -148,13 +168,11 @@ fn propose(
                 Some(Ok(v)) => total = total.saturating_add(v),
                 _ if matches!(metric.target, Target::AverageValue(_)) => {}
                 _ => {
-                    return Err(format!(
-                        "failed to get {} utilization: missing request for {} in container {} of Pod {}",
-                        resource.name(),
-                        resource.name(),
-                        c["name"].as_str().unwrap_or(""),
-                        pod.name
-                    ));
+                    return Err(MetricError::MissingRequest {
+                        resource: resource.name(),
+                        container: c["name"].as_str().unwrap_or("").to_owned(),
+                        pod: pod.name.clone(),
+                    });
                 }
             }
         }
@@ -192,14 +210,12 @@ fn propose(
         ready_count += 1;
     }
     if samples.is_empty() {
-        return Err(format!(
-            "failed to get {} utilization: unable to get metrics for resource {}: no metrics returned from resource metrics API",
-            resource.name(),
-            resource.name()
-        ));
+        return Err(MetricError::NoMetrics {
+            resource: resource.name(),
+        });
     }
     // The usage ratio over `samples`, and what `currentMetrics` shows (from the real samples).
-    let ratio_of = |samples: &HashMap<&str, u64>| -> Result<(f64, u64, u64), String> {
+    let ratio_of = |samples: &HashMap<&str, u64>| -> Result<(f64, u64, u64), MetricError> {
         let (mut used, mut requested, mut n) = (0u64, 0u64, 0u64);
         for (uid, v) in samples {
             used = used.saturating_add(*v);
@@ -210,10 +226,9 @@ fn propose(
         match metric.target {
             Target::Utilization(target) => {
                 if requested == 0 {
-                    return Err(format!(
-                        "failed to get {} utilization: no metrics returned matched known pods",
-                        resource.name()
-                    ));
+                    return Err(MetricError::NoMatchedPods {
+                        resource: resource.name(),
+                    });
                 }
                 let utilization = used.saturating_mul(100) / requested;
                 Ok((utilization as f64 / target as f64, utilization, average))
@@ -513,7 +528,10 @@ pub fn reconcile(
     let mut actions = Vec::new();
     let spec = match Spec::parse(hpa) {
         Ok(spec) => spec,
-        Err((field, message)) => {
+        Err(shoal_model::FieldError {
+            field,
+            detail: message,
+        }) => {
             conditions.push((
                 "ScalingActive",
                 false,
@@ -622,7 +640,11 @@ pub fn reconcile(
                 "FailedGetResourceMetric",
                 format!(
                     "the HPA was unable to compute the replica count: {}",
-                    failures.join("; ")
+                    failures
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("; ")
                 ),
             ));
             status["desiredReplicas"] = previous["desiredReplicas"].clone();
@@ -1174,26 +1196,29 @@ mod tests {
             Spec::parse(&h).unwrap_err()
         };
         assert_eq!(
-            refused(&|s| s["maxReplicas"] = json!(0)).0,
+            refused(&|s| s["maxReplicas"] = json!(0)).field,
             "spec.maxReplicas"
         );
-        let (field, message) = refused(&|s| s["minReplicas"] = json!(5));
+        let shoal_model::FieldError {
+            field,
+            detail: message,
+        } = refused(&|s| s["minReplicas"] = json!(5));
         assert_eq!(field, "spec.minReplicas");
         assert!(message.contains("less than or equal to maxReplicas"));
         assert_eq!(
-            refused(&|s| s["scaleTargetRef"]["name"] = Value::Null).0,
+            refused(&|s| s["scaleTargetRef"]["name"] = Value::Null).field,
             "spec.scaleTargetRef.name"
         );
         assert_eq!(
-            refused(&|s| s["metrics"] = json!([{"type": "Pods"}])).0,
+            refused(&|s| s["metrics"] = json!([{"type": "Pods"}])).field,
             "spec.metrics[0].type"
         );
         assert_eq!(
-            refused(&|s| s["metrics"] = json!([{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization"}}}])).0,
+            refused(&|s| s["metrics"] = json!([{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization"}}}])).field,
             "spec.metrics[0].resource.target.averageUtilization"
         );
         assert_eq!(
-            refused(&|s| s["behavior"] = json!({"scaleDown": {"selectPolicy": "Most"}})).0,
+            refused(&|s| s["behavior"] = json!({"scaleDown": {"selectPolicy": "Most"}})).field,
             "spec.behavior.scaleDown.selectPolicy"
         );
         let mut bare = json!({"spec": {"scaleTargetRef": {"kind": "Deployment", "name": "web"},

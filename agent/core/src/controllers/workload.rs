@@ -183,7 +183,7 @@ pub enum Action {
     /// The object's reconcile failed (it panicked): nothing is written for it this pass; the
     /// shell records a Warning event `ReconcileFailed` with `message` ([`super::quarantine`]).
     Failed {
-        object: crate::events::ObjectRef,
+        object: shoal_model::event::ObjectRef,
         message: String,
     },
     /// Nothing to write: reconcile again at `at_ms` (ms since the epoch) even if nothing

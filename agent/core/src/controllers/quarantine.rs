@@ -94,7 +94,7 @@ impl Quarantine {
                 );
                 vec![
                     Action::Failed {
-                        object: crate::events::ObjectRef::of(object),
+                        object: shoal_model::event::ObjectRef::of(object),
                         message: format!(
                             "reconcile failed ({failures} in a row): {}; retried in {} s",
                             panic_message(payload.as_ref()),

@@ -398,15 +398,15 @@ mod tests {
         assert_eq!(s.next(mar9), Some(mar9 + 6 * 60 * MIN + 30 * MIN));
         assert!(matches!(
             schedule(&cron_job(json!({"timeZone": "Mars/Olympus"}))),
-            Err(("spec.timeZone", _))
+            Err(shoal_model::FieldError { field, .. }) if field == "spec.timeZone"
         ));
         assert!(matches!(
             schedule(&cron_job(json!({"schedule": "TZ=UTC * * * * *"}))),
-            Err(("spec.schedule", _))
+            Err(shoal_model::FieldError { field, .. }) if field == "spec.schedule"
         ));
         assert!(matches!(
             schedule(&cron_job(json!({"schedule": "61 * * * *"}))),
-            Err(("spec.schedule", _))
+            Err(shoal_model::FieldError { field, .. }) if field == "spec.schedule"
         ));
         assert!(schedule(&cron_job(json!({"schedule": "@hourly"}))).is_ok());
     }
