@@ -392,11 +392,7 @@ impl Scheduling {
             let all_held = asks
                 .iter()
                 .all(|a| state.holder.holds(&a.uid, a.epoch, now, state.baseline));
-            let due = match state.last_lease_round {
-                None => true,
-                Some(last) if all_held => now >= last + Duration::from_millis(500),
-                Some(last) => now >= last + self.config.tick,
-            };
+            let due = lease::round_due(state.last_lease_round, all_held, now, self.config.tick);
             if asks.is_empty() || !due {
                 return;
             }

@@ -1,7 +1,10 @@
 //! A deterministic simulation of the auction: every node's [`Scheduler`] in one process, a
 //! message queue with a fixed latency on virtual time, and the replicated world (placements and
-//! bindings) applied as the auctioneers write it. Used by the tests (node loss, determinism)
-//! and by the 1,000-node benchmark.
+//! bindings) applied as the auctioneers write it. Fenced pods run as they do in the agent: only
+//! while their node's side is not fenced off *and* the node holds the pod's run lease, from the
+//! same [`Grantor`] and [`Holder`] the agent's scheduling shell drives, asked on the same
+//! schedule ([`lease::round_due`]). Used by the tests (node loss, partitions, determinism) and
+//! by the 1,000-node benchmark.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
@@ -13,6 +16,7 @@ use shoal_core::placement::auction::{
 };
 use shoal_core::placement::cluster::ClusterView;
 use shoal_core::placement::eviction;
+use shoal_core::placement::lease::{self, Ask, Grantor, Holder, LeaseReply};
 use shoal_core::placement::partition::{self, FenceConfig, Policy};
 use shoal_core::placement::predicates;
 use shoal_model::placement::{NodeView, PodRequest};
@@ -43,6 +47,19 @@ impl Default for SimConfig {
             detection: Duration::from_secs(2),
         }
     }
+}
+
+/// One node's run-lease state: what it grants its peers, what it holds, when it last asked.
+#[derive(Debug, Clone)]
+struct NodeLeases {
+    grantor: Grantor,
+    holder: Holder,
+    last_round: Option<Duration>,
+}
+
+/// The name a node's bindings and leases carry.
+fn node_name(id: NodeId) -> String {
+    format!("node-{id}")
 }
 
 /// Counters of a run.
@@ -89,14 +106,28 @@ pub struct Sim {
     fence: partition::Fence,
     /// Nodes on the other side of a partition, declared dead at the given time.
     cut_off: HashMap<NodeId, Duration>,
+    /// Each node's run leases (a node of the other side keeps its own there).
+    leases: BTreeMap<NodeId, NodeLeases>,
+    /// Fenced pods of frozen nodes whose containers still run: uid -> (node, binding epoch,
+    /// the instant its shim kills it).
+    frozen_runs: HashMap<String, (NodeId, u64, Duration)>,
 }
 
 impl Sim {
     pub fn new(config: SimConfig, nodes: Vec<NodeView>) -> Self {
         let mut cluster = ClusterView::default();
         let mut schedulers = BTreeMap::new();
+        let mut leases = BTreeMap::new();
         for node in nodes {
             schedulers.insert(node.id, Scheduler::new(node.id, config.auction.clone()));
+            leases.insert(
+                node.id,
+                NodeLeases {
+                    grantor: Grantor::new(Duration::ZERO, config.fence.lease_term),
+                    holder: Holder::default(),
+                    last_round: None,
+                },
+            );
             cluster.add_node(node);
         }
         Self {
@@ -120,6 +151,8 @@ impl Sim {
             members: 0,
             fence: partition::Fence::new(),
             cut_off: HashMap::new(),
+            leases,
+            frozen_runs: HashMap::new(),
         }
         .with_members()
     }
@@ -212,6 +245,26 @@ impl Sim {
         }
     }
 
+    /// A node freezes (SIGSTOP of its agent): it stops answering and asking, so its peers
+    /// declare it dead as [`Sim::kill`] does, but its containers run on. A fenced one runs
+    /// until the deadline its kubelet last wrote into its fence lease
+    /// ([`Holder::held_until`], the agent's `fenced_run_left`), where its shim kills it; an
+    /// available one runs on (that is its policy).
+    pub fn freeze(&mut self, node: NodeId) {
+        let baseline = self.members.max(1);
+        if let Some(l) = self.leases.get(&node) {
+            for (uid, b) in &self.bindings {
+                if b.node != node || self.policy(uid) != Policy::Fenced || self.fenced_stopped() {
+                    continue;
+                }
+                if let Some(until) = l.holder.held_until(uid, b.epoch, self.now, baseline) {
+                    self.frozen_runs.insert(uid.clone(), (node, b.epoch, until));
+                }
+            }
+        }
+        self.kill(node);
+    }
+
     pub fn bound_count(&self) -> usize {
         self.bindings
             .values()
@@ -289,14 +342,92 @@ impl Sim {
     }
 
     /// Where each pod runs in this world right now: its binding's node, if that node is alive
-    /// here, unless the pod is fenced and this side stopped its fenced pods.
+    /// here; a fenced pod only while this side is not fenced off and the node holds the pod's
+    /// run lease at the binding's epoch (the agent's `may_run_fenced`).
     pub fn running(&self) -> Vec<(String, NodeId)> {
+        let frozen = self
+            .frozen_runs
+            .iter()
+            .filter(|(_, (_, _, until))| self.now < *until)
+            .map(|(uid, (node, _, _))| (uid.clone(), *node));
         self.bindings
             .iter()
             .filter(|(_, b)| self.schedulers.contains_key(&b.node))
-            .filter(|(uid, _)| !(self.policy(uid) == Policy::Fenced && self.fenced_stopped()))
+            .filter(|(uid, b)| self.policy(uid) != Policy::Fenced || self.may_run_fenced(uid, b))
             .map(|(uid, b)| (uid.clone(), b.node))
+            .chain(frozen)
             .collect()
+    }
+
+    fn may_run_fenced(&self, uid: &str, binding: &Binding) -> bool {
+        !self.fenced_stopped()
+            && self.leases.get(&binding.node).is_some_and(|l| {
+                l.holder
+                    .holds(uid, binding.epoch, self.now, self.members.max(1))
+            })
+    }
+
+    /// Every live node whose lease round is due asks every node of its side (itself included)
+    /// for the leases of the fenced pods bound to it; grantors answer from this side's
+    /// bindings. Replies arrive at once (sent and received at `now`).
+    fn lease_rounds(&mut self) {
+        let now = self.now;
+        let hold = self.config.fence.lease_hold;
+        let baseline = self.members.max(1);
+        let live: Vec<NodeId> = self.schedulers.keys().copied().collect();
+        // The fenced pods bound to each node (one pass: most simulations have none).
+        let mut asks_of: HashMap<NodeId, Vec<Ask>> = HashMap::new();
+        for (uid, policy) in &self.policies {
+            if let (Policy::Fenced, Some(b)) = (policy, self.bindings.get(uid)) {
+                asks_of.entry(b.node).or_default().push(Ask {
+                    uid: uid.clone(),
+                    epoch: b.epoch,
+                });
+            }
+        }
+        for &holder in &live {
+            let name = node_name(holder);
+            let mut asks = asks_of.remove(&holder).unwrap_or_default();
+            asks.sort_by(|x, y| x.uid.cmp(&y.uid));
+            let Some(mine) = self.leases.get_mut(&holder) else {
+                continue;
+            };
+            let wanted: HashSet<&str> = asks.iter().map(|a| a.uid.as_str()).collect();
+            mine.holder.retain(now, |uid| wanted.contains(uid));
+            let all_held = asks
+                .iter()
+                .all(|a| mine.holder.holds(&a.uid, a.epoch, now, baseline));
+            if asks.is_empty()
+                || !lease::round_due(mine.last_round, all_held, now, self.config.tick)
+            {
+                continue;
+            }
+            mine.last_round = Some(now);
+            for &grantor in &live {
+                let bindings = &self.bindings;
+                let granted = self
+                    .leases
+                    .get_mut(&grantor)
+                    .expect("every live node has leases")
+                    .grantor
+                    .answer(now, &name, &asks, |uid| {
+                        bindings.get(uid).map(|b| lease::Binding {
+                            name: uid.to_owned(),
+                            node: node_name(b.node),
+                            epoch: b.epoch,
+                        })
+                    });
+                let reply = LeaseReply {
+                    granted,
+                    baseline: u32::try_from(baseline).unwrap_or(u32::MAX),
+                };
+                self.leases
+                    .get_mut(&holder)
+                    .expect("checked above")
+                    .holder
+                    .on_reply(now, hold, &node_name(grantor), &asks, &reply);
+            }
+        }
     }
 
     /// Heals a partition: one world from every side's, bindings merged by the binding rule
@@ -306,12 +437,22 @@ impl Sim {
         let mut merged = sides.next().expect("at least one side");
         let mut all_nodes: BTreeMap<NodeId, shoal_model::placement::NodeView> = BTreeMap::new();
         let mut schedulers = std::mem::take(&mut merged.schedulers);
+        // Each node keeps the lease state of the side it lived on.
+        let mut leases: BTreeMap<NodeId, NodeLeases> = merged
+            .leases
+            .iter()
+            .filter(|(id, _)| schedulers.contains_key(id))
+            .map(|(id, l)| (*id, l.clone()))
+            .collect();
         let mut bindings = std::mem::take(&mut merged.bindings);
         let mut now = merged.now;
         let mut others = Vec::new();
         for side in sides {
             now = now.max(side.now);
             schedulers.extend(side.schedulers.clone());
+            for id in side.schedulers.keys() {
+                leases.insert(*id, side.leases[id].clone());
+            }
             for (uid, b) in &side.bindings {
                 if bindings.get(uid).is_none_or(|old| b.wins_over(old)) {
                     bindings.insert(uid.clone(), b.clone());
@@ -337,6 +478,7 @@ impl Sim {
         }
         merged.now = now;
         merged.schedulers = schedulers;
+        merged.leases = leases;
         merged.bindings = bindings;
         merged.cluster = cluster;
         merged.dead.clear();
@@ -465,6 +607,7 @@ impl Sim {
             if self.now >= next_tick {
                 self.declare_cut_off_dead();
                 self.evict_due();
+                self.lease_rounds();
                 let ids: Vec<NodeId> = self.schedulers.keys().copied().collect();
                 for id in ids {
                     let Some(mut s) = self.schedulers.remove(&id) else {

@@ -291,16 +291,8 @@ fn a_partition_heals_to_one_binding_per_pod_and_fenced_pods_never_run_twice() {
     // Fenced pods never run on two nodes at any instant; available ones may (that is the
     // policy), and are deduplicated on heal.
     let check = |sides: &[Sim]| {
-        let mut runs: std::collections::HashMap<String, Vec<u64>> = Default::default();
-        for side in sides {
-            for (uid, node) in side.running() {
-                runs.entry(uid).or_default().push(node);
-            }
-        }
-        for uid in &fenced {
-            let n = runs.get(uid).map_or(0, Vec::len);
-            assert!(n <= 1, "fenced pod {uid} runs on {:?}", runs[uid]);
-        }
+        let sides: Vec<&Sim> = sides.iter().collect();
+        fenced_run_once(&sides, &fenced).unwrap();
     };
     let mut moved_fenced = false;
     for _ in 0..1500 {
@@ -350,6 +342,92 @@ fn a_partition_heals_to_one_binding_per_pod_and_fenced_pods_never_run_twice() {
         healed.bound_count()
     );
     check(&[healed]);
+}
+
+/// Every fenced pod runs on at most one node of `sides` at this instant.
+fn fenced_run_once(sides: &[&Sim], fenced: &HashSet<String>) -> Result<(), String> {
+    let mut runs: std::collections::HashMap<String, Vec<u64>> = Default::default();
+    for side in sides {
+        for (uid, node) in side.running() {
+            runs.entry(uid).or_default().push(node);
+        }
+    }
+    for uid in fenced {
+        if let Some(nodes) = runs.get(uid).filter(|n| n.len() > 1) {
+            return Err(format!("fenced pod {uid} runs on {nodes:?}"));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_frozen_node_s_fenced_pods_run_elsewhere_only_after_their_shims_killed_them() {
+    use shoal_core::placement::partition::Policy;
+    let nodes = workload::nodes(11, 7);
+    let pods = workload::pods(12, 60);
+    let config = SimConfig::default();
+    let term = config.fence.lease_term;
+    let mut sim = Sim::new(config, nodes);
+    let fenced: HashSet<String> = pods.iter().map(|p| p.uid.clone()).collect();
+    for uid in &fenced {
+        sim.set_policy(uid, Policy::Fenced);
+    }
+    sim.add_pods(pods.clone());
+    settle(&mut sim, pods.len());
+    // Grantors grant nothing for one term after they start; then every bound pod runs.
+    let end = sim.now + term + Duration::from_secs(1);
+    sim.run(term + Duration::from_secs(1), |s| s.now >= end);
+    let running: HashSet<String> = sim.running().into_iter().map(|(uid, _)| uid).collect();
+    assert_eq!(
+        running.len(),
+        sim.bound_count(),
+        "a bound fenced pod holds no lease"
+    );
+
+    let victim = sim.bindings.values().next().expect("a binding").node;
+    let victims: HashSet<String> = sim
+        .bindings
+        .iter()
+        .filter(|(_, b)| b.node == victim)
+        .map(|(uid, _)| uid.clone())
+        .collect();
+    sim.freeze(victim);
+    let mut moved_and_running = false;
+    for _ in 0..2000 {
+        let end = sim.now + Duration::from_millis(10);
+        sim.run(Duration::from_millis(10), |s| s.now >= end);
+        fenced_run_once(&[&sim], &fenced).unwrap();
+        moved_and_running |= sim
+            .running()
+            .iter()
+            .any(|(uid, node)| victims.contains(uid) && *node != victim);
+    }
+    assert!(
+        moved_and_running,
+        "no pod of the frozen node runs elsewhere"
+    );
+}
+
+#[test]
+fn the_fenced_run_check_names_a_pod_that_runs_twice() {
+    let nodes = workload::nodes(13, 4);
+    let pods = workload::pods(14, 8);
+    let mut sim = Sim::new(SimConfig::default(), nodes);
+    sim.add_pods(pods.clone());
+    settle(&mut sim, pods.len());
+    // Available pods on both sides of a split may run twice; called fenced, the check fails.
+    let fenced: HashSet<String> = pods.iter().map(|p| p.uid.clone()).collect();
+    let ids: Vec<u64> = sim.cluster.nodes().map(|n| n.id).collect();
+    let mut a = sim.clone();
+    a.cut(&ids[2..]);
+    let mut b = sim;
+    b.cut(&ids[..2]);
+    for side in [&mut a, &mut b] {
+        let end = side.now + Duration::from_secs(30);
+        side.run(Duration::from_secs(30), |s| s.now >= end);
+    }
+    let error = fenced_run_once(&[&a, &b], &fenced).unwrap_err();
+    assert!(error.contains("runs on"), "{error}");
 }
 
 #[test]

@@ -100,6 +100,20 @@ pub fn validate(request: &LeaseRequest) -> Result<(), RequestError> {
     Ok(())
 }
 
+/// How often a holder asks for its fenced pods' leases while it holds them all.
+pub const ROUND_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Whether a holder's next lease round is due at `now`: its first, then every
+/// [`ROUND_INTERVAL`] while it holds every lease it asks for, and every `tick` while one is not
+/// held (a pod waiting for its lease starts as soon as a majority grants it).
+pub fn round_due(last: Option<Duration>, all_held: bool, now: Duration, tick: Duration) -> bool {
+    match last {
+        None => true,
+        Some(last) if all_held => now >= last + ROUND_INTERVAL,
+        Some(last) => now >= last + tick,
+    }
+}
+
 /// What a grantor's store says of a pod a holder asks about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Binding {
