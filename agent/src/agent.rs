@@ -307,18 +307,18 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     } else {
         None
     };
-    let events = Arc::new(crate::events::Recorder::new(
+    let events = Arc::new(crate::observed::events::Recorder::new(
         &config.name,
         config.event_ttl,
-        crate::events::MAX_PER_NAMESPACE,
+        crate::observed::events::MAX_PER_NAMESPACE,
     ));
     {
         let (events, membership, name) = (events.clone(), membership.clone(), config.name.clone());
         crate::supervise::spawn("node-events", move || {
-            crate::events::follow_nodes(events.clone(), membership.clone(), name.clone())
+            crate::observed::events::follow_nodes(events.clone(), membership.clone(), name.clone())
         });
     }
-    let pod_statuses = Arc::new(crate::kubelet::status::PodStatusCache::default());
+    let pod_statuses = Arc::new(crate::observed::pod_status::PodStatusCache::default());
     {
         let (statuses, membership) = (pod_statuses.clone(), membership.clone());
         crate::supervise::spawn("pod-statuses", move || {

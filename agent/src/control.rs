@@ -36,7 +36,7 @@ struct ControlState {
     replication: Arc<Replication>,
     self_info: Arc<SelfInfo>,
     kubeconfig: Option<Arc<KubeconfigInfo>>,
-    pod_statuses: Arc<crate::kubelet::status::PodStatusCache>,
+    pod_statuses: Arc<crate::observed::pod_status::PodStatusCache>,
     /// Where Service ClusterIPs come from (the write path allocates them).
     service_cidr: ipnet::Ipv4Net,
     /// The Kubernetes API's state: deletes go through its path.

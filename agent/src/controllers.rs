@@ -20,7 +20,7 @@ use tracing::{debug, info, warn};
 use shoal_core::controllers::workload::PodView;
 use shoal_core::controllers::*;
 
-use crate::kubelet::status::PodStatusCache;
+use crate::observed::pod_status::PodStatusCache;
 use crate::replication::Replication;
 
 /// Writes one pass keeps in flight.
@@ -61,7 +61,7 @@ pub struct Controllers {
     statuses: Arc<PodStatusCache>,
     config: ControllerConfig,
     /// Where the controllers' Events go (this node's recorder).
-    events: Arc<crate::events::Recorder>,
+    events: Arc<crate::observed::events::Recorder>,
     /// The nodes' usage samples (the autoscalers' metrics), if this agent reads them.
     usage: Option<Arc<crate::kubelet::node_service::NodeService>>,
     /// What each autoscaler this node owns remembers ([`hpa::Memory`]), by uid.
@@ -84,7 +84,7 @@ impl Controllers {
         membership: Arc<Membership>,
         statuses: Arc<PodStatusCache>,
         config: ControllerConfig,
-        events: Arc<crate::events::Recorder>,
+        events: Arc<crate::observed::events::Recorder>,
         usage: Option<Arc<crate::kubelet::node_service::NodeService>>,
     ) -> Arc<Self> {
         Arc::new(Self {
@@ -101,7 +101,7 @@ impl Controllers {
     }
 
     /// Records what an acknowledged controller write tells ([`events`]).
-    fn record(&self, event: Option<crate::events::NewEvent>) {
+    fn record(&self, event: Option<crate::observed::events::NewEvent>) {
         if let Some(event) = event {
             self.events.record(event);
         }

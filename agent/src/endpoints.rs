@@ -25,7 +25,7 @@ use sha2::Digest;
 /// the pods' gossiped statuses.
 pub fn services_with_backends(
     replication: &crate::replication::Replication,
-    statuses: &crate::kubelet::status::PodStatusCache,
+    statuses: &crate::observed::pod_status::PodStatusCache,
     namespace: Option<&str>,
 ) -> Vec<(Value, Vec<Backend>)> {
     let (services, pods) = replication.read(|s| {

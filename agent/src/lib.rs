@@ -1,10 +1,21 @@
-//! `shoal-agent`: the one binary (`shoal`) every node runs.
+//! `shoal-agent`: the one binary (`shoal`) every node runs — the async shells around the pure
+//! crates `shoal-model` (what objects may say) and `shoal-core` (every decision).
 //!
-//! This crate wires the node together: configuration ([`config`]), the node's persisted identity
-//! ([`node_identity`]), membership over the authenticated QUIC endpoint ([`agent`]), and the
-//! local control API on a Unix socket in the data dir ([`control`], [`client`]) that the CLI and
-//! tests use. The harness that starts real `shoal` processes for integration tests and
-//! benchmarks is `shoal_chaos::testkit` (`chaos-tests/`), outside the product.
+//! Place in the data path, and the module of each step:
+//! manifest → [`api`] (the Kubernetes API; [`control`] is the local socket the CLI and
+//! [`client`] use, through the same admission) → the replicated store ([`replication`] over
+//! `shoal-state`) → [`controllers`] (the reconcile loop around `shoal_core::controllers`) →
+//! [`scheduling`] (the auction shell around `shoal_core::placement`) → [`kubelet`] (pod workers,
+//! probes, logs, exec) → [`runtime`] (runc through `shoal shim`) with [`images`] → the network
+//! ([`network`], [`endpoints`], [`services`] over `shoal-net`).
+//!
+//! Around them: configuration ([`config`], [`node_settings`]), the node's persisted identity
+//! ([`node_identity`]), membership over the authenticated QUIC endpoint ([`agent`], [`session`]),
+//! observed state — pod statuses and events — with one owner ([`observed`]), confined file
+//! operations ([`beneath`]), the host's facts ([`host`]), and supervision of every long-lived
+//! task ([`supervise`]). [`fault_injection`] is empty unless the test-only feature builds it.
+//! The harness that starts real `shoal` processes for integration tests and benchmarks is
+//! `shoal_chaos::testkit` (`chaos-tests/`), outside the product.
 
 pub mod agent;
 pub mod api;
@@ -14,7 +25,6 @@ pub mod config;
 pub mod control;
 pub mod controllers;
 pub mod endpoints;
-pub mod events;
 pub mod fault_injection;
 pub mod host;
 pub mod images;
@@ -22,6 +32,7 @@ pub mod kubelet;
 pub mod network;
 pub mod node_identity;
 pub mod node_settings;
+pub mod observed;
 pub mod replication;
 pub mod runtime;
 pub mod scheduling;

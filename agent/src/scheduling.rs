@@ -19,7 +19,7 @@ use shoal_gossip::{
 use shoal_state::{ObjectKey, WriteMode, kind};
 use tracing::{debug, info, warn};
 
-use crate::events::{self, EventType, NewEvent, ObjectRef, Recorder};
+use crate::observed::events::{self, EventType, NewEvent, ObjectRef, Recorder};
 
 use crate::replication::Replication;
 use shoal_core::placement::auction::{
@@ -80,7 +80,7 @@ pub struct Scheduling {
     /// Wakes the loop before its tick when a pod needs an auction.
     wake: tokio::sync::Notify,
     /// The pods' gossiped statuses (a DaemonSet's rolling update counts its available pods).
-    statuses: Arc<crate::kubelet::status::PodStatusCache>,
+    statuses: Arc<crate::observed::pod_status::PodStatusCache>,
 }
 
 /// A pod as scheduling needs it, parsed once per change.
@@ -195,7 +195,7 @@ impl Scheduling {
         endpoint: PeerEndpoint,
         config: SchedulingConfig,
         events: Arc<Recorder>,
-        statuses: Arc<crate::kubelet::status::PodStatusCache>,
+        statuses: Arc<crate::observed::pod_status::PodStatusCache>,
     ) -> Arc<Self> {
         let scheduler = Scheduler::new(self_id, config.auction.clone());
         let grantor = lease::Grantor::new(Duration::ZERO, config.fence.lease_term);

@@ -13,7 +13,7 @@ use shoal_net::dns::{DnsEndpoint, DnsPort, DnsService, Records};
 use tracing::{info, warn};
 
 use crate::endpoints::Backend;
-use crate::kubelet::status::PodStatusCache;
+use crate::observed::pod_status::PodStatusCache;
 use crate::replication::Replication;
 
 /// The ClusterIP ports of one Service and the endpoints each leads to: ready ones, or when

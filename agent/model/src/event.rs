@@ -1,5 +1,5 @@
 //! What an event is about and what it says, as the controllers, the scheduler and the kubelet
-//! report it (core/v1 `Event`, events.k8s.io/v1). The agent's event log (`agent/src/events.rs`)
+//! report it (core/v1 `Event`, events.k8s.io/v1). The agent's event log (`agent/src/observed/events.rs`)
 //! aggregates and serves them.
 
 use serde::{Deserialize, Serialize};

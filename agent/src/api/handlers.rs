@@ -141,7 +141,7 @@ fn create_event(
     namespace: Option<&str>,
     object: Value,
 ) -> Result<Response, ApiError> {
-    use crate::events::{EventType, NewEvent, ObjectRef};
+    use crate::observed::events::{EventType, NewEvent, ObjectRef};
     let v1 = resource.group == "events.k8s.io";
     let name = object["metadata"]["name"].as_str().unwrap_or("");
     let invalid = |field: &str, detail: &str| ApiError::invalid("Event", name, field, detail);
@@ -231,9 +231,9 @@ fn create_event(
         &component,
     ));
     let view = if v1 {
-        crate::events::events_v1(&record)
+        crate::observed::events::events_v1(&record)
     } else {
-        crate::events::core_v1(&record)
+        crate::observed::events::core_v1(&record)
     };
     Ok(json_response(StatusCode::CREATED, &view))
 }

@@ -50,7 +50,7 @@ pub struct ApiState {
     pub membership: Arc<Membership>,
     pub scheduling: Arc<crate::scheduling::Scheduling>,
     /// Pod statuses gossiped by the nodes running them.
-    pub pod_statuses: Arc<crate::kubelet::status::PodStatusCache>,
+    pub pod_statuses: Arc<crate::observed::pod_status::PodStatusCache>,
     /// Container logs, from this node or the one running the pod.
     pub logs: Arc<crate::kubelet::node_service::NodeService>,
     pub token: Arc<str>,

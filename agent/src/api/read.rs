@@ -55,9 +55,9 @@ pub async fn list_objects(
         }
         Source::Events => {
             let view = if resource.group == "events.k8s.io" {
-                crate::events::events_v1
+                crate::observed::events::events_v1
             } else {
-                crate::events::core_v1
+                crate::observed::events::core_v1
             };
             let items = state
                 .logs

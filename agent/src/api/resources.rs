@@ -10,7 +10,7 @@ pub enum Source {
     /// Membership (one Node per member).
     Nodes,
     /// Events: each node's own (scheduler, kubelet, node lifecycle, clients' creates),
-    /// gathered from every live node when read (`crate::events`).
+    /// gathered from every live node when read (`crate::observed::events`).
     Events,
     /// Endpoints, derived from Services and the pods observed ready.
     Endpoints,

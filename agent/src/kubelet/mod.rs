@@ -8,7 +8,6 @@ pub mod metrics;
 pub mod node_service;
 pub mod pod;
 pub mod probe;
-pub mod status;
 pub mod worker;
 
 use std::collections::{HashMap, HashSet};
@@ -22,8 +21,8 @@ use shoal_gossip::Membership;
 use shoal_state::{ObjectKey, kind};
 use tracing::{debug, info, warn};
 
-use crate::events::{self, EventType, NewEvent, ObjectRef, Recorder};
 use crate::images::{ImageError, ImageStore};
+use crate::observed::events::{self, EventType, NewEvent, ObjectRef, Recorder};
 use crate::replication::Replication;
 use crate::runtime::{ContainerMeta, ObservedPod, Runtime, SandboxSpec};
 use crate::scheduling::Scheduling;
@@ -81,7 +80,7 @@ pub struct Kubelet {
     replication: Arc<Replication>,
     membership: Arc<Membership>,
     scheduling: Arc<Scheduling>,
-    statuses: Arc<status::PodStatusCache>,
+    statuses: Arc<crate::observed::pod_status::PodStatusCache>,
     puller: Arc<image_puller::ImagePuller>,
     config: KubeletConfig,
     /// Pods bound to this node, by uid, parsed once per change.
@@ -125,7 +124,7 @@ const PULLING: &str = "Pulling";
 
 /// The gossiped form of a pod's status.
 fn report(pod: &Value, status: Value) -> String {
-    let report = status::PodReport {
+    let report = crate::observed::pod_status::PodReport {
         namespace: pod["metadata"]["namespace"]
             .as_str()
             .unwrap_or("default")
@@ -153,7 +152,7 @@ impl Kubelet {
         replication: Arc<Replication>,
         membership: Arc<Membership>,
         scheduling: Arc<Scheduling>,
-        statuses: Arc<status::PodStatusCache>,
+        statuses: Arc<crate::observed::pod_status::PodStatusCache>,
         puller: Arc<image_puller::ImagePuller>,
         events: Arc<Recorder>,
         config: KubeletConfig,
@@ -293,9 +292,10 @@ impl Kubelet {
         let (probe_tx, probe_rx) = mpsc::channel::<ProbeResult>();
         let (hook_tx, hook_rx) = mpsc::channel::<HookDone>();
         // Statuses published by an earlier run of this agent (its pods may be gone).
-        for (node_id, key, value) in
-            handle.block_on(self.membership.dynamic_values(status::KEY_PREFIX))
-        {
+        for (node_id, key, value) in handle.block_on(
+            self.membership
+                .dynamic_values(crate::observed::pod_status::KEY_PREFIX),
+        ) {
             if node_id == self.membership.node_id() {
                 published.insert(key, value);
             }
@@ -576,7 +576,7 @@ impl Kubelet {
                 }
                 // A pod being deleted keeps showing what it last was while it stops.
                 None if deleting => {
-                    let key = format!("{}{uid}", status::KEY_PREFIX);
+                    let key = format!("{}{uid}", crate::observed::pod_status::KEY_PREFIX);
                     statuses.insert(uid.clone(), published.get(&key).cloned());
                 }
                 None => {
@@ -593,20 +593,20 @@ impl Kubelet {
         self.renew_fence_leases(&fence_held);
         // Publish what changed; withdraw statuses of pods no longer here.
         for key in published.keys().cloned().collect::<Vec<_>>() {
-            let uid = key.trim_start_matches(status::KEY_PREFIX);
+            let uid = key.trim_start_matches(crate::observed::pod_status::KEY_PREFIX);
             if !statuses.contains_key(uid) {
                 statuses.insert(uid.to_owned(), None);
             }
         }
         for (uid, status) in statuses {
-            let key = format!("{}{uid}", status::KEY_PREFIX);
+            let key = format!("{}{uid}", crate::observed::pod_status::KEY_PREFIX);
             if published.get(&key) == status.as_ref() {
                 continue;
             }
             handle.block_on(self.membership.set_dynamic(&key, status.clone()));
-            let report = status
-                .as_deref()
-                .and_then(|s| serde_json::from_str::<status::PodReport>(s).ok());
+            let report = status.as_deref().and_then(|s| {
+                serde_json::from_str::<crate::observed::pod_status::PodReport>(s).ok()
+            });
             self.statuses.set_local(&uid, &self.node_name, report);
             match status {
                 Some(status) => published.insert(key, status),

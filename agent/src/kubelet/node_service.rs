@@ -55,7 +55,7 @@ pub(super) enum NodeResponse {
     Manifest { digest: String, bytes: Vec<u8> },
     Blob { bytes: Vec<u8>, total: u64 },
     Usage(super::metrics::NodeUsage),
-    Events(Vec<crate::events::EventRecord>),
+    Events(Vec<crate::observed::events::EventRecord>),
     Error(String),
 }
 
@@ -69,7 +69,7 @@ pub struct NodeService {
     membership: Arc<Membership>,
     endpoint: PeerEndpoint,
     node_name: String,
-    events: Arc<crate::events::Recorder>,
+    events: Arc<crate::observed::events::Recorder>,
 }
 
 impl NodeService {
@@ -79,7 +79,7 @@ impl NodeService {
         membership: Arc<Membership>,
         endpoint: PeerEndpoint,
         node_name: String,
-        events: Arc<crate::events::Recorder>,
+        events: Arc<crate::observed::events::Recorder>,
     ) -> Arc<Self> {
         Arc::new(Self {
             kubelet,
@@ -310,12 +310,12 @@ impl NodeService {
 
 impl NodeService {
     /// This node's recorder (the API records what clients create there).
-    pub fn events(&self) -> &Arc<crate::events::Recorder> {
+    pub fn events(&self) -> &Arc<crate::observed::events::Recorder> {
         &self.events
     }
 
     /// The events of every live node (nodes that do not answer are left out), oldest first.
-    pub async fn cluster_events(&self) -> Vec<crate::events::EventRecord> {
+    pub async fn cluster_events(&self) -> Vec<crate::observed::events::EventRecord> {
         let members = self.membership.members().await;
         let asks = members
             .iter()
@@ -340,7 +340,7 @@ impl NodeService {
 
 /// A peer's event names an object and a namespace the API serves under: checked like any
 /// name from the network.
-fn valid_record(r: &crate::events::EventRecord) -> bool {
+fn valid_record(r: &crate::observed::events::EventRecord) -> bool {
     let ok = shoal_state::labels::check_dns_subdomain(&r.name).is_ok()
         && (r.regarding.namespace.is_empty()
             || shoal_state::labels::check_dns_label(&r.regarding.namespace).is_ok());

@@ -107,12 +107,12 @@ impl Api {
                 ..Default::default()
             },
         );
-        let events = Arc::new(shoal_agent::events::Recorder::new(
+        let events = Arc::new(shoal_agent::observed::events::Recorder::new(
             "fuzz-node",
             Duration::from_secs(3600),
-            shoal_agent::events::MAX_PER_NAMESPACE,
+            shoal_agent::observed::events::MAX_PER_NAMESPACE,
         ));
-        let pod_statuses = Arc::new(shoal_agent::kubelet::status::PodStatusCache::default());
+        let pod_statuses = Arc::new(shoal_agent::observed::pod_status::PodStatusCache::default());
         let scheduling = shoal_agent::scheduling::Scheduling::new(
             numeric_id,
             replication.clone(),
