@@ -1,6 +1,6 @@
 //! Endpoints and EndpointSlices, derived (DESIGN.md §9): every agent computes them for each
 //! Service from the pods in desired state (their labels, container ports, deletion) joined with
-//! what their nodes gossip about them (IP and readiness, `crate::kubelet::status`). No
+//! what their nodes gossip about them (IP and readiness, `crate::observed::pod_status`). No
 //! controller writes them and nothing is stored: a node that dies takes its pods' endpoints
 //! with it, on every agent at once.
 //!

@@ -1,4 +1,4 @@
-//! Runs the auction ([`crate::scheduler`]) on a live agent: builds the world from membership
+//! Runs the auction (`shoal_core::placement`) on a live agent: builds the world from membership
 //! and the replicated pods, carries auction messages over the node endpoint's auction channel,
 //! and writes each binding as the pod's `spec.nodeName` (with its epoch in the
 //! `shoal.io/binding-epoch` annotation), as a Kubernetes binding does. The store keeps the two

@@ -1,8 +1,8 @@
 //! Status joined from observed state at read time (DESIGN.md §3): the store holds what users
 //! want; what is true now comes from the agents. PodScheduled comes from the binding or the
 //! auctioneer's verdict; everything else about a pod from the status its node gossips
-//! ([`crate::kubelet::status`]); Deployments and ReplicaSets count the pods of their
-//! ReplicaSets as the pods' nodes report them ([`crate::controllers`]).
+//! ([`crate::observed::pod_status`]); Deployments and ReplicaSets count the pods of their
+//! ReplicaSets as the pods' nodes report them (`shoal_core::controllers`).
 
 use serde_json::{Value, json};
 use shoal_gossip::{Member, MemberState};
