@@ -353,8 +353,9 @@ impl Scheduling {
     /// kubelet writes the end into the pod's fence lease, where its shims enforce it
     /// (`runtime::lease`).
     pub fn fenced_run_left(&self, uid: &str) -> Option<Duration> {
-        let now = self.now();
         let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        // Read under the lock: time spent waiting for it is time the lease has run.
+        let now = self.now();
         if state.fence.must_stop() {
             return None;
         }

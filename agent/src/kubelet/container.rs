@@ -59,6 +59,9 @@ pub struct Context<'a> {
     pub allow_privileged: bool,
     /// A node-local seccomp profile by its `localhostProfile` path.
     pub seccomp_profile: &'a dyn Fn(&str) -> Result<Value, String>,
+    /// When the node's run lease on the pod ends, if it holds one (`CLOCK_MONOTONIC` ms): a
+    /// fenced pod's container starts only with it.
+    pub fence_deadline_ms: Option<u64>,
 }
 
 /// Kubernetes' safe sysctls: namespaced, and isolated from other pods and the node.
@@ -618,6 +621,21 @@ pub fn build(
             recursive_readonly: false,
         });
     }
+    let fenced = shoal_core::placement::partition::Policy::parse(
+        plan.annotations
+            .get(shoal_core::placement::partition::ANNOTATION)
+            .map(String::as_str),
+    ) == shoal_core::placement::partition::Policy::Fenced;
+    let fence_deadline_ms = match (fenced, ctx.fence_deadline_ms) {
+        (false, _) => None,
+        (true, Some(deadline)) => Some(deadline),
+        (true, None) => {
+            return Err(config_error(format!(
+                "{}: a fenced pod's container starts only while its node holds the pod's run lease",
+                c.name
+            )));
+        }
+    };
     Ok(ContainerRequest {
         id: ctx.runtime_id.clone(),
         hostname: plan.hostname.clone(),
@@ -646,11 +664,7 @@ pub fn build(
         host_ipc: plan.host_ipc,
         host_network: plan.host_network,
         privileged: c.privileged,
-        fenced: shoal_core::placement::partition::Policy::parse(
-            plan.annotations
-                .get(shoal_core::placement::partition::ANNOTATION)
-                .map(String::as_str),
-        ) == shoal_core::placement::partition::Policy::Fenced,
+        fence_deadline_ms,
         stdin: c.stdin,
         stdin_once: c.stdin_once,
         tty: c.tty,
@@ -681,7 +695,15 @@ mod tests {
         lookup: &dyn Fn(&str, &str) -> Option<Value>,
     ) -> Result<ContainerRequest, ConfigError> {
         let pod = json!({"metadata": {"name": "web-1", "namespace": "prod", "uid": "u1", "labels": {"app": "web"}}, "spec": spec});
-        let plan = PodPlan::parse(&pod).unwrap();
+        request_of(&pod, lookup, None)
+    }
+
+    fn request_of(
+        pod: &Value,
+        lookup: &dyn Fn(&str, &str) -> Option<Value>,
+        fence_deadline_ms: Option<u64>,
+    ) -> Result<ContainerRequest, ConfigError> {
+        let plan = PodPlan::parse(pod).unwrap();
         let volume_dir = |name: &str| PathBuf::from(format!("/v/{name}"));
         let sub_path =
             |name: &str, sub: &str, i: usize| Ok(PathBuf::from(format!("/sub/{name}/{sub}/{i}")));
@@ -700,8 +722,28 @@ mod tests {
             allow_privileged: false,
             seccomp_profile: &|_| Err("no profiles in tests".into()),
             host_path: &|path, _, _, i| Ok(PathBuf::from(format!("/staged{path}/{i}"))),
+            fence_deadline_ms,
         };
         build(&plan, &plan.containers[0], &image(), &ctx)
+    }
+
+    /// A fenced pod's container carries the end of the run lease its start was decided under
+    /// (its shim holds it to that); without a lease it is not built at all. An unfenced pod's
+    /// carries none, whatever the node holds.
+    #[test]
+    fn a_fenced_container_starts_only_with_its_run_lease_deadline() {
+        let pod = |policy: &str| {
+            json!({"metadata": {"name": "db", "namespace": "prod", "uid": "u1",
+                    "annotations": {"shoal.io/partition-policy": policy}},
+                   "spec": {"containers": [{"name": "app", "image": "b"}]}})
+        };
+        let none = |_: &str, _: &str| None;
+        let fenced = request_of(&pod("fenced"), &none, Some(12_345)).unwrap();
+        assert_eq!(fenced.fence_deadline_ms, Some(12_345));
+        let e = request_of(&pod("fenced"), &none, None).unwrap_err();
+        assert!(e.message.contains("run lease"), "{}", e.message);
+        let free = request_of(&pod("available"), &none, Some(12_345)).unwrap();
+        assert_eq!(free.fence_deadline_ms, None);
     }
 
     /// What the API cannot compute (a ConfigMap's value doubled by `$(VAR)`) the kubelet

@@ -121,6 +121,16 @@ impl BoundPod {
 
 /// The image is on its way from a peer: the start waits without back-off.
 const PULLING: &str = "Pulling";
+/// A fenced pod's container whose start came after the node's run lease on the pod ended.
+const RUN_LEASE_ENDED: &str = "RunLeaseEnded";
+
+/// The pod an action is for, as this pass of the kubelet saw it.
+struct Acting<'a> {
+    uid: &'a str,
+    plan: Option<&'a pod::PodPlan>,
+    /// When the node's run lease on the (fenced) pod ends, if it holds one now.
+    fence_deadline_ms: Option<u64>,
+}
 
 /// The gossiped form of a pod's status.
 fn report(pod: &Value, status: Value) -> String {
@@ -471,6 +481,9 @@ impl Kubelet {
             let now = now_ms();
             let pod = bound.get(&uid);
             let mut fenced = false;
+            // When the node's run lease on this fenced pod ends: its containers start only
+            // before it, and their shims hold them to it.
+            let mut fence_deadline_ms = None;
             // A pod being deleted is stopped (gracefully), then its object deleted.
             let deleting = pod
                 .is_some_and(|p| shoal_core::controllers::garbage::deletion_requested(&p.object));
@@ -493,6 +506,7 @@ impl Kubelet {
                         let deadline_ms = crate::runtime::lease::monotonic_ms()
                             .saturating_add(left.as_millis() as u64);
                         fence_held.push((uid.clone(), deadline_ms));
+                        fence_deadline_ms = Some(deadline_ms);
                     }
                     (!fenced && !deleting).then_some(plan)
                 }
@@ -535,9 +549,12 @@ impl Kubelet {
                 .iter()
                 .any(|a| matches!(a, Action::Start { .. }));
             for action in decision.actions {
-                if let Err(error) =
-                    self.act(&uid, plan, containers, worker, action, probe_tx, hook_tx)
-                {
+                let pod = Acting {
+                    uid: &uid,
+                    plan,
+                    fence_deadline_ms,
+                };
+                if let Err(error) = self.act(&pod, containers, worker, action, probe_tx, hook_tx) {
                     warn!(pod = %uid, %error, "kubelet action failed");
                     break;
                 }
@@ -723,17 +740,16 @@ impl Kubelet {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn act(
         &self,
-        uid: &str,
-        plan: Option<&pod::PodPlan>,
+        pod: &Acting<'_>,
         containers: &[crate::runtime::ObservedContainer],
         worker: &mut PodWorker,
         action: Action,
         probe_tx: &mpsc::Sender<ProbeResult>,
         hook_tx: &mpsc::Sender<HookDone>,
     ) -> Result<(), String> {
+        let (uid, plan) = (pod.uid, pod.plan);
         let find = |name: &str, attempt: u32| {
             containers
                 .iter()
@@ -753,7 +769,7 @@ impl Kubelet {
                 init,
             } => {
                 let plan = plan.ok_or("no pod spec")?;
-                match self.start_container(plan, &name, attempt, init) {
+                match self.start_container(plan, &name, attempt, init, pod.fence_deadline_ms) {
                     Ok(()) => {
                         let pulled = worker.start_succeeded(&name);
                         debug!(pod = %plan.name, container = %name, attempt, "container started");
@@ -785,7 +801,16 @@ impl Kubelet {
                         }
                     }
                     Err(error) if error.reason == PULLING => {
-                        worker.start_pending(&name, "ContainerCreating", &error.message);
+                        worker.start_pending(&name, "Pulling", "ContainerCreating", &error.message);
+                    }
+                    Err(error) if error.reason == RUN_LEASE_ENDED => {
+                        // Tried again once the node holds the lease again, with no back-off.
+                        worker.start_pending(
+                            &name,
+                            RUN_LEASE_ENDED,
+                            "ContainerCreating",
+                            &error.message,
+                        );
                     }
                     Err(error) => {
                         warn!(pod = %plan.name, container = %name, reason = error.reason, message = %error.message, "container not started");
@@ -896,6 +921,7 @@ impl Kubelet {
         name: &str,
         attempt: u32,
         init: bool,
+        fence_deadline_ms: Option<u64>,
     ) -> Result<(), container::ConfigError> {
         let c = plan
             .containers
@@ -1050,6 +1076,7 @@ impl Kubelet {
                     )
                     .map_err(|e| e.to_string())
             },
+            fence_deadline_ms,
         };
         let request = container::build(plan, c, &image, &ctx)?;
         let meta = ContainerMeta {
@@ -1061,6 +1088,23 @@ impl Kubelet {
             runtime_id,
             cgroup_path: request.cgroup_path.clone(),
         };
+        // The pass that decided this start may have taken longer than the run lease had left
+        // (the sandbox, volumes and images above, a loaded host): a fenced container must not
+        // start after it. Its shim checks once more, as late as it can, and kills it at the
+        // deadline unless a renewal moves it (`runtime::lease`).
+        if let Some(deadline) = request.fence_deadline_ms {
+            let now = crate::runtime::lease::monotonic_ms();
+            if now >= deadline {
+                return Err(container::ConfigError {
+                    reason: RUN_LEASE_ENDED,
+                    message: format!(
+                        "{}: the node's run lease on this fenced pod ended {} ms before the container could start; it starts once the lease is held again",
+                        name,
+                        now - deadline
+                    ),
+                });
+            }
+        }
         self.runtime
             .start_container(&plan.uid, &meta, &request)
             .map_err(|e| container::ConfigError {

@@ -263,15 +263,16 @@ impl PodWorker {
         );
     }
 
-    /// The container cannot start yet but needs no back-off (its image is being pulled):
-    /// shown with `reason`, tried again at the next decision.
-    pub fn start_pending(&mut self, name: &str, reason: &str, message: &str) {
+    /// The container cannot start yet but needs no back-off (its image is being pulled, or its
+    /// fenced pod's run lease ended before it could start): an event `event` (once per
+    /// message), shown waiting with `reason`, tried again at the next decision.
+    pub fn start_pending(&mut self, name: &str, event: &'static str, reason: &str, message: &str) {
         let already = self
             .start_errors
             .get(name)
             .is_some_and(|e| e.failures == 0 && e.message == message);
         if !already {
-            self.event(name, false, "Pulling", message.to_owned());
+            self.event(name, false, event, message.to_owned());
         }
         self.start_errors.insert(
             name.to_owned(),

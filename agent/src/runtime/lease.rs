@@ -18,6 +18,12 @@
 //!   (a SIGTERM the pod ignores, then the SIGKILL), can take longer than that; the shim polls
 //!   every [`POLL`], whatever the kubelet does. (Found by the chaos tool: a fenced pod ran on
 //!   two nodes for 270 ms under CI's load.)
+//! - **the start's deadline**: when the run lease the kubelet held as it decided the start
+//!   ends (`--fence-deadline-ms`). A start comes a little after its decision (sandbox, volumes,
+//!   runc — longer on a loaded host); a shim does not start the container at or after this
+//!   deadline, and kills it then unless a renewal written after the start moves it. Without
+//!   it a container started late ran until the kubelet's next pass or the silence timeout
+//!   (found by the chaos tool: a fenced pod ran on two nodes for 930 ms under CI's load).
 //! - **silence**: the content has not changed for the fence timeout `F`, timed on the shim's
 //!   own clock from the last change it saw (the backstop for a lease file without a deadline).
 //!
@@ -77,15 +83,23 @@ pub struct LeaseWatch {
 
 impl LeaseWatch {
     /// Starts watching at `now` (`monotonic_ms`, read at the same moment): the container just
-    /// started, so its agent held the lease then. A deadline already past then is the pod's
-    /// earlier run's (its lease lapsed and was held again; the kubelet writes the new deadline
-    /// after the start, in the same pass): it is not enforced, the silence timeout is.
-    pub fn new(timeout: Duration, now: Instant, monotonic_ms: u64) -> Self {
+    /// started. `start_deadline` is when the run lease its agent held when it decided the
+    /// start ends: enforced until a renewal written after the start moves it (a start may come
+    /// after it: a slow pass on a loaded host). A deadline in the file already past at the
+    /// start is the pod's earlier run's (its lease lapsed and was held again; the kubelet
+    /// writes the new deadline after the start, in the same pass): it is not enforced, the
+    /// start's deadline and the silence timeout are.
+    pub fn new(
+        timeout: Duration,
+        now: Instant,
+        monotonic_ms: u64,
+        start_deadline: Option<u64>,
+    ) -> Self {
         Self {
             timeout,
             last: None,
             changed_at: now,
-            deadline_ms: None,
+            deadline_ms: start_deadline,
             started_ms: monotonic_ms,
         }
     }
@@ -97,7 +111,9 @@ impl LeaseWatch {
         if let Some(content) = content
             && self.last.as_ref() != Some(&content)
         {
-            self.deadline_ms = deadline(&content).filter(|d| *d > self.started_ms);
+            if let Some(renewed) = deadline(&content).filter(|d| *d > self.started_ms) {
+                self.deadline_ms = Some(renewed);
+            }
             self.last = Some(content);
             self.changed_at = now;
         }
@@ -114,7 +130,7 @@ mod tests {
     fn a_lease_without_a_deadline_lapses_only_after_the_timeout_without_a_change() {
         let t0 = Instant::now();
         let ms = |n| t0 + Duration::from_millis(n);
-        let mut watch = LeaseWatch::new(Duration::from_secs(1), t0, 0);
+        let mut watch = LeaseWatch::new(Duration::from_secs(1), t0, 0, None);
         // A missing file right after the start is not a lapse yet.
         assert!(!watch.observe(None, ms(100), 0));
         assert!(!watch.observe(Some("1 1".into()), ms(500), 0));
@@ -133,32 +149,60 @@ mod tests {
     fn a_lease_lapses_at_its_deadline_however_recently_it_was_renewed() {
         let t0 = Instant::now();
         let ms = |n| t0 + Duration::from_millis(n);
-        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0, 10_000);
+        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0, 10_000, None);
         // Renewed at monotonic 10,000 ms with a deadline 700 ms later.
         assert!(!watch.observe(Some("1 1 10700".into()), ms(0), 10_000));
         assert!(!watch.observe(Some("1 1 10700".into()), ms(699), 10_699));
         assert!(watch.observe(Some("1 1 10700".into()), ms(700), 10_700));
         // A renewal moves the deadline; a missing file keeps the last one.
-        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0, 10_000);
+        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0, 10_000, None);
         assert!(!watch.observe(Some("1 1 10700".into()), ms(0), 10_000));
         assert!(!watch.observe(Some("1 2 11200".into()), ms(500), 10_500));
         assert!(!watch.observe(None, ms(1000), 11_000));
         assert!(watch.observe(None, ms(1200), 11_200));
         // A deadline that passes after the container started lapses at once when seen.
-        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0, 10_000);
+        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0, 10_000, None);
         assert!(watch.observe(Some("1 1 10100".into()), ms(200), 10_200));
         // One already past when the container started is its pod's earlier run's (the lease
         // was lost, then held again, and the kubelet writes the new deadline after the start):
         // not enforced; the next renewal's is, and the silence timeout stays.
-        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0, 10_000);
+        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0, 10_000, None);
         assert!(!watch.observe(Some("1 7 9000".into()), ms(0), 10_000));
         assert!(!watch.observe(Some("1 7 9000".into()), ms(100), 10_100));
         assert!(!watch.observe(Some("1 8 10900".into()), ms(200), 10_200));
         assert!(watch.observe(Some("1 8 10900".into()), ms(900), 10_900));
-        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0, 10_000);
+        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0, 10_000, None);
         assert!(!watch.observe(Some("1 7 9000".into()), ms(0), 10_000));
         assert!(!watch.observe(Some("1 7 9000".into()), ms(4_999), 14_999));
         assert!(watch.observe(Some("1 7 9000".into()), ms(5_000), 15_000));
+    }
+
+    /// The run lease a start was decided under ends at the start's deadline: a container that
+    /// starts after it (a slow pass under load) dies at the first look, whatever stale deadline
+    /// the file holds; one that starts before it dies then unless a renewal moves it. (Found
+    /// by the chaos tool: a fenced pod started 1 s after its node's run lease ended ran on two
+    /// nodes at once for 930 ms under CI's load.)
+    #[test]
+    fn a_start_is_held_to_the_deadline_of_the_run_lease_it_was_decided_under() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        // Started at 10,000 under a lease that ended at 9,500; the file still holds an earlier
+        // run's deadline (9,000), which is not enforced, and the start's is.
+        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0, 10_000, Some(9_500));
+        assert!(watch.observe(Some("1 7 9000".into()), ms(0), 10_000));
+        // Started before its deadline: it runs until then.
+        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0, 10_000, Some(10_500));
+        assert!(!watch.observe(Some("1 7 9000".into()), ms(0), 10_000));
+        assert!(!watch.observe(None, ms(400), 10_400));
+        assert!(watch.observe(Some("1 7 9000".into()), ms(500), 10_500));
+        // A renewal written after the start moves the deadline, later or earlier.
+        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0, 10_000, Some(10_500));
+        assert!(!watch.observe(Some("1 8 11000".into()), ms(100), 10_100));
+        assert!(!watch.observe(Some("1 8 11000".into()), ms(600), 10_600));
+        assert!(watch.observe(Some("1 8 11000".into()), ms(1_000), 11_000));
+        let mut watch = LeaseWatch::new(Duration::from_secs(5), t0, 10_000, Some(10_500));
+        assert!(!watch.observe(Some("1 9 10200".into()), ms(100), 10_100));
+        assert!(watch.observe(Some("1 9 10200".into()), ms(200), 10_200));
     }
 
     #[test]
@@ -168,7 +212,7 @@ mod tests {
         let t0 = Instant::now();
         let now = monotonic_ms();
         assert!(now > 0);
-        let mut watch = LeaseWatch::new(Duration::from_millis(50), t0, now - 10);
+        let mut watch = LeaseWatch::new(Duration::from_millis(50), t0, now - 10, None);
         renew(&path, 1, now + 60_000).unwrap();
         let first = std::fs::read_to_string(&path).ok();
         assert!(!watch.observe(first.clone(), t0 + Duration::from_millis(40), now));

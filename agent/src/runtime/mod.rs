@@ -814,12 +814,14 @@ impl Runtime {
                 command.arg(flag);
             }
         }
-        if let (true, Some(timeout)) = (request.fenced, self.fence_timeout) {
+        if let (Some(deadline), Some(timeout)) = (request.fence_deadline_ms, self.fence_timeout) {
             command
                 .arg("--fence-lease")
                 .arg(self.fence_lease_path(pod_uid))
                 .arg("--fence-timeout-ms")
-                .arg(timeout.as_millis().to_string());
+                .arg(timeout.as_millis().to_string())
+                .arg("--fence-deadline-ms")
+                .arg(deadline.to_string());
         }
         command
             .stdin(Stdio::null())

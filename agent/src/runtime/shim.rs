@@ -55,6 +55,11 @@ pub struct ShimArgs {
     pub fence_lease: Option<PathBuf>,
     #[arg(long)]
     pub fence_timeout_ms: Option<u64>,
+    /// When the agent's run lease on the fenced pod ends, as the agent knew it when it
+    /// decided the start ([`super::lease::monotonic_ms`]): the container is not started at or
+    /// after it, and is killed then unless a renewal of the lease moves it.
+    #[arg(long, requires = "fence_lease")]
+    pub fence_deadline_ms: Option<u64>,
     /// Keep the container's stdin open for attaches (`stdin: true`): what clients of
     /// [`ATTACH_SOCKET`] send on [`STDIN`] reaches it.
     #[arg(long)]
@@ -91,6 +96,10 @@ pub struct Exited {
 }
 
 pub const STARTED_FILE: &str = "started.json";
+/// How a shim's start error begins when the run lease of a fenced pod ended before its
+/// container started (`--fence-deadline-ms`).
+pub const FENCE_LAPSED_BEFORE_START: &str =
+    "not started: the node's run lease on this fenced pod ended before the container could start";
 pub const EXIT_FILE: &str = "exit.json";
 /// The shim's [`ShimIdentity`] (pid and start time), beside the bundle.
 pub const SHIM_PID_FILE: &str = "shim.json";
@@ -277,6 +286,17 @@ pub fn run(args: &ShimArgs) -> io::Result<()> {
     };
     let console = args.tty.then(|| listen(CONSOLE_SOCKET)).transpose()?;
     let pid_file = args.bundle.join("init.pid");
+    // A start decided while the node held the pod's run lease may come after that lease ended
+    // (a slow pass, a loaded host): the container must not run then, not even until the first
+    // look at the lease below.
+    if let Some(deadline) = args.fence_deadline_ms
+        && super::lease::monotonic_ms() >= deadline
+    {
+        return fail(format!(
+            "{FENCE_LAPSED_BEFORE_START}: its deadline was {deadline} ms (CLOCK_MONOTONIC), now is {} ms",
+            super::lease::monotonic_ms()
+        ));
+    }
     // `run --detach` creates and starts in one runc execution (two cost ~10 ms more). The
     // container's first process outlives runc and is re-parented to this subreaper (as a
     // zombie too, if it is already done), so its exit status is never lost.
@@ -382,21 +402,24 @@ pub fn run(args: &ShimArgs) -> io::Result<()> {
                     Duration::from_millis(ms),
                     Instant::now(),
                     super::lease::monotonic_ms(),
+                    args.fence_deadline_ms,
                 ),
             )
         });
-    let mut lease_checked = Instant::now();
+    // The first look is at once: the deadline may have passed while runc ran.
+    let mut lease_checked: Option<Instant> = None;
     let mut fence_lapsed = false;
     loop {
         if exit.is_none()
             && !fence_lapsed
             && let Some((path, watch)) = lease.as_mut()
-            && lease_checked.elapsed() >= super::lease::POLL
+            && lease_checked.is_none_or(|at| at.elapsed() >= super::lease::POLL)
         {
-            lease_checked = Instant::now();
+            let now = Instant::now();
+            lease_checked = Some(now);
             if watch.observe(
                 std::fs::read_to_string(path.as_path()).ok(),
-                lease_checked,
+                now,
                 super::lease::monotonic_ms(),
             ) {
                 eprintln!(

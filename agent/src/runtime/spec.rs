@@ -67,9 +67,12 @@ pub struct ContainerRequest {
     /// capability, no seccomp filter, no masked or read-only /proc paths, a writable /sys,
     /// the host's devices.
     pub privileged: bool,
-    /// The pod's partition policy is `fenced`: the container's shim kills it once the agent
-    /// stops renewing the fence lease (see `runtime::lease`).
-    pub fenced: bool,
+    /// The pod's partition policy is `fenced`: when its node's run lease on the pod ends (as
+    /// the kubelet knew it when it decided the start; `CLOCK_MONOTONIC` ms,
+    /// `runtime::lease::monotonic_ms`). The shim does not start the container at or after this
+    /// deadline and kills it then, unless a later renewal of the fence lease moves it; it also
+    /// kills it once the agent stops renewing the lease (see `runtime::lease`).
+    pub fence_deadline_ms: Option<u64>,
     /// The process's stdin stays open for attaches (see `runtime::shim`), `stdin_once`: until
     /// the first attach ends; `tty`: on a terminal (`process.terminal`).
     pub stdin: bool,
@@ -317,7 +320,7 @@ mod tests {
             host_ipc: false,
             host_network: false,
             privileged: false,
-            fenced: false,
+            fence_deadline_ms: None,
             stdin: false,
             stdin_once: false,
             tty: false,

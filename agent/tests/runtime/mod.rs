@@ -73,7 +73,7 @@ impl Node {
     }
 
     fn start(&self, uid: &str, name: &str, args: &[&str], limits: Limits, readonly: bool) {
-        self.start_as(uid, name, args, limits, readonly, false);
+        self.start_as(uid, name, args, limits, readonly, None);
     }
 
     fn start_as(
@@ -83,7 +83,7 @@ impl Node {
         args: &[&str],
         limits: Limits,
         readonly: bool,
-        fenced: bool,
+        fence_deadline_ms: Option<u64>,
     ) {
         let image = self.images.resolve("shoal.local/busybox:1").unwrap();
         let id = format!("{uid}-{name}-0");
@@ -123,7 +123,7 @@ impl Node {
             host_ipc: false,
             host_network: false,
             privileged: false,
-            fenced,
+            fence_deadline_ms,
             stdin: false,
             stdin_once: false,
             tty: false,
@@ -247,8 +247,15 @@ fn a_fenced_container_dies_once_the_fence_lease_is_not_renewed() {
     let far = || lease::monotonic_ms() + 60_000;
     lease::renew(&path, 0, far()).unwrap();
     let forever = ["sh", "-c", "trap '' TERM; while true; do sleep 0.1; done"];
-    node.start_as(uid, "fenced", &forever, default_limits(), false, true);
-    node.start_as(uid, "free", &forever, default_limits(), false, false);
+    node.start_as(
+        uid,
+        "fenced",
+        &forever,
+        default_limits(),
+        false,
+        Some(far()),
+    );
+    node.start_as(uid, "free", &forever, default_limits(), false, None);
     for n in 1..=20 {
         lease::renew(&path, n, far()).unwrap();
         std::thread::sleep(Duration::from_millis(100));
@@ -297,7 +304,14 @@ fn a_fenced_container_dies_at_its_lease_deadline_while_renewed() {
     let deadline = lease::monotonic_ms() + 1_500;
     lease::renew(&path, 0, deadline).unwrap();
     let forever = ["sh", "-c", "trap '' TERM; while true; do sleep 0.1; done"];
-    node.start_as(uid, "fenced", &forever, default_limits(), false, true);
+    node.start_as(
+        uid,
+        "fenced",
+        &forever,
+        default_limits(),
+        false,
+        Some(deadline),
+    );
     // Renewed every 100 ms, always with the same deadline (the run lease was not extended):
     // it runs until shortly before the deadline...
     let mut n = 1;
@@ -320,6 +334,73 @@ fn a_fenced_container_dies_at_its_lease_deadline_while_renewed() {
     };
     assert!(exited.fence_lapsed, "{exited:?}");
     assert_eq!(exited.signal, Some(9), "{exited:?}");
+    node.runtime.remove_sandbox(uid).unwrap();
+    assert_no_leaks(uid, &node.runtime);
+}
+
+/// A start comes a little after the kubelet decided it under its run lease, and on a loaded
+/// host after that lease ended. The shim holds the container to the deadline the start was
+/// decided under: past it, the container never starts; before it, the container dies at it —
+/// though the lease file still holds an earlier run's deadline, which is not this start's, and
+/// nothing renews the file (before this, such a container ran until the silence timeout, and
+/// a fenced pod ran on two nodes at once under CI's load).
+#[test]
+fn a_fenced_container_is_held_to_the_run_lease_its_start_was_decided_under() {
+    use shoal_agent::runtime::lease;
+    let mut node = Node::new();
+    node.runtime = node
+        .runtime
+        .clone()
+        .with_fence_timeout(Duration::from_secs(60));
+    let uid = "rt-late-start";
+    node.sandbox(uid);
+    let path = node.runtime.fence_lease_path(uid);
+    // An earlier run's renewal: a deadline already past, not enforced on a new start.
+    lease::renew(&path, 7, lease::monotonic_ms() - 5_000).unwrap();
+    let announce = [
+        "sh",
+        "-c",
+        "echo ran; trap '' TERM; while true; do sleep 0.1; done",
+    ];
+    node.start_as(
+        uid,
+        "late",
+        &announce,
+        default_limits(),
+        false,
+        Some(lease::monotonic_ms() - 1),
+    );
+    let ObservedState::Exited { exited, .. } = node.wait_exit(uid, "late") else {
+        unreachable!()
+    };
+    let error = exited.start_error.clone().unwrap_or_default();
+    assert!(
+        error.starts_with(shoal_agent::runtime::shim::FENCE_LAPSED_BEFORE_START),
+        "{exited:?}"
+    );
+    assert_eq!(
+        node.log(uid, "late"),
+        "",
+        "the late container must not have run"
+    );
+    let deadline = lease::monotonic_ms() + 700;
+    node.start_as(
+        uid,
+        "timely",
+        &announce,
+        default_limits(),
+        false,
+        Some(deadline),
+    );
+    let ObservedState::Exited { exited, .. } = node.wait_exit(uid, "timely") else {
+        unreachable!()
+    };
+    assert!(exited.fence_lapsed, "{exited:?}");
+    assert_eq!(exited.signal, Some(9), "{exited:?}");
+    assert!(
+        node.log(uid, "timely").contains("ran"),
+        "it ran until its deadline"
+    );
     node.runtime.remove_sandbox(uid).unwrap();
     assert_no_leaks(uid, &node.runtime);
 }

@@ -108,7 +108,7 @@ fn request(
         host_ipc: false,
         host_network: false,
         privileged: false,
-        fenced: false,
+        fence_deadline_ms: None,
         stdin: false,
         stdin_once: false,
         tty: false,
