@@ -157,11 +157,14 @@ impl DataDirLock {
 /// Runs the agent until SIGINT or SIGTERM.
 pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     let _lock = DataDirLock::acquire(&config)?;
-    #[cfg(feature = "fault-injection")]
-    tracing::warn!(
-        "this is a fault-injection build: it acknowledges writes annotated {} and stores them nowhere",
-        crate::fault_injection::DROP_ANNOTATION
-    );
+    #[cfg(debug_assertions)]
+    if crate::fault_injection::enabled() {
+        tracing::warn!(
+            "fault injection is on ({}): this agent acknowledges writes annotated {} and stores them nowhere",
+            crate::fault_injection::ENV,
+            crate::fault_injection::DROP_ANNOTATION
+        );
+    }
     let secret = ClusterSecret::load_file(&config.secret_file)?;
     let identity = ClusterIdentity::derive(&secret)?;
     let node = NodeIdentity::load_and_bump(&config.data_dir, &config.name)?;

@@ -13,7 +13,7 @@
 //! ([`node_identity`]), membership over the authenticated QUIC endpoint ([`agent`], [`session`]),
 //! observed state — pod statuses and events — with one owner ([`observed`]), confined file
 //! operations ([`beneath`]), the host's facts ([`host`]), and supervision of every long-lived
-//! task ([`supervise`]). [`fault_injection`] is empty unless the test-only feature builds it.
+//! task ([`supervise`]). [`fault_injection`] is the chaos self-test's, in debug builds only.
 //! The harness that starts real `shoal` processes for integration tests and benchmarks is
 //! `shoal_chaos::testkit` (`chaos-tests/`), outside the product.
 

@@ -378,7 +378,7 @@ impl Replication {
         mode: WriteMode,
         linger: Duration,
     ) -> Result<(Value, bool), WriteError> {
-        #[cfg(feature = "fault-injection")]
+        #[cfg(debug_assertions)]
         if let Some(answer) = crate::fault_injection::dropped(&object) {
             return Ok((answer, true));
         }
@@ -430,7 +430,7 @@ impl Replication {
         object: ValidObject,
         mode: WriteMode,
     ) -> Result<(Value, bool), WriteError> {
-        #[cfg(feature = "fault-injection")]
+        #[cfg(debug_assertions)]
         if let Some(answer) = crate::fault_injection::dropped(&object) {
             return Ok((answer, true));
         }

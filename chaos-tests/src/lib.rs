@@ -36,26 +36,6 @@ pub fn shoal_binary() -> anyhow::Result<std::path::PathBuf> {
     )
 }
 
-/// Builds the agent with its test-only `fault-injection` feature (debug, into
-/// `target/fault-injection`, beside the product build, which it never replaces) and returns its
-/// `shoal` binary: the chaos self-test's agent, which drops an acknowledged write on purpose.
-pub fn fault_injection_binary() -> anyhow::Result<std::path::PathBuf> {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let target = root.join("target/fault-injection");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
-    let status = std::process::Command::new(cargo)
-        .current_dir(&root)
-        .args(["build", "--locked", "-p", "shoal-agent", "--bin", "shoal"])
-        .args(["--features", "fault-injection", "--target-dir"])
-        .arg(&target)
-        .status()?;
-    anyhow::ensure!(
-        status.success(),
-        "cargo build --features fault-injection failed"
-    );
-    Ok(target.join("debug/shoal"))
-}
-
 /// The slow-disk library (`preload/slowdisk.c`), compiled with the system's `cc` into
 /// `target/chaos-preload/` when missing or older than its source, for the slow-disk scenario.
 pub fn slow_disk_library() -> anyhow::Result<std::path::PathBuf> {

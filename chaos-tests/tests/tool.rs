@@ -92,8 +92,8 @@ async fn every_named_scenario_passes_every_checker() -> Result<(), Failures> {
     }
 }
 
-/// The checkers can fail against the real agents: a run on a fault-injection build of the agent
-/// (which acknowledges one write and drops it) that gives the cluster's secret to the agent
+/// The checkers can fail against the real agents: a run whose agents have fault injection on
+/// (they acknowledge one write and drop it) that gives the cluster's secret to the agent
 /// meant to lack it, adds a foreign controller's pod to the Deployment's, runs an unfenced twin
 /// of a fenced pod and grants a process 4 cpus in a node's pod cgroups must be reported by
 /// checkers 1, 3, 4, 5 and 6 (and by nothing else).
@@ -102,8 +102,6 @@ async fn the_self_test_run_is_caught_by_the_write_replica_fencing_overcommit_and
     let _lab = LAB.lock().await;
     let mut config = RunConfig::new(scenario("loss").unwrap(), 5, Duration::from_secs(8), 7);
     config.sabotage = true;
-    config.binary =
-        Some(shoal_chaos::fault_injection_binary().expect("the fault-injection agent builds"));
     // Counts that never become exact are waited for this long.
     config.converge_bound = Duration::from_secs(20);
     let report = run(config).await.expect("the harness runs");

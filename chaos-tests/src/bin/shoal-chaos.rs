@@ -55,8 +55,8 @@ enum Command {
         /// The checkers' self-test: give the agent meant to lack the secret the cluster's, add
         /// a pod of a foreign controller to the Deployment's after the faults, run an unfenced
         /// twin of a fenced pod, grant a process 4 cpus in node 0's pod cgroups and send a write
-        /// a fault-injection agent drops; the run must then fail checkers 3, 4, 5 and 6 (and 1
-        /// when `SHOAL_BIN` is an agent built with `--features fault-injection`).
+        /// the agents, started with fault injection on, drop; the run must then fail checkers
+        /// 1, 3, 4, 5 and 6 (1 only with a debug build of the agent, which has fault injection).
         #[arg(long)]
         self_test: bool,
         /// Keep the agents' logs (and the workload's objects) in the report directory also
