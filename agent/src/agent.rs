@@ -230,6 +230,9 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     .map(|r| {
         r.with_cluster_domain(&config.cluster_domain)
             .with_fence_timeout(config.fence_timeout)
+            .with_host_paths(crate::runtime::HostPathPolicy {
+                allow: config.host_path_allow.clone(),
+            })
     });
     let runtime_scope = runtime.as_ref().map(|r| r.scope().to_owned());
     let mut labels = config.labels.clone();
@@ -395,9 +398,6 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
                 },
                 allow_privileged: config.allow_privileged,
                 pod_pids_limit: Some(config.pod_pids_limit),
-                host_paths: crate::runtime::HostPathPolicy {
-                    allow: config.host_path_allow.clone(),
-                },
                 allocatable: shoal_model::placement::Resources::new(
                     meta.capacity.cpu_millis,
                     meta.capacity.memory_bytes,

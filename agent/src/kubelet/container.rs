@@ -9,9 +9,11 @@ use std::path::PathBuf;
 use base64::Engine;
 use serde_json::Value;
 
-use super::pod::{ContainerPlan, EnvSource, HostPathType, PodPlan, VolumeSource};
+use super::pod::{ContainerPlan, EnvSource, PodPlan, VolumeSource};
 use crate::images::ResolvedImage;
-use crate::runtime::spec::{BindMount, ContainerRequest, DEFAULT_CAPABILITIES, Limits, Seccomp};
+use crate::runtime::spec::{
+    ContainerRequest, DEFAULT_CAPABILITIES, Limits, Mount, MountSource, Seccomp,
+};
 use shoal_model::environment::{Environment, TooLarge};
 
 /// Why a container cannot be created, as Kubernetes reports it in `waiting.reason`.
@@ -28,37 +30,18 @@ fn config_error(message: String) -> ConfigError {
     }
 }
 
-/// Makes a `hostPath` available to the container: (path, type, subPath, mount index) → the
-/// host path to bind.
-pub type HostPathBinder<'a> =
-    dyn Fn(&str, HostPathType, Option<&str>, usize) -> Result<PathBuf, String> + 'a;
-
 /// What a request needs besides the pod and the image.
 pub struct Context<'a> {
     pub runtime_id: String,
     pub node_name: &'a str,
     pub host_ip: &'a str,
     pub pod_ip: &'a str,
-    pub netns: PathBuf,
-    /// The pod's cgroup; the container's is its child.
-    pub pod_cgroup: String,
-    pub etc_dir: PathBuf,
     pub log_path: PathBuf,
-    /// Directory of the pod's volume `name`.
-    pub volume_dir: &'a dyn Fn(&str) -> PathBuf,
-    /// A host path that shows `subPath` of volume `name` (resolved beneath the volume without
-    /// following symlinks, bind-mounted for this container): (volume, subPath, mount index).
-    pub sub_path: &'a dyn Fn(&str, &str, usize) -> Result<PathBuf, String>,
     /// A ConfigMap or Secret (`kind`, name) of the pod's namespace.
     pub lookup: &'a dyn Fn(&str, &str) -> Option<Value>,
-    /// A host path that shows `hostPath` (checked against its type and the node's policy,
-    /// resolved, bind-mounted for this container): (path, type, subPath, mount index).
-    pub host_path: &'a HostPathBinder<'a>,
     /// Node policy (`--allow-privileged`): capabilities beyond the default set, hostPID and
     /// hostIPC.
     pub allow_privileged: bool,
-    /// A node-local seccomp profile by its `localhostProfile` path.
-    pub seccomp_profile: &'a dyn Fn(&str) -> Result<Value, String>,
     /// When the node's run lease on the pod ends, if it holds one (`CLOCK_MONOTONIC` ms): a
     /// fenced pod's container starts only with it.
     pub fence_deadline_ms: Option<u64>,
@@ -512,14 +495,8 @@ pub fn build(
         _ if c.privileged => Seccomp::Unconfined,
         super::pod::SeccompChoice::RuntimeDefault => Seccomp::RuntimeDefault,
         super::pod::SeccompChoice::Unconfined => Seccomp::Unconfined,
-        super::pod::SeccompChoice::Localhost(path) => {
-            Seccomp::Localhost((ctx.seccomp_profile)(path).map_err(|reason| {
-                config_error(format!(
-                    "container {:?}: seccomp profile {path:?}: {reason}",
-                    c.name
-                ))
-            })?)
-        }
+        // Read by the runtime beneath the node's profile directory.
+        super::pod::SeccompChoice::Localhost(path) => Seccomp::Localhost(path.clone()),
     };
     let mut additional_gids = plan.supplemental_groups.clone();
     if let Some(g) = plan.fs_group
@@ -542,83 +519,66 @@ pub fn build(
         cpu_period_us: PERIOD_US,
         pids: None,
     };
+    let sandbox_file = |name: &'static str| Mount {
+        source: MountSource::SandboxFile(name),
+        destination: format!("/etc/{name}"),
+        readonly: false,
+        recursive_readonly: false,
+        field: format!("{}: /etc/{name}", c.name),
+    };
     let mut mounts = vec![
-        BindMount {
-            source: ctx.etc_dir.join("hosts"),
-            destination: "/etc/hosts".into(),
-            readonly: false,
-            recursive_readonly: false,
-        },
-        BindMount {
-            source: ctx.etc_dir.join("hostname"),
-            destination: "/etc/hostname".into(),
-            readonly: false,
-            recursive_readonly: false,
-        },
-        BindMount {
-            source: ctx.etc_dir.join("resolv.conf"),
-            destination: "/etc/resolv.conf".into(),
-            readonly: false,
-            recursive_readonly: false,
-        },
+        sandbox_file("hosts"),
+        sandbox_file("hostname"),
+        sandbox_file("resolv.conf"),
     ];
     for (i, m) in c.volume_mounts.iter().enumerate() {
+        let field = format!("{}.volumeMounts[{i}]", c.name);
         let volume = plan
             .volumes
             .iter()
             .find(|v| v.name == m.name)
             .ok_or_else(|| {
                 config_error(format!(
-                    "{}.volumeMounts[{i}].name: no volume {:?} in spec.volumes",
-                    c.name, m.name
+                    "{field}.name: no volume {:?} in spec.volumes",
+                    m.name
                 ))
             })?;
         if !m.mount_path.starts_with('/') {
             return Err(config_error(format!(
-                "{}.volumeMounts[{i}].mountPath: {:?} must be an absolute path",
-                c.name, m.mount_path
+                "{field}.mountPath: {:?} must be an absolute path",
+                m.mount_path
             )));
         }
-        if let VolumeSource::HostPath { path, kind } = &volume.source {
-            let source =
-                (ctx.host_path)(path, *kind, m.sub_path.as_deref(), i).map_err(|reason| {
-                    config_error(format!(
-                        "{}.volumeMounts[{i}]: hostPath {path:?}: {reason}",
-                        c.name
-                    ))
-                })?;
-            mounts.push(BindMount {
-                source,
-                destination: m.mount_path.clone(),
-                readonly: m.read_only,
-                // A read-only host directory is read-only in its submounts too.
-                recursive_readonly: m.read_only,
-            });
-            continue;
+        if let Some(sub) = &m.sub_path {
+            shoal_state::labels::check_descending_path(sub, false)
+                .map_err(|reason| config_error(format!("{field}.subPath: {sub:?} {reason}")))?;
         }
-        let source = match &m.sub_path {
-            Some(sub) => {
-                shoal_state::labels::check_descending_path(sub, false).map_err(|reason| {
-                    config_error(format!(
-                        "{}.volumeMounts[{i}].subPath: {sub:?} {reason}",
-                        c.name
-                    ))
-                })?;
-                (ctx.sub_path)(&volume.name, sub, i).map_err(|reason| {
-                    config_error(format!(
-                        "{}.volumeMounts[{i}].subPath {sub:?}: {reason}",
-                        c.name
-                    ))
-                })?
-            }
-            None => (ctx.volume_dir)(&volume.name),
+        let (source, readonly, recursive_readonly) = match &volume.source {
+            // A read-only host directory is read-only in its submounts too.
+            VolumeSource::HostPath { path, kind } => (
+                MountSource::HostPath {
+                    path: path.clone(),
+                    kind: *kind,
+                    sub_path: m.sub_path.clone(),
+                },
+                m.read_only,
+                m.read_only,
+            ),
+            other => (
+                MountSource::Volume {
+                    volume: volume.name.clone(),
+                    sub_path: m.sub_path.clone(),
+                },
+                m.read_only || matches!(other, VolumeSource::Projected { .. }),
+                false,
+            ),
         };
-        let readonly = m.read_only || matches!(volume.source, VolumeSource::Projected { .. });
-        mounts.push(BindMount {
+        mounts.push(Mount {
             source,
             destination: m.mount_path.clone(),
             readonly,
-            recursive_readonly: false,
+            recursive_readonly,
+            field,
         });
     }
     let fenced = shoal_core::placement::partition::Policy::parse(
@@ -653,8 +613,6 @@ pub fn build(
         capabilities,
         limits,
         mounts,
-        netns: ctx.netns.clone(),
-        cgroup_path: format!("{}/{}", ctx.pod_cgroup, ctx.runtime_id),
         layers: image.layers.clone(),
         log_path: ctx.log_path.clone(),
         seccomp,
@@ -676,6 +634,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::runtime::HostPathType;
 
     fn image() -> ResolvedImage {
         ResolvedImage {
@@ -704,27 +663,50 @@ mod tests {
         fence_deadline_ms: Option<u64>,
     ) -> Result<ContainerRequest, ConfigError> {
         let plan = PodPlan::parse(pod).unwrap();
-        let volume_dir = |name: &str| PathBuf::from(format!("/v/{name}"));
-        let sub_path =
-            |name: &str, sub: &str, i: usize| Ok(PathBuf::from(format!("/sub/{name}/{sub}/{i}")));
         let ctx = Context {
             runtime_id: "u1-app-0".into(),
             node_name: "n1",
             host_ip: "10.0.0.1",
             pod_ip: "",
-            netns: "/run/netns/x".into(),
-            pod_cgroup: "/shoal/s/podu1".into(),
-            etc_dir: "/etc-dir".into(),
             log_path: "/log".into(),
-            volume_dir: &volume_dir,
-            sub_path: &sub_path,
             lookup,
             allow_privileged: false,
-            seccomp_profile: &|_| Err("no profiles in tests".into()),
-            host_path: &|path, _, _, i| Ok(PathBuf::from(format!("/staged{path}/{i}"))),
             fence_deadline_ms,
         };
         build(&plan, &plan.containers[0], &image(), &ctx)
+    }
+
+    /// Mounts are data the runtime resolves: a subPath (opened beneath its volume by the
+    /// runtime) and a read-only hostPath, read-only in its submounts too.
+    #[test]
+    fn mounts_name_their_sources_and_fields() {
+        let none = |_: &str, _: &str| None;
+        let r = request(
+            json!({"containers": [{"name": "app", "image": "b",
+                "volumeMounts": [{"name": "data", "mountPath": "/logs", "subPath": "logs/app"},
+                                 {"name": "host", "mountPath": "/host", "readOnly": true}]}],
+                "volumes": [{"name": "data", "emptyDir": {}},
+                            {"name": "host", "hostPath": {"path": "/srv/x", "type": "Directory"}}]}),
+            &none,
+        )
+        .unwrap();
+        assert_eq!(
+            r.mounts[3].source,
+            MountSource::Volume {
+                volume: "data".into(),
+                sub_path: Some("logs/app".into())
+            }
+        );
+        assert_eq!(
+            r.mounts[4].source,
+            MountSource::HostPath {
+                path: "/srv/x".into(),
+                kind: HostPathType::Directory,
+                sub_path: None
+            }
+        );
+        assert!(r.mounts[4].readonly && r.mounts[4].recursive_readonly);
+        assert_eq!(r.mounts[4].field, "app.volumeMounts[1]");
     }
 
     /// A fenced pod's container carries the end of the run lease its start was decided under
@@ -839,7 +821,6 @@ mod tests {
         assert_eq!(r.limits.memory_bytes, Some(64 << 20));
         assert_eq!(r.limits.cpu_quota_us, Some(25_000));
         assert_eq!(r.limits.cpu_shares, 256);
-        assert_eq!(r.cgroup_path, "/shoal/s/podu1/u1-app-0");
     }
 
     #[test]
@@ -876,7 +857,15 @@ mod tests {
         assert_eq!((r.uid, r.gid), (1000, 0));
         assert!(r.readonly_rootfs && r.no_new_privileges);
         assert_eq!(r.capabilities, ["CAP_NET_BIND_SERVICE"]);
-        assert_eq!(r.mounts[3].source, PathBuf::from("/v/cache"));
+        assert_eq!(r.mounts[0].source, MountSource::SandboxFile("hosts"));
+        assert_eq!(
+            r.mounts[3].source,
+            MountSource::Volume {
+                volume: "cache".into(),
+                sub_path: None
+            }
+        );
+        assert_eq!(r.mounts[3].field, "app.volumeMounts[0]");
         assert!(!r.mounts[3].readonly);
         assert!(r.mounts[4].readonly, "configMap volumes are read-only");
         assert_eq!(r.args, ["sh"], "the image's cmd");

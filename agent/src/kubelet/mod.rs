@@ -39,8 +39,6 @@ pub struct KubeletConfig {
     pub allow_privileged: bool,
     /// Processes per pod (`--pod-pids-limit`).
     pub pod_pids_limit: Option<u64>,
-    /// Which host paths `hostPath` volumes may name (`--host-path-allow`).
-    pub host_paths: crate::runtime::HostPathPolicy,
     /// What pods may request in all on this node (its capacity, as gossiped to bidders).
     pub allocatable: shoal_model::placement::Resources,
 }
@@ -52,7 +50,6 @@ impl Default for KubeletConfig {
             worker: WorkerConfig::default(),
             allow_privileged: false,
             pod_pids_limit: Some(4096),
-            host_paths: Default::default(),
             allocatable: shoal_model::placement::Resources::new(u64::MAX, u64::MAX, u64::MAX),
         }
     }
@@ -1024,14 +1021,6 @@ impl Kubelet {
             }
         }
         let runtime_id = format!("{}-{name}-{attempt}", plan.uid);
-        // Names were checked when the plan was parsed; a refusal here leaves an empty path
-        // that the container's start then fails on.
-        let volume_dir = |v: &str| self.runtime.volume_dir(&plan.uid, v).unwrap_or_default();
-        let sub_path = |volume: &str, sub: &str, index: usize| {
-            self.runtime
-                .bind_sub_path(&plan.uid, volume, sub, name, attempt, index)
-                .map_err(|e| e.to_string())
-        };
         let lookup = |kind: &str, object: &str| self.lookup(&plan.namespace, kind, object);
         // The sandbox (and so the pod's address) comes first: the downward API shows it.
         self.runtime
@@ -1053,29 +1042,9 @@ impl Kubelet {
             node_name: &self.node_name,
             host_ip: &self.host_ip,
             pod_ip: &pod_ip,
-            netns: self.runtime.netns_path(&plan.uid),
-            pod_cgroup: self.runtime.pod_cgroup(&plan.uid),
-            etc_dir: self.runtime.etc_dir(&plan.uid),
             log_path: self.runtime.log_path(&plan.uid, name, attempt),
-            volume_dir: &volume_dir,
-            sub_path: &sub_path,
             lookup: &lookup,
             allow_privileged: self.config.allow_privileged,
-            seccomp_profile: &|path| self.runtime.seccomp_profile(path),
-            host_path: &|path, kind, sub, index| {
-                self.runtime
-                    .bind_host_path(
-                        &plan.uid,
-                        name,
-                        attempt,
-                        index,
-                        path,
-                        kind,
-                        sub,
-                        &self.config.host_paths,
-                    )
-                    .map_err(|e| e.to_string())
-            },
             fence_deadline_ms,
         };
         let request = container::build(plan, c, &image, &ctx)?;
@@ -1085,8 +1054,8 @@ impl Kubelet {
             init,
             image: image.reference.clone(),
             image_digest: image.digest.clone(),
+            cgroup_path: format!("{}/{runtime_id}", self.runtime.pod_cgroup(&plan.uid)),
             runtime_id,
-            cgroup_path: request.cgroup_path.clone(),
         };
         // The pass that decided this start may have taken longer than the run lease had left
         // (the sandbox, volumes and images above, a loaded host): a fenced container must not
@@ -1108,7 +1077,11 @@ impl Kubelet {
         self.runtime
             .start_container(&plan.uid, &meta, &request)
             .map_err(|e| container::ConfigError {
-                reason: "RunContainerError",
+                reason: if e.is_config_error() {
+                    "CreateContainerConfigError"
+                } else {
+                    "RunContainerError"
+                },
                 message: e.to_string(),
             })
     }

@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::beneath::{Resolve, Root};
 pub use shim::{Exited, Started};
-pub use spec::{BindMount, ContainerRequest, Limits};
+pub use spec::{BindMount, ContainerRequest, Limits, Mount, MountSource};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -57,6 +57,23 @@ pub enum RuntimeError {
     },
     #[error("pod network: {0}")]
     Network(#[from] shoal_net::NetError),
+    /// A mount of a container request could not be made (`field` names it, e.g.
+    /// `app.volumeMounts[0]`).
+    #[error("{field}: {source}")]
+    Mount {
+        field: String,
+        source: Box<RuntimeError>,
+    },
+    #[error("seccomp profile {path:?}: {reason}")]
+    Seccomp { path: String, reason: String },
+}
+
+impl RuntimeError {
+    /// Whether the error is the request's (a mount or profile the pod names that cannot be
+    /// made: Kubernetes' `CreateContainerConfigError`) rather than the node's.
+    pub fn is_config_error(&self) -> bool {
+        matches!(self, Self::Mount { .. } | Self::Seccomp { .. })
+    }
 }
 
 pub use shoal_model::node_inputs::HostPathType;
@@ -192,6 +209,8 @@ pub struct Runtime {
     /// Fenced containers die this long after the agent last renewed the fence lease
     /// ([`lease`]); `None`: they run without one (a runtime used without an agent).
     fence_timeout: Option<Duration>,
+    /// Which host paths `hostPath` mounts may name (`--host-path-allow`).
+    host_paths: HostPathPolicy,
 }
 
 fn run(command: &mut Command) -> Result<(), RuntimeError> {
@@ -275,6 +294,7 @@ impl Runtime {
             network: std::sync::Arc::new(shoal_net::LoopbackOnly),
             cluster_domain: "cluster.local".to_owned(),
             fence_timeout: None,
+            host_paths: HostPathPolicy::default(),
         };
         for dir in [&runtime.runc_root, &runtime.pods_dir] {
             std::fs::create_dir_all(dir).map_err(io_at(dir))?;
@@ -294,6 +314,13 @@ impl Runtime {
     /// while the pod may run here (checked ids only).
     pub fn fence_lease_path(&self, uid: &str) -> PathBuf {
         self.pod_dir(uid).join(lease::FILE)
+    }
+
+    /// `hostPath` mounts may name only what `policy` allows (default: anything outside the
+    /// agent's data dir).
+    pub fn with_host_paths(mut self, policy: HostPathPolicy) -> Self {
+        self.host_paths = policy;
+        self
     }
 
     /// Pods get their network from `plugin` (default: loopback only).
@@ -743,10 +770,10 @@ impl Runtime {
         check_id("container name", &meta.name)?;
         let bundle = self.bundle(pod_uid, &meta.name, meta.attempt);
         if bundle.exists() {
-            // A leftover of an attempt that never got going: start clean (its subPath mounts,
-            // just made for this start, stay).
+            // A leftover of an attempt that never got going: start clean.
             self.remove_bundle(pod_uid, &meta.name, meta.attempt)?;
         }
+        let resolved = self.resolve(pod_uid, meta, request)?;
         let (rootfs, upper, work) = (
             bundle.join("rootfs"),
             bundle.join("upper"),
@@ -781,7 +808,7 @@ impl Runtime {
             path: rootfs.clone(),
             source: io::Error::from(e),
         })?;
-        let config = spec::runtime_spec(request);
+        let config = spec::runtime_spec(request, &resolved);
         let config_path = bundle.join("config.json");
         std::fs::write(
             &config_path,
@@ -846,6 +873,71 @@ impl Runtime {
             });
         }
         Ok(())
+    }
+
+    /// What `request`'s mounts and seccomp profile are on this node: sandbox files, volume
+    /// directories, subPaths and host paths bind-mounted for this attempt (each checked as
+    /// [`Self::bind_sub_path`] and [`Self::bind_host_path`] say), the profile read beneath the
+    /// node's profile directory; and the pod's namespace and the container's cgroup.
+    fn resolve(
+        &self,
+        pod_uid: &str,
+        meta: &ContainerMeta,
+        request: &ContainerRequest,
+    ) -> Result<spec::Resolved, RuntimeError> {
+        let mut mounts = Vec::with_capacity(request.mounts.len());
+        for (index, mount) in request.mounts.iter().enumerate() {
+            let source = match &mount.source {
+                spec::MountSource::SandboxFile(name) => Ok(self.etc_dir(pod_uid).join(name)),
+                spec::MountSource::Volume {
+                    volume,
+                    sub_path: None,
+                } => self.volume_dir(pod_uid, volume),
+                spec::MountSource::Volume {
+                    volume,
+                    sub_path: Some(sub),
+                } => self.bind_sub_path(pod_uid, volume, sub, &meta.name, meta.attempt, index),
+                spec::MountSource::HostPath {
+                    path,
+                    kind,
+                    sub_path,
+                } => self.bind_host_path(
+                    pod_uid,
+                    &meta.name,
+                    meta.attempt,
+                    index,
+                    path,
+                    *kind,
+                    sub_path.as_deref(),
+                    &self.host_paths,
+                ),
+            }
+            .map_err(|source| RuntimeError::Mount {
+                field: mount.field.clone(),
+                source: Box::new(source),
+            })?;
+            mounts.push(BindMount {
+                source,
+                destination: mount.destination.clone(),
+                readonly: mount.readonly,
+                recursive_readonly: mount.recursive_readonly,
+            });
+        }
+        let seccomp_profile = match &request.seccomp {
+            spec::Seccomp::Localhost(path) => Some(self.seccomp_profile(path).map_err(
+                |reason| RuntimeError::Seccomp {
+                    path: path.clone(),
+                    reason,
+                },
+            )?),
+            _ => None,
+        };
+        Ok(spec::Resolved {
+            mounts,
+            netns: self.netns_path(pod_uid),
+            cgroup_path: meta.cgroup_path.clone(),
+            seccomp_profile,
+        })
     }
 
     /// `runc exec` of `command` in a running container: the process gets the container's

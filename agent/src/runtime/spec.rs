@@ -1,11 +1,49 @@
-//! The OCI runtime spec (`config.json`) of one container, built from a fully resolved
-//! [`ContainerRequest`]. Pure: no file is read or written here.
+//! A container start as data ([`ContainerRequest`]: what the kubelet asks for, mounts named by
+//! their sources, not by host paths) and the OCI runtime spec (`config.json`) built from it
+//! once the runtime has resolved those sources ([`Resolved`]). Pure: no file is read or
+//! written here.
 
 use std::path::PathBuf;
 
 use serde_json::{Value, json};
 
-/// A bind mount into the container.
+use super::HostPathType;
+
+/// Where a container mount comes from, as the kubelet asks for it; the runtime resolves it to
+/// a host path when it starts the container ([`Resolved::mounts`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MountSource {
+    /// A file of the pod's sandbox: `hosts`, `hostname` or `resolv.conf`.
+    SandboxFile(&'static str),
+    /// The pod's volume `volume` (its directory), or `sub_path` beneath it: opened without
+    /// following a symlink out and bind-mounted for this container alone (CVE-2017-1002101).
+    Volume {
+        volume: String,
+        sub_path: Option<String>,
+    },
+    /// A `hostPath`, or `sub_path` beneath it: checked against its type and the node's policy
+    /// (`--host-path-allow`) on the path it resolves to, and bind-mounted through the very
+    /// descriptor that was checked.
+    HostPath {
+        path: String,
+        kind: HostPathType,
+        sub_path: Option<String>,
+    },
+}
+
+/// A mount the kubelet asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    pub source: MountSource,
+    pub destination: String,
+    pub readonly: bool,
+    /// Read-only in every submount too (`rro`, mount_setattr(2)).
+    pub recursive_readonly: bool,
+    /// The field it comes from (`app.volumeMounts[0]`), which errors name.
+    pub field: String,
+}
+
+/// A bind mount into the container, resolved to a host path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BindMount {
     pub source: PathBuf,
@@ -44,11 +82,7 @@ pub struct ContainerRequest {
     /// Capabilities the process keeps (bounding, effective, permitted).
     pub capabilities: Vec<String>,
     pub limits: Limits,
-    pub mounts: Vec<BindMount>,
-    /// The pod's network namespace (shared by its containers).
-    pub netns: PathBuf,
-    /// cgroup path below the cgroup root(s), e.g. `/shoal/pod<uid>/<id>`.
-    pub cgroup_path: String,
+    pub mounts: Vec<Mount>,
     /// Image layer directories, lowest first (overlayfs lower dirs).
     pub layers: Vec<PathBuf>,
     pub log_path: PathBuf,
@@ -168,13 +202,26 @@ pub enum Seccomp {
     RuntimeDefault,
     /// No filter (asked for explicitly).
     Unconfined,
-    /// A node-local profile (`<data-dir>/seccomp/<localhostProfile>`), already parsed and
-    /// checked to be an OCI `linux.seccomp` object.
-    Localhost(Value),
+    /// A node-local profile: `localhostProfile`, relative to `<data-dir>/seccomp/`.
+    Localhost(String),
+}
+
+/// What the runtime resolved of a [`ContainerRequest`] before it builds the spec.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    /// [`ContainerRequest::mounts`], in order, as host paths.
+    pub mounts: Vec<BindMount>,
+    /// The pod's network namespace (shared by its containers).
+    pub netns: PathBuf,
+    /// cgroup path below the cgroup root(s), e.g. `/shoal/pod<uid>/<id>`.
+    pub cgroup_path: String,
+    /// The [`Seccomp::Localhost`] profile, read and checked to be an OCI `linux.seccomp`
+    /// object.
+    pub seccomp_profile: Option<Value>,
 }
 
 /// The container's `config.json`.
-pub fn runtime_spec(request: &ContainerRequest) -> Value {
+pub fn runtime_spec(request: &ContainerRequest, resolved: &Resolved) -> Value {
     let mut mounts = vec![
         json!({"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]}),
         json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
@@ -188,7 +235,7 @@ pub fn runtime_spec(request: &ContainerRequest) -> Value {
         mounts[1] = json!({"destination": "/dev", "type": "bind", "source": "/dev", "options": ["rbind", "rslave"]});
         mounts[5] = json!({"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev"]});
     }
-    for mount in &request.mounts {
+    for mount in &resolved.mounts {
         let mut options = vec!["rbind", "rprivate"];
         if mount.readonly {
             options.push("ro");
@@ -225,7 +272,7 @@ pub fn runtime_spec(request: &ContainerRequest) -> Value {
         json!({"type": "cgroup"}),
     ];
     if !request.host_network {
-        namespaces.push(json!({"type": "network", "path": request.netns}));
+        namespaces.push(json!({"type": "network", "path": resolved.netns}));
     }
     if !request.host_pid {
         namespaces.push(json!({"type": "pid"}));
@@ -252,7 +299,7 @@ pub fn runtime_spec(request: &ContainerRequest) -> Value {
         "hostname": request.hostname,
         "mounts": mounts,
         "linux": {
-            "cgroupsPath": request.cgroup_path,
+            "cgroupsPath": resolved.cgroup_path,
             "resources": resources,
             "namespaces": namespaces,
             "sysctl": request.sysctls,
@@ -274,7 +321,9 @@ pub fn runtime_spec(request: &ContainerRequest) -> Value {
         Seccomp::RuntimeDefault => {
             spec["linux"]["seccomp"] = super::seccomp::runtime_default(caps);
         }
-        Seccomp::Localhost(profile) => spec["linux"]["seccomp"] = profile.clone(),
+        Seccomp::Localhost(_) => {
+            spec["linux"]["seccomp"] = resolved.seccomp_profile.clone().unwrap_or(Value::Null)
+        }
         Seccomp::Unconfined => {}
     }
     spec
@@ -303,14 +352,16 @@ mod tests {
                 cpu_period_us: 100_000,
                 pids: Some(128),
             },
-            mounts: vec![BindMount {
-                source: "/data/pods/u/volumes/cache".into(),
+            mounts: vec![Mount {
+                source: MountSource::Volume {
+                    volume: "cache".into(),
+                    sub_path: None,
+                },
                 destination: "/cache".into(),
                 readonly: false,
                 recursive_readonly: false,
+                field: "c.volumeMounts[0]".into(),
             }],
-            netns: "/run/netns/shoal-u".into(),
-            cgroup_path: "/shoal/podu/c1".into(),
             layers: vec![],
             log_path: "/data/pods/u/logs/c/0.log".into(),
             seccomp: Seccomp::RuntimeDefault,
@@ -327,9 +378,23 @@ mod tests {
         }
     }
 
+    fn resolved() -> Resolved {
+        Resolved {
+            mounts: vec![BindMount {
+                source: "/data/pods/u/volumes/cache".into(),
+                destination: "/cache".into(),
+                readonly: false,
+                recursive_readonly: false,
+            }],
+            netns: "/run/netns/shoal-u".into(),
+            cgroup_path: "/shoal/podu/c1".into(),
+            seccomp_profile: None,
+        }
+    }
+
     #[test]
     fn the_spec_is_a_valid_oci_runtime_spec() {
-        let value = runtime_spec(&request());
+        let value = runtime_spec(&request(), &resolved());
         let spec: oci_spec::runtime::Spec = serde_json::from_value(value.clone()).unwrap();
         let process = spec.process().as_ref().unwrap();
         assert_eq!(process.user().uid(), 1000);
@@ -379,7 +444,7 @@ mod tests {
             cpu_period_us: 100_000,
             ..Limits::default()
         };
-        let value = runtime_spec(&r);
+        let value = runtime_spec(&r, &resolved());
         assert!(value["linux"]["resources"].get("memory").is_none());
         assert!(value["linux"]["resources"]["cpu"].get("quota").is_none());
     }

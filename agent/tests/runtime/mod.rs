@@ -112,8 +112,6 @@ impl Node {
                 .collect(),
             limits,
             mounts: vec![],
-            netns: self.runtime.netns_path(uid),
-            cgroup_path: meta.cgroup_path.clone(),
             layers: image.layers.clone(),
             log_path: self.runtime.log_path(uid, name, 0),
             seccomp: shoal_agent::runtime::spec::Seccomp::RuntimeDefault,

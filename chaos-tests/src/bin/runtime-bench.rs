@@ -70,13 +70,7 @@ fn images_dir() -> anyhow::Result<PathBuf> {
     Ok(out)
 }
 
-fn request(
-    runtime: &Runtime,
-    uid: &str,
-    id: &str,
-    layers: Vec<PathBuf>,
-    log: PathBuf,
-) -> ContainerRequest {
+fn request(id: &str, layers: Vec<PathBuf>, log: PathBuf) -> ContainerRequest {
     ContainerRequest {
         id: id.into(),
         hostname: "bench".into(),
@@ -97,8 +91,6 @@ fn request(
             ..Limits::default()
         },
         mounts: vec![],
-        netns: runtime.netns_path(uid),
-        cgroup_path: format!("{}/{id}", runtime.pod_cgroup(uid)),
         layers,
         log_path: log,
         seccomp: shoal_agent::runtime::spec::Seccomp::RuntimeDefault,
@@ -147,8 +139,6 @@ fn shoal_cycles(dir: &Path, images: &Path, cycles: usize) -> anyhow::Result<Vec<
             cgroup_path: format!("{}/{id}", runtime.pod_cgroup(uid)),
         };
         let req = request(
-            &runtime,
-            uid,
             &id,
             image.layers.clone(),
             runtime.log_path(uid, "c", attempt),
@@ -210,11 +200,14 @@ fn binary_cycles(
     }
     let netns = format!("shoal-bench-{binary}");
     let _ = Command::new("ip").args(["netns", "add", &netns]).status();
-    let runtime_stub = Runtime::new(dir)?;
-    let mut req = request(&runtime_stub, "x", "x", vec![], dir.join("log"));
-    req.netns = PathBuf::from(format!("/run/netns/{netns}"));
-    req.cgroup_path = format!("/shoal/bench-{binary}");
-    let spec = shoal_agent::runtime::spec::runtime_spec(&req);
+    let req = request("x", vec![], dir.join("log"));
+    let resolved = shoal_agent::runtime::spec::Resolved {
+        mounts: vec![],
+        netns: PathBuf::from(format!("/run/netns/{netns}")),
+        cgroup_path: format!("/shoal/bench-{binary}"),
+        seccomp_profile: None,
+    };
+    let spec = shoal_agent::runtime::spec::runtime_spec(&req, &resolved);
     std::fs::write(
         bundle.join("config.json"),
         serde_json::to_vec_pretty(&spec)?,
@@ -259,7 +252,7 @@ fn binary_cycles(
         .status();
     let _ = shoal_agent::runtime::cgroup::remove(
         shoal_agent::runtime::cgroup::Layout::detect(),
-        &req.cgroup_path,
+        &resolved.cgroup_path,
     );
     result.map(|()| times)
 }
