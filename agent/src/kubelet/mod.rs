@@ -8,6 +8,7 @@ pub mod metrics;
 pub mod node_service;
 pub mod pod;
 pub mod probe;
+pub mod start;
 pub mod worker;
 
 use std::collections::{HashMap, HashSet};
@@ -24,7 +25,7 @@ use tracing::{debug, info, warn};
 use crate::images::{ImageError, ImageStore};
 use crate::observed::events::{self, EventType, NewEvent, ObjectRef, Recorder};
 use crate::replication::Replication;
-use crate::runtime::{ContainerMeta, ObservedPod, Runtime, SandboxSpec};
+use crate::runtime::{ObservedPod, Runtime, SandboxSpec};
 use crate::scheduling::Scheduling;
 use shoal_core::placement::partition::{self, Policy};
 use worker::{Action, PodWorker, ProbeKind, StopSignal, WorkerConfig};
@@ -118,8 +119,6 @@ impl BoundPod {
 
 /// The image is on its way from a peer: the start waits without back-off.
 const PULLING: &str = "Pulling";
-/// A fenced pod's container whose start came after the node's run lease on the pod ended.
-const RUN_LEASE_ENDED: &str = "RunLeaseEnded";
 
 /// The pod an action is for, as this pass of the kubelet saw it.
 struct Acting<'a> {
@@ -800,11 +799,11 @@ impl Kubelet {
                     Err(error) if error.reason == PULLING => {
                         worker.start_pending(&name, "Pulling", "ContainerCreating", &error.message);
                     }
-                    Err(error) if error.reason == RUN_LEASE_ENDED => {
+                    Err(error) if error.reason == start::RUN_LEASE_ENDED => {
                         // Tried again once the node holds the lease again, with no back-off.
                         worker.start_pending(
                             &name,
-                            RUN_LEASE_ENDED,
+                            start::RUN_LEASE_ENDED,
                             "ContainerCreating",
                             &error.message,
                         );
@@ -956,134 +955,24 @@ impl Kubelet {
                 message: other.to_string(),
             },
         })?;
-        // Volumes: emptyDirs live as long as the pod; projected ones are refreshed per start.
-        // Every directory and file is made beneath the pod's directory without following a
-        // symlink (crate::beneath).
-        for volume in &plan.volumes {
-            if matches!(volume.source, pod::VolumeSource::HostPath { .. }) {
-                // Checked, made and mounted per container mount (Runtime::bind_host_path).
-                continue;
-            }
-            let volume_error = |message: String| container::ConfigError {
-                reason: "CreateContainerError",
-                message: format!("volume {}: {message}", volume.name),
-            };
-            let dir = self
-                .runtime
-                .ensure_volume(&plan.uid, &volume.name)
-                .map_err(|e| volume_error(e.to_string()))?;
-            if volume.source == pod::VolumeSource::EmptyDir {
-                // World-writable like Kubernetes' emptyDir; with fsGroup, owned by that group
-                // with the set-group-id bit so new files inherit it.
-                let mode = if plan.fs_group.is_some() {
-                    0o2777
-                } else {
-                    0o777
-                };
-                let gid = plan.fs_group.map(nix::unistd::Gid::from_raw);
-                nix::unistd::fchown(dir.fd(), None, gid)
-                    .and_then(|()| {
-                        nix::sys::stat::fchmod(
-                            dir.fd(),
-                            nix::sys::stat::Mode::from_bits_truncate(mode),
-                        )
-                    })
-                    .map_err(|e| volume_error(e.to_string()))?;
-            }
-            if let pod::VolumeSource::Projected {
-                kind,
-                name,
-                optional,
-                items,
-            } = &volume.source
-            {
-                let data = match self.lookup(&plan.namespace, kind, name) {
-                    Some(object) => container::object_data(kind, &object),
-                    None if *optional => Default::default(),
-                    None => {
-                        return Err(container::ConfigError {
-                            reason: "CreateContainerConfigError",
-                            message: format!("{} {:?} not found", kind.to_lowercase(), name),
-                        });
-                    }
-                };
-                let files = container::projection(&data, items.as_deref(), *optional).map_err(
-                    |message| container::ConfigError {
-                        reason: "CreateContainerConfigError",
-                        message: format!(
-                            "volume {}: {} {name:?} {message}",
-                            volume.name,
-                            kind.to_lowercase()
-                        ),
-                    },
-                )?;
-                container::project(&dir, &files).map_err(|e| volume_error(e.to_string()))?;
-            }
-        }
-        let runtime_id = format!("{}-{name}-{attempt}", plan.uid);
         let lookup = |kind: &str, object: &str| self.lookup(&plan.namespace, kind, object);
-        // The sandbox (and so the pod's address) comes first: the downward API shows it.
-        self.runtime
-            .ensure_sandbox(&self.sandbox_spec(plan))
-            .map_err(|e| container::ConfigError {
-                reason: "RunContainerError",
-                message: e.to_string(),
-            })?;
-        let pod_ip = if plan.host_network {
-            self.host_ip.clone()
-        } else {
-            self.runtime
-                .pod_network(&plan.uid)
-                .map(|n| n.ip.to_string())
-                .unwrap_or_default()
-        };
-        let ctx = container::Context {
-            runtime_id: runtime_id.clone(),
-            node_name: &self.node_name,
-            host_ip: &self.host_ip,
-            pod_ip: &pod_ip,
-            log_path: self.runtime.log_path(&plan.uid, name, attempt),
-            lookup: &lookup,
-            allow_privileged: self.config.allow_privileged,
-            fence_deadline_ms,
-        };
-        let request = container::build(plan, c, &image, &ctx)?;
-        let meta = ContainerMeta {
-            name: name.to_owned(),
-            attempt,
-            init,
-            image: image.reference.clone(),
-            image_digest: image.digest.clone(),
-            cgroup_path: format!("{}/{runtime_id}", self.runtime.pod_cgroup(&plan.uid)),
-            runtime_id,
-        };
-        // The pass that decided this start may have taken longer than the run lease had left
-        // (the sandbox, volumes and images above, a loaded host): a fenced container must not
-        // start after it. Its shim checks once more, as late as it can, and kills it at the
-        // deadline unless a renewal moves it (`runtime::lease`).
-        if let Some(deadline) = request.fence_deadline_ms {
-            let now = crate::runtime::lease::monotonic_ms();
-            if now >= deadline {
-                return Err(container::ConfigError {
-                    reason: RUN_LEASE_ENDED,
-                    message: format!(
-                        "{}: the node's run lease on this fenced pod ended {} ms before the container could start; it starts once the lease is held again",
-                        name,
-                        now - deadline
-                    ),
-                });
-            }
-        }
-        self.runtime
-            .start_container(&plan.uid, &meta, &request)
-            .map_err(|e| container::ConfigError {
-                reason: if e.is_config_error() {
-                    "CreateContainerConfigError"
-                } else {
-                    "RunContainerError"
-                },
-                message: e.to_string(),
-            })
+        start::start(
+            &self.runtime,
+            &start::Start {
+                plan,
+                container: c,
+                attempt,
+                init,
+                image: &image,
+                sandbox: self.sandbox_spec(plan),
+                node_name: &self.node_name,
+                host_ip: &self.host_ip,
+                allow_privileged: self.config.allow_privileged,
+                lookup: &lookup,
+                fence_deadline_ms,
+                monotonic_ms: &crate::runtime::lease::monotonic_ms,
+            },
+        )
     }
 
     /// Samples the usage of the node and of every running container (cgroups, /proc).

@@ -185,6 +185,86 @@ pub struct ObservedPod {
     pub network: Option<shoal_net::PodNetwork>,
 }
 
+/// The container runtime as the kubelet drives it, shaped as Kubernetes' CRI: pod sandboxes
+/// (run, status, remove), containers (one start from a request built as data, signals,
+/// status), stats, and the paths the kubelet names (each container's log, its cgroup). The
+/// runc and shim runtime ([`Runtime`]) is the product's; the chaos tests' simulators have a
+/// simulated one. Streaming exec, attach and port-forward are not part of it yet: they take
+/// [`Runtime`].
+pub trait ContainerRuntime: Send + Sync {
+    /// The runtime's name and version (`runc://1.1.5`).
+    fn version(&self) -> String;
+    /// Makes the pod's sandbox if it is missing (CRI's RunPodSandbox): its directory, cgroup,
+    /// network namespace and address, and its `/etc` files. Idempotent.
+    fn ensure_sandbox(&self, sandbox: &SandboxSpec) -> Result<(), RuntimeError>;
+    /// The pod's network as its sandbox recorded it (`None`: loopback only, host network, or
+    /// no sandbox).
+    fn pod_network(&self, uid: &str) -> Option<shoal_net::PodNetwork>;
+    /// Removes the pod's sandbox and everything in it (its containers must have exited).
+    fn remove_sandbox(&self, uid: &str) -> Result<(), RuntimeError>;
+    /// The pod's volume `name`, made if missing, opened as a root that nothing resolves out of.
+    fn ensure_volume(&self, uid: &str, name: &str) -> Result<Root, RuntimeError>;
+    /// Where one container attempt's log is written.
+    fn log_path(&self, uid: &str, name: &str, attempt: u32) -> PathBuf;
+    /// The cgroup of container `runtime_id` of pod `uid`.
+    fn container_cgroup(&self, uid: &str, runtime_id: &str) -> String;
+    /// Creates and starts a container of the pod's sandbox (CRI's CreateContainer and
+    /// StartContainer in one call): the request's mounts and profile are resolved here.
+    fn start_container(
+        &self,
+        pod_uid: &str,
+        meta: &ContainerMeta,
+        request: &ContainerRequest,
+    ) -> Result<(), RuntimeError>;
+    /// Sends `signal` (`TERM`, `KILL`) to the container's process.
+    fn signal(&self, meta: &ContainerMeta, signal: &str) -> Result<(), RuntimeError>;
+    /// Every sandbox and its containers, as they are now.
+    fn list(&self) -> Vec<ObservedPod>;
+    /// A running container's memory working set and cpu time (ns).
+    fn usage(&self, meta: &ContainerMeta) -> Option<(u64, u64)>;
+}
+
+impl ContainerRuntime for Runtime {
+    fn version(&self) -> String {
+        self.runtime_version()
+    }
+    fn ensure_sandbox(&self, sandbox: &SandboxSpec) -> Result<(), RuntimeError> {
+        Runtime::ensure_sandbox(self, sandbox)
+    }
+    fn pod_network(&self, uid: &str) -> Option<shoal_net::PodNetwork> {
+        Runtime::pod_network(self, uid)
+    }
+    fn remove_sandbox(&self, uid: &str) -> Result<(), RuntimeError> {
+        Runtime::remove_sandbox(self, uid)
+    }
+    fn ensure_volume(&self, uid: &str, name: &str) -> Result<Root, RuntimeError> {
+        Runtime::ensure_volume(self, uid, name)
+    }
+    fn log_path(&self, uid: &str, name: &str, attempt: u32) -> PathBuf {
+        Runtime::log_path(self, uid, name, attempt)
+    }
+    fn container_cgroup(&self, uid: &str, runtime_id: &str) -> String {
+        format!("{}/{runtime_id}", self.pod_cgroup(uid))
+    }
+    fn start_container(
+        &self,
+        pod_uid: &str,
+        meta: &ContainerMeta,
+        request: &ContainerRequest,
+    ) -> Result<(), RuntimeError> {
+        Runtime::start_container(self, pod_uid, meta, request)
+    }
+    fn signal(&self, meta: &ContainerMeta, signal: &str) -> Result<(), RuntimeError> {
+        Runtime::signal(self, meta, signal)
+    }
+    fn list(&self) -> Vec<ObservedPod> {
+        Runtime::list(self)
+    }
+    fn usage(&self, meta: &ContainerMeta) -> Option<(u64, u64)> {
+        Runtime::usage(self, meta)
+    }
+}
+
 /// The runc-backed runtime of one agent.
 #[derive(Debug, Clone)]
 pub struct Runtime {

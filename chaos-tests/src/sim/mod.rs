@@ -6,9 +6,12 @@
 //!   1,000-node `scheduling-bench`).
 //! - [`partition`]: the workload controllers on both sides of a partition, over real stores,
 //!   then the heal (tests only).
+//! - [`runtime`]: a simulated container runtime behind the product's `ContainerRuntime` trait,
+//!   on which the kubelet's start path is tested.
 
 #[cfg(test)]
 mod partition;
+pub mod runtime;
 pub mod scheduler;
 
 #[cfg(test)]

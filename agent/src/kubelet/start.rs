@@ -1,0 +1,166 @@
+//! The kubelet's container start, over any [`ContainerRuntime`]: the pod's volumes made and
+//! filled (emptyDir modes, ConfigMap and Secret projections), its sandbox ensured, the
+//! container's request built as data ([`container::build`]), the fenced pod's run-lease
+//! deadline checked, then one call to the runtime. The image is resolved (or pulled) before.
+//! The clock is an input, so the whole path runs against the simulated runtime in tests.
+
+use serde_json::Value;
+
+use super::container::{self, ConfigError};
+use super::pod::{ContainerPlan, PodPlan, VolumeSource};
+use crate::images::ResolvedImage;
+use crate::runtime::{ContainerMeta, ContainerRuntime, SandboxSpec};
+
+/// A fenced pod's container whose start came after the node's run lease on the pod ended.
+pub const RUN_LEASE_ENDED: &str = "RunLeaseEnded";
+
+/// One container start: what the kubelet knows when it decides it.
+pub struct Start<'a> {
+    pub plan: &'a PodPlan,
+    pub container: &'a ContainerPlan,
+    pub attempt: u32,
+    pub init: bool,
+    /// The container's image, present on this node.
+    pub image: &'a ResolvedImage,
+    pub sandbox: SandboxSpec,
+    pub node_name: &'a str,
+    pub host_ip: &'a str,
+    /// Node policy (`--allow-privileged`).
+    pub allow_privileged: bool,
+    /// A ConfigMap or Secret (`kind`, name) of the pod's namespace.
+    pub lookup: &'a dyn Fn(&str, &str) -> Option<Value>,
+    /// When the node's run lease on the (fenced) pod ends, if it holds one (`CLOCK_MONOTONIC`
+    /// ms).
+    pub fence_deadline_ms: Option<u64>,
+    /// The clock of that deadline.
+    pub monotonic_ms: &'a dyn Fn() -> u64,
+}
+
+/// Starts `s.container` of `s.plan` on `runtime`; the error says why not, as Kubernetes
+/// reports it in `waiting.reason`.
+pub fn start(runtime: &dyn ContainerRuntime, s: &Start<'_>) -> Result<(), ConfigError> {
+    let (plan, c, name, attempt) = (s.plan, s.container, s.container.name.as_str(), s.attempt);
+    // Volumes: emptyDirs live as long as the pod; projected ones are refreshed per start.
+    // Every directory and file is made beneath the pod's directory without following a
+    // symlink (crate::beneath).
+    for volume in &plan.volumes {
+        if matches!(volume.source, VolumeSource::HostPath { .. }) {
+            // Checked, made and mounted by the runtime, per container mount.
+            continue;
+        }
+        let volume_error = |message: String| ConfigError {
+            reason: "CreateContainerError",
+            message: format!("volume {}: {message}", volume.name),
+        };
+        let dir = runtime
+            .ensure_volume(&plan.uid, &volume.name)
+            .map_err(|e| volume_error(e.to_string()))?;
+        if volume.source == VolumeSource::EmptyDir {
+            // World-writable like Kubernetes' emptyDir; with fsGroup, owned by that group
+            // with the set-group-id bit so new files inherit it.
+            let mode = if plan.fs_group.is_some() {
+                0o2777
+            } else {
+                0o777
+            };
+            let gid = plan.fs_group.map(nix::unistd::Gid::from_raw);
+            nix::unistd::fchown(dir.fd(), None, gid)
+                .and_then(|()| {
+                    nix::sys::stat::fchmod(dir.fd(), nix::sys::stat::Mode::from_bits_truncate(mode))
+                })
+                .map_err(|e| volume_error(e.to_string()))?;
+        }
+        if let VolumeSource::Projected {
+            kind,
+            name,
+            optional,
+            items,
+        } = &volume.source
+        {
+            let data = match (s.lookup)(kind, name) {
+                Some(object) => container::object_data(kind, &object),
+                None if *optional => Default::default(),
+                None => {
+                    return Err(ConfigError {
+                        reason: "CreateContainerConfigError",
+                        message: format!("{} {:?} not found", kind.to_lowercase(), name),
+                    });
+                }
+            };
+            let files =
+                container::projection(&data, items.as_deref(), *optional).map_err(|message| {
+                    ConfigError {
+                        reason: "CreateContainerConfigError",
+                        message: format!(
+                            "volume {}: {} {name:?} {message}",
+                            volume.name,
+                            kind.to_lowercase()
+                        ),
+                    }
+                })?;
+            container::project(&dir, &files).map_err(|e| volume_error(e.to_string()))?;
+        }
+    }
+    let runtime_id = format!("{}-{name}-{attempt}", plan.uid);
+    // The sandbox (and so the pod's address) comes first: the downward API shows it.
+    runtime
+        .ensure_sandbox(&s.sandbox)
+        .map_err(|e| ConfigError {
+            reason: "RunContainerError",
+            message: e.to_string(),
+        })?;
+    let pod_ip = if plan.host_network {
+        s.host_ip.to_owned()
+    } else {
+        runtime
+            .pod_network(&plan.uid)
+            .map(|n| n.ip.to_string())
+            .unwrap_or_default()
+    };
+    let ctx = container::Context {
+        runtime_id: runtime_id.clone(),
+        node_name: s.node_name,
+        host_ip: s.host_ip,
+        pod_ip: &pod_ip,
+        log_path: runtime.log_path(&plan.uid, name, attempt),
+        lookup: s.lookup,
+        allow_privileged: s.allow_privileged,
+        fence_deadline_ms: s.fence_deadline_ms,
+    };
+    let request = container::build(plan, c, s.image, &ctx)?;
+    let meta = ContainerMeta {
+        name: name.to_owned(),
+        attempt,
+        init: s.init,
+        image: s.image.reference.clone(),
+        image_digest: s.image.digest.clone(),
+        cgroup_path: runtime.container_cgroup(&plan.uid, &runtime_id),
+        runtime_id,
+    };
+    // The pass that decided this start may have taken longer than the run lease had left
+    // (the sandbox, volumes and images above, a loaded host): a fenced container must not
+    // start after it. Its shim checks once more, as late as it can, and kills it at the
+    // deadline unless a renewal moves it (`runtime::lease`).
+    if let Some(deadline) = request.fence_deadline_ms {
+        let now = (s.monotonic_ms)();
+        if now >= deadline {
+            return Err(ConfigError {
+                reason: RUN_LEASE_ENDED,
+                message: format!(
+                    "{name}: the node's run lease on this fenced pod ended {} ms before the container could start; it starts once the lease is held again",
+                    now - deadline
+                ),
+            });
+        }
+    }
+    runtime
+        .start_container(&plan.uid, &meta, &request)
+        .map_err(|e| ConfigError {
+            reason: if e.is_config_error() {
+                "CreateContainerConfigError"
+            } else {
+                "RunContainerError"
+            },
+            message: e.to_string(),
+        })
+}
