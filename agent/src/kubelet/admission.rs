@@ -5,12 +5,21 @@
 //! in what the admitted pods leave of the node's allocatable, else it is refused with the
 //! kubelet's reasons (`OutOfcpu`, `OutOfmemory`, `OutOfpods`) and auctioned again. Pods that
 //! still run here without being bound here (deleted, or bound elsewhere while the agent was
-//! down) hold the requests recorded in their sandbox until they are gone. Pure: the kubelet's
-//! sync loop hands [`Admission::decide`] what it observed and acts on the verdicts.
+//! down) hold the requests recorded in their sandbox until they are gone.
+//!
+//! The node is also the one place that sees every pod bound to it, whichever auction bound it:
+//! two auctioneers placing two replicas of one Deployment at once each checked the node's
+//! pods as their bidder saw them, without the other's. So the constraints whose domain is
+//! this node alone — required pod anti-affinity on `kubernetes.io/hostname`, the incoming
+//! pod's terms and (as upstream) the terms of the pods already here — are checked again at
+//! admission, and a pod that breaks one is handed back with reason `PodAntiAffinity`.
+//! Pure: the kubelet's sync loop hands [`Admission::decide`] what it observed and acts on the
+//! verdicts.
 
 use std::collections::BTreeMap;
 
-use shoal_model::placement::Resources;
+use shoal_core::placement::predicates::{HOSTNAME, hostname_conflict};
+use shoal_model::placement::{PodRequest, Resources};
 
 /// Why a pod was refused, in the kubelet's words.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +44,8 @@ pub struct Candidate<'a> {
     pub daemon: bool,
     /// Bound here by the auction (binding epoch ≥ 1), not by a user's `spec.nodeName`.
     pub auctioned: bool,
+    /// Its scheduling fields (labels, anti-affinity), when its object is known here.
+    pub placement: Option<&'a PodRequest>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -60,6 +71,8 @@ pub struct Verdict {
 #[derive(Debug, Default)]
 pub struct Admission {
     admitted: BTreeMap<String, Resources>,
+    /// The admitted pods whose objects are known here (for anti-affinity).
+    placed: BTreeMap<String, PodRequest>,
     /// Pods refused since they were bound here (each is reported once).
     refused: std::collections::BTreeSet<String>,
     /// Refused pods whose binding was cleared (handed back to the auction).
@@ -93,6 +106,8 @@ impl Admission {
     /// Forgets pods no longer bound here or running.
     pub fn retain(&mut self, mut bound_or_running: impl FnMut(&str) -> bool) {
         self.admitted.retain(|uid, _| bound_or_running(uid));
+        let admitted = &self.admitted;
+        self.placed.retain(|uid, _| admitted.contains_key(uid));
         self.refused.retain(|uid| bound_or_running(uid));
         self.handed_back.retain(|uid| bound_or_running(uid));
     }
@@ -129,23 +144,47 @@ impl Admission {
             .collect();
         new.sort_by(|(a, ab), (b, bb)| (ab.created, a.uid).cmp(&(bb.created, b.uid)));
         let mut verdicts = BTreeMap::new();
+        // Admitted pods known before this pass (kept ones included) are checked against.
+        for pod in pods {
+            if let Some(placement) = pod.placement
+                && self.is_admitted(pod.uid)
+                && !self.placed.contains_key(pod.uid)
+            {
+                self.placed.insert(pod.uid.to_owned(), placement.clone());
+            }
+        }
         for (pod, bound) in new {
             let Some(requests) = bound.requests else {
                 continue;
             };
             if pod.sandbox.is_some() || pod.worker {
                 self.keep(pod.uid, requests);
+                if let Some(placement) = pod.placement {
+                    self.placed.insert(pod.uid.to_owned(), placement.clone());
+                }
                 continue;
             }
+            let conflict = pod
+                .placement
+                .filter(|_| pod.auctioned && !pod.daemon)
+                .and_then(|p| self.anti_affinity_conflict(p));
             let admitted = if cordoned && pod.auctioned && !pod.daemon {
                 Err(Refusal {
                     reason: "NodeUnschedulable",
                     message: "Pod was rejected: the node is cordoned (spec.unschedulable)".into(),
                 })
+            } else if let Some(message) = conflict {
+                Err(Refusal {
+                    reason: "PodAntiAffinity",
+                    message,
+                })
             } else {
                 self.admit(allocatable, pod.uid, requests)
             };
             let Err(refusal) = admitted else {
+                if let Some(placement) = pod.placement {
+                    self.placed.insert(pod.uid.to_owned(), placement.clone());
+                }
                 continue;
             };
             let verdict = Verdict {
@@ -156,6 +195,16 @@ impl Admission {
             verdicts.insert(pod.uid.to_owned(), verdict);
         }
         verdicts
+    }
+
+    /// Why `pod` may not run beside the pods admitted here
+    /// ([`hostname_conflict`], the simulator's check too).
+    fn anti_affinity_conflict(&self, pod: &PodRequest) -> Option<String> {
+        let other = hostname_conflict(pod, self.placed.values())?;
+        Some(format!(
+            "Pod was rejected: pod {} runs on this node and a required anti-affinity between them (topologyKey {HOSTNAME}) forbids it",
+            other.name
+        ))
     }
 
     /// Admits `uid` if `requests` fit in `allocatable` beside the admitted pods.
@@ -272,6 +321,7 @@ mod tests {
             worker: false,
             daemon: false,
             auctioned: true,
+            placement: None,
         }
     }
 
@@ -293,6 +343,7 @@ mod tests {
             worker: false,
             daemon: false,
             auctioned: false,
+            placement: None,
         };
         let mut a = Admission::default();
         // Oldest first: `old` (created first, listed last) takes the room `new` wanted.
@@ -364,6 +415,86 @@ mod tests {
         assert!(a.is_admitted("auctioned"));
         // Once admitted, a later cordon does not evict it (a drain does).
         assert_eq!(refused(&a.decide(node, true, &pass)), []);
+    }
+
+    /// Two replicas that must not share a node, bound here by two auctions at once: the
+    /// older is admitted, the other handed back naming it; the check also holds the other way
+    /// round (a pod here whose anti-affinity repels the newcomer), and only for pods of the
+    /// same namespace, auctioned, and not DaemonSet pods.
+    #[test]
+    fn hostname_anti_affinity_is_checked_again_at_the_node() {
+        let request = |uid: &str, app: &str, repels: Option<&str>| {
+            let anti = repels.map_or(serde_json::json!({}), |other| {
+                serde_json::json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"topologyKey": HOSTNAME, "labelSelector": {"matchLabels": {"app": other}}}]}})
+            });
+            PodRequest::from_pod(&serde_json::json!({
+                "metadata": {"uid": uid, "name": uid, "namespace": "default", "labels": {"app": app}},
+                "spec": {"affinity": anti, "containers": [{"name": "c", "image": "i"}]}
+            }))
+            .unwrap()
+        };
+        let web_a = request("web-a", "web", Some("web"));
+        let web_b = request("web-b", "web", Some("web"));
+        let node = Resources { pods: 10, ..NODE };
+        let with = |c: Candidate<'static>, p: &'static PodRequest| Candidate {
+            placement: Some(p),
+            ..c
+        };
+        let web_a: &'static PodRequest = Box::leak(Box::new(web_a));
+        let web_b: &'static PodRequest = Box::leak(Box::new(web_b));
+        let mut a = Admission::default();
+        let pass = [
+            with(bound("web-b", "2026-12-02T10:00:01Z", Some(100)), web_b),
+            with(bound("web-a", "2026-12-02T10:00:00Z", Some(100)), web_a),
+        ];
+        let verdicts = a.decide(node, false, &pass);
+        assert_eq!(
+            refused(&verdicts),
+            [("web-b", "PodAntiAffinity", true, true)]
+        );
+        assert!(
+            verdicts["web-b"]
+                .refusal
+                .message
+                .contains("pod web-a runs on this node"),
+            "{:?}",
+            verdicts["web-b"]
+        );
+        // Symmetric: a cache pod without terms is repelled by a db pod's terms.
+        let db: &'static PodRequest = Box::leak(Box::new(request("db", "db", Some("cache"))));
+        let cache: &'static PodRequest = Box::leak(Box::new(request("cache", "cache", None)));
+        let mut a = Admission::default();
+        let pass = [
+            with(bound("db", "2026-12-02T10:00:00Z", Some(100)), db),
+            with(bound("cache", "2026-12-02T10:00:01Z", Some(100)), cache),
+        ];
+        assert_eq!(
+            refused(&a.decide(node, false, &pass)),
+            [("cache", "PodAntiAffinity", true, true)]
+        );
+        // A pod a user placed (spec.nodeName) or a DaemonSet's is not refused for it, as the
+        // kubelet never checks inter-pod affinity; a pod running here already is kept.
+        let mut a = Admission::default();
+        let mut placed = with(bound("cache", "2026-12-02T10:00:01Z", Some(100)), cache);
+        placed.auctioned = false;
+        let pass = [
+            with(bound("db", "2026-12-02T10:00:00Z", Some(100)), db),
+            placed,
+        ];
+        assert_eq!(refused(&a.decide(node, false, &pass)), []);
+        // Gone, its terms repel nothing: the replica handed back before fits now.
+        let mut a = Admission::default();
+        let first = [with(
+            bound("web-a", "2026-12-02T10:00:00Z", Some(100)),
+            web_a,
+        )];
+        assert_eq!(refused(&a.decide(node, false, &first)), []);
+        let second = [with(
+            bound("web-b", "2026-12-02T10:00:01Z", Some(100)),
+            web_b,
+        )];
+        assert_eq!(refused(&a.decide(node, false, &second)), []);
     }
 
     #[test]

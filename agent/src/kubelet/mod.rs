@@ -106,12 +106,15 @@ const FENCE_RENEWAL: Duration = Duration::from_millis(100);
 struct BoundPod {
     object: Value,
     plan: Result<pod::PodPlan, String>,
+    /// Its scheduling fields, for the node's own anti-affinity check at admission.
+    placement: Option<shoal_model::placement::PodRequest>,
 }
 
 impl BoundPod {
     fn new(object: Value) -> Arc<Self> {
         Arc::new(Self {
             plan: pod::PodPlan::parse(&object),
+            placement: shoal_model::placement::PodRequest::from_pod(&object).ok(),
             object,
         })
     }
@@ -684,6 +687,7 @@ impl Kubelet {
                     .as_array()
                     .is_some_and(|refs| refs.iter().any(|r| r["kind"] == "DaemonSet")),
                 auctioned: shoal_state::crdt::binding_epoch(&pod.object) > 0,
+                placement: pod.placement.as_ref(),
             })
             .collect();
         pods.extend(
@@ -697,6 +701,7 @@ impl Kubelet {
                     worker: workers.contains_key(uid),
                     daemon: false,
                     auctioned: false,
+                    placement: None,
                 }),
         );
         let cordoned = self

@@ -111,6 +111,44 @@ async fn a_pod_that_fits_nowhere_says_why() {
     .await
     .unwrap_or_else(|e| panic!("{e}: last reason {reason:?}"));
     assert!(node_of(&api, 0, "too-big-0").is_empty());
+
+    // Issue #37: four replicas that must not share a node, on three nodes, auctioned at once by
+    // several auctioneers: three run on three nodes, the fourth stays Pending and says why, as
+    // on Kubernetes (a node that is bound a second replica by a concurrent auction hands it
+    // back at admission).
+    let deployment = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: apart}\nspec:\n  replicas: 4\n  selector: {matchLabels: {app: apart}}\n  template:\n    metadata: {labels: {app: apart}}\n    spec:\n      affinity:\n        podAntiAffinity:\n          requiredDuringSchedulingIgnoredDuringExecution:\n          - topologyKey: kubernetes.io/hostname\n            labelSelector: {matchLabels: {app: apart}}\n      containers: [{name: c, image: busybox}]\n";
+    let file = api.manifest("apart.yaml", deployment);
+    api.ok(0, &["apply", "-f", &file]);
+    let mut seen = String::new();
+    wait_until("three replicas on three nodes and one pending", LIMIT, || {
+        seen = api.ok(
+            1,
+            &[
+                "get",
+                "pods",
+                "-l",
+                "app=apart",
+                "-o",
+                "jsonpath={range .items[*]}{.spec.nodeName}|{.status.conditions[0].message}{\"\\n\"}{end}",
+            ],
+        );
+        let lines: Vec<&str> = seen.lines().collect();
+        let nodes: Vec<&str> = lines
+            .iter()
+            .filter_map(|l| l.split('|').next())
+            .filter(|n| !n.is_empty())
+            .collect();
+        let distinct: std::collections::BTreeSet<&&str> = nodes.iter().collect();
+        assert_eq!(nodes.len(), distinct.len(), "two replicas share a node: {seen}");
+        let pending = lines.iter().filter(|l| {
+            l.starts_with('|')
+                && l.ends_with("0/3 nodes are available: 3 node(s) didn't match pod anti-affinity rules.")
+        });
+        let ok = lines.len() == 4 && nodes.len() == 3 && pending.count() == 1;
+        async move { ok }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {seen}"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

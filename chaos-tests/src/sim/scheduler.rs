@@ -541,7 +541,8 @@ impl Sim {
         }
     }
 
-    /// Writes a binding (merge rule: the higher binding wins) and runs the winner's admission.
+    /// Writes a binding (merge rule: the higher binding wins) and runs the winner's admission:
+    /// its resources, and [`predicates::hostname_conflict`] as the kubelet runs it.
     fn bind(&mut self, binding: Binding) {
         self.stats.bindings_written += 1;
         if self
@@ -559,6 +560,24 @@ impl Sim {
         let fits = pod.requests.cpu_millis <= free.cpu_millis
             && pod.requests.memory_bytes <= free.memory_bytes
             && pod.requests.pods <= free.pods;
+        // The node's own anti-affinity check, as the kubelet's admission makes it (only pods
+        // with such terms, or matched by one here, pay for the scan).
+        let fits = fits && {
+            let involved = pod
+                .anti_affinity
+                .iter()
+                .any(|t| t.topology_key == predicates::HOSTNAME)
+                || self.cluster.repelled(&node, &pod);
+            !involved || {
+                let here: Vec<&PodRequest> = self
+                    .bindings
+                    .values()
+                    .filter(|b| b.node == node.id && b.pod != binding.pod)
+                    .filter_map(|b| self.pods.get(&b.pod).map(|p| p.as_ref()))
+                    .collect();
+                predicates::hostname_conflict(&pod, here).is_none()
+            }
+        };
         for bidder in self.bidders.remove(&binding.pod).unwrap_or_default() {
             if let Some(s) = self.schedulers.get_mut(&bidder) {
                 s.on_binding(&binding);

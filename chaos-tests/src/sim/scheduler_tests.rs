@@ -143,6 +143,64 @@ fn a_pod_that_fits_nowhere_gets_kube_scheduler_style_reasons() {
     );
 }
 
+/// Issue #37's case: four replicas with required anti-affinity on the hostname, three nodes,
+/// every replica auctioned at once (by different auctioneers, and some by one): no two share a
+/// node, and the fourth is left unschedulable for anti-affinity, as kube-scheduler leaves it.
+#[test]
+fn replicas_that_must_not_share_a_node_never_do() {
+    let nodes: Vec<_> = workload::nodes(3, 3)
+        .into_iter()
+        .map(|mut n| {
+            n.taints.clear();
+            n
+        })
+        .collect();
+    let replica = |i: usize| {
+        PodRequest::from_pod(&serde_json::json!({
+            "metadata": {"name": format!("web-{i}"), "uid": format!("web-{i}"), "namespace": "default", "labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "c", "image": "i", "resources": {"requests": {"cpu": "100m"}}}],
+                     "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                         {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "web"}}}]}}}
+        }))
+        .unwrap()
+    };
+    for seed in 0..20 {
+        let mut sim = Sim::new(SimConfig::default(), nodes.clone());
+        sim.add_pods((0..4).map(|i| replica(seed * 10 + i)));
+        settle(&mut sim, 4);
+        sim.run(Duration::from_secs(60), |s| s.bound_count() >= 3);
+        let used: Vec<u64> = sim.bindings.values().map(|b| b.node).collect();
+        let distinct: HashSet<u64> = used.iter().copied().collect();
+        assert_eq!(
+            used.len(),
+            distinct.len(),
+            "seed {seed}: two replicas on one node: {used:?}"
+        );
+        assert_eq!(
+            used.len(),
+            3,
+            "seed {seed}: {used:?} {:?}",
+            sim.unschedulable
+        );
+        // Within a few auction rounds: the node's admission hands a clash back at once.
+        assert!(
+            sim.now < Duration::from_secs(1),
+            "seed {seed}: {:?}",
+            sim.now
+        );
+        let reason = sim
+            .unschedulable
+            .values()
+            .next()
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            reason.contains("didn't match pod anti-affinity rules"),
+            "seed {seed}: {reason:?}"
+        );
+    }
+}
+
 #[test]
 fn node_name_binds_directly() {
     let nodes = workload::nodes(10, 5);

@@ -13,11 +13,15 @@
 //!   concurrent batch starved the nodes in simulation (14% of a feasible workload placed). A
 //!   bidder does remember what it has *offered* and not yet seen bound, and scores later pods as
 //!   if those were placed: soft pressure that spreads concurrent auctions without declining
-//!   anything.
+//!   anything. (Declining a pod whose required anti-affinity clashes with an open offer was
+//!   tried: it serialised a Deployment's replicas, one per 5 s retry round, in simulation.)
 //! - The auctioneer packs its batch greedily: each pod goes to its best offer (score, lowered by
 //!   what this batch already gave that node; then a hash tie-break) among nodes whose reported
-//!   free resources still fit it. Two auctioneers may still pick the same capacity: the winner's
-//!   admission refuses what no longer fits, and the pod is auctioned again with epoch + 1.
+//!   free resources still fit it and where no pod this batch placed forbids it by a hard
+//!   topology constraint ([`predicates::batch_conflict`]). Two auctioneers may still pick the
+//!   same capacity, or the same node for two replicas that must not share it: the winner's
+//!   admission refuses what no longer fits or breaks a node-local constraint
+//!   ([`predicates::hostname_conflict`]), and the pod is auctioned again with epoch + 1.
 //! - Bindings merge by (epoch, stamp): the highest wins everywhere, so concurrent auctioneers
 //!   converge on one node per pod.
 
@@ -27,7 +31,7 @@ use std::time::Duration;
 
 use super::cluster::ClusterView;
 use super::predicates::{self, Decline};
-use shoal_model::placement::{PodRequest, Resources};
+use shoal_model::placement::{NodeView, PodRequest, Resources};
 
 pub type NodeId = u64;
 
@@ -174,13 +178,22 @@ struct Auction {
     deadline: Duration,
 }
 
+/// An offer a bidder made and has not seen resolved.
+#[derive(Debug, Clone)]
+struct Offer {
+    /// Its share of the soft pressure on later scores.
+    expected: Resources,
+    /// Forgotten after this.
+    until: Duration,
+}
+
 /// One node's scheduler: bidder and auctioneer.
 #[derive(Clone)]
 pub struct Scheduler {
     pub id: NodeId,
     config: AuctionConfig,
     /// Offers made and not yet resolved: (requests, forget after).
-    offered: HashMap<String, (Resources, Duration)>,
+    offered: HashMap<String, Offer>,
     auctions: HashMap<u64, Auction>,
     in_flight: HashSet<String>,
     retry_at: HashMap<String, Duration>,
@@ -489,30 +502,36 @@ impl Scheduler {
         let Some(node) = world.cluster.node(self.id) else {
             return Vec::new();
         };
-        self.offered.retain(|_, (_, until)| *until > now);
+        self.offered.retain(|_, o| o.until > now);
         let used = world.cluster.allocated(self.id);
         let mut pressure = self
             .offered
             .values()
-            .fold(Resources::default(), |acc, (r, _)| acc.plus(*r));
-        pods.iter()
-            .map(|pod| {
-                self.evaluations += 1;
-                let bid = predicates::check(pod, node, used, world.cluster).map(|()| {
-                    let score = predicates::score(pod, node, used.plus(pressure), world.cluster);
-                    let expected = Resources::new(
-                        pod.requests.cpu_millis * self.config.pressure_percent / 100,
-                        pod.requests.memory_bytes * self.config.pressure_percent / 100,
-                        0,
-                    );
-                    pressure = pressure.plus(expected);
-                    self.offered
-                        .insert(pod.uid.clone(), (expected, now + self.config.offer_ttl));
-                    score
-                });
-                (pod.uid.clone(), bid)
-            })
-            .collect()
+            .fold(Resources::default(), |acc, o| acc.plus(o.expected));
+        let mut bids = Vec::with_capacity(pods.len());
+        for pod in pods {
+            self.evaluations += 1;
+            let bid = predicates::check(pod, node, used, world.cluster);
+            let bid = bid.map(|()| {
+                let score = predicates::score(pod, node, used.plus(pressure), world.cluster);
+                let expected = Resources::new(
+                    pod.requests.cpu_millis * self.config.pressure_percent / 100,
+                    pod.requests.memory_bytes * self.config.pressure_percent / 100,
+                    0,
+                );
+                pressure = pressure.plus(expected);
+                self.offered.insert(
+                    pod.uid.clone(),
+                    Offer {
+                        expected,
+                        until: now + self.config.offer_ttl,
+                    },
+                );
+                score
+            });
+            bids.push((pod.uid.clone(), bid));
+        }
+        bids
     }
 
     /// Packs the batch: each pod, in order, to its best offer that still fits what the bidder
@@ -522,13 +541,28 @@ impl Scheduler {
             return;
         };
         let mut given: HashMap<NodeId, Resources> = HashMap::new();
+        // What this batch placed, for the hard topology constraints between its own pods.
+        let mut placed: Vec<(NodeId, Arc<PodRequest>)> = Vec::new();
         for pod in &a.pods {
             self.in_flight.remove(&pod.uid);
             let epoch = a.epochs.get(&pod.uid).copied().unwrap_or(0);
             let offers = a.offers.remove(&pod.uid).unwrap_or_default();
+            let placed_views: Vec<(&NodeView, &PodRequest)> = placed
+                .iter()
+                .filter_map(|(n, q)| Some((world.cluster.node(*n)?, q.as_ref())))
+                .collect();
+            let mut conflicts: Vec<Decline> = Vec::new();
             let best = offers
                 .iter()
                 .filter_map(|&(score, tie, node)| {
+                    if !placed_views.is_empty()
+                        && let Some(view) = world.cluster.node(node)
+                        && let Some(decline) =
+                            predicates::batch_conflict(pod, view, &placed_views, world.cluster)
+                    {
+                        conflicts.push(decline);
+                        return None;
+                    }
                     let (free, allocatable) = a.capacity.get(&node).copied()?;
                     let already = given.get(&node).copied().unwrap_or_default();
                     let left = free.minus(already);
@@ -553,6 +587,7 @@ impl Scheduler {
                         .copied()
                         .unwrap_or_default()
                         .plus(pod.requests);
+                    placed.push((node, pod.clone()));
                     out.push(Output::Bind(Binding {
                         pod: pod.uid.clone(),
                         node,
@@ -583,8 +618,15 @@ impl Scheduler {
                 }
                 None => {
                     let mut declines = a.declines.get(&pod.uid).cloned().unwrap_or_default();
-                    // Offers that this batch's own packing used up count as insufficient.
-                    declines.extend(offers.iter().map(|_| Decline::InsufficientCpu));
+                    // Offers this batch's own pods ruled out count with their reason; those
+                    // its packing used up count as insufficient.
+                    declines.extend(
+                        offers
+                            .iter()
+                            .skip(conflicts.len())
+                            .map(|_| Decline::InsufficientCpu),
+                    );
+                    declines.extend(conflicts);
                     self.retry_at
                         .insert(pod.uid.clone(), now + self.config.retry_after);
                     out.push(Output::Unschedulable {

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use shoal_model::placement::{NodeView, Operator, PodRequest, Resources, Term};
+use shoal_model::placement::{NodeView, Operator, PodRequest, Resources, Term, term_matches};
 
 /// What the view keeps of a placed pod.
 #[derive(Debug, Clone)]
@@ -14,6 +14,14 @@ struct PlacedPod {
     labels: BTreeMap<String, String>,
     priority: i32,
     requests: Resources,
+}
+
+/// A placed pod's required anti-affinity term, kept under the domain it holds.
+#[derive(Debug, Clone)]
+struct Repel {
+    uid: String,
+    namespace: String,
+    selector: Term,
 }
 
 /// Placed pods and live nodes.
@@ -28,6 +36,9 @@ pub struct ClusterView {
     nonzero: HashMap<(String, String), u64>,
     /// topology key → domain value → nodes in it.
     domains: HashMap<String, HashMap<String, u64>>,
+    /// (topology key, domain value) → the required anti-affinity terms of the pods placed in
+    /// that domain: they repel matching pods from the whole domain (upstream's symmetry).
+    repels: HashMap<(String, String), Vec<Repel>>,
 }
 
 fn label_key(namespace: &str, k: &str, v: &str) -> String {
@@ -61,6 +72,7 @@ impl ClusterView {
             }
             for placed in self.pods_on.remove(&id).unwrap_or_default() {
                 self.count(&node, &placed.namespace, &placed.labels, false);
+                self.forget_repels(&node, &placed.uid);
             }
             self.allocated.remove(&id);
         }
@@ -126,6 +138,57 @@ impl ClusterView {
             requests: pod.requests,
         });
         self.count(&node, &pod.namespace, &pod.labels, true);
+        for term in &pod.anti_affinity {
+            if let Some(domain) = node.labels.get(&term.topology_key) {
+                self.repels
+                    .entry((term.topology_key.clone(), domain.clone()))
+                    .or_default()
+                    .push(Repel {
+                        uid: pod.uid.clone(),
+                        namespace: pod.namespace.clone(),
+                        selector: term.selector.clone(),
+                    });
+            }
+        }
+    }
+
+    fn forget_repels(&mut self, node: &NodeView, uid: &str) {
+        for (tk, domain) in &node.labels {
+            let key = (tk.clone(), domain.clone());
+            if let Some(list) = self.repels.get_mut(&key) {
+                list.retain(|r| r.uid != uid);
+                if list.is_empty() {
+                    self.repels.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Whether a pod placed in one of `node`'s domains has a required anti-affinity term
+    /// that `pod` matches (in its namespace): then `pod` may not go there either.
+    pub fn repelled(&self, node: &NodeView, pod: &PodRequest) -> bool {
+        if self.repels.is_empty() {
+            return false;
+        }
+        node.labels.iter().any(|(tk, domain)| {
+            self.repels
+                .get(&(tk.clone(), domain.clone()))
+                .is_some_and(|list| {
+                    list.iter().any(|r| {
+                        r.uid != pod.uid
+                            && r.namespace == pod.namespace
+                            && term_matches(&r.selector, &pod.labels)
+                    })
+                })
+        })
+    }
+
+    /// Every domain of `topology_key`.
+    pub fn domains_of(&self, topology_key: &str) -> Vec<String> {
+        self.domains
+            .get(topology_key)
+            .map(|d| d.keys().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Forgets `pod` on node `id`.
@@ -142,6 +205,7 @@ impl ClusterView {
         list.remove(pos);
         *self.allocated.entry(id).or_default() = self.allocated(id).minus(pod.requests);
         self.count(&node, &pod.namespace, &pod.labels, false);
+        self.forget_repels(&node, &pod.uid);
     }
 
     /// Preemption: the fewest, lowest-priority pods of node `id` whose removal lets `pod` fit,

@@ -110,6 +110,11 @@ pub fn check(
             return Err(Decline::AntiAffinity);
         }
     }
+    // Upstream's symmetry: a pod already in one of the node's domains whose required
+    // anti-affinity matches this pod keeps it out too.
+    if cluster.repelled(node, pod) {
+        return Err(Decline::AntiAffinity);
+    }
     for term in &pod.affinity {
         let here = node.labels.get(&term.topology_key).map_or(0, |d| {
             cluster.matching_in_domain(&term.topology_key, d, &pod.namespace, &term.selector)
@@ -138,6 +143,90 @@ pub fn check(
         }
     }
     Ok(())
+}
+
+/// What `placed` (pods an auctioneer's batch already gave to nodes, which no bidder's view
+/// holds yet) changes for `pod` on `node`: a required anti-affinity, either way, between it and
+/// one of them in a shared domain, or a `DoNotSchedule` spread the node would break once they
+/// count. The bidder checked everything else ([`check`]); the auctioneer calls this before it
+/// gives the pod a node, so one batch never breaks a hard constraint the bidders would have
+/// held.
+pub fn batch_conflict(
+    pod: &PodRequest,
+    node: &NodeView,
+    placed: &[(&NodeView, &PodRequest)],
+    cluster: &ClusterView,
+) -> Option<Decline> {
+    let same_domain = |other: &NodeView, key: &str| {
+        node.labels
+            .get(key)
+            .is_some_and(|d| other.labels.get(key) == Some(d))
+    };
+    for (other_node, other) in placed {
+        if other.namespace != pod.namespace || other.uid == pod.uid {
+            continue;
+        }
+        let repels = pod.anti_affinity.iter().any(|t| {
+            same_domain(other_node, &t.topology_key) && term_matches(&t.selector, &other.labels)
+        }) || other.anti_affinity.iter().any(|t| {
+            same_domain(other_node, &t.topology_key) && term_matches(&t.selector, &pod.labels)
+        });
+        if repels {
+            return Some(Decline::AntiAffinity);
+        }
+    }
+    for spread in pod.spread.iter().filter(|s| s.hard) {
+        let matching: Vec<&String> = placed
+            .iter()
+            .filter(|(_, q)| {
+                q.namespace == pod.namespace && term_matches(&spread.selector, &q.labels)
+            })
+            .filter_map(|(n, _)| n.labels.get(&spread.topology_key))
+            .collect();
+        if matching.is_empty() {
+            continue;
+        }
+        let Some(domain) = node.labels.get(&spread.topology_key) else {
+            return Some(Decline::Spread);
+        };
+        let count = |d: &String| {
+            cluster.matching_in_domain(&spread.topology_key, d, &pod.namespace, &spread.selector)
+                + matching.iter().filter(|m| **m == d).count() as u64
+        };
+        let min = cluster
+            .domains_of(&spread.topology_key)
+            .iter()
+            .map(count)
+            .min()
+            .unwrap_or(0);
+        if count(domain).saturating_add(1) > min.saturating_add(spread.max_skew) {
+            return Some(Decline::Spread);
+        }
+    }
+    None
+}
+
+/// The topology key whose domains are single nodes.
+pub const HOSTNAME: &str = "kubernetes.io/hostname";
+
+/// The node's own check when a pod bound to it arrives (the kubelet's admission, and the
+/// simulator's): the pod already here — in `pod`'s namespace — that `pod`'s required
+/// anti-affinity on [`HOSTNAME`] matches, or whose own such term matches `pod` (upstream's
+/// symmetry). Two auctions bind without seeing each other; the node sees both.
+pub fn hostname_conflict<'a>(
+    pod: &PodRequest,
+    here: impl IntoIterator<Item = &'a PodRequest>,
+) -> Option<&'a PodRequest> {
+    let repels = |by: &PodRequest, other: &PodRequest| {
+        by.anti_affinity
+            .iter()
+            .any(|t| t.topology_key == HOSTNAME && term_matches(&t.selector, &other.labels))
+    };
+    here.into_iter().find(|other| {
+        other.uid != pod.uid
+            && other.namespace == pod.namespace
+            && (repels(pod, other) || repels(other, pod))
+    })
 }
 
 /// Weights of the score components (each component is 0..=100).
@@ -267,6 +356,78 @@ mod tests {
 
     fn pod(spec: serde_json::Value) -> PodRequest {
         PodRequest::from_pod(&json!({"metadata": {"name": "p", "uid": "u1", "namespace": "default", "labels": {"app": "web"}}, "spec": spec})).unwrap()
+    }
+
+    /// Upstream's symmetry: a placed pod's required anti-affinity keeps matching pods out of
+    /// its domain although they carry no terms themselves; other namespaces and other domains
+    /// are not concerned, and the term leaves with its pod.
+    #[test]
+    fn a_placed_pod_s_anti_affinity_repels_matching_newcomers() {
+        let mut cluster = ClusterView::default();
+        for (id, zone) in [(1, "a"), (2, "a"), (3, "b")] {
+            cluster.add_node(node(id, &[("topology.kubernetes.io/zone", zone)], 4000, 8));
+        }
+        let db = PodRequest::from_pod(&json!({"metadata": {"name": "db", "uid": "db", "namespace": "default", "labels": {"app": "db"}},
+            "spec": {"containers": [], "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"topologyKey": "topology.kubernetes.io/zone", "labelSelector": {"matchLabels": {"app": "cache"}}}]}}}}))
+        .unwrap();
+        cluster.place(1, &db);
+        let cache = |namespace: &str| {
+            PodRequest::from_pod(&json!({"metadata": {"name": "c", "uid": "c", "namespace": namespace, "labels": {"app": "cache"}},
+                "spec": {"containers": []}}))
+            .unwrap()
+        };
+        let at = |pod: &PodRequest, id: u64, cluster: &ClusterView| {
+            check(
+                pod,
+                cluster.node(id).unwrap(),
+                Resources::default(),
+                cluster,
+            )
+        };
+        assert_eq!(
+            at(&cache("default"), 2, &cluster),
+            Err(Decline::AntiAffinity)
+        );
+        assert_eq!(at(&cache("default"), 3, &cluster), Ok(()));
+        assert_eq!(at(&cache("other"), 2, &cluster), Ok(()));
+        cluster.unplace(1, &db);
+        assert_eq!(at(&cache("default"), 2, &cluster), Ok(()));
+    }
+
+    /// What one auctioneer's batch already placed counts for the next pod of the batch: the
+    /// bidders could not see it.
+    #[test]
+    fn a_batch_s_own_placements_count_for_hard_constraints() {
+        let mut cluster = ClusterView::default();
+        for (id, zone) in [(1, "a"), (2, "a"), (3, "b")] {
+            cluster.add_node(node(id, &[("topology.kubernetes.io/zone", zone)], 4000, 8));
+        }
+        let replica = |uid: &str| {
+            PodRequest::from_pod(&json!({"metadata": {"name": uid, "uid": uid, "namespace": "default", "labels": {"app": "web"}},
+                "spec": {"containers": [], "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "web"}}}]}}}}))
+            .unwrap()
+        };
+        let (a, b) = (replica("a"), replica("b"));
+        let n1 = cluster.node(1).unwrap().clone();
+        let n2 = cluster.node(2).unwrap().clone();
+        assert_eq!(batch_conflict(&b, &n1, &[], &cluster), None);
+        assert_eq!(
+            batch_conflict(&b, &n1, &[(&n1, &a)], &cluster),
+            Some(Decline::AntiAffinity)
+        );
+        assert_eq!(batch_conflict(&b, &n2, &[(&n1, &a)], &cluster), None);
+        // Spread: one web pod of the batch in zone a; another there would skew 2 over b.
+        let spread = pod(json!({"containers": [], "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "web"}}}]}));
+        let n3 = cluster.node(3).unwrap().clone();
+        let web = pod(json!({"containers": []}));
+        assert_eq!(
+            batch_conflict(&spread, &n2, &[(&n1, &web)], &cluster),
+            Some(Decline::Spread)
+        );
+        assert_eq!(batch_conflict(&spread, &n3, &[(&n1, &web)], &cluster), None);
     }
 
     #[test]
