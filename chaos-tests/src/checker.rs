@@ -723,7 +723,7 @@ pub fn overcommit(samples: &[CpuSample]) -> Vec<Violation> {
             first
                 .granted
                 .iter()
-                .map(|g| format!("{} {}", g.cgroup, g.shares))
+                .map(|g| format!("{} {} ({})", g.cgroup, g.shares, g.process))
                 .collect::<Vec<_>>()
                 .join(", ")
         )));
@@ -1220,6 +1220,7 @@ mod tests {
                 .map(|(cgroup, shares)| crate::cpu::Granted {
                     cgroup: (*cgroup).to_owned(),
                     shares: *shares,
+                    process: "sleep".to_owned(),
                 })
                 .collect()
         };

@@ -6,8 +6,11 @@
 //! shares of the containers whose cgroups hold a process that is no longer runc's own are what
 //! the node has granted at that instant. While runc places its init process in a fresh cgroup
 //! and before it writes the limits, the cgroup has the kernel's default (1024 shares): such a
-//! cgroup (every process still named `runc` or `runc:[…]`) has granted nothing yet and is not
-//! counted.
+//! cgroup has granted nothing yet and is not counted. Its processes are all runc's: named
+//! `runc` or `runc:[…]` once runc's `nsexec` has named them, and before that `exe` with the
+//! command line `runc init` (runc re-executes itself through `/proc/self/exe`, and the kernel
+//! names a process after the file it executed; seen in CI: such a cgroup counted as 1024 shares
+//! granted, and checker 5 failed on a node that had granted nothing more than its cpu).
 
 use std::path::{Path, PathBuf};
 
@@ -19,6 +22,9 @@ pub struct Granted {
     /// `pod<uid>/<container>` below the agent's scope.
     pub cgroup: String,
     pub shares: u64,
+    /// The name (`comm`) of the first of its processes that is not runc's: the evidence that
+    /// the container runs, shown in a violation.
+    pub process: String,
 }
 
 /// Where the agent whose runtime scope is `scope` keeps its pods' cpu cgroups.
@@ -40,9 +46,12 @@ pub fn granted(layout: Layout, scope_dir: &Path) -> Vec<Granted> {
         };
         for container in containers.flatten() {
             let dir = container.path();
-            if !dir.is_dir() || !started(&dir) {
+            if !dir.is_dir() {
                 continue;
             }
+            let Some(process) = started(&dir) else {
+                continue;
+            };
             let shares = match layout {
                 Layout::V1 => read_u64(&dir.join("cpu.shares")),
                 Layout::V2 => read_u64(&dir.join("cpu.weight")).map(shares_of_weight),
@@ -55,6 +64,7 @@ pub fn granted(layout: Layout, scope_dir: &Path) -> Vec<Granted> {
                         container.file_name().to_string_lossy()
                     ),
                     shares,
+                    process,
                 });
             }
         }
@@ -63,19 +73,34 @@ pub fn granted(layout: Layout, scope_dir: &Path) -> Vec<Granted> {
     out
 }
 
-/// Whether a process of the cgroup runs something other than runc (its limits are written).
-fn started(dir: &Path) -> bool {
-    let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) else {
-        return false;
-    };
-    procs.lines().any(|pid| {
-        std::fs::read_to_string(format!("/proc/{}/comm", pid.trim()))
-            .is_ok_and(|comm| !is_runc(comm.trim()))
+/// The name of a process of the cgroup that runs something other than runc (so its limits are
+/// written), if there is one.
+fn started(dir: &Path) -> Option<String> {
+    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).ok()?;
+    procs.lines().find_map(|pid| {
+        let pid = pid.trim();
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let comm = comm.trim();
+        (!is_runc(comm, &cmdline)).then(|| comm.to_owned())
     })
 }
 
-fn is_runc(comm: &str) -> bool {
-    comm == "runc" || comm.starts_with("runc:")
+/// Whether a process (its `comm` and its NUL-separated command line) is runc's own: named by
+/// runc's `nsexec`, or runc's init before `nsexec` named it (`exe`, from `/proc/self/exe`,
+/// running `runc init`; its command line reads empty for a moment while it execs).
+fn is_runc(comm: &str, cmdline: &[u8]) -> bool {
+    if comm == "runc" || comm.starts_with("runc:") {
+        return true;
+    }
+    let mut args = cmdline.split(|b| *b == 0);
+    let argv0 = args.next().unwrap_or_default();
+    let runc_init = argv0
+        .rsplit(|b| *b == b'/')
+        .next()
+        .is_some_and(|name| name.starts_with(b"runc"))
+        && args.next() == Some(b"init".as_slice());
+    runc_init || (comm == "exe" && cmdline.is_empty())
 }
 
 fn read_u64(path: &Path) -> Option<u64> {
@@ -102,10 +127,16 @@ mod tests {
 
     #[test]
     fn runc_is_told_from_the_containers_own_processes() {
-        assert!(is_runc("runc"));
-        assert!(is_runc("runc:[2:INIT]"));
-        assert!(!is_runc("sleep"));
-        assert!(!is_runc("sh"));
+        assert!(is_runc("runc", b"runc\0init\0"));
+        assert!(is_runc("runc:[2:INIT]", b"runc\0init\0"));
+        // runc's init before nsexec names it (what CI's checker 5 once counted as granted).
+        assert!(is_runc("exe", b"runc\0init\0"));
+        assert!(is_runc("exe", b"/usr/sbin/runc\0init\0"));
+        assert!(is_runc("exe", b""));
+        assert!(!is_runc("sleep", b"sleep\0infinity\0"));
+        assert!(!is_runc("sh", b"sh\0-c\0init\0"));
+        assert!(!is_runc("exe", b"/app/exe\0serve\0"));
+        assert!(!is_runc("init", b"init\0"));
     }
 
     #[test]
