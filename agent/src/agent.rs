@@ -383,7 +383,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         let kubelet = crate::kubelet::Kubelet::new(
             config.name.clone(),
             advertise.ip().to_string(),
-            runtime,
+            Arc::new(runtime),
             images,
             replication.clone(),
             membership.clone(),

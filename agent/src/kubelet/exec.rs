@@ -18,7 +18,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tracing::debug;
 
-use crate::runtime::Runtime;
+use crate::runtime::{ContainerRuntime, ExecProcess};
 use crate::session::{
     self, AttachRequest, CLOSE, ExecRequest, PortForwardRequest, RESIZE, STATUS, STDERR, STDIN,
     STDOUT,
@@ -36,12 +36,16 @@ enum Event {
 
 /// Runs `req` and relays it over `input`/`output` until the process ends or the client goes;
 /// always ends with one `Status` message (unless the client is gone) and the end of `output`.
-pub async fn serve<R, W>(runtime: Runtime, req: ExecRequest, input: R, mut output: W)
-where
+pub async fn serve<R, W>(
+    runtime: Arc<dyn ContainerRuntime>,
+    req: ExecRequest,
+    input: R,
+    mut output: W,
+) where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send,
 {
-    let status = match run(&runtime, &req, input, &mut output).await {
+    let status = match run(runtime.as_ref(), &req, input, &mut output).await {
         Ok(Some(status)) => status,
         Ok(None) => return,
         Err(message) => session::error_status(&message),
@@ -52,7 +56,7 @@ where
 
 /// The process's `Status`, `None` if the client left, or why it could not run.
 async fn run<R, W>(
-    runtime: &Runtime,
+    runtime: &dyn ContainerRuntime,
     req: &ExecRequest,
     input: R,
     output: &mut W,
@@ -62,44 +66,25 @@ where
     W: AsyncWrite + Unpin + Send,
 {
     let meta = runtime
-        .running_container(&req.uid, &req.container)
+        .pod(&req.uid)
+        .and_then(|pod| pod.running(&req.container).map(|c| c.meta.clone()))
         .ok_or_else(|| {
             format!(
                 "container {:?} of pod {} is not running on this node",
                 req.container, req.uid
             )
         })?;
-    // runc's own errors go to a log of ours (so they are told apart from the process's
-    // stderr), and the process's host pid to a file (to kill it if the client leaves).
-    let scratch = tempfile::Builder::new()
-        .prefix("shoal-exec-")
-        .tempdir()
-        .map_err(|e| format!("exec scratch directory: {e}"))?;
-    let (log, pid_file) = (scratch.path().join("runc.log"), scratch.path().join("pid"));
-    let process_file = scratch.path().join("process.json");
-    // The process runs as the container's own, with the command (and terminal size) given.
-    let command = |size: Option<Option<(u16, u16)>>| -> Result<std::process::Command, String> {
-        let process = runtime.exec_process(&req.uid, &meta, &req.command, size)?;
-        std::fs::write(&process_file, process.to_string())
-            .map_err(|e| format!("{}: {e}", process_file.display()))?;
-        let options: [&std::ffi::OsStr; 4] = [
-            "--process".as_ref(),
-            process_file.as_os_str(),
-            "--pid-file".as_ref(),
-            pid_file.as_os_str(),
-        ];
-        let exec = runtime.exec_command(&meta, &[], &options);
-        // Global options come before the subcommand.
-        let mut with_log = std::process::Command::new(exec.get_program());
-        with_log
-            .arg("--log")
-            .arg(&log)
-            .args(["--log-format", "json"])
-            .args(exec.get_args());
-        Ok(with_log)
+    // The process runs as the container's own, with the command (and terminal size) given;
+    // the runtime keeps its own errors apart from the process's stderr, and can kill the
+    // process (not only its client) if the client leaves.
+    let prepare = |size: Option<Option<(u16, u16)>>| -> Result<ExecProcess, String> {
+        runtime
+            .exec_stream(&req.uid, &meta, &req.command, size)
+            .map_err(|e| e.to_string())
     };
     let (tx, mut events) = mpsc::channel::<Event>(64);
     let mut sources = 0;
+    let mut process;
     let mut child = if req.tty {
         let pty = nix::pty::openpty(None, None).map_err(|e| format!("openpty: {e}"))?;
         let master = Arc::new(Pty::new(pty.master).map_err(|e| format!("pty: {e}"))?);
@@ -116,7 +101,8 @@ where
             .await
             .ok()
             .and_then(Result::ok);
-        let mut command = command(Some(size))?;
+        process = prepare(Some(size))?;
+        let command = &mut process.command;
         let slave = |pty: &OwnedFd| -> Result<Stdio, String> {
             Ok(Stdio::from(
                 pty.try_clone().map_err(|e| format!("pty: {e}"))?,
@@ -130,7 +116,7 @@ where
         // gets a session of its own whose controlling terminal is the pty's slave, so it can
         // make it raw, relay to the container's terminal and get SIGWINCH on resizes.
         unsafe {
-            std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            std::os::unix::process::CommandExt::pre_exec(command, || {
                 nix::unistd::setsid().map_err(std::io::Error::from)?;
                 if libc::ioctl(0, libc::TIOCSCTTY as _, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
@@ -138,17 +124,15 @@ where
                 Ok(())
             });
         }
-        let child = tokio::process::Command::from(command)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("runc exec: {e}"))?;
+        let child = spawn(command)?;
         drop(pty.slave);
         sources += 1;
         tokio::spawn(pump_pty(master, tx.clone()));
         child
     } else {
-        let mut command = command(None)?;
-        command
+        process = prepare(None)?;
+        process
+            .command
             .stdin(if req.stdin {
                 Stdio::piped()
             } else {
@@ -164,10 +148,7 @@ where
             } else {
                 Stdio::null()
             });
-        let mut child = tokio::process::Command::from(command)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("runc exec: {e}"))?;
+        let mut child = spawn(&mut process.command)?;
         if let Some(out) = child.stdout.take() {
             sources += 1;
             tokio::spawn(pump(out, STDOUT, tx.clone()));
@@ -201,7 +182,7 @@ where
                     .await
                     .is_err()
                 {
-                    kill(&pid_file);
+                    process.kill();
                     return Ok(None);
                 }
             }
@@ -209,14 +190,14 @@ where
             Some(Event::Exited(code)) => exited = Some(code),
             Some(Event::ClientGone) | None => {
                 debug!(pod = %req.uid, container = %req.container, "exec client left; killing the process");
-                kill(&pid_file);
+                process.kill();
                 return Ok(None);
             }
         }
     }
     let code = exited.unwrap_or(128);
-    // runc failing to start the process (no such binary, say) is not the process's exit.
-    if let Some(error) = runc_error(&std::fs::read_to_string(&log).unwrap_or_default()) {
+    // The runtime failing to start the process (no such binary, say) is not its exit.
+    if let Some(error) = process.failure() {
         return Err(format!("error executing command in container: {error}"));
     }
     Ok(Some(session::exit_status(code)))
@@ -225,12 +206,16 @@ where
 /// Connects to `req.port` inside the pod's network namespace (as the kubelet does, so ports
 /// bound to the pod's localhost are reachable) and relays until the pod closes the connection
 /// or the client goes.
-pub async fn forward<R, W>(runtime: Runtime, req: PortForwardRequest, mut input: R, mut output: W)
-where
+pub async fn forward<R, W>(
+    runtime: Arc<dyn ContainerRuntime>,
+    req: PortForwardRequest,
+    mut input: R,
+    mut output: W,
+) where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send,
 {
-    let stream = match dial(&runtime, &req).await {
+    let stream = match dial(runtime.as_ref(), &req).await {
         Ok(stream) => stream,
         Err(message) => {
             let _ = session::write_message(&mut output, STATUS, message.as_bytes()).await;
@@ -284,21 +269,22 @@ where
 
 /// Follows the container's log from its end: what it writes from now on goes out on the
 /// stream it was written to, until it exits (then `Success`) or the client goes.
-pub async fn attach<R, W>(runtime: Runtime, req: AttachRequest, mut input: R, mut output: W)
-where
+pub async fn attach<R, W>(
+    runtime: Arc<dyn ContainerRuntime>,
+    req: AttachRequest,
+    mut input: R,
+    mut output: W,
+) where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send,
 {
-    let latest = |runtime: &Runtime| {
-        runtime.observe_pod(&req.uid).and_then(|pod| {
-            pod.containers
-                .into_iter()
-                .filter(|c| c.meta.name == req.container)
-                .max_by_key(|c| c.meta.attempt)
-        })
+    let latest = |runtime: &dyn ContainerRuntime| {
+        runtime
+            .pod(&req.uid)
+            .and_then(|pod| pod.latest(&req.container).cloned())
     };
-    let Some(container) =
-        latest(&runtime).filter(|c| matches!(c.state, crate::runtime::ObservedState::Running(_)))
+    let Some(container) = latest(runtime.as_ref())
+        .filter(|c| matches!(c.state, crate::runtime::ObservedState::Running(_)))
     else {
         let message = format!(
             "container {:?} of pod {} is not running on this node",
@@ -312,11 +298,12 @@ where
     // Input goes to the shim's attach socket (a container created with stdin or tty).
     let mut sink = None;
     if req.stdin || req.tty {
-        let bundle = runtime.bundle(&req.uid, &req.container, container.meta.attempt);
-        let connected = crate::runtime::shim::connect_attach(&bundle).and_then(|s| {
-            s.set_nonblocking(true)?;
-            tokio::net::UnixStream::from_std(s)
-        });
+        let connected = runtime
+            .attach_input(&req.uid, &container.meta)
+            .and_then(|s| {
+                s.set_nonblocking(true)?;
+                tokio::net::UnixStream::from_std(s)
+            });
         match connected {
             Ok(stream) => sink = Some(stream),
             Err(e) => {
@@ -362,7 +349,8 @@ where
             // Whether the attempt still runs, once a second (after its last words are out).
             if raw.is_empty() && checked.elapsed() >= Duration::from_secs(1) {
                 checked = std::time::Instant::now();
-                let same = latest(&runtime).filter(|c| c.meta.attempt == container.meta.attempt);
+                let same =
+                    latest(runtime.as_ref()).filter(|c| c.meta.attempt == container.meta.attempt);
                 if !same
                     .is_some_and(|c| matches!(c.state, crate::runtime::ObservedState::Running(_)))
                 {
@@ -397,11 +385,11 @@ where
 /// A connection to the pod's port from inside its network namespace (the node's, for
 /// `hostNetwork` pods).
 async fn dial(
-    runtime: &Runtime,
+    runtime: &dyn ContainerRuntime,
     req: &PortForwardRequest,
 ) -> Result<tokio::net::TcpStream, String> {
     let pod = runtime
-        .observe_pod(&req.uid)
+        .pod(&req.uid)
         .ok_or_else(|| format!("pod {} does not run on this node", req.uid))?;
     let netns = (!pod.sandbox.host_network).then(|| runtime.netns_path(&req.uid));
     let port = req.port;
@@ -436,27 +424,16 @@ async fn dial(
     tokio::net::TcpStream::from_std(stream).map_err(|e| e.to_string())
 }
 
-/// The error runc logged (JSON lines, `--log-format json`), if any.
-fn runc_error(log: &str) -> Option<String> {
-    log.lines()
-        .rev()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["level"] == "error" || v["level"] == "fatal")
-        .find_map(|v| v["msg"].as_str().map(str::to_owned))
-}
-
-/// Kills the exec'd process by the host pid runc wrote (runc itself then exits with it).
-fn kill(pid_file: &std::path::Path) {
-    if let Some(pid) = std::fs::read_to_string(pid_file)
-        .ok()
-        .and_then(|s| s.trim().parse::<i32>().ok())
-        .filter(|pid| *pid > 1)
-    {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
+/// Spawns the runtime's exec command (killed if the session is dropped).
+fn spawn(command: &mut std::process::Command) -> Result<tokio::process::Child, String> {
+    let program = command.get_program().to_string_lossy().into_owned();
+    tokio::process::Command::from(std::mem::replace(
+        command,
+        std::process::Command::new(&program),
+    ))
+    .kill_on_drop(true)
+    .spawn()
+    .map_err(|e| format!("{program}: {e}"))
 }
 
 /// Where the client's stdin goes.
@@ -607,23 +584,5 @@ impl Pty {
         unsafe {
             libc::ioctl(self.fd.get_ref().as_raw_fd(), libc::TIOCSWINSZ, &size);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn runc_start_errors_are_read_from_its_log() {
-        let log = r#"{"level":"warning","msg":"something minor","time":"2026-12-01T00:00:00Z"}
-{"level":"error","msg":"exec failed: unable to start container process: exec: \"nope\": executable file not found in $PATH","time":"2026-12-01T00:00:00Z"}"#;
-        assert!(
-            runc_error(log)
-                .unwrap()
-                .contains("executable file not found")
-        );
-        assert_eq!(runc_error(""), None);
-        assert_eq!(runc_error("not json\n{\"level\":\"info\"}"), None);
     }
 }

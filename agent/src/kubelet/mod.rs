@@ -25,7 +25,7 @@ use tracing::{debug, info, warn};
 use crate::images::{ImageError, ImageStore};
 use crate::observed::events::{self, EventType, NewEvent, ObjectRef, Recorder};
 use crate::replication::Replication;
-use crate::runtime::{ObservedPod, Runtime, SandboxSpec};
+use crate::runtime::{ContainerRuntime, ObservedPod, SandboxSpec};
 use crate::scheduling::Scheduling;
 use shoal_core::placement::partition::{self, Policy};
 use worker::{Action, PodWorker, ProbeKind, StopSignal, WorkerConfig};
@@ -73,7 +73,7 @@ struct ProbeResult {
 pub struct Kubelet {
     node_name: String,
     host_ip: String,
-    runtime: Runtime,
+    runtime: Arc<dyn ContainerRuntime>,
     images: ImageStore,
     replication: Arc<Replication>,
     membership: Arc<Membership>,
@@ -156,7 +156,7 @@ impl Kubelet {
     pub fn new(
         node_name: String,
         host_ip: String,
-        runtime: Runtime,
+        runtime: Arc<dyn ContainerRuntime>,
         images: ImageStore,
         replication: Arc<Replication>,
         membership: Arc<Membership>,
@@ -189,7 +189,7 @@ impl Kubelet {
         })
     }
 
-    pub fn runtime(&self) -> &Runtime {
+    pub fn runtime(&self) -> &Arc<dyn ContainerRuntime> {
         &self.runtime
     }
 
@@ -309,7 +309,7 @@ impl Kubelet {
                 published.insert(key, value);
             }
         }
-        info!(node = %self.node_name, runtime = %self.runtime.runtime_version(), "kubelet started");
+        info!(node = %self.node_name, runtime = %self.runtime.version(), "kubelet started");
         let mut busy = false;
         let mut admission = admission::Admission::default();
         let mut sampler = metrics::Sampler::default();
@@ -400,13 +400,12 @@ impl Kubelet {
             .fence_renewals
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         for (uid, deadline_ms) in held {
-            let path = self.runtime.fence_lease_path(uid);
-            match crate::runtime::lease::renew(&path, counter, *deadline_ms) {
+            match self.runtime.renew_fence_lease(uid, counter, *deadline_ms) {
                 Ok(()) => {}
                 // No sandbox yet: no container to hold the lease either.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(error) => {
-                    warn!(pod = %uid, path = %path.display(), %error, "cannot renew the fence lease: the pod's fenced containers will be killed by their shims")
+                    warn!(pod = %uid, %error, "cannot renew the fence lease: the pod's fenced containers will be killed by their shims")
                 }
             }
         }
@@ -857,7 +856,9 @@ impl Kubelet {
                     .spawn(move || {
                         let (success, message) =
                             probe::run(&probe, netns.as_deref(), |command, timeout| {
-                                runtime.exec(&meta, command, timeout)
+                                runtime
+                                    .exec_sync(&meta, command, timeout)
+                                    .map_err(|e| e.to_string())
                             });
                         let _ = tx.send(ProbeResult {
                             uid,
@@ -888,7 +889,7 @@ impl Kubelet {
                 std::thread::Builder::new()
                     .name("pre-stop".into())
                     .spawn(move || {
-                        if let Err(error) = runtime.exec(&meta, &command, grace) {
+                        if let Err(error) = runtime.exec_sync(&meta, &command, grace) {
                             debug!(pod = %uid, container = %name, %error, "preStop hook failed");
                         }
                         let _ = tx.send((uid, name, attempt));
@@ -962,7 +963,7 @@ impl Kubelet {
         })?;
         let lookup = |kind: &str, object: &str| self.lookup(&plan.namespace, kind, object);
         start::start(
-            &self.runtime,
+            self.runtime.as_ref(),
             &start::Start {
                 plan,
                 container: c,
@@ -1043,7 +1044,7 @@ impl Kubelet {
     ) -> Result<(logs::LogChunk, bool), String> {
         let pod = self
             .runtime
-            .observe_pod(uid)
+            .pod(uid)
             .ok_or_else(|| format!("pod {uid} does not run on node {}", self.node_name))?;
         let mut attempts: Vec<&crate::runtime::ObservedContainer> = pod
             .containers

@@ -17,6 +17,7 @@
 //! [`Runtime::remove_sandbox`] and [`Runtime::reset`] can leave nothing behind.
 
 pub mod cgroup;
+pub mod exec;
 pub mod lease;
 pub mod seccomp;
 pub mod shim;
@@ -34,6 +35,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::beneath::{Resolve, Root};
+pub use exec::ExecProcess;
 pub use shim::{Exited, Started};
 pub use spec::{BindMount, ContainerRequest, Limits, Mount, MountSource};
 
@@ -66,6 +68,9 @@ pub enum RuntimeError {
     },
     #[error("seccomp profile {path:?}: {reason}")]
     Seccomp { path: String, reason: String },
+    /// A process run in a container (a probe, a hook) could not run or did not end in time.
+    #[error("exec in container {container}: {message}")]
+    Exec { container: String, message: String },
 }
 
 impl RuntimeError {
@@ -185,12 +190,28 @@ pub struct ObservedPod {
     pub network: Option<shoal_net::PodNetwork>,
 }
 
+impl ObservedPod {
+    /// The latest attempt of container `name`, whatever its state.
+    pub fn latest(&self, name: &str) -> Option<&ObservedContainer> {
+        self.containers
+            .iter()
+            .filter(|c| c.meta.name == name)
+            .max_by_key(|c| c.meta.attempt)
+    }
+
+    /// The latest attempt of container `name` if it is running.
+    pub fn running(&self, name: &str) -> Option<&ObservedContainer> {
+        self.latest(name)
+            .filter(|c| matches!(c.state, ObservedState::Running(_)))
+    }
+}
+
 /// The container runtime as the kubelet drives it, shaped as Kubernetes' CRI: pod sandboxes
 /// (run, status, remove), containers (one start from a request built as data, signals,
 /// status), stats, and the paths the kubelet names (each container's log, its cgroup). The
 /// runc and shim runtime ([`Runtime`]) is the product's; the chaos tests' simulators have a
-/// simulated one. Streaming exec, attach and port-forward are not part of it yet: they take
-/// [`Runtime`].
+/// simulated one. Streaming (exec, attach, port-forward) is shaped for a process-based
+/// runtime: the runtime hands back a process to spawn or a socket, and the kubelet relays it.
 pub trait ContainerRuntime: Send + Sync {
     /// The runtime's name and version (`runc://1.1.5`).
     fn version(&self) -> String;
@@ -222,6 +243,45 @@ pub trait ContainerRuntime: Send + Sync {
     fn list(&self) -> Vec<ObservedPod>;
     /// A running container's memory working set and cpu time (ns).
     fn usage(&self, meta: &ContainerMeta) -> Option<(u64, u64)>;
+    /// One pod's sandbox and containers as they are now (`None`: no sandbox here).
+    fn pod(&self, uid: &str) -> Option<ObservedPod> {
+        self.list().into_iter().find(|p| p.sandbox.uid == uid)
+    }
+    /// Removes one exited container attempt (CRI's RemoveContainer); its log stays.
+    fn remove_container(&self, uid: &str, name: &str, attempt: u32) -> Result<(), RuntimeError>;
+    /// Whether a pod's recorded network is still this node's (a pod numbered from an address
+    /// block the node lost is made again).
+    fn network_is_current(&self, network: &shoal_net::PodNetwork) -> bool;
+    /// The pod's network namespace, which probes and port-forward connect from (not used for
+    /// host-network pods).
+    fn netns_path(&self, uid: &str) -> PathBuf;
+    /// Renews pod `uid`'s fence lease: its fenced containers may run until `deadline_ms`
+    /// (monotonic), and die once renewals stop ([`lease`]). `NotFound`: no sandbox yet.
+    fn renew_fence_lease(&self, uid: &str, counter: u64, deadline_ms: u64) -> io::Result<()>;
+    /// CRI's ExecSync: runs `command` in a running container (probes, hooks), returns its
+    /// exit code and the first KiB of its output, and kills it after `timeout`.
+    fn exec_sync(
+        &self,
+        meta: &ContainerMeta,
+        command: &[String],
+        timeout: Duration,
+    ) -> Result<(i32, String), RuntimeError>;
+    /// CRI's Exec: `command` ready to run in the container of pod `uid`, with a terminal of
+    /// the given size (`Some(None)`: size not known) or without one.
+    fn exec_stream(
+        &self,
+        uid: &str,
+        meta: &ContainerMeta,
+        command: &[String],
+        terminal: Option<Option<(u16, u16)>>,
+    ) -> Result<ExecProcess, RuntimeError>;
+    /// CRI's Attach, input side: a connection that carries the client's session messages
+    /// (stdin, resizes) to a container made with stdin or a tty.
+    fn attach_input(
+        &self,
+        uid: &str,
+        meta: &ContainerMeta,
+    ) -> io::Result<std::os::unix::net::UnixStream>;
 }
 
 impl ContainerRuntime for Runtime {
@@ -262,6 +322,45 @@ impl ContainerRuntime for Runtime {
     }
     fn usage(&self, meta: &ContainerMeta) -> Option<(u64, u64)> {
         Runtime::usage(self, meta)
+    }
+    fn pod(&self, uid: &str) -> Option<ObservedPod> {
+        Runtime::observe_pod(self, uid)
+    }
+    fn remove_container(&self, uid: &str, name: &str, attempt: u32) -> Result<(), RuntimeError> {
+        Runtime::remove_container(self, uid, name, attempt)
+    }
+    fn network_is_current(&self, network: &shoal_net::PodNetwork) -> bool {
+        Runtime::network_is_current(self, network)
+    }
+    fn netns_path(&self, uid: &str) -> PathBuf {
+        Runtime::netns_path(self, uid)
+    }
+    fn renew_fence_lease(&self, uid: &str, counter: u64, deadline_ms: u64) -> io::Result<()> {
+        lease::renew(&self.fence_lease_path(uid), counter, deadline_ms)
+    }
+    fn exec_sync(
+        &self,
+        meta: &ContainerMeta,
+        command: &[String],
+        timeout: Duration,
+    ) -> Result<(i32, String), RuntimeError> {
+        Runtime::exec_sync(self, meta, command, timeout)
+    }
+    fn exec_stream(
+        &self,
+        uid: &str,
+        meta: &ContainerMeta,
+        command: &[String],
+        terminal: Option<Option<(u16, u16)>>,
+    ) -> Result<ExecProcess, RuntimeError> {
+        Runtime::exec_stream(self, uid, meta, command, terminal)
+    }
+    fn attach_input(
+        &self,
+        uid: &str,
+        meta: &ContainerMeta,
+    ) -> io::Result<std::os::unix::net::UnixStream> {
+        Runtime::attach_input(self, uid, meta)
     }
 }
 
@@ -492,26 +591,30 @@ impl Runtime {
     /// A node-local seccomp profile: `<data-dir>/seccomp/<rel>`, resolved beneath that
     /// directory without following symlinks, at most 1 MiB, checked to be an OCI
     /// `linux.seccomp` object.
-    pub fn seccomp_profile(&self, rel: &str) -> Result<serde_json::Value, String> {
+    pub fn seccomp_profile(&self, rel: &str) -> Result<serde_json::Value, RuntimeError> {
+        let refused = |reason: String| RuntimeError::Seccomp {
+            path: rel.to_owned(),
+            reason,
+        };
         let root = Root::open(&self.seccomp_dir)
-            .map_err(|e| format!("{}: {e}", self.seccomp_dir.display()))?;
+            .map_err(|e| refused(format!("{}: {e}", self.seccomp_dir.display())))?;
         let fd = root
             .open_at(
                 Path::new(rel),
                 nix::fcntl::OFlag::O_RDONLY,
                 Resolve::Beneath,
             )
-            .map_err(|e| format!("{}: {e}", self.seccomp_dir.join(rel).display()))?;
+            .map_err(|e| refused(format!("{}: {e}", self.seccomp_dir.join(rel).display())))?;
         let mut bytes = Vec::new();
         io::Read::read_to_end(
             &mut io::Read::take(std::fs::File::from(fd), 1 << 20),
             &mut bytes,
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| refused(e.to_string()))?;
         let value: serde_json::Value =
-            serde_json::from_slice(&bytes).map_err(|e| format!("not JSON: {e}"))?;
+            serde_json::from_slice(&bytes).map_err(|e| refused(format!("not JSON: {e}")))?;
         serde_json::from_value::<oci_spec::runtime::LinuxSeccomp>(value.clone())
-            .map_err(|e| format!("not an OCI seccomp profile: {e}"))?;
+            .map_err(|e| refused(format!("not an OCI seccomp profile: {e}")))?;
         Ok(value)
     }
 
@@ -1004,12 +1107,7 @@ impl Runtime {
             });
         }
         let seccomp_profile = match &request.seccomp {
-            spec::Seccomp::Localhost(path) => Some(self.seccomp_profile(path).map_err(
-                |reason| RuntimeError::Seccomp {
-                    path: path.clone(),
-                    reason,
-                },
-            )?),
+            spec::Seccomp::Localhost(path) => Some(self.seccomp_profile(path)?),
             _ => None,
         };
         Ok(spec::Resolved {
@@ -1020,124 +1118,12 @@ impl Runtime {
         })
     }
 
-    /// `runc exec` of `command` in a running container: the process gets the container's
-    /// namespaces, cgroup, environment, user and working directory (runc starts from the
-    /// container's own process spec and replaces only the arguments). `options` go between
-    /// `exec` and the container id (`-t`, `--pid-file F`).
-    pub fn exec_command(
-        &self,
-        meta: &ContainerMeta,
-        command: &[String],
-        options: &[&std::ffi::OsStr],
-    ) -> Command {
-        let mut runc = Command::new(&self.runc);
-        runc.arg("--root")
-            .arg(&self.runc_root)
-            .arg("exec")
-            .args(options)
-            .arg(&meta.runtime_id)
-            .args(command);
-        runc
-    }
-
-    /// The process spec (runc's `exec --process`) of a command run in a container of pod
-    /// `uid`: the container's own process (environment, user, working directory,
-    /// capabilities, limits) with `command` as its arguments and, with a terminal, the
-    /// terminal's size (columns, rows) set when runc makes it, so the command never sees 0x0.
-    pub fn exec_process(
-        &self,
-        uid: &str,
-        meta: &ContainerMeta,
-        command: &[String],
-        terminal: Option<Option<(u16, u16)>>,
-    ) -> Result<serde_json::Value, String> {
-        if !is_safe_id(uid) || !is_safe_id(&meta.name) {
-            return Err(format!(
-                "pod {uid:?} container {:?}: not an identifier",
-                meta.name
-            ));
-        }
-        let path = self
-            .bundle(uid, &meta.name, meta.attempt)
-            .join("config.json");
-        let config: serde_json::Value = std::fs::read(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        let mut process = config
-            .get("process")
-            .filter(|p| p.is_object())
-            .cloned()
-            .ok_or_else(|| format!("{}: no process", path.display()))?;
-        process["args"] = serde_json::json!(command);
-        process["terminal"] = serde_json::json!(terminal.is_some());
-        if let Some(Some((cols, rows))) = terminal {
-            process["consoleSize"] = serde_json::json!({"height": rows, "width": cols});
-        } else if let Some(p) = process.as_object_mut() {
-            p.remove("consoleSize");
-        }
-        Ok(process)
-    }
-
-    /// A running container of a pod on this node: the latest attempt named `container`.
-    pub fn running_container(&self, uid: &str, container: &str) -> Option<ContainerMeta> {
-        let pod = self.observe_pod(uid)?;
-        pod.containers
-            .into_iter()
-            .filter(|c| c.meta.name == container)
-            .max_by_key(|c| c.meta.attempt)
-            .filter(|c| matches!(c.state, ObservedState::Running(_)))
-            .map(|c| c.meta)
-    }
-
     /// Sends `signal` to a container's processes.
     pub fn signal(&self, meta: &ContainerMeta, signal: &str) -> Result<(), RuntimeError> {
         run(Command::new(&self.runc)
             .arg("--root")
             .arg(&self.runc_root)
             .args(["kill", "--all", &meta.runtime_id, signal]))
-    }
-
-    /// Runs `command` in a running container (exec probes); returns its exit code and
-    /// output, killing it after `timeout`.
-    pub fn exec(
-        &self,
-        meta: &ContainerMeta,
-        command: &[String],
-        timeout: Duration,
-    ) -> Result<(i32, String), String> {
-        let mut child = self
-            .exec_command(meta, command, &[])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("runc exec: {e}"))?;
-        let deadline = std::time::Instant::now() + timeout;
-        loop {
-            match child.try_wait() {
-                Ok(Some(status)) => {
-                    let mut output = String::new();
-                    if let Some(mut out) = child.stdout.take() {
-                        let _ = io::Read::read_to_string(&mut out, &mut output);
-                    }
-                    if let Some(mut err) = child.stderr.take() {
-                        let _ = io::Read::read_to_string(&mut err, &mut output);
-                    }
-                    output.truncate(1024);
-                    return Ok((status.code().unwrap_or(128), output));
-                }
-                Ok(None) if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                Ok(None) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(format!("command timed out after {timeout:?}"));
-                }
-                Err(e) => return Err(format!("runc exec: {e}")),
-            }
-        }
     }
 
     /// Removes a container that has exited (or kills it first): runc state, cgroup, overlay

@@ -33,6 +33,8 @@ struct State {
     calls: Vec<String>,
     /// The error the next start fails with.
     fail_next_start: Option<RuntimeError>,
+    /// Each pod's last fence lease renewal: (counter, deadline in monotonic ms).
+    fence_leases: BTreeMap<String, (u64, u64)>,
 }
 
 /// The simulated runtime of one node.
@@ -81,6 +83,11 @@ impl SimRuntime {
         {
             c.exit_code.get_or_insert(code);
         }
+    }
+
+    /// Pod `uid`'s last fence lease renewal: (counter, deadline in monotonic ms).
+    pub fn fence_lease(&self, uid: &str) -> Option<(u64, u64)> {
+        self.state().fence_leases.get(uid).copied()
     }
 
     /// The directory of pod `uid`'s volume `name`.
@@ -225,6 +232,88 @@ impl ContainerRuntime for SimRuntime {
     fn usage(&self, meta: &ContainerMeta) -> Option<(u64, u64)> {
         let _ = meta;
         None
+    }
+
+    fn remove_container(&self, uid: &str, name: &str, attempt: u32) -> Result<(), RuntimeError> {
+        let mut state = self.state();
+        state.calls.push(format!("remove {uid} {name} {attempt}"));
+        state
+            .containers
+            .retain(|c| !(c.pod_uid == uid && c.meta.name == name && c.meta.attempt == attempt));
+        Ok(())
+    }
+
+    fn network_is_current(&self, network: &shoal_net::PodNetwork) -> bool {
+        let _ = network;
+        true
+    }
+
+    fn netns_path(&self, uid: &str) -> PathBuf {
+        Path::new("/sim/netns").join(uid)
+    }
+
+    fn renew_fence_lease(&self, uid: &str, counter: u64, deadline_ms: u64) -> std::io::Result<()> {
+        let mut state = self.state();
+        if !state.sandboxes.contains_key(uid) {
+            return Err(std::io::ErrorKind::NotFound.into());
+        }
+        state
+            .fence_leases
+            .insert(uid.to_owned(), (counter, deadline_ms));
+        Ok(())
+    }
+
+    /// A running container's command "succeeds" (exit 0, no output): the simulation runs no
+    /// processes, and says so for a container that is not running.
+    fn exec_sync(
+        &self,
+        meta: &ContainerMeta,
+        command: &[String],
+        timeout: std::time::Duration,
+    ) -> Result<(i32, String), RuntimeError> {
+        let _ = timeout;
+        let mut state = self.state();
+        state
+            .calls
+            .push(format!("exec {} {}", meta.runtime_id, command.join(" ")));
+        let running = state
+            .containers
+            .iter()
+            .any(|c| c.meta.runtime_id == meta.runtime_id && c.exit_code.is_none());
+        if running {
+            Ok((0, String::new()))
+        } else {
+            Err(RuntimeError::Exec {
+                container: meta.runtime_id.clone(),
+                message: "not running".into(),
+            })
+        }
+    }
+
+    fn exec_stream(
+        &self,
+        uid: &str,
+        meta: &ContainerMeta,
+        command: &[String],
+        terminal: Option<Option<(u16, u16)>>,
+    ) -> Result<shoal_agent::runtime::ExecProcess, RuntimeError> {
+        let _ = (uid, command, terminal);
+        Err(RuntimeError::Exec {
+            container: meta.runtime_id.clone(),
+            message: "the simulated runtime runs no processes to stream".into(),
+        })
+    }
+
+    fn attach_input(
+        &self,
+        uid: &str,
+        meta: &ContainerMeta,
+    ) -> std::io::Result<std::os::unix::net::UnixStream> {
+        let _ = (uid, meta);
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "the simulated runtime has no container input",
+        ))
     }
 }
 
