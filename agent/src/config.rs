@@ -491,7 +491,7 @@ impl AgentConfig {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        labels::check_dns_subdomain(&self.name).map_err(|m| invalid("name", m))?;
+        labels::check_dns_subdomain(&self.name).map_err(|m| invalid("name", m.to_string()))?;
         labels::validate(&self.labels).map_err(|e| invalid("labels", e.to_string()))?;
         if let Some(key) = self.labels.keys().find(|k| k.starts_with("kubernetes.io/")) {
             return Err(invalid(

@@ -464,7 +464,7 @@ async fn set_baseline_handler(
             failure(
                 StatusCode::CONFLICT,
                 "Conflict",
-                message,
+                message.to_string(),
                 Some("members".into()),
             )
         })

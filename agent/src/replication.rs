@@ -102,6 +102,30 @@ pub enum WriteError {
     Home { home: String, reason: String },
 }
 
+/// Why the operator's baseline was not set.
+#[derive(Debug, thiserror::Error)]
+pub enum BaselineError {
+    #[error(
+        "members: {members} is below the {} nodes the membership still lists ({}); a dead node is listed until the dead-node grace period forgets it",
+        listed.len(),
+        listed.join(", ")
+    )]
+    BelowListed { members: u64, listed: Vec<String> },
+    #[error("cannot record the baseline: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// Why an anti-entropy session with a peer ended early.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error(transparent)]
+    Endpoint(#[from] shoal_gossip::EndpointError),
+    #[error(transparent)]
+    Decode(#[from] shoal_state::sync::DecodeError),
+    #[error(transparent)]
+    Session(#[from] shoal_state::sync::SessionError),
+}
+
 /// The store, shared by the API and replication.
 pub struct Replication {
     store: Arc<Mutex<Store>>,
@@ -654,17 +678,12 @@ impl Replication {
     /// gone for good: majorities, for fencing and run leases, are then counted of `members`).
     /// Refused below the nodes the membership still lists (dead ones are listed until the
     /// dead-node grace period forgets them), which would raise it again at once.
-    pub async fn set_baseline(&self, members: u64) -> Result<Baseline, String> {
+    pub async fn set_baseline(&self, members: u64) -> Result<Baseline, BaselineError> {
         let listed = listed_names(&self.membership.members().await);
         if members == 0 || (members as usize) < listed.len() {
-            return Err(format!(
-                "members: {members} is below the {} nodes the membership still lists ({}); a dead node is listed until the dead-node grace period forgets it",
-                listed.len(),
-                listed.join(", ")
-            ));
+            return Err(BaselineError::BelowListed { members, listed });
         }
-        on_disk(|| self.store().set_peak_members(members))
-            .map_err(|e| format!("cannot record the baseline: {e}"))?;
+        on_disk(|| self.store().set_peak_members(members))?;
         info!(members, "membership baseline set by the operator");
         Ok(Baseline { members, listed })
     }
@@ -939,7 +958,7 @@ impl Replication {
     }
 
     /// One anti-entropy session with `peer`.
-    pub async fn sync_with(&self, peer: SocketAddr) -> Result<(), String> {
+    pub async fn sync_with(&self, peer: SocketAddr) -> Result<(), SyncError> {
         // What the peer sends comes from its store as it is from now on.
         let began = Instant::now();
         let (mut session, mut request) = SyncSession::start();
@@ -949,19 +968,16 @@ impl Replication {
             let bytes = self
                 .endpoint
                 .request(peer, Channel::Sync, &payload, timeout)
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
             self.traffic.count(payload.len(), bytes.len());
-            let response = SyncResponse::decode(&bytes).map_err(|e| e.to_string())?;
+            let response = SyncResponse::decode(&bytes)?;
             let step = on_disk(|| {
                 let mut store = self.store();
-                let step = session
-                    .on_response(&mut store, response, now_ms())
-                    .map_err(|e| e.to_string())?;
+                let step = session.on_response(&mut store, response, now_ms())?;
                 if let Step::Done(changes) = &step {
                     self.publish(&store, changes.iter().cloned());
                 }
-                Ok::<_, String>(step)
+                Ok::<_, SyncError>(step)
             })?;
             match step {
                 Step::Send(next) => request = next,

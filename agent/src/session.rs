@@ -81,53 +81,72 @@ pub struct ExecRequest {
     pub tty: bool,
 }
 
+/// Why a session request (possibly a peer's) is refused before anything runs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("uid {0:?} is not a pod uid")]
+    Uid(String),
+    #[error("container {name:?} is not a container name: {reason}")]
+    Container {
+        name: String,
+        reason: shoal_state::labels::SyntaxError,
+    },
+    #[error("command: required value (an exec needs a command)")]
+    NoCommand,
+    #[error(
+        "command: too long ({args} arguments, {bytes} bytes; at most {MAX_ARGS} and {MAX_COMMAND_BYTES})"
+    )]
+    CommandTooLong { args: usize, bytes: usize },
+    #[error("command: an argument contains a NUL byte")]
+    CommandNul,
+    #[error("port: must be between 1 and 65535")]
+    Port,
+}
+
 impl SessionRequest {
     /// A session request from a peer names a pod uid and a container, which become paths on
     /// the node, and a command: all are checked before anything runs.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), RequestError> {
+        let uid = |uid: &str| {
+            if crate::runtime::is_safe_id(uid) {
+                Ok(())
+            } else {
+                Err(RequestError::Uid(uid.to_owned()))
+            }
+        };
+        let container = |name: &str| {
+            shoal_state::labels::check_dns_label(name).map_err(|reason| RequestError::Container {
+                name: name.to_owned(),
+                reason,
+            })
+        };
         match self {
             SessionRequest::Exec(req) => {
-                if !crate::runtime::is_safe_id(&req.uid) {
-                    return Err(format!("uid {:?} is not a pod uid", req.uid));
-                }
-                shoal_state::labels::check_dns_label(&req.container).map_err(|reason| {
-                    format!(
-                        "container {:?} is not a container name: {reason}",
-                        req.container
-                    )
-                })?;
+                uid(&req.uid)?;
+                container(&req.container)?;
                 if req.command.is_empty() {
-                    return Err("command: required value (an exec needs a command)".into());
+                    return Err(RequestError::NoCommand);
                 }
                 let bytes: usize = req.command.iter().map(String::len).sum();
                 if req.command.len() > MAX_ARGS || bytes > MAX_COMMAND_BYTES {
-                    return Err(format!(
-                        "command: too long ({} arguments, {bytes} bytes; at most {MAX_ARGS} and {MAX_COMMAND_BYTES})",
-                        req.command.len()
-                    ));
+                    return Err(RequestError::CommandTooLong {
+                        args: req.command.len(),
+                        bytes,
+                    });
                 }
                 if req.command.iter().any(|a| a.contains('\0')) {
-                    return Err("command: an argument contains a NUL byte".into());
+                    return Err(RequestError::CommandNul);
                 }
                 Ok(())
             }
             SessionRequest::Attach(req) => {
-                if !crate::runtime::is_safe_id(&req.uid) {
-                    return Err(format!("uid {:?} is not a pod uid", req.uid));
-                }
-                shoal_state::labels::check_dns_label(&req.container).map_err(|reason| {
-                    format!(
-                        "container {:?} is not a container name: {reason}",
-                        req.container
-                    )
-                })
+                uid(&req.uid)?;
+                container(&req.container)
             }
             SessionRequest::PortForward(req) => {
-                if !crate::runtime::is_safe_id(&req.uid) {
-                    return Err(format!("uid {:?} is not a pod uid", req.uid));
-                }
+                uid(&req.uid)?;
                 if req.port == 0 {
-                    return Err("port: must be between 1 and 65535".into());
+                    return Err(RequestError::Port);
                 }
                 Ok(())
             }
@@ -274,7 +293,7 @@ mod tests {
                 "port",
             ),
         ] {
-            let err = req.check().unwrap_err();
+            let err = req.check().unwrap_err().to_string();
             assert!(err.contains(named), "{req:?}: {err}");
         }
     }

@@ -19,14 +19,24 @@ pub enum LabelError {
     Duplicate { key: String },
 }
 
+/// Why a name, key, path or value breaks its syntax rule; the caller names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SyntaxError {
+    #[error("must be no more than {max} characters (is {len})")]
+    TooLong { max: usize, len: usize },
+    /// The rule broken, as the apiserver words it.
+    #[error("{0}")]
+    Rule(&'static str),
+}
+
 /// `name` part of a key, and every value: at most 63 characters, alphanumerics with `-`, `_`,
 /// `.` inside.
-fn check_name(s: &str) -> Result<(), String> {
+fn check_name(s: &str) -> Result<(), SyntaxError> {
     if s.len() > 63 {
-        return Err(format!(
-            "must be no more than 63 characters (is {})",
-            s.len()
-        ));
+        return Err(SyntaxError::TooLong {
+            max: 63,
+            len: s.len(),
+        });
     }
     let ok_inner = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
     let bytes: Vec<char> = s.chars().collect();
@@ -34,18 +44,17 @@ fn check_name(s: &str) -> Result<(), String> {
         || !bytes.first().is_none_or(|c| c.is_ascii_alphanumeric())
         || !bytes.last().is_none_or(|c| c.is_ascii_alphanumeric())
     {
-        return Err(
-            "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"
-                .into(),
-        );
+        return Err(SyntaxError::Rule(
+            "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character",
+        ));
     }
     Ok(())
 }
 
 /// A DNS-1123 subdomain: lowercase alphanumerics, `-` and `.`, at most 253 characters.
-pub fn check_dns_subdomain(s: &str) -> Result<(), String> {
+pub fn check_dns_subdomain(s: &str) -> Result<(), SyntaxError> {
     if s.is_empty() || s.len() > 253 {
-        return Err("must be 1 to 253 characters".into());
+        return Err(SyntaxError::Rule("must be 1 to 253 characters"));
     }
     for part in s.split('.') {
         let ok = !part.is_empty()
@@ -55,7 +64,9 @@ pub fn check_dns_subdomain(s: &str) -> Result<(), String> {
             && !part.starts_with('-')
             && !part.ends_with('-');
         if !ok {
-            return Err("must be lowercase alphanumerics, '-' or '.', each part starting and ending with an alphanumeric (RFC 1123)".into());
+            return Err(SyntaxError::Rule(
+                "must be lowercase alphanumerics, '-' or '.', each part starting and ending with an alphanumeric (RFC 1123)",
+            ));
         }
     }
     Ok(())
@@ -64,7 +75,7 @@ pub fn check_dns_subdomain(s: &str) -> Result<(), String> {
 /// A DNS-1123 label (container, volume and port names; namespaces): lowercase alphanumerics
 /// and `-`, starting and ending with an alphanumeric, at most 63 characters. Such a name
 /// contains no `/` and is never `.` or `..`, so it is safe as one path component.
-pub fn check_dns_label(s: &str) -> Result<(), String> {
+pub fn check_dns_label(s: &str) -> Result<(), SyntaxError> {
     let ok = !s.is_empty()
         && s.len() <= 63
         && s.bytes()
@@ -74,45 +85,49 @@ pub fn check_dns_label(s: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err("must be at most 63 lowercase alphanumerics or '-', starting and ending with an alphanumeric (RFC 1123 label)".into())
+        Err(SyntaxError::Rule(
+            "must be at most 63 lowercase alphanumerics or '-', starting and ending with an alphanumeric (RFC 1123 label)",
+        ))
     }
 }
 
 /// A relative path that stays beneath the directory it is joined to, as the apiserver checks
 /// `subPath` and `items[].path` (`validateLocalDescendingPath`): not absolute, no `..`
 /// element. With `no_dot_dot_prefix` (item paths) it may not start with `..` either.
-pub fn check_descending_path(s: &str, no_dot_dot_prefix: bool) -> Result<(), String> {
+pub fn check_descending_path(s: &str, no_dot_dot_prefix: bool) -> Result<(), SyntaxError> {
     if s.starts_with('/') {
-        return Err("must be a relative path".into());
+        return Err(SyntaxError::Rule("must be a relative path"));
     }
     if s.split('/').any(|part| part == "..") {
-        return Err("must not contain '..'".into());
+        return Err(SyntaxError::Rule("must not contain '..'"));
     }
     if no_dot_dot_prefix && s.starts_with("..") {
-        return Err("must not start with '..'".into());
+        return Err(SyntaxError::Rule("must not start with '..'"));
     }
     if s.contains('\0') {
-        return Err("must not contain NUL".into());
+        return Err(SyntaxError::Rule("must not contain NUL"));
     }
     Ok(())
 }
 
 /// A ConfigMap or Secret key (`IsConfigMapKey`): alphanumerics, `-`, `_` and `.`, at most 253
 /// characters, not `.` or `..` and not starting with `..`.
-pub fn check_config_key(s: &str) -> Result<(), String> {
+pub fn check_config_key(s: &str) -> Result<(), SyntaxError> {
     if s.is_empty() || s.len() > 253 {
-        return Err("must be 1 to 253 characters".into());
+        return Err(SyntaxError::Rule("must be 1 to 253 characters"));
     }
     if !s
         .bytes()
         .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
     {
-        return Err(
-            "a valid config key must consist of alphanumeric characters, '-', '_' or '.'".into(),
-        );
+        return Err(SyntaxError::Rule(
+            "a valid config key must consist of alphanumeric characters, '-', '_' or '.'",
+        ));
     }
     if s == "." || s.starts_with("..") {
-        return Err("must not be '.' or '..' or start with '..'".into());
+        return Err(SyntaxError::Rule(
+            "must not be '.' or '..' or start with '..'",
+        ));
     }
     Ok(())
 }
@@ -139,7 +154,7 @@ pub fn validate_value(key: &str, value: &str) -> Result<(), LabelError> {
     check_name(value).map_err(|reason| LabelError::BadValue {
         key: key.to_owned(),
         value: value.to_owned(),
-        reason,
+        reason: reason.to_string(),
     })
 }
 

@@ -170,7 +170,7 @@ pub fn validate(mut object: Value, default_namespace: &str) -> Result<ValidObjec
             .filter(|n| !n.is_empty())
             .unwrap_or(default_namespace)
             .to_owned();
-        check_dns_label(&ns).map_err(|r| {
+        labels::check_dns_label(&ns).map_err(|r| {
             ObjectError::invalid("metadata.namespace", format!("Invalid value: {ns:?}: {r}"))
         })?;
         meta.insert("namespace".into(), Value::String(ns.clone()));
@@ -216,14 +216,6 @@ pub fn uuid_string(bytes: &[u8]) -> String {
         &h[16..20],
         &h[20..32]
     )
-}
-
-/// A DNS-1123 label (namespaces): at most 63 lowercase alphanumerics or '-'.
-pub fn check_dns_label(s: &str) -> Result<(), String> {
-    if s.is_empty() || s.len() > 63 || s.contains('.') {
-        return Err("must be 1 to 63 characters without '.'".into());
-    }
-    labels::check_dns_subdomain(s)
 }
 
 #[cfg(test)]

@@ -22,7 +22,8 @@ use crate::digest::{BucketDigest, Hash16, bucket_of, entry_hash};
 use crate::hlc::{ClockError, Hlc, Timestamp};
 use crate::horizon::{Currency, Horizon, Plan};
 use crate::kind::ObjectKey;
-use crate::object::{ValidObject, check_dns_label};
+use crate::labels::check_dns_label;
+use crate::object::ValidObject;
 use crate::sync::WireEntry;
 
 const OBJECTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("objects");
@@ -530,7 +531,7 @@ impl Store {
         if object.info.namespaced {
             check_dns_label(&key.namespace).map_err(|reason| StoreError::Conflict {
                 key: key.clone(),
-                reason,
+                reason: reason.to_string(),
             })?;
         }
         let existing = self.entries.get(&key).filter(|e| !e.state.is_deleted());

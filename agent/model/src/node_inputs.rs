@@ -20,7 +20,7 @@ fn problem(field: impl Into<String>, detail: impl Into<String>) -> FieldError {
     FieldError::new(field, detail)
 }
 
-fn invalid(field: String, value: &str, reason: &str) -> FieldError {
+fn invalid(field: String, value: &str, reason: impl std::fmt::Display) -> FieldError {
     problem(field, format!("Invalid value: {value:?}: {reason}"))
 }
 
@@ -95,7 +95,7 @@ fn quantities(resources: &Value, at: &str) -> Result<(), FieldError> {
                 // in units.
                 _ => quantity::bytes(&text),
             };
-            parsed.map_err(|reason| invalid(field, &text, &reason.to_string()))?;
+            parsed.map_err(|reason| invalid(field, &text, reason))?;
         }
     }
     Ok(())
@@ -135,7 +135,7 @@ fn items(source: &Value, at: &str) -> Result<(), FieldError> {
             return Err(problem(format!("{at}.items[{j}].path"), "Required value"));
         }
         labels::check_descending_path(path, true)
-            .map_err(|r| invalid(format!("{at}.items[{j}].path"), path, &r))?;
+            .map_err(|r| invalid(format!("{at}.items[{j}].path"), path, r))?;
     }
     Ok(())
 }
@@ -181,7 +181,7 @@ pub fn check(spec: &Value, path: &str) -> Result<(), FieldError> {
         if name.is_empty() {
             return Err(problem(format!("{at}.name"), "Required value"));
         }
-        labels::check_dns_label(name).map_err(|r| invalid(format!("{at}.name"), name, &r))?;
+        labels::check_dns_label(name).map_err(|r| invalid(format!("{at}.name"), name, r))?;
         if !volumes.insert(name) {
             return Err(problem(
                 format!("{at}.name"),
@@ -232,7 +232,7 @@ pub fn check(spec: &Value, path: &str) -> Result<(), FieldError> {
             let at = format!("{path}.{field}[{i}]");
             if let Some(name) = c["name"].as_str() {
                 labels::check_dns_label(name)
-                    .map_err(|r| invalid(format!("{at}.name"), name, &r))?;
+                    .map_err(|r| invalid(format!("{at}.name"), name, r))?;
                 if !containers.insert(name) {
                     return Err(problem(
                         format!("{at}.name"),
@@ -283,7 +283,7 @@ pub fn check(spec: &Value, path: &str) -> Result<(), FieldError> {
                 }
                 if let Some(sub) = m["subPath"].as_str() {
                     labels::check_descending_path(sub, false)
-                        .map_err(|r| invalid(format!("{mat}.subPath"), sub, &r))?;
+                        .map_err(|r| invalid(format!("{mat}.subPath"), sub, r))?;
                 }
                 if m.get("subPathExpr").is_some() {
                     return Err(problem(

@@ -227,7 +227,7 @@ async fn relay_port(
         port,
     });
     let failure = match target.nodes.open_session(&target.node, &request).await {
-        Err(e) => Some(e),
+        Err(e) => Some(e.to_string()),
         Ok((mut to_node, from_node)) => {
             let mut node_messages = session::spawn_reader(from_node);
             let mut failure = None;

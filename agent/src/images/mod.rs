@@ -227,7 +227,7 @@ impl ImageStore {
             .map(|t| {
                 reference::normalize(t).map_err(|reason| ImageError::Reference {
                     reference: t.to_owned(),
-                    reason,
+                    reason: reason.to_string(),
                 })
             })
             .transpose()?;
@@ -351,7 +351,7 @@ impl ImageStore {
             let digest = descriptor.digest().to_string();
             let hex = reference::parse_digest(&digest).map_err(|reason| ImageError::Invalid {
                 archive: archive.to_owned(),
-                reason,
+                reason: reason.to_string(),
             })?;
             match std::fs::metadata(self.blob_path(hex)) {
                 Ok(meta) if meta.len() == descriptor.size() => {}
@@ -531,7 +531,7 @@ impl ImageStore {
     fn lookup(&self, reference: &str) -> Result<(String, String), ImageError> {
         let normal = reference::normalize(reference).map_err(|reason| ImageError::Reference {
             reference: reference.to_owned(),
-            reason,
+            reason: reason.to_string(),
         })?;
         if let Some((_, digest)) = normal.split_once('@') {
             let hex = reference::parse_digest(digest).expect("normalize checked the digest");
@@ -626,7 +626,7 @@ impl ImageStore {
         for (descriptor, diff_id) in manifest.layers().iter().zip(diff_ids) {
             let layer_digest = descriptor.digest().to_string();
             let hex = reference::parse_digest(&layer_digest)
-                .map_err(|e| damaged("layer", &layer_digest, e))?;
+                .map_err(|e| damaged("layer", &layer_digest, e.to_string()))?;
             let dir = self.root.join("layers").join(hex);
             let size_file = self.root.join("layers").join(format!("{hex}{SIZE_SUFFIX}"));
             if dir.exists() {
@@ -740,7 +740,7 @@ impl ImageStore {
     ) -> Result<(), ImageError> {
         let hex = reference::parse_digest(digest).map_err(|reason| ImageError::Reference {
             reference: digest.to_owned(),
-            reason,
+            reason: reason.to_string(),
         })?;
         let mut reader = File::open(file.path()).map_err(self.store_err(file.path()))?;
         let mut hash = <sha2::Sha256 as sha2::Digest>::new();
@@ -768,7 +768,7 @@ impl ImageStore {
     pub fn tag(&self, reference: &str, digest: &str) -> Result<(), ImageError> {
         let normal = reference::normalize(reference).map_err(|reason| ImageError::Reference {
             reference: reference.to_owned(),
-            reason,
+            reason: reason.to_string(),
         })?;
         let _lock = self.lock()?;
         let manifest = self.manifest(digest, &self.root)?;

@@ -1,17 +1,32 @@
 //! Image references as users write them, normalised the way Docker and containerd do.
 
+/// Why an image reference or digest is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReferenceError {
+    #[error("empty image reference")]
+    Empty,
+    #[error("image reference {0:?} contains whitespace")]
+    Whitespace(String),
+    #[error("image reference {0:?} has an empty path component")]
+    EmptyComponent(String),
+    #[error("image reference {0:?}: repository names must be lowercase")]
+    Uppercase(String),
+    #[error("{0:?} is not a sha256 digest (sha256:<64 lowercase hex>)")]
+    Digest(String),
+}
+
 /// The normalised form of an image reference: `busybox` → `docker.io/library/busybox:latest`,
 /// `shoal.local/httpd:1` unchanged; a `name@sha256:…` reference keeps its digest.
-pub fn normalize(reference: &str) -> Result<String, String> {
+pub fn normalize(reference: &str) -> Result<String, ReferenceError> {
     let reference = reference.trim();
     if reference.is_empty() {
-        return Err("empty image reference".into());
+        return Err(ReferenceError::Empty);
     }
     if reference
         .chars()
         .any(|c| c.is_whitespace() || c.is_control())
     {
-        return Err(format!("image reference {reference:?} contains whitespace"));
+        return Err(ReferenceError::Whitespace(reference.to_owned()));
     }
     let (name, digest) = match reference.split_once('@') {
         Some((name, digest)) => {
@@ -33,14 +48,10 @@ pub fn normalize(reference: &str) -> Result<String, String> {
         _ => (rest.clone(), None),
     };
     if path.is_empty() || path.split('/').any(str::is_empty) {
-        return Err(format!(
-            "image reference {reference:?} has an empty path component"
-        ));
+        return Err(ReferenceError::EmptyComponent(reference.to_owned()));
     }
     if path.chars().any(|c| c.is_ascii_uppercase()) {
-        return Err(format!(
-            "image reference {reference:?}: repository names must be lowercase"
-        ));
+        return Err(ReferenceError::Uppercase(reference.to_owned()));
     }
     Ok(match (tag, digest) {
         (_, Some(digest)) => format!("{first}/{path}@{digest}"),
@@ -50,7 +61,7 @@ pub fn normalize(reference: &str) -> Result<String, String> {
 }
 
 /// The hex part of a `sha256:<64 hex>` digest.
-pub fn parse_digest(digest: &str) -> Result<&str, String> {
+pub fn parse_digest(digest: &str) -> Result<&str, ReferenceError> {
     match digest.strip_prefix("sha256:") {
         Some(hex)
             if hex.len() == 64
@@ -60,9 +71,7 @@ pub fn parse_digest(digest: &str) -> Result<&str, String> {
         {
             Ok(hex)
         }
-        _ => Err(format!(
-            "{digest:?} is not a sha256 digest (sha256:<64 lowercase hex>)"
-        )),
+        _ => Err(ReferenceError::Digest(digest.to_owned())),
     }
 }
 

@@ -229,13 +229,27 @@ fn image_user(user: &str, image: &ResolvedImage) -> Result<(u32, u32), ConfigErr
     Ok((uid_gid.0, gid))
 }
 
+/// Why a configMap or secret volume's `items` cannot be projected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProjectionError {
+    #[error("items path {path:?} {reason}")]
+    Path {
+        path: String,
+        reason: shoal_state::labels::SyntaxError,
+    },
+    #[error("items path {0:?} names no file")]
+    NoFile(String),
+    #[error("references non-existent key {0:?}")]
+    NoKey(String),
+}
+
 /// The files a configMap or secret volume holds: every key under its own name, or with
 /// `items` only the keys listed, at their paths (an absent key is an error unless optional).
 pub fn projection(
     data: &BTreeMap<String, Vec<u8>>,
     items: Option<&[super::pod::KeyToPath]>,
     optional: bool,
-) -> Result<BTreeMap<PathBuf, Vec<u8>>, String> {
+) -> Result<BTreeMap<PathBuf, Vec<u8>>, ProjectionError> {
     let mut files = BTreeMap::new();
     match items {
         None => {
@@ -248,17 +262,21 @@ pub fn projection(
         }
         Some(items) => {
             for item in items {
-                shoal_state::labels::check_descending_path(&item.path, true)
-                    .map_err(|reason| format!("items path {:?} {reason}", item.path))?;
+                shoal_state::labels::check_descending_path(&item.path, true).map_err(|reason| {
+                    ProjectionError::Path {
+                        path: item.path.clone(),
+                        reason,
+                    }
+                })?;
                 let path = crate::beneath::normal_components(std::path::Path::new(&item.path))
                     .filter(|p| p.file_name().is_some())
-                    .ok_or_else(|| format!("items path {:?} names no file", item.path))?;
+                    .ok_or_else(|| ProjectionError::NoFile(item.path.clone()))?;
                 match data.get(&item.key) {
                     Some(bytes) => {
                         files.insert(path, bytes.clone());
                     }
                     None if optional => {}
-                    None => return Err(format!("references non-existent key {:?}", item.key)),
+                    None => return Err(ProjectionError::NoKey(item.key.clone())),
                 }
             }
         }
@@ -836,7 +854,7 @@ mod tests {
         assert!(err.message.contains("absent"), "{}", err.message);
         // A mount of a volume the pod lacks is refused when the plan is parsed, naming it.
         let pod = json!({"metadata": {"name": "p", "uid": "u1"}, "spec": {"containers": [{"name": "app", "image": "b", "volumeMounts": [{"name": "v", "mountPath": "/v"}]}]}});
-        let err = PodPlan::parse(&pod).unwrap_err();
+        let err = PodPlan::parse(&pod).unwrap_err().to_string();
         assert!(
             err.contains("spec.containers[0].volumeMounts[0].name: Not found: \"v\""),
             "{err}"

@@ -14,7 +14,45 @@ use shoal_gossip::{Membership, PeerEndpoint, keys};
 use tracing::{info, warn};
 
 use super::node_service::{NodeRequest, NodeResponse, ask};
-use crate::images::{ImageStore, reference};
+use crate::images::{ImageError, ImageStore, reference};
+
+/// Why a pull from a peer failed.
+#[derive(Debug, thiserror::Error)]
+enum PullError {
+    /// The peer could not be asked, refused, or answered out of turn.
+    #[error("{0}")]
+    Peer(String),
+    #[error("peer now has {got} for {image}, gossip said {expected}")]
+    Moved {
+        image: String,
+        got: String,
+        expected: String,
+    },
+    #[error("manifest {digest}: {source}")]
+    Manifest {
+        digest: String,
+        source: serde_json::Error,
+    },
+    #[error("blob {digest} has {total} bytes at the peer, the manifest says {size}")]
+    Size {
+        digest: String,
+        total: u64,
+        size: u64,
+    },
+    #[error("receiving a blob: {0}")]
+    Write(#[from] std::io::Error),
+    #[error(transparent)]
+    Store(#[from] ImageError),
+    #[error("the pull's task ended: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+fn answered_out_of_turn(response: NodeResponse) -> PullError {
+    match response {
+        NodeResponse::Error(e) => PullError::Peer(e),
+        other => PullError::Peer(format!("unexpected answer {other:?}")),
+    }
+}
 
 /// Where a pull stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,9 +158,14 @@ impl ImagePuller {
                     info!(image = %normal, from = %node_id, bytes, "image pulled from a peer");
                     pulls.remove(&normal);
                 }
-                Err(message) => {
-                    warn!(image = %normal, from = %node_id, %message, "image pull failed");
-                    pulls.insert(normal.clone(), PullState::Failed { message });
+                Err(error) => {
+                    warn!(image = %normal, from = %node_id, %error, "image pull failed");
+                    pulls.insert(
+                        normal.clone(),
+                        PullState::Failed {
+                            message: error.to_string(),
+                        },
+                    );
                 }
             }
         });
@@ -135,7 +178,7 @@ impl ImagePuller {
         peer: std::net::SocketAddr,
         image: &str,
         expected: &str,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, PullError> {
         let response = ask(
             &self.endpoint,
             peer,
@@ -143,19 +186,24 @@ impl ImagePuller {
                 reference: image.to_owned(),
             },
         )
-        .await?;
+        .await
+        .map_err(|e| PullError::Peer(e.to_string()))?;
         let (digest, bytes) = match response {
             NodeResponse::Manifest { digest, bytes } => (digest, bytes),
-            NodeResponse::Error(e) => return Err(e),
-            other => return Err(format!("unexpected answer {other:?}")),
+            other => return Err(answered_out_of_turn(other)),
         };
         if digest != expected {
-            return Err(format!(
-                "peer now has {digest} for {image}, gossip said {expected}"
-            ));
+            return Err(PullError::Moved {
+                image: image.to_owned(),
+                got: digest,
+                expected: expected.to_owned(),
+            });
         }
         let manifest: ImageManifest =
-            serde_json::from_slice(&bytes).map_err(|e| format!("manifest {digest}: {e}"))?;
+            serde_json::from_slice(&bytes).map_err(|source| PullError::Manifest {
+                digest: digest.clone(),
+                source,
+            })?;
         let mut received = bytes.len() as u64;
         for descriptor in std::iter::once(manifest.config()).chain(manifest.layers()) {
             let blob = descriptor.digest().to_string();
@@ -165,17 +213,12 @@ impl ImagePuller {
             received += self.fetch_blob(peer, &blob, descriptor.size()).await?;
         }
         // The manifest last: it is verified like any blob, then tagged.
-        let mut file = self.images.incoming_blob().map_err(|e| e.to_string())?;
-        file.write_all(&bytes).map_err(|e| e.to_string())?;
-        self.images
-            .commit_blob(&digest, file)
-            .map_err(|e| e.to_string())?;
+        let mut file = self.images.incoming_blob()?;
+        file.write_all(&bytes)?;
+        self.images.commit_blob(&digest, file)?;
         let images = self.images.clone();
         let (image, digest) = (image.to_owned(), digest.clone());
-        tokio::task::spawn_blocking(move || images.tag(&image, &digest))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+        tokio::task::spawn_blocking(move || images.tag(&image, &digest)).await??;
         Ok(received)
     }
 
@@ -184,8 +227,8 @@ impl ImagePuller {
         peer: std::net::SocketAddr,
         digest: &str,
         size: u64,
-    ) -> Result<u64, String> {
-        let mut file = self.images.incoming_blob().map_err(|e| e.to_string())?;
+    ) -> Result<u64, PullError> {
+        let mut file = self.images.incoming_blob()?;
         let mut offset = 0u64;
         loop {
             let response = ask(
@@ -196,18 +239,20 @@ impl ImagePuller {
                     offset,
                 },
             )
-            .await?;
+            .await
+            .map_err(|e| PullError::Peer(e.to_string()))?;
             let (bytes, total) = match response {
                 NodeResponse::Blob { bytes, total } => (bytes, total),
-                NodeResponse::Error(e) => return Err(e),
-                other => return Err(format!("unexpected answer {other:?}")),
+                other => return Err(answered_out_of_turn(other)),
             };
             if total != size {
-                return Err(format!(
-                    "blob {digest} has {total} bytes at the peer, the manifest says {size}"
-                ));
+                return Err(PullError::Size {
+                    digest: digest.to_owned(),
+                    total,
+                    size,
+                });
             }
-            file.write_all(&bytes).map_err(|e| e.to_string())?;
+            file.write_all(&bytes)?;
             offset += bytes.len() as u64;
             if offset >= total || bytes.is_empty() {
                 break;
@@ -215,10 +260,7 @@ impl ImagePuller {
         }
         let images = self.images.clone();
         let digest = digest.to_owned();
-        tokio::task::spawn_blocking(move || images.commit_blob(&digest, file))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+        tokio::task::spawn_blocking(move || images.commit_blob(&digest, file)).await??;
         Ok(offset)
     }
 }

@@ -105,7 +105,7 @@ const FENCE_RENEWAL: Duration = Duration::from_millis(100);
 /// every sync).
 struct BoundPod {
     object: Value,
-    plan: Result<pod::PodPlan, String>,
+    plan: Result<pod::PodPlan, shoal_model::FieldError>,
     /// Its scheduling fields, for the node's own anti-affinity check at admission.
     placement: Option<shoal_model::placement::PodRequest>,
 }
@@ -149,6 +149,19 @@ fn report(pod: &Value, status: Value) -> String {
 
 fn now_ms() -> u64 {
     crate::runtime::shim::unix_ms(SystemTime::now())
+}
+
+/// Why a container's log cannot be read on this node.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    #[error("pod {uid} does not run on node {node}")]
+    NoPod { uid: String, node: String },
+    #[error("previous terminated container {container:?} in pod {uid} not found")]
+    NoPrevious { uid: String, container: String },
+    #[error("container {container:?} in pod {uid} has not started yet")]
+    NotStarted { uid: String, container: String },
+    #[error(transparent)]
+    Read(#[from] std::io::Error),
 }
 
 impl Kubelet {
@@ -511,8 +524,7 @@ impl Kubelet {
                 Some(Err(error)) => {
                     // Not runnable as written (the API validates, but a newer peer may not):
                     // say why and leave whatever runs alone.
-                    let status =
-                        json!({"phase": "Pending", "reason": "InvalidPodSpec", "message": error});
+                    let status = json!({"phase": "Pending", "reason": "InvalidPodSpec", "message": error.to_string()});
                     let object = &pod.expect("parsed").object;
                     statuses.insert(uid.clone(), Some(report(object, status)));
                     continue;
@@ -856,9 +868,7 @@ impl Kubelet {
                     .spawn(move || {
                         let (success, message) =
                             probe::run(&probe, netns.as_deref(), |command, timeout| {
-                                runtime
-                                    .exec_sync(&meta, command, timeout)
-                                    .map_err(|e| e.to_string())
+                                runtime.exec_sync(&meta, command, timeout)
                             });
                         let _ = tx.send(ProbeResult {
                             uid,
@@ -1041,11 +1051,11 @@ impl Kubelet {
         container: &str,
         previous: bool,
         query: &logs::LogQuery,
-    ) -> Result<(logs::LogChunk, bool), String> {
-        let pod = self
-            .runtime
-            .pod(uid)
-            .ok_or_else(|| format!("pod {uid} does not run on node {}", self.node_name))?;
+    ) -> Result<(logs::LogChunk, bool), LogError> {
+        let pod = self.runtime.pod(uid).ok_or_else(|| LogError::NoPod {
+            uid: uid.to_owned(),
+            node: self.node_name.clone(),
+        })?;
         let mut attempts: Vec<&crate::runtime::ObservedContainer> = pod
             .containers
             .iter()
@@ -1057,15 +1067,16 @@ impl Kubelet {
         } else {
             attempts.last().copied()
         };
-        let chosen = chosen.ok_or_else(|| {
-            if previous {
-                format!("previous terminated container {container:?} in pod {uid} not found")
+        let Some(chosen) = chosen else {
+            let (uid, container) = (uid.to_owned(), container.to_owned());
+            return Err(if previous {
+                LogError::NoPrevious { uid, container }
             } else {
-                format!("container {container:?} in pod {uid} has not started yet")
-            }
-        })?;
+                LogError::NotStarted { uid, container }
+            });
+        };
         let running = !matches!(chosen.state, crate::runtime::ObservedState::Exited { .. });
-        let chunk = logs::read(&chosen.log_path, query).map_err(|e| e.to_string())?;
+        let chunk = logs::read(&chosen.log_path, query)?;
         Ok((chunk, running))
     }
 }

@@ -59,6 +59,21 @@ pub(super) enum NodeResponse {
     Error(String),
 }
 
+/// Why a request to a node's service (this node's or a peer's) failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeError {
+    #[error("node {0} runs no pods (--no-runtime)")]
+    NoRuntime(String),
+    #[error("node {0} is not a member of the cluster")]
+    NotMember(String),
+    /// The node could not be asked, or its answer could not be read.
+    #[error("node {node}: {message}")]
+    Unreachable { node: String, message: String },
+    /// The node answered with a refusal (no such container, a bad request), in its words.
+    #[error("{0}")]
+    Refused(String),
+}
+
 /// Blob bytes per request (the channel carries up to 9 MiB).
 pub(super) const BLOB_CHUNK: usize = 8 << 20;
 
@@ -140,7 +155,7 @@ impl NodeService {
         };
         match request {
             NodeRequest::Logs(req) => match (&self.kubelet, check_log_request(&req)) {
-                (_, Err(e)) => NodeResponse::Error(e),
+                (_, Err(e)) => NodeResponse::Error(format!("bad request: {e}")),
                 (Some(kubelet), Ok(())) => local(kubelet, &req),
                 (None, Ok(())) => no_runtime(),
             },
@@ -168,32 +183,44 @@ impl NodeService {
 
     /// Reads a container's log from `node`; returns the chunk and whether the container still
     /// runs.
-    pub async fn read(&self, node: &str, request: LogRequest) -> Result<(LogChunk, bool), String> {
+    pub async fn read(
+        &self,
+        node: &str,
+        request: LogRequest,
+    ) -> Result<(LogChunk, bool), NodeError> {
+        let unreachable = |message: String| NodeError::Unreachable {
+            node: node.to_owned(),
+            message,
+        };
         if node == self.node_name {
             let kubelet = self
                 .kubelet
                 .clone()
-                .ok_or_else(|| format!("node {node} runs no pods (--no-runtime)"))?;
+                .ok_or_else(|| NodeError::NoRuntime(node.to_owned()))?;
             let response = tokio::task::spawn_blocking(move || local(&kubelet, &request))
                 .await
-                .map_err(|e| e.to_string())?;
-            return unpack(response);
+                .map_err(|e| unreachable(e.to_string()))?;
+            return unpack(response).map_err(|e| e.at(node));
         }
-        let member = self
-            .membership
-            .members()
-            .await
-            .into_iter()
-            .find(|m| m.name() == node)
-            .ok_or_else(|| format!("node {node} is not a member of the cluster"))?;
+        let member = self.member(node).await?;
         let response = ask(
             &self.endpoint,
             member.gossip_addr,
             &NodeRequest::Logs(request),
         )
         .await
-        .map_err(|e| format!("node {node}: {e}"))?;
-        unpack(response)
+        .map_err(|e| e.at(node))?;
+        unpack(response).map_err(|e| e.at(node))
+    }
+
+    /// The live member named `node`.
+    async fn member(&self, node: &str) -> Result<shoal_gossip::Member, NodeError> {
+        self.membership
+            .members()
+            .await
+            .into_iter()
+            .find(|m| m.name() == node)
+            .ok_or_else(|| NodeError::NotMember(node.to_owned()))
     }
 }
 
@@ -209,7 +236,7 @@ impl NodeService {
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send,
     {
-        let checked = request.and_then(|r| r.check().map(|()| r));
+        let checked = request.and_then(|r| r.check().map(|()| r).map_err(|e| e.to_string()));
         let request = match (checked, &self.kubelet) {
             (Ok(request), Some(_)) => request,
             (Err(message), _) => return refuse(&mut output, &message).await,
@@ -240,7 +267,7 @@ impl NodeService {
         self: &Arc<Self>,
         node: &str,
         request: &SessionRequest,
-    ) -> Result<(SessionWriter, SessionReader), String> {
+    ) -> Result<(SessionWriter, SessionReader), NodeError> {
         if node == self.node_name {
             let (ours, theirs) = tokio::io::duplex(64 << 10);
             let (their_read, their_write) = tokio::io::split(theirs);
@@ -251,19 +278,16 @@ impl NodeService {
             let (read, write) = tokio::io::split(ours);
             return Ok((Box::new(write), Box::new(read)));
         }
-        let member = self
-            .membership
-            .members()
-            .await
-            .into_iter()
-            .find(|m| m.name() == node)
-            .ok_or_else(|| format!("node {node} is not a member of the cluster"))?;
+        let member = self.member(node).await?;
         let header = rmp_serde::to_vec(request).expect("requests encode");
         let (send, recv) = self
             .endpoint
             .open_session(member.gossip_addr, &header, Duration::from_secs(10))
             .await
-            .map_err(|e| format!("node {node}: {e}"))?;
+            .map_err(|e| NodeError::Unreachable {
+                node: node.to_owned(),
+                message: e.to_string(),
+            })?;
         Ok((Box::new(send), Box::new(recv)))
     }
 }
@@ -350,46 +374,74 @@ fn valid_record(r: &crate::observed::events::EventRecord) -> bool {
     ok
 }
 
+/// Why asking a peer failed, before it is known by name.
+#[derive(Debug)]
+pub(super) enum AskError {
+    /// The peer could not be asked, or its answer was not a response.
+    Transport(String),
+    /// The peer answered with an error, or with the wrong kind of answer.
+    Refused(String),
+}
+
+impl AskError {
+    fn at(self, node: &str) -> NodeError {
+        match self {
+            AskError::Transport(message) => NodeError::Unreachable {
+                node: node.to_owned(),
+                message,
+            },
+            AskError::Refused(message) => NodeError::Refused(message),
+        }
+    }
+}
+
+impl std::fmt::Display for AskError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AskError::Transport(m) | AskError::Refused(m) => f.write_str(m),
+        }
+    }
+}
+
 /// Sends one request to a peer's node service.
 pub(super) async fn ask(
     endpoint: &PeerEndpoint,
     peer: std::net::SocketAddr,
     request: &NodeRequest,
-) -> Result<NodeResponse, String> {
+) -> Result<NodeResponse, AskError> {
     let payload = rmp_serde::to_vec(request).expect("requests encode");
     let bytes = endpoint
         .request(peer, Channel::Node, &payload, Duration::from_secs(30))
         .await
-        .map_err(|e| e.to_string())?;
-    rmp_serde::from_slice(&bytes).map_err(|e| format!("bad answer: {e}"))
+        .map_err(|e| AskError::Transport(e.to_string()))?;
+    rmp_serde::from_slice(&bytes).map_err(|e| AskError::Transport(format!("bad answer: {e}")))
 }
 
 /// A peer's log request names a pod uid and a container, which become path components on
 /// this node: both are checked before anything touches the filesystem.
-fn check_log_request(req: &LogRequest) -> Result<(), String> {
+fn check_log_request(req: &LogRequest) -> Result<(), crate::session::RequestError> {
+    use crate::session::RequestError;
     if !crate::runtime::is_safe_id(&req.uid) {
-        return Err(format!("bad request: uid {:?} is not a pod uid", req.uid));
+        return Err(RequestError::Uid(req.uid.clone()));
     }
-    shoal_state::labels::check_dns_label(&req.container).map_err(|reason| {
-        format!(
-            "bad request: container {:?} is not a container name: {reason}",
-            req.container
-        )
+    shoal_state::labels::check_dns_label(&req.container).map_err(|reason| RequestError::Container {
+        name: req.container.clone(),
+        reason,
     })
 }
 
 fn local(kubelet: &Kubelet, req: &LogRequest) -> NodeResponse {
     match kubelet.read_log(&req.uid, &req.container, req.previous, &req.query) {
         Ok((chunk, running)) => NodeResponse::Logs { chunk, running },
-        Err(e) => NodeResponse::Error(e),
+        Err(e) => NodeResponse::Error(e.to_string()),
     }
 }
 
-fn unpack(response: NodeResponse) -> Result<(LogChunk, bool), String> {
+fn unpack(response: NodeResponse) -> Result<(LogChunk, bool), AskError> {
     match response {
         NodeResponse::Logs { chunk, running } => Ok((chunk, running)),
-        NodeResponse::Error(e) => Err(e),
-        other => Err(format!("unexpected answer {other:?}")),
+        NodeResponse::Error(e) => Err(AskError::Refused(e)),
+        other => Err(AskError::Refused(format!("unexpected answer {other:?}"))),
     }
 }
 
@@ -413,7 +465,9 @@ mod tests {
             ("u1", "../../x", "container"),
             ("u1", "a/b", "container"),
         ] {
-            let err = check_log_request(&req(uid, container)).unwrap_err();
+            let err = check_log_request(&req(uid, container))
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(named), "{uid} {container}: {err}");
         }
     }

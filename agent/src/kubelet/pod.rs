@@ -1,5 +1,6 @@
 //! A pod's spec as the kubelet needs it, parsed once from the stored object (pure).
 
+use shoal_model::FieldError;
 use std::collections::BTreeMap;
 
 use serde_json::Value;
@@ -183,7 +184,7 @@ pub enum SeccompChoice {
     Localhost(String),
 }
 
-fn seccomp_choice(value: &Value, field: &str) -> Result<Option<SeccompChoice>, String> {
+fn seccomp_choice(value: &Value, field: &str) -> Result<Option<SeccompChoice>, FieldError> {
     if value.is_null() {
         return Ok(None);
     }
@@ -193,15 +194,21 @@ fn seccomp_choice(value: &Value, field: &str) -> Result<Option<SeccompChoice>, S
         Some("Localhost") => {
             let path = value["localhostProfile"].as_str().unwrap_or_default();
             if path.is_empty() {
-                return Err(format!("{field}.localhostProfile: Required value"));
+                return Err(FieldError::new(
+                    format!("{field}.localhostProfile"),
+                    "Required value",
+                ));
             }
             shoal_state::labels::check_descending_path(path, false)
-                .map_err(|r| format!("{field}.localhostProfile: {r}"))?;
+                .map_err(|r| FieldError::new(format!("{field}.localhostProfile"), r.to_string()))?;
             SeccompChoice::Localhost(path.to_owned())
         }
         other => {
-            return Err(format!(
-                "{field}.type: Unsupported value: {other:?}: supported values: \"Localhost\", \"RuntimeDefault\", \"Unconfined\""
+            return Err(FieldError::new(
+                format!("{field}.type"),
+                format!(
+                    "Unsupported value: {other:?}: supported values: \"Localhost\", \"RuntimeDefault\", \"Unconfined\""
+                ),
             ));
         }
     }))
@@ -247,15 +254,20 @@ fn strings(value: &Value) -> Option<Vec<String>> {
     })
 }
 
-fn port(value: &Value, field: &str) -> Result<u16, String> {
+fn port(value: &Value, field: &str) -> Result<u16, FieldError> {
     value
         .as_u64()
         .and_then(|p| u16::try_from(p).ok())
         .filter(|p| *p > 0)
-        .ok_or_else(|| format!("{field}: must be a port number (named ports are not supported)"))
+        .ok_or_else(|| {
+            FieldError::new(
+                field,
+                "must be a port number (named ports are not supported)",
+            )
+        })
 }
 
-fn probe(value: &Value, field: &str) -> Result<Option<Probe>, String> {
+fn probe(value: &Value, field: &str) -> Result<Option<Probe>, FieldError> {
     if value.is_null() {
         return Ok(None);
     }
@@ -271,7 +283,7 @@ fn probe(value: &Value, field: &str) -> Result<Option<Probe>, String> {
             port: port(&tcp["port"], &format!("{field}.tcpSocket.port"))?,
         }
     } else {
-        return Err(format!("{field}: needs exec, httpGet or tcpSocket"));
+        return Err(FieldError::new(field, "needs exec, httpGet or tcpSocket"));
     };
     let seconds =
         |name: &str, default: u64| value[name].as_u64().unwrap_or(default).saturating_mul(1000);
@@ -290,23 +302,23 @@ fn probe(value: &Value, field: &str) -> Result<Option<Probe>, String> {
     }))
 }
 
-fn container(value: &Value, field: &str) -> Result<ContainerPlan, String> {
+fn container(value: &Value, field: &str) -> Result<ContainerPlan, FieldError> {
     let name = value["name"]
         .as_str()
         .filter(|n| !n.is_empty())
-        .ok_or_else(|| format!("{field}.name: required"))?
+        .ok_or_else(|| FieldError::new(format!("{field}.name"), "required"))?
         .to_owned();
     let image = value["image"]
         .as_str()
         .filter(|n| !n.is_empty())
-        .ok_or_else(|| format!("{field}.image: required"))?
+        .ok_or_else(|| FieldError::new(format!("{field}.image"), "required"))?
         .to_owned();
     let mut env = Vec::new();
     for (i, e) in value["env"].as_array().into_iter().flatten().enumerate() {
         let at = format!("{field}.env[{i}]");
         let key = e["name"]
             .as_str()
-            .ok_or_else(|| format!("{at}.name: required"))?;
+            .ok_or_else(|| FieldError::new(format!("{at}.name"), "required"))?;
         let from = &e["valueFrom"];
         let source = if from.is_null() {
             EnvSource::Value(e["value"].as_str().unwrap_or_default().to_owned())
@@ -330,7 +342,10 @@ fn container(value: &Value, field: &str) -> Result<ContainerPlan, String> {
                 optional: r["optional"].as_bool().unwrap_or(false),
             }
         } else {
-            return Err(format!("{at}.valueFrom: unsupported source"));
+            return Err(FieldError::new(
+                format!("{at}.valueFrom"),
+                "unsupported source",
+            ));
         };
         env.push((key.to_owned(), source));
     }
@@ -371,12 +386,18 @@ fn container(value: &Value, field: &str) -> Result<ContainerPlan, String> {
     };
     let cpu = |v: &Value, f: &str| {
         text(v)
-            .map(|q| quantity::cpu_millis(&q).map_err(|e| format!("{field}.resources.{f}: {e}")))
+            .map(|q| {
+                quantity::cpu_millis(&q)
+                    .map_err(|e| FieldError::new(format!("{field}.resources.{f}"), e.to_string()))
+            })
             .transpose()
     };
     let mem = |v: &Value, f: &str| {
         text(v)
-            .map(|q| quantity::bytes(&q).map_err(|e| format!("{field}.resources.{f}: {e}")))
+            .map(|q| {
+                quantity::bytes(&q)
+                    .map_err(|e| FieldError::new(format!("{field}.resources.{f}"), e.to_string()))
+            })
             .transpose()
     };
     let limits = &resources["limits"];
@@ -443,15 +464,18 @@ fn string_map(value: &Value) -> BTreeMap<String, String> {
 
 impl PodPlan {
     /// Parses a stored pod; errors name the field.
-    pub fn parse(pod: &Value) -> Result<Self, String> {
+    pub fn parse(pod: &Value) -> Result<Self, FieldError> {
         let meta = &pod["metadata"];
         let spec = &pod["spec"];
         // Again at the node: the API checked this, but a stored pod may come from a peer that
         // did not (or an older version of this check).
-        shoal_model::node_inputs::check(spec, "spec").map_err(|p| p.to_string())?;
+        shoal_model::node_inputs::check(spec, "spec")?;
         let uid = meta["uid"].as_str().unwrap_or_default();
         if !uid.is_empty() && !crate::runtime::is_safe_id(uid) {
-            return Err(format!("metadata.uid: Invalid value: {uid:?}: not a uid"));
+            return Err(FieldError::new(
+                "metadata.uid",
+                format!("Invalid value: {uid:?}: not a uid"),
+            ));
         }
         let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
         let pod_security = &spec["securityContext"];
@@ -487,7 +511,10 @@ impl PodPlan {
             }
         }
         if containers.is_empty() {
-            return Err("spec.containers: at least one container is required".into());
+            return Err(FieldError::new(
+                "spec.containers",
+                "at least one container is required",
+            ));
         }
         let volumes = spec["volumes"]
             .as_array()
@@ -517,22 +544,31 @@ impl PodPlan {
                     VolumeSource::HostPath {
                         path: text(&h["path"]),
                         kind: HostPathType::parse(kind).ok_or_else(|| {
-                            format!("spec.volumes[{i}].hostPath.type: Unsupported value: {kind:?}")
+                            FieldError::new(
+                                format!("spec.volumes[{i}].hostPath.type"),
+                                format!("Unsupported value: {kind:?}"),
+                            )
                         })?,
                     }
                 } else {
-                    return Err(format!(
-                        "spec.volumes[{i}]: only emptyDir, configMap, secret and hostPath volumes are supported"
+                    return Err(FieldError::new(
+                        format!("spec.volumes[{i}]"),
+                        "only emptyDir, configMap, secret and hostPath volumes are supported",
                     ));
                 };
                 Ok(Volume { name, source })
             })
-            .collect::<Result<Vec<_>, String>>()?;
+            .collect::<Result<Vec<_>, FieldError>>()?;
         let restart_policy = match spec["restartPolicy"].as_str() {
             None | Some("Always") => RestartPolicy::Always,
             Some("OnFailure") => RestartPolicy::OnFailure,
             Some("Never") => RestartPolicy::Never,
-            Some(other) => return Err(format!("spec.restartPolicy: unsupported value {other:?}")),
+            Some(other) => {
+                return Err(FieldError::new(
+                    "spec.restartPolicy",
+                    format!("unsupported value {other:?}"),
+                ));
+            }
         };
         let name = text(&meta["name"]);
         // Unparsable quantities failed in `container` above already.
@@ -568,7 +604,10 @@ impl PodPlan {
                     g.as_u64()
                         .and_then(|g| u32::try_from(g).ok())
                         .ok_or_else(|| {
-                            format!("spec.securityContext.supplementalGroups: Invalid value: {g}")
+                            FieldError::new(
+                                "spec.securityContext.supplementalGroups",
+                                format!("Invalid value: {g}"),
+                            )
                         })
                 })
                 .collect::<Result<_, _>>()?,
@@ -578,7 +617,10 @@ impl PodPlan {
                     g.as_u64()
                         .and_then(|g| u32::try_from(g).ok())
                         .ok_or_else(|| {
-                            format!("spec.securityContext.fsGroup: Invalid value: {g}")
+                            FieldError::new(
+                                "spec.securityContext.fsGroup",
+                                format!("Invalid value: {g}"),
+                            )
                         })?,
                 ),
             },
@@ -722,7 +764,7 @@ mod tests {
     fn errors_name_the_field() {
         let pod = json!({"metadata": {"name": "x"}, "spec": {"containers": [{"name": "a"}]}});
         assert_eq!(
-            PodPlan::parse(&pod).unwrap_err(),
+            PodPlan::parse(&pod).unwrap_err().to_string(),
             "spec.containers[0].image: required"
         );
         let pod = json!({"metadata": {"name": "x"}, "spec": {"containers": [{"name": "a", "image": "b",
@@ -730,7 +772,8 @@ mod tests {
         assert!(
             PodPlan::parse(&pod)
                 .unwrap_err()
-                .contains("livenessProbe.tcpSocket.port")
+                .field
+                .ends_with("livenessProbe.tcpSocket.port")
         );
     }
 }

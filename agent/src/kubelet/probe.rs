@@ -54,20 +54,18 @@ fn http_get(port: u16, path: &str, timeout: Duration) -> Result<String, String> 
 
 /// Runs `probe`; `exec` runs a command in the container with a timeout and returns its exit
 /// code and output. Returns (success, message).
-pub fn run(
+pub fn run<E: std::fmt::Display>(
     probe: &Probe,
     netns: Option<&Path>,
-    exec: impl FnOnce(&[String], Duration) -> Result<(i32, String), String>,
+    exec: impl FnOnce(&[String], Duration) -> Result<(i32, String), E>,
 ) -> (bool, String) {
     let timeout = Duration::from_millis(probe.timeout_ms);
     let result = match &probe.action {
-        ProbeAction::Exec(command) => exec(command, timeout).and_then(|(code, output)| {
-            if code == 0 {
-                Ok(output)
-            } else {
-                Err(format!("command exited with {code}: {}", output.trim()))
-            }
-        }),
+        ProbeAction::Exec(command) => match exec(command, timeout) {
+            Ok((0, output)) => Ok(output),
+            Ok((code, output)) => Err(format!("command exited with {code}: {}", output.trim())),
+            Err(error) => Err(error.to_string()),
+        },
         ProbeAction::TcpSocket { port } => netns.map_or(Ok(()), enter_netns).and_then(|()| {
             let addr = SocketAddr::from(([127, 0, 0, 1], *port));
             TcpStream::connect_timeout(&addr, timeout)
