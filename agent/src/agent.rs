@@ -392,7 +392,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             puller,
             events.clone(),
             crate::kubelet::KubeletConfig {
-                worker: crate::kubelet::worker::WorkerConfig {
+                worker: shoal_core::pod::worker::WorkerConfig {
                     backoff_base_ms: config.restart_backoff.as_millis() as u64,
                     ..Default::default()
                 },

@@ -5,8 +5,9 @@
 //! manifest → [`api`] (the Kubernetes API; [`control`] is the local socket the CLI and
 //! [`client`] use, through the same admission) → the replicated store ([`replication`] over
 //! `shoal-state`) → [`controllers`] (the reconcile loop around `shoal_core::controllers`) →
-//! [`scheduling`] (the auction shell around `shoal_core::placement`) → [`kubelet`] (pod workers,
-//! probes, logs, exec) → [`runtime`] (runc through `shoal shim`) with [`images`] → the network
+//! [`scheduling`] (the auction shell around `shoal_core::placement`) → [`kubelet`] (the shell
+//! around `shoal_core::pod`'s pod workers: starts, probes, logs, exec) → [`runtime`] (runc
+//! through `shoal shim`, behind the `ContainerRuntime` trait) with [`images`] → the network
 //! ([`network`], [`endpoints`], [`services`] over `shoal-net`).
 //!
 //! Around them: configuration ([`config`], [`node_settings`]), the node's persisted identity

@@ -240,7 +240,7 @@ fn reconcile_admitted(object: &Value) {
 
 /// A pod as the kubelet, the scheduler and the controllers read it.
 fn read_pod(pod: &Value) {
-    let _ = shoal_agent::kubelet::pod::PodPlan::parse(pod);
+    let _ = shoal_core::pod::plan::PodPlan::parse(pod);
     let _ = shoal_model::placement::PodRequest::from_pod(pod);
     let _ = PodView::new(pod, None);
 }

@@ -6,13 +6,16 @@
 //! code.
 //!
 //! Place in the data path: manifest → model → store → **controllers** → **placement** → kubelet
-//! → runtime → network.
+//! (**pod worker**) → runtime → network.
 //!
 //! - [`controllers`]: the workload controllers, one file per kind (`reconcile` → actions), the
 //!   only garbage collector, and the store write each action becomes.
 //! - [`placement`]: the distributed auction, a node's predicates and score, the replicated view
 //!   of placements, which pods a dead or fenced node loses and when ([`placement::eviction`],
 //!   the one place this is decided), run leases and fencing.
+//! - [`pod`]: one pod on one node: its spec as the kubelet reads it, what the runtime observed
+//!   of its containers, and the pod worker that decides what to start, probe, signal and remove.
 
 pub mod controllers;
 pub mod placement;
+pub mod pod;

@@ -1,7 +1,7 @@
 //! The parts of a pod spec that reach a node's filesystem and arithmetic, checked the way the
 //! apiserver checks them (DESIGN.md §8: names are validated at the API *and* again at the
 //! node). The API calls [`check`] for pods and pod templates; the kubelet calls it again in
-//! `PodPlan::parse` (`agent/src/kubelet/pod.rs`), since a stored pod may come from a peer that did not.
+//! `PodPlan::parse` (`agent/core/src/pod/plan.rs`), since a stored pod may come from a peer that did not.
 //!
 //! What is checked: container and volume names are DNS-1123 labels (one safe path
 //! component each), ConfigMap/Secret item keys and paths stay beneath their volume, volume

@@ -6,10 +6,8 @@ pub mod image_puller;
 pub mod logs;
 pub mod metrics;
 pub mod node_service;
-pub mod pod;
 pub mod probe;
 pub mod start;
-pub mod worker;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::PoisonError;
@@ -28,7 +26,8 @@ use crate::replication::Replication;
 use crate::runtime::{ContainerRuntime, ObservedPod, SandboxSpec};
 use crate::scheduling::Scheduling;
 use shoal_core::placement::partition::{self, Policy};
-use worker::{Action, PodWorker, ProbeKind, StopSignal, WorkerConfig};
+use shoal_core::pod::plan as pod;
+use shoal_core::pod::worker::{Action, PodWorker, ProbeKind, StopSignal, WorkerConfig};
 
 /// Tunables.
 #[derive(Debug, Clone)]
@@ -746,7 +745,12 @@ impl Kubelet {
             memory_limit_bytes: plan.memory_limit_bytes(),
             pids_limit: self.config.pod_pids_limit,
             host_network: plan.host_network,
-            dns: plan.dns.clone(),
+            dns: shoal_net::dns::PodDns {
+                policy: plan.dns.policy.clone(),
+                nameservers: plan.dns.nameservers.clone(),
+                searches: plan.dns.searches.clone(),
+                options: plan.dns.options.clone(),
+            },
             cpu_request_millis: plan.requests.cpu_millis,
             memory_request_bytes: plan.requests.memory_bytes,
         }

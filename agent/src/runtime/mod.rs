@@ -91,11 +91,7 @@ pub struct HostPathPolicy {
     pub allow: Vec<PathBuf>,
 }
 
-/// Whether `id` (a pod uid from the store, possibly from a peer) can name a directory: 1 to 64
-/// ASCII alphanumerics or `-`.
-pub fn is_safe_id(id: &str) -> bool {
-    (1..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-}
+pub use shoal_core::pod::observed::is_safe_id;
 
 /// Refuses a pod uid or a name (container, volume: DNS-1123 labels) that is not one safe path
 /// component, before it is joined into a host path.
@@ -147,38 +143,7 @@ pub struct SandboxSpec {
     pub memory_request_bytes: u64,
 }
 
-/// What is written next to a container's bundle.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct ContainerMeta {
-    pub name: String,
-    pub attempt: u32,
-    pub init: bool,
-    pub image: String,
-    pub image_digest: String,
-    pub runtime_id: String,
-    pub cgroup_path: String,
-}
-
-/// A container's state as the runtime observes it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ObservedState {
-    /// The shim runs but the process has not started yet.
-    Creating,
-    Running(Started),
-    Exited {
-        started: Option<Started>,
-        exited: Exited,
-        oom_killed: bool,
-    },
-}
-
-/// One container found on disk.
-#[derive(Debug, Clone)]
-pub struct ObservedContainer {
-    pub meta: ContainerMeta,
-    pub state: ObservedState,
-    pub log_path: PathBuf,
-}
+pub use shoal_core::pod::observed::{ContainerMeta, ObservedContainer, ObservedState};
 
 /// One pod sandbox found on disk, with its containers.
 #[derive(Debug, Clone)]

@@ -74,26 +74,7 @@ pub struct ShimArgs {
     pub tty: bool,
 }
 
-/// `started.json`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Started {
-    pub pid: i32,
-    pub started_unix_ms: u64,
-}
-
-/// `exit.json`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Exited {
-    pub exit_code: i32,
-    /// The signal that killed the process, if one did.
-    pub signal: Option<i32>,
-    pub finished_unix_ms: u64,
-    /// Set when the container never started: runc's error.
-    pub start_error: Option<String>,
-    /// The shim killed the container because its agent stopped renewing the fence lease.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub fence_lapsed: bool,
-}
+pub use shoal_core::pod::observed::{Exited, Started};
 
 pub const STARTED_FILE: &str = "started.json";
 /// How a shim's start error begins when the run lease of a fenced pod ended before its

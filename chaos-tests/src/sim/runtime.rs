@@ -321,9 +321,9 @@ impl ContainerRuntime for SimRuntime {
 mod tests {
     use serde_json::{Value, json};
     use shoal_agent::images::ResolvedImage;
-    use shoal_agent::kubelet::pod::PodPlan;
     use shoal_agent::kubelet::start::{self, RUN_LEASE_ENDED, Start};
     use shoal_agent::runtime::{HostPathType, MountSource, SandboxSpec};
+    use shoal_core::pod::plan::PodPlan;
 
     use super::*;
 

@@ -7,6 +7,17 @@ use serde_json::Value;
 
 use shoal_model::quantity;
 
+/// The pod's `dnsPolicy` and `dnsConfig`, from which the node writes its resolv.conf.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DnsConfig {
+    /// `ClusterFirst` (default), `Default`, `None` or `ClusterFirstWithHostNet`.
+    pub policy: String,
+    pub nameservers: Vec<String>,
+    pub searches: Vec<String>,
+    /// `name` or `name:value`.
+    pub options: Vec<String>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RestartPolicy {
     Always,
@@ -82,7 +93,7 @@ pub enum VolumeSource {
     },
 }
 
-pub use crate::runtime::HostPathType;
+pub use shoal_model::node_inputs::HostPathType;
 
 /// `items[]` of a configMap or secret volume: one key written at `path` (checked to
 /// descend, [`shoal_model::node_inputs`]).
@@ -240,7 +251,7 @@ pub struct PodPlan {
     /// `hostNetwork`: the pod uses the node's network namespace.
     pub host_network: bool,
     /// `dnsPolicy` and `dnsConfig`.
-    pub dns: shoal_net::dns::PodDns,
+    pub dns: DnsConfig,
     /// The pod's requests as the auction and admission count them (recorded with its sandbox,
     /// so admission still counts a pod that runs here after its object is gone).
     pub requests: shoal_model::placement::Resources,
@@ -471,7 +482,7 @@ impl PodPlan {
         // did not (or an older version of this check).
         shoal_model::node_inputs::check(spec, "spec")?;
         let uid = meta["uid"].as_str().unwrap_or_default();
-        if !uid.is_empty() && !crate::runtime::is_safe_id(uid) {
+        if !uid.is_empty() && !super::observed::is_safe_id(uid) {
             return Err(FieldError::new(
                 "metadata.uid",
                 format!("Invalid value: {uid:?}: not a uid"),
@@ -638,7 +649,7 @@ impl PodPlan {
             host_pid: spec["hostPID"].as_bool().unwrap_or(false),
             host_ipc: spec["hostIPC"].as_bool().unwrap_or(false),
             host_network: spec["hostNetwork"].as_bool().unwrap_or(false),
-            dns: shoal_net::dns::PodDns {
+            dns: DnsConfig {
                 policy: spec["dnsPolicy"]
                     .as_str()
                     .unwrap_or("ClusterFirst")

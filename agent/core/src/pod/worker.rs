@@ -15,8 +15,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde_json::{Value, json};
 
-use super::pod::{ContainerPlan, PodPlan, Probe};
-use crate::runtime::{ObservedContainer, ObservedState};
+use super::observed::{ObservedContainer, ObservedState};
+use super::plan::{ContainerPlan, PodPlan, Probe};
 
 /// Back-off and timing knobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -555,7 +555,7 @@ impl PodWorker {
                     view.done = true;
                 }
                 Some(ObservedState::Exited { .. })
-                    if plan.restart_policy == super::pod::RestartPolicy::Never =>
+                    if plan.restart_policy == super::plan::RestartPolicy::Never =>
                 {
                     view.done = true;
                     init_failed = true;
@@ -697,7 +697,7 @@ impl PodWorker {
                     );
                 }
                 let restarts = if init {
-                    plan.restart_policy != super::pod::RestartPolicy::Never
+                    plan.restart_policy != super::plan::RestartPolicy::Never
                 } else {
                     let unhealthy = matches!(
                         self.stopping
@@ -707,7 +707,7 @@ impl PodWorker {
                     );
                     // Killed for failing liveness: restarted unless the policy is Never (then
                     // it stays terminated, as in Kubernetes).
-                    (unhealthy && plan.restart_policy != super::pod::RestartPolicy::Never)
+                    (unhealthy && plan.restart_policy != super::plan::RestartPolicy::Never)
                         || plan.restart_policy.restarts(exited.exit_code)
                 };
                 if !restarts {
@@ -962,7 +962,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::runtime::{ContainerMeta, Exited, Started};
+    use crate::pod::observed::{ContainerMeta, Exited, Started};
 
     const BASE: u64 = 1_000;
 
