@@ -235,6 +235,48 @@ fn parse_term(v: &Value) -> Result<Term, RequestError> {
     Ok(reqs)
 }
 
+/// A pod affinity term's selector as upstream reads it: its `labelSelector`, and for each key
+/// of `matchLabelKeys` (`mismatchLabelKeys`) that the pod itself carries, that key `In`
+/// (`NotIn`) the pod's own value — so `matchLabelKeys: [pod-template-hash]` counts only the
+/// pods of the same revision. Keys the pod does not carry are ignored, as upstream.
+fn affinity_selector(
+    term: &Value,
+    own_labels: &BTreeMap<String, String>,
+) -> Result<Term, RequestError> {
+    let selector = parse_term(&term["labelSelector"])?;
+    let selector = with_label_keys(selector, &term["matchLabelKeys"], Operator::In, own_labels);
+    Ok(with_label_keys(
+        selector,
+        &term["mismatchLabelKeys"],
+        Operator::NotIn,
+        own_labels,
+    ))
+}
+
+/// `selector` and, for each key in `keys` that `own_labels` has, `key op (own value)`.
+fn with_label_keys(
+    mut selector: Term,
+    keys: &Value,
+    op: Operator,
+    own_labels: &BTreeMap<String, String>,
+) -> Term {
+    for key in keys
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+    {
+        if let Some(value) = own_labels.get(key) {
+            selector.push(Requirement {
+                key: key.to_owned(),
+                op,
+                values: vec![value.clone()],
+            });
+        }
+    }
+    selector
+}
+
 fn parse_effect(s: &str) -> Option<TaintEffect> {
     match s {
         "NoSchedule" => Some(TaintEffect::NoSchedule),
@@ -305,6 +347,7 @@ impl PodRequest {
                 ))
             })
             .collect::<Result<_, RequestError>>()?;
+        let own_labels = string_map(&pod["metadata"]["labels"]);
         let pod_terms = |field: &str| -> Result<Vec<AntiAffinity>, RequestError> {
             affinity[field]["requiredDuringSchedulingIgnoredDuringExecution"]
                 .as_array()
@@ -316,7 +359,7 @@ impl PodRequest {
                             .as_str()
                             .unwrap_or("kubernetes.io/hostname")
                             .to_owned(),
-                        selector: parse_term(&t["labelSelector"])?,
+                        selector: affinity_selector(t, &own_labels)?,
                     })
                 })
                 .collect()
@@ -334,7 +377,7 @@ impl PodRequest {
                 let weight = t["weight"].as_i64().unwrap_or(1).clamp(1, 100);
                 let term = &t["podAffinityTerm"];
                 let selector =
-                    parse_term(&term["labelSelector"]).map_err(|e| RequestError::At {
+                    affinity_selector(term, &own_labels).map_err(|e| RequestError::At {
                         field: format!(
                             "spec.affinity.{field}.preferredDuringSchedulingIgnoredDuringExecution[{i}]"
                         ),
@@ -364,7 +407,12 @@ impl PodRequest {
                         .to_owned(),
                     max_skew: t["maxSkew"].as_u64().unwrap_or(1).max(1),
                     hard: t["whenUnsatisfiable"].as_str() != Some("ScheduleAnyway"),
-                    selector: parse_term(&t["labelSelector"])?,
+                    selector: with_label_keys(
+                        parse_term(&t["labelSelector"])?,
+                        &t["matchLabelKeys"],
+                        Operator::In,
+                        &own_labels,
+                    ),
                 })
             })
             .collect::<Result<_, RequestError>>()?;
@@ -411,5 +459,75 @@ impl PodRequest {
                 .filter(|n| !n.is_empty())
                 .map(str::to_owned),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    /// `matchLabelKeys` narrows a term to the pods that share the incoming pod's values (one
+    /// revision of a Deployment), `mismatchLabelKeys` to those that do not; keys the pod does
+    /// not carry are ignored, as upstream.
+    #[test]
+    fn match_and_mismatch_label_keys_merge_the_pod_s_own_values() {
+        let pod = PodRequest::from_pod(&json!({
+            "metadata": {"name": "web-1", "uid": "u1", "namespace": "default",
+                         "labels": {"app": "web", "pod-template-hash": "v2", "tenant": "a"}},
+            "spec": {"containers": [], "affinity": {
+                "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+                    "topologyKey": "kubernetes.io/hostname",
+                    "labelSelector": {"matchLabels": {"app": "web"}},
+                    "matchLabelKeys": ["pod-template-hash", "absent"]}]},
+                "podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                    "weight": 10, "podAffinityTerm": {
+                        "topologyKey": "zone",
+                        "labelSelector": {"matchLabels": {"app": "web"}},
+                        "mismatchLabelKeys": ["tenant"]}}]}},
+                "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone",
+                    "labelSelector": {"matchLabels": {"app": "web"}},
+                    "matchLabelKeys": ["pod-template-hash"]}]}
+        }))
+        .unwrap();
+        let anti = &pod.anti_affinity[0].selector;
+        assert!(term_matches(
+            anti,
+            &labels(&[("app", "web"), ("pod-template-hash", "v2")])
+        ));
+        assert!(
+            !term_matches(
+                anti,
+                &labels(&[("app", "web"), ("pod-template-hash", "v1")])
+            ),
+            "the old revision's pods do not repel the new one's"
+        );
+        assert_eq!(anti.len(), 2, "the absent key adds nothing: {anti:?}");
+        let preferred = &pod.preferred_pod_terms[0].1.selector;
+        assert!(term_matches(
+            preferred,
+            &labels(&[("app", "web"), ("tenant", "b")])
+        ));
+        assert!(!term_matches(
+            preferred,
+            &labels(&[("app", "web"), ("tenant", "a")])
+        ));
+        let spread = &pod.spread[0].selector;
+        assert!(!term_matches(
+            spread,
+            &labels(&[("app", "web"), ("pod-template-hash", "v1")])
+        ));
+        assert!(term_matches(
+            spread,
+            &labels(&[("app", "web"), ("pod-template-hash", "v2")])
+        ));
     }
 }

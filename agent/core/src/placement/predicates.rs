@@ -395,6 +395,58 @@ mod tests {
         assert_eq!(at(&cache("default"), 2, &cluster), Ok(()));
     }
 
+    /// A rolling update of replicas that must not share a node, on a cluster with no node
+    /// left free: with `matchLabelKeys: [pod-template-hash]` (upstream's answer) the new
+    /// revision's pods are repelled only by their own revision, so each can start beside an old
+    /// one; without it no node is left. Both directions of the symmetric check agree.
+    #[test]
+    fn match_label_keys_let_a_new_revision_start_beside_the_old_one() {
+        let mut cluster = ClusterView::default();
+        cluster.add_node(node(1, &[], 4000, 8));
+        let replica = |uid: &str, hash: &str, keys: serde_json::Value| {
+            PodRequest::from_pod(&json!({"metadata": {"name": uid, "uid": uid, "namespace": "default",
+                    "labels": {"app": "web", "pod-template-hash": hash}},
+                "spec": {"containers": [], "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "web"}},
+                     "matchLabelKeys": keys}]}}}}))
+            .unwrap()
+        };
+        let n1 = cluster.node(1).unwrap().clone();
+        let keys = json!(["pod-template-hash"]);
+        cluster.place(1, &replica("old", "v1", keys.clone()));
+        assert_eq!(
+            check(
+                &replica("new", "v2", keys.clone()),
+                &n1,
+                Resources::default(),
+                &cluster
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            check(
+                &replica("twin", "v1", keys),
+                &n1,
+                Resources::default(),
+                &cluster
+            ),
+            Err(Decline::AntiAffinity),
+            "the same revision still may not share the node"
+        );
+        let mut plain = ClusterView::default();
+        plain.add_node(node(1, &[], 4000, 8));
+        plain.place(1, &replica("old", "v1", json!([])));
+        assert_eq!(
+            check(
+                &replica("new", "v2", json!([])),
+                &n1,
+                Resources::default(),
+                &plain
+            ),
+            Err(Decline::AntiAffinity)
+        );
+    }
+
     /// What one auctioneer's batch already placed counts for the next pod of the batch: the
     /// bidders could not see it.
     #[test]
