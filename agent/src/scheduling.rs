@@ -656,11 +656,21 @@ impl Scheduling {
                 self.replication.note_caught_up(peer.addr, checked);
             }
         }
-        // Labels, taints and cordons users set through the API (read before the lock).
+        // Labels, taints and cordons users set through the API, and the namespaces' labels
+        // (for pod affinity terms' namespaceSelector), read before the lock.
         let settings = self.replication.read(crate::node_settings::stored);
+        let namespaces = self.replication.read(|s| s.list("", "Namespace", None));
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let now = self.now();
         let mut cluster = ClusterView::default();
+        for namespace in &namespaces {
+            if let Some(name) = namespace["metadata"]["name"].as_str() {
+                cluster.set_namespace_labels(
+                    name,
+                    shoal_model::placement::namespace_labels(namespace),
+                );
+            }
+        }
         let mut addresses = HashMap::new();
         let mut live_names: HashMap<String, NodeId> = HashMap::new();
         // Suspect or joining nodes keep their pods; only a node declared dead starts the clock.

@@ -131,11 +131,87 @@ pub fn term_matches(term: &Term, labels: &BTreeMap<String, String>) -> bool {
     term.iter().all(|r| r.matches(labels))
 }
 
-/// Required pod anti-affinity: no pod matching `selector` in the same `topology_key` domain.
+/// A pod affinity term: pods matching `selector`, in the namespaces `namespaces` names, in
+/// the same `topology_key` domain (required anti-affinity: none may be there; required
+/// affinity: one must; preferred: a score).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AntiAffinity {
     pub topology_key: String,
     pub selector: Term,
+    /// Whose pods the term counts (the pod's own namespace when neither field is given).
+    #[serde(default)]
+    pub namespaces: Namespaces,
+}
+
+/// The namespaces a pod affinity term counts pods of, as upstream reads `namespaces` and
+/// `namespaceSelector`: their union; the pod's own namespace when neither is given; every
+/// namespace for `namespaceSelector: {}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Namespaces {
+    /// `namespaces`, sorted and without repeats.
+    pub names: Vec<String>,
+    /// `namespaceSelector`, if given (an empty term selects every namespace).
+    pub selector: Option<Term>,
+}
+
+impl Namespaces {
+    /// Whether the pods of namespace `ns` (whose labels are `ns_labels`, if known) count for
+    /// a term of a pod in namespace `own`. A selector with requirements matches a namespace
+    /// only by its known labels.
+    pub fn covers(
+        &self,
+        own: &str,
+        ns: &str,
+        ns_labels: Option<&BTreeMap<String, String>>,
+    ) -> bool {
+        if self.names.is_empty() && self.selector.is_none() {
+            return ns == own;
+        }
+        self.names.iter().any(|n| n == ns)
+            || match &self.selector {
+                None => false,
+                Some(term) if term.is_empty() => true,
+                Some(term) => ns_labels.is_some_and(|labels| term_matches(term, labels)),
+            }
+    }
+
+    /// The namespaces counted, when they are named outright (no selector): the fast path of
+    /// the cluster view's counts.
+    pub fn listed<'a>(&'a self, own: &'a str) -> Option<Vec<&'a str>> {
+        match &self.selector {
+            Some(_) => None,
+            None if self.names.is_empty() => Some(vec![own]),
+            None => Some(self.names.iter().map(String::as_str).collect()),
+        }
+    }
+}
+
+/// A Namespace object's labels as `namespaceSelector`s see them: its own, and
+/// `kubernetes.io/metadata.name: <name>`, which upstream gives every namespace.
+pub fn namespace_labels(namespace: &Value) -> BTreeMap<String, String> {
+    let mut labels = string_map(&namespace["metadata"]["labels"]);
+    if let Some(name) = namespace["metadata"]["name"].as_str() {
+        labels.insert("kubernetes.io/metadata.name".to_owned(), name.to_owned());
+    }
+    labels
+}
+
+/// A pod affinity term's `namespaces` and `namespaceSelector`.
+fn namespaces_of(term: &Value) -> Result<Namespaces, RequestError> {
+    let mut names: Vec<String> = term["namespaces"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .collect();
+    names.sort();
+    names.dedup();
+    let selector = match &term["namespaceSelector"] {
+        Value::Null => None,
+        v => Some(parse_term(v)?),
+    };
+    Ok(Namespaces { names, selector })
 }
 
 /// A topology spread constraint.
@@ -360,6 +436,7 @@ impl PodRequest {
                             .unwrap_or("kubernetes.io/hostname")
                             .to_owned(),
                         selector: affinity_selector(t, &own_labels)?,
+                        namespaces: namespaces_of(t)?,
                     })
                 })
                 .collect()
@@ -376,13 +453,14 @@ impl PodRequest {
             {
                 let weight = t["weight"].as_i64().unwrap_or(1).clamp(1, 100);
                 let term = &t["podAffinityTerm"];
-                let selector =
-                    affinity_selector(term, &own_labels).map_err(|e| RequestError::At {
-                        field: format!(
-                            "spec.affinity.{field}.preferredDuringSchedulingIgnoredDuringExecution[{i}]"
-                        ),
-                        source: Box::new(e),
-                    })?;
+                let at = |e: RequestError| RequestError::At {
+                    field: format!(
+                        "spec.affinity.{field}.preferredDuringSchedulingIgnoredDuringExecution[{i}]"
+                    ),
+                    source: Box::new(e),
+                };
+                let selector = affinity_selector(term, &own_labels).map_err(at)?;
+                let namespaces = namespaces_of(term).map_err(at)?;
                 preferred_pod_terms.push((
                     sign * weight,
                     AntiAffinity {
@@ -391,6 +469,7 @@ impl PodRequest {
                             .unwrap_or("kubernetes.io/hostname")
                             .to_owned(),
                         selector,
+                        namespaces,
                     },
                 ));
             }

@@ -193,7 +193,7 @@ impl Kubelet {
         Ok(())
     }
 
-    fn lookup(&self, namespace: &str, kind_name: &str, name: &str) -> Option<Value> {
+    pub(super) fn lookup(&self, namespace: &str, kind_name: &str, name: &str) -> Option<Value> {
         let info = kind::lookup("v1", kind_name)?;
         self.replication
             .read(|s| s.get(&ObjectKey::new(info, namespace, name)))

@@ -123,6 +123,7 @@ impl Admission {
         allocatable: Resources,
         cordoned: bool,
         pods: &[Candidate<'_>],
+        namespace_labels: &dyn Fn(&str) -> Option<BTreeMap<String, String>>,
     ) -> BTreeMap<String, Verdict> {
         let present: std::collections::BTreeSet<&str> = pods
             .iter()
@@ -167,7 +168,7 @@ impl Admission {
             let conflict = pod
                 .placement
                 .filter(|_| pod.auctioned && !pod.daemon)
-                .and_then(|p| self.anti_affinity_conflict(p));
+                .and_then(|p| self.anti_affinity_conflict(p, namespace_labels));
             let admitted = if cordoned && pod.auctioned && !pod.daemon {
                 Err(Refusal {
                     reason: "NodeUnschedulable",
@@ -199,8 +200,12 @@ impl Admission {
 
     /// Why `pod` may not run beside the pods admitted here
     /// ([`hostname_conflict`], the simulator's check too).
-    fn anti_affinity_conflict(&self, pod: &PodRequest) -> Option<String> {
-        let other = hostname_conflict(pod, self.placed.values())?;
+    fn anti_affinity_conflict(
+        &self,
+        pod: &PodRequest,
+        namespace_labels: &dyn Fn(&str) -> Option<BTreeMap<String, String>>,
+    ) -> Option<String> {
+        let other = hostname_conflict(pod, self.placed.values(), namespace_labels)?;
         Some(format!(
             "Pod was rejected: pod {} runs on this node and a required anti-affinity between them (topologyKey {HOSTNAME}) forbids it",
             other.name
@@ -260,6 +265,11 @@ impl Admission {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// No namespace's labels are known.
+    fn no_labels(_: &str) -> Option<BTreeMap<String, String>> {
+        None
+    }
 
     const NODE: Resources = Resources {
         cpu_millis: 2_000,
@@ -352,13 +362,13 @@ mod tests {
             bound("old", "2026-12-02T10:00:00Z", Some(1_500)),
         ];
         assert_eq!(
-            refused(&a.decide(NODE, false, &pass)),
+            refused(&a.decide(NODE, false, &pass, &no_labels)),
             [("new", "OutOfcpu", true, true)]
         );
         // The next pass: still refused, not reported again; the kubelet wrote the hand-back.
         a.handed_back("new");
         assert_eq!(
-            refused(&a.decide(NODE, false, &pass)),
+            refused(&a.decide(NODE, false, &pass, &no_labels)),
             [("new", "OutOfcpu", false, false)]
         );
 
@@ -370,12 +380,12 @@ mod tests {
             bound("next", "2026-12-02T10:00:02Z", Some(1_000)),
         ];
         assert_eq!(
-            refused(&a.decide(NODE, false, &pass)),
+            refused(&a.decide(NODE, false, &pass, &no_labels)),
             [("next", "OutOfcpu", true, true)]
         );
         // Once it is gone, its room is free.
         let pass = [bound("next", "2026-12-02T10:00:02Z", Some(1_000))];
-        assert_eq!(refused(&a.decide(NODE, false, &pass)), []);
+        assert_eq!(refused(&a.decide(NODE, false, &pass, &no_labels)), []);
         assert!(a.is_admitted("next") && !a.is_admitted("old"));
 
         // Found running (a sandbox or a worker): kept, even beyond the node; a spec that cannot
@@ -388,7 +398,7 @@ mod tests {
         let invalid = bound("invalid", "2026-12-02T10:00:02Z", None);
         let mut daemon = bound("daemon", "2026-12-02T10:00:03Z", Some(100));
         daemon.daemon = true;
-        let verdicts = a.decide(NODE, false, &[running, also, invalid, daemon]);
+        let verdicts = a.decide(NODE, false, &[running, also, invalid, daemon], &no_labels);
         assert_eq!(refused(&verdicts), [("daemon", "OutOfcpu", true, false)]);
         assert!(a.is_admitted("running") && a.is_admitted("also") && !a.is_admitted("invalid"));
     }
@@ -406,15 +416,15 @@ mod tests {
         let pass = [running, auctioned, placed, daemon];
         let node = Resources { pods: 10, ..NODE };
         assert_eq!(
-            refused(&a.decide(node, true, &pass)),
+            refused(&a.decide(node, true, &pass, &no_labels)),
             [("auctioned", "NodeUnschedulable", true, true)]
         );
         assert!(a.is_admitted("running") && a.is_admitted("placed") && a.is_admitted("daemon"));
         // Uncordoned, the same pod is admitted.
-        assert_eq!(refused(&a.decide(node, false, &pass)), []);
+        assert_eq!(refused(&a.decide(node, false, &pass, &no_labels)), []);
         assert!(a.is_admitted("auctioned"));
         // Once admitted, a later cordon does not evict it (a drain does).
-        assert_eq!(refused(&a.decide(node, true, &pass)), []);
+        assert_eq!(refused(&a.decide(node, true, &pass, &no_labels)), []);
     }
 
     /// Two replicas that must not share a node, bound here by two auctions at once: the
@@ -448,7 +458,7 @@ mod tests {
             with(bound("web-b", "2026-12-02T10:00:01Z", Some(100)), web_b),
             with(bound("web-a", "2026-12-02T10:00:00Z", Some(100)), web_a),
         ];
-        let verdicts = a.decide(node, false, &pass);
+        let verdicts = a.decide(node, false, &pass, &no_labels);
         assert_eq!(
             refused(&verdicts),
             [("web-b", "PodAntiAffinity", true, true)]
@@ -470,7 +480,7 @@ mod tests {
             with(bound("cache", "2026-12-02T10:00:01Z", Some(100)), cache),
         ];
         assert_eq!(
-            refused(&a.decide(node, false, &pass)),
+            refused(&a.decide(node, false, &pass, &no_labels)),
             [("cache", "PodAntiAffinity", true, true)]
         );
         // A pod a user placed (spec.nodeName) or a DaemonSet's is not refused for it, as the
@@ -482,19 +492,19 @@ mod tests {
             with(bound("db", "2026-12-02T10:00:00Z", Some(100)), db),
             placed,
         ];
-        assert_eq!(refused(&a.decide(node, false, &pass)), []);
+        assert_eq!(refused(&a.decide(node, false, &pass, &no_labels)), []);
         // Gone, its terms repel nothing: the replica handed back before fits now.
         let mut a = Admission::default();
         let first = [with(
             bound("web-a", "2026-12-02T10:00:00Z", Some(100)),
             web_a,
         )];
-        assert_eq!(refused(&a.decide(node, false, &first)), []);
+        assert_eq!(refused(&a.decide(node, false, &first, &no_labels)), []);
         let second = [with(
             bound("web-b", "2026-12-02T10:00:01Z", Some(100)),
             web_b,
         )];
-        assert_eq!(refused(&a.decide(node, false, &second)), []);
+        assert_eq!(refused(&a.decide(node, false, &second, &no_labels)), []);
     }
 
     #[test]

@@ -301,7 +301,12 @@ impl Kubelet {
             .read(crate::node_settings::stored)
             .get(&self.node_name)
             .is_some_and(|s| s.unschedulable);
-        let verdicts = admission.decide(self.config.allocatable, cordoned, &pods);
+        let namespace_labels = |ns: &str| {
+            self.lookup("", "Namespace", ns)
+                .map(|o| shoal_model::placement::namespace_labels(&o))
+        };
+        let verdicts =
+            admission.decide(self.config.allocatable, cordoned, &pods, &namespace_labels);
         let mut refused = HashMap::new();
         for (uid, verdict) in verdicts {
             let refusal = verdict.refusal;

@@ -149,6 +149,33 @@ async fn a_pod_that_fits_nowhere_says_why() {
     })
     .await
     .unwrap_or_else(|e| panic!("{e}: {seen}"));
+
+    // A term's namespaceSelector: a pod in another namespace that must not share a node with
+    // the replicas of `default` (selected by the label every namespace carries) finds no node;
+    // counting only its own namespace, it would run anywhere.
+    api.ok(0, &["create", "namespace", "other"]);
+    let outsider = "apiVersion: v1\nkind: Pod\nmetadata: {name: outsider, namespace: other}\nspec:\n  affinity:\n    podAntiAffinity:\n      requiredDuringSchedulingIgnoredDuringExecution:\n      - topologyKey: kubernetes.io/hostname\n        labelSelector: {matchLabels: {app: apart}}\n        namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: default}}\n  containers: [{name: c, image: busybox}]\n";
+    let file = api.manifest("outsider.yaml", outsider);
+    api.ok(0, &["apply", "-f", &file]);
+    wait_until("the outsider pending for anti-affinity", LIMIT, || {
+        seen = api.ok(
+            2,
+            &[
+                "get",
+                "pod",
+                "outsider",
+                "-n",
+                "other",
+                "-o",
+                "jsonpath={.spec.nodeName}|{.status.conditions[0].message}",
+            ],
+        );
+        let ok =
+            seen == "|0/3 nodes are available: 3 node(s) didn't match pod anti-affinity rules.";
+        async move { ok }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {seen}"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -575,7 +575,8 @@ impl Sim {
                     .filter(|b| b.node == node.id && b.pod != binding.pod)
                     .filter_map(|b| self.pods.get(&b.pod).map(|p| p.as_ref()))
                     .collect();
-                predicates::hostname_conflict(&pod, here).is_none()
+                let namespace_labels = |ns: &str| self.cluster.namespace_labels(ns).cloned();
+                predicates::hostname_conflict(&pod, here, &namespace_labels).is_none()
             }
         };
         for bidder in self.bidders.remove(&binding.pod).unwrap_or_default() {

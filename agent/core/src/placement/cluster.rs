@@ -4,7 +4,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use shoal_model::placement::{NodeView, Operator, PodRequest, Resources, Term, term_matches};
+use shoal_model::placement::{
+    AntiAffinity, Namespaces, NodeView, Operator, PodRequest, Resources, Term, term_matches,
+};
 
 /// What the view keeps of a placed pod.
 #[derive(Debug, Clone)]
@@ -22,6 +24,7 @@ struct Repel {
     uid: String,
     namespace: String,
     selector: Term,
+    namespaces: Namespaces,
 }
 
 /// Placed pods and live nodes.
@@ -39,6 +42,8 @@ pub struct ClusterView {
     /// (topology key, domain value) → the required anti-affinity terms of the pods placed in
     /// that domain: they repel matching pods from the whole domain (upstream's symmetry).
     repels: HashMap<(String, String), Vec<Repel>>,
+    /// Each namespace's labels (`namespaceSelector` of pod affinity terms reads them).
+    namespace_labels: HashMap<String, BTreeMap<String, String>>,
 }
 
 fn label_key(namespace: &str, k: &str, v: &str) -> String {
@@ -147,6 +152,7 @@ impl ClusterView {
                         uid: pod.uid.clone(),
                         namespace: pod.namespace.clone(),
                         selector: term.selector.clone(),
+                        namespaces: term.namespaces.clone(),
                     });
             }
         }
@@ -176,10 +182,61 @@ impl ClusterView {
                 .is_some_and(|list| {
                     list.iter().any(|r| {
                         r.uid != pod.uid
-                            && r.namespace == pod.namespace
+                            && r.namespaces.covers(
+                                &r.namespace,
+                                &pod.namespace,
+                                self.namespace_labels(&pod.namespace),
+                            )
                             && term_matches(&r.selector, &pod.labels)
                     })
                 })
+        })
+    }
+
+    /// Records namespace `name`'s labels (upstream gives every namespace
+    /// `kubernetes.io/metadata.name: <name>`; callers add it).
+    pub fn set_namespace_labels(&mut self, name: &str, labels: BTreeMap<String, String>) {
+        self.namespace_labels.insert(name.to_owned(), labels);
+    }
+
+    /// Namespace `name`'s labels, if known.
+    pub fn namespace_labels(&self, name: &str) -> Option<&BTreeMap<String, String>> {
+        self.namespace_labels.get(name)
+    }
+
+    /// Pods counted by pod affinity term `term` of a pod in namespace `own`, in the domain
+    /// `domain` of the term's topology key: by the counts for the namespaces it names, or by a
+    /// scan of the domain's pods when a namespace selector decides.
+    pub fn matching_term_in_domain(&self, term: &AntiAffinity, domain: &str, own: &str) -> u64 {
+        if let Some(namespaces) = term.namespaces.listed(own) {
+            return namespaces
+                .into_iter()
+                .map(|ns| self.matching_in_domain(&term.topology_key, domain, ns, &term.selector))
+                .sum();
+        }
+        self.nodes
+            .values()
+            .filter(|n| {
+                n.labels
+                    .get(&term.topology_key)
+                    .is_some_and(|d| d == domain)
+            })
+            .flat_map(|n| self.pods_on.get(&n.id).into_iter().flatten())
+            .filter(|p| {
+                term.namespaces
+                    .covers(own, &p.namespace, self.namespace_labels(&p.namespace))
+                    && term_matches(&term.selector, &p.labels)
+            })
+            .count() as u64
+    }
+
+    /// Whether any pod counted by `term` (of a pod in namespace `own`) runs on a node with the
+    /// term's topology key.
+    pub fn any_matching_term(&self, term: &AntiAffinity, own: &str) -> bool {
+        self.domains.get(&term.topology_key).is_some_and(|domains| {
+            domains
+                .keys()
+                .any(|d| self.matching_term_in_domain(term, d, own) > 0)
         })
     }
 

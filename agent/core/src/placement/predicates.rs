@@ -100,12 +100,7 @@ pub fn check(
     }
     for anti in &pod.anti_affinity {
         if let Some(domain) = node.labels.get(&anti.topology_key)
-            && cluster.matching_in_domain(
-                &anti.topology_key,
-                domain,
-                &pod.namespace,
-                &anti.selector,
-            ) > 0
+            && cluster.matching_term_in_domain(anti, domain, &pod.namespace) > 0
         {
             return Err(Decline::AntiAffinity);
         }
@@ -117,12 +112,12 @@ pub fn check(
     }
     for term in &pod.affinity {
         let here = node.labels.get(&term.topology_key).map_or(0, |d| {
-            cluster.matching_in_domain(&term.topology_key, d, &pod.namespace, &term.selector)
+            cluster.matching_term_in_domain(term, d, &pod.namespace)
         });
         // As in Kubernetes: the first pod of a group that matches its own selector may go
         // anywhere, or it could never be placed.
         let first_of_its_kind = shoal_model::placement::term_matches(&term.selector, &pod.labels)
-            && !cluster.any_matching(&term.topology_key, &pod.namespace, &term.selector);
+            && !cluster.any_matching_term(term, &pod.namespace);
         if here == 0 && !first_of_its_kind {
             return Err(Decline::Affinity);
         }
@@ -162,15 +157,26 @@ pub fn batch_conflict(
             .get(key)
             .is_some_and(|d| other.labels.get(key) == Some(d))
     };
+    // Whether `by`'s anti-affinity term counts `other` (its namespace and labels).
+    let counts = |by: &PodRequest, t: &shoal_model::placement::AntiAffinity, other: &PodRequest| {
+        t.namespaces.covers(
+            &by.namespace,
+            &other.namespace,
+            cluster.namespace_labels(&other.namespace),
+        ) && term_matches(&t.selector, &other.labels)
+    };
     for (other_node, other) in placed {
-        if other.namespace != pod.namespace || other.uid == pod.uid {
+        if other.uid == pod.uid {
             continue;
         }
-        let repels = pod.anti_affinity.iter().any(|t| {
-            same_domain(other_node, &t.topology_key) && term_matches(&t.selector, &other.labels)
-        }) || other.anti_affinity.iter().any(|t| {
-            same_domain(other_node, &t.topology_key) && term_matches(&t.selector, &pod.labels)
-        });
+        let repels = pod
+            .anti_affinity
+            .iter()
+            .any(|t| same_domain(other_node, &t.topology_key) && counts(pod, t, other))
+            || other
+                .anti_affinity
+                .iter()
+                .any(|t| same_domain(other_node, &t.topology_key) && counts(other, t, pod));
         if repels {
             return Some(Decline::AntiAffinity);
         }
@@ -210,23 +216,30 @@ pub fn batch_conflict(
 pub const HOSTNAME: &str = "kubernetes.io/hostname";
 
 /// The node's own check when a pod bound to it arrives (the kubelet's admission, and the
-/// simulator's): the pod already here — in `pod`'s namespace — that `pod`'s required
-/// anti-affinity on [`HOSTNAME`] matches, or whose own such term matches `pod` (upstream's
-/// symmetry). Two auctions bind without seeing each other; the node sees both.
+/// simulator's): the pod already here that `pod`'s required anti-affinity on [`HOSTNAME`]
+/// counts (its namespaces and selector), or whose own such term counts `pod` (upstream's
+/// symmetry). `namespace_labels` gives a namespace's labels for `namespaceSelector`s. Two
+/// auctions bind without seeing each other; the node sees both.
 pub fn hostname_conflict<'a>(
     pod: &PodRequest,
     here: impl IntoIterator<Item = &'a PodRequest>,
+    namespace_labels: &dyn Fn(&str) -> Option<BTreeMap<String, String>>,
 ) -> Option<&'a PodRequest> {
     let repels = |by: &PodRequest, other: &PodRequest| {
-        by.anti_affinity
-            .iter()
-            .any(|t| t.topology_key == HOSTNAME && term_matches(&t.selector, &other.labels))
+        by.anti_affinity.iter().any(|t| {
+            // A namespace's labels are looked up only for a selector that reads them.
+            let labels = match &t.namespaces.selector {
+                Some(selector) if !selector.is_empty() => namespace_labels(&other.namespace),
+                _ => None,
+            };
+            t.topology_key == HOSTNAME
+                && t.namespaces
+                    .covers(&by.namespace, &other.namespace, labels.as_ref())
+                && term_matches(&t.selector, &other.labels)
+        })
     };
-    here.into_iter().find(|other| {
-        other.uid != pod.uid
-            && other.namespace == pod.namespace
-            && (repels(pod, other) || repels(other, pod))
-    })
+    here.into_iter()
+        .find(|other| other.uid != pod.uid && (repels(pod, other) || repels(other, pod)))
 }
 
 /// Weights of the score components (each component is 0..=100).
@@ -289,9 +302,9 @@ pub fn score(pod: &PodRequest, node: &NodeView, used: Resources, cluster: &Clust
         pod.preferred_pod_terms
             .iter()
             .filter(|(_, t)| {
-                node.labels.get(&t.topology_key).is_some_and(|d| {
-                    cluster.matching_in_domain(&t.topology_key, d, &pod.namespace, &t.selector) > 0
-                })
+                node.labels
+                    .get(&t.topology_key)
+                    .is_some_and(|d| cluster.matching_term_in_domain(t, d, &pod.namespace) > 0)
             })
             .map(|(w, _)| *w)
             .sum::<i64>()
@@ -445,6 +458,79 @@ mod tests {
             ),
             Err(Decline::AntiAffinity)
         );
+    }
+
+    /// A term's `namespaces` and `namespaceSelector` say whose pods it counts, as upstream:
+    /// the pod's own namespace by default, the listed ones, every namespace for `{}`, the
+    /// namespaces whose labels a selector matches — in the bidder's check, in the symmetric
+    /// check of a placed pod's term, and in the node's own admission check.
+    #[test]
+    fn pod_affinity_terms_count_the_namespaces_they_name() {
+        let mut cluster = ClusterView::default();
+        cluster.add_node(node(1, &[], 4000, 8));
+        let n1 = cluster.node(1).unwrap().clone();
+        let labelled = |env: &str| {
+            BTreeMap::from([
+                ("env".to_owned(), env.to_owned()),
+                (
+                    "kubernetes.io/metadata.name".to_owned(),
+                    "team-a".to_owned(),
+                ),
+            ])
+        };
+        cluster.set_namespace_labels("team-a", labelled("prod"));
+        let db = PodRequest::from_pod(&json!({"metadata": {"name": "db", "uid": "db", "namespace": "team-a", "labels": {"app": "db"}},
+            "spec": {"containers": []}}))
+        .unwrap();
+        cluster.place(1, &db);
+        let web = |scope: serde_json::Value| {
+            let mut term =
+                json!({"topologyKey": HOSTNAME, "labelSelector": {"matchLabels": {"app": "db"}}});
+            for (k, v) in scope.as_object().unwrap() {
+                term[k] = v.clone();
+            }
+            PodRequest::from_pod(&json!({"metadata": {"name": "web", "uid": "web", "namespace": "team-b", "labels": {"app": "web"}},
+                "spec": {"containers": [], "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}}}))
+            .unwrap()
+        };
+        let at = |pod: &PodRequest, cluster: &ClusterView| {
+            check(pod, &n1, Resources::default(), cluster)
+        };
+        let declined = Err(Decline::AntiAffinity);
+        assert_eq!(at(&web(json!({})), &cluster), Ok(()), "own namespace only");
+        assert_eq!(
+            at(&web(json!({"namespaces": ["team-a"]})), &cluster),
+            declined
+        );
+        assert_eq!(
+            at(&web(json!({"namespaces": ["team-c"]})), &cluster),
+            Ok(())
+        );
+        assert_eq!(
+            at(&web(json!({"namespaceSelector": {}})), &cluster),
+            declined
+        );
+        let prod = json!({"namespaceSelector": {"matchLabels": {"env": "prod"}}});
+        assert_eq!(at(&web(prod.clone()), &cluster), declined);
+        cluster.set_namespace_labels("team-a", labelled("dev"));
+        assert_eq!(at(&web(prod.clone()), &cluster), Ok(()));
+        // Symmetry: the placed pod's term, with its own scope, repels the newcomer.
+        let mut cluster = ClusterView::default();
+        cluster.add_node(node(1, &[], 4000, 8));
+        let guard = PodRequest::from_pod(&json!({"metadata": {"name": "g", "uid": "g", "namespace": "team-a", "labels": {"app": "guard"}},
+            "spec": {"containers": [], "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"topologyKey": HOSTNAME, "labelSelector": {"matchLabels": {"app": "web"}}, "namespaceSelector": {}}]}}}}))
+        .unwrap();
+        cluster.place(1, &guard);
+        assert_eq!(at(&web(json!({})), &cluster), declined);
+        // The node's admission: the same scopes, labels from the store.
+        let none = |_: &str| None;
+        let prod_labels = |ns: &str| (ns == "team-a").then(|| labelled("prod"));
+        assert!(hostname_conflict(&web(json!({})), [&db], &none).is_none());
+        assert!(hostname_conflict(&web(json!({"namespaces": ["team-a"]})), [&db], &none).is_some());
+        assert!(hostname_conflict(&web(prod.clone()), [&db], &none).is_none());
+        assert!(hostname_conflict(&web(prod), [&db], &prod_labels).is_some());
+        assert!(hostname_conflict(&web(json!({})), [&guard], &none).is_some());
     }
 
     /// What one auctioneer's batch already placed counts for the next pod of the batch: the
