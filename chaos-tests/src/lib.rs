@@ -1,6 +1,13 @@
 //! `shoal-chaos`: the network-namespace lab ([`lab::NetLab`]) that puts real `shoal` agents on
 //! real, breakable networks, the recorded histories and invariant checkers chaos runs are
 //! judged by ([`history`], [`checker`]), and the benchmarks that drive real agents (`src/bin`).
+//! Also the simulators ([`sim`]: the auction at scale, partitions, a simulated container
+//! runtime), which drive `shoal-core`'s decisions themselves, and the integration tests' harness
+//! ([`testkit`]).
+//!
+//! Place in the data path: beside it — it starts real agents and breaks what lies between
+//! manifest → model → store → controllers → placement → kubelet → runtime → network, or drives
+//! the pure steps of that path in simulation.
 
 pub mod checker;
 pub mod cpu;

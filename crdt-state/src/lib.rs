@@ -1,5 +1,9 @@
 //! `shoal-state`: the cluster's replicated desired state (DESIGN.md §3, §5).
 //!
+//! Place in the data path: manifest → model → **store** → controllers → placement → kubelet →
+//! runtime → network: every admitted object, binding and lease is written here, and every
+//! later step reads it.
+//!
 //! Every user object lives here as a CRDT ([`crdt::ObjectState`]: field registers stamped with a
 //! hybrid logical clock, [`hlc`]), persisted in an embedded transactional store (redb, fsync'd on
 //! every commit, [`store`]) and exchanged between nodes with a small protocol ([`sync`]): pushes

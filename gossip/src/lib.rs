@@ -1,5 +1,10 @@
 //! `shoal-gossip`: who is in the cluster, and the one authenticated channel nodes talk over.
 //!
+//! Place in the data path: under every step of manifest → model → **store** → controllers →
+//! placement → kubelet → runtime → network that crosses nodes: the store's replication, the
+//! auction's messages, peers' logs, exec sessions and image blobs all ride this endpoint, and
+//! membership decides who owns, bids and holds a majority.
+//!
 //! Every Shoal node owns a single UDP port. On it runs one QUIC endpoint ([`PeerEndpoint`]) whose
 //! every connection is mutual TLS with certificates issued by a cluster CA that each node derives
 //! deterministically from the cluster secret ([`ClusterSecret`], [`ClusterIdentity`]). A peer

@@ -1,5 +1,9 @@
 //! `shoal-net`: pod networking (DESIGN.md §9) — one IP per pod.
 //!
+//! Place in the data path: manifest → model → store → controllers → placement → kubelet →
+//! runtime → **network**: the runtime asks it for a pod's interface and address when it makes
+//! the sandbox; Services' endpoints, DNS and nftables follow the store.
+//!
 //! - [`lease`]: which per-node block of the cluster CIDR a node holds, decided from the leases in
 //!   desired state (pure; the agent stores the leases).
 //! - [`ipam`]: pod addresses within the node's block (pure; rebuilt from the pods' own network

@@ -174,16 +174,6 @@ impl Namespaces {
                 Some(term) => ns_labels.is_some_and(|labels| term_matches(term, labels)),
             }
     }
-
-    /// The namespaces counted, when they are named outright (no selector): the fast path of
-    /// the cluster view's counts.
-    pub fn listed<'a>(&'a self, own: &'a str) -> Option<Vec<&'a str>> {
-        match &self.selector {
-            Some(_) => None,
-            None if self.names.is_empty() => Some(vec![own]),
-            None => Some(self.names.iter().map(String::as_str).collect()),
-        }
-    }
 }
 
 /// A Namespace object's labels as `namespaceSelector`s see them: its own, and
@@ -222,6 +212,21 @@ pub struct Spread {
     /// `DoNotSchedule` when true, `ScheduleAnyway` when false.
     pub hard: bool,
     pub selector: Term,
+    /// `minDomains`: with fewer eligible domains than this, the global minimum is 0.
+    #[serde(default)]
+    pub min_domains: Option<u64>,
+    /// `nodeAffinityPolicy: Honor` (upstream's default): only the nodes the pod's nodeSelector
+    /// and required node affinity admit make the domains it spreads over; `Ignore`: every node.
+    #[serde(default = "honor")]
+    pub honor_node_affinity: bool,
+    /// `nodeTaintsPolicy: Honor`: nodes with a taint the pod does not tolerate are left out of
+    /// the domains; `Ignore` (upstream's default): they count.
+    #[serde(default)]
+    pub honor_node_taints: bool,
+}
+
+fn honor() -> bool {
+    true
 }
 
 /// The scheduling-relevant part of a pod.
@@ -492,6 +497,9 @@ impl PodRequest {
                         Operator::In,
                         &own_labels,
                     ),
+                    min_domains: t["minDomains"].as_u64().filter(|m| *m > 0),
+                    honor_node_affinity: t["nodeAffinityPolicy"].as_str() != Some("Ignore"),
+                    honor_node_taints: t["nodeTaintsPolicy"].as_str() == Some("Honor"),
                 })
             })
             .collect::<Result<_, RequestError>>()?;

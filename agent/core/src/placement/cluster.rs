@@ -208,26 +208,32 @@ impl ClusterView {
     /// `domain` of the term's topology key: by the counts for the namespaces it names, or by a
     /// scan of the domain's pods when a namespace selector decides.
     pub fn matching_term_in_domain(&self, term: &AntiAffinity, domain: &str, own: &str) -> u64 {
-        if let Some(namespaces) = term.namespaces.listed(own) {
-            return namespaces
-                .into_iter()
-                .map(|ns| self.matching_in_domain(&term.topology_key, domain, ns, &term.selector))
-                .sum();
+        let count =
+            |ns: &str| self.matching_in_domain(&term.topology_key, domain, ns, &term.selector);
+        match &term.namespaces {
+            Namespaces {
+                names,
+                selector: None,
+            } if names.is_empty() => count(own),
+            Namespaces {
+                names,
+                selector: None,
+            } => names.iter().map(|ns| count(ns)).sum(),
+            scope => self
+                .nodes
+                .values()
+                .filter(|n| {
+                    n.labels
+                        .get(&term.topology_key)
+                        .is_some_and(|d| d == domain)
+                })
+                .flat_map(|n| self.pods_on.get(&n.id).into_iter().flatten())
+                .filter(|p| {
+                    scope.covers(own, &p.namespace, self.namespace_labels(&p.namespace))
+                        && term_matches(&term.selector, &p.labels)
+                })
+                .count() as u64,
         }
-        self.nodes
-            .values()
-            .filter(|n| {
-                n.labels
-                    .get(&term.topology_key)
-                    .is_some_and(|d| d == domain)
-            })
-            .flat_map(|n| self.pods_on.get(&n.id).into_iter().flatten())
-            .filter(|p| {
-                term.namespaces
-                    .covers(own, &p.namespace, self.namespace_labels(&p.namespace))
-                    && term_matches(&term.selector, &p.labels)
-            })
-            .count() as u64
     }
 
     /// Whether any pod counted by `term` (of a pod in namespace `own`) runs on a node with the
@@ -238,6 +244,11 @@ impl ClusterView {
                 .keys()
                 .any(|d| self.matching_term_in_domain(term, d, own) > 0)
         })
+    }
+
+    /// How many domains `topology_key` has.
+    pub fn domain_count(&self, topology_key: &str) -> usize {
+        self.domains.get(topology_key).map_or(0, HashMap::len)
     }
 
     /// Every domain of `topology_key`.

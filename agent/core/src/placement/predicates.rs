@@ -67,22 +67,10 @@ pub fn check(
     used: Resources,
     cluster: &ClusterView,
 ) -> Result<(), Decline> {
-    if pod
-        .node_selector
-        .iter()
-        .any(|(k, v)| node.labels.get(k) != Some(v))
-        || (!pod.required_terms.is_empty()
-            && !pod
-                .required_terms
-                .iter()
-                .any(|t| term_matches(t, &node.labels)))
-    {
+    if !admits_by_affinity(pod, node) {
         return Err(Decline::NodeAffinity);
     }
-    if let Some(t) = node.taints.iter().find(|t| {
-        t.effect != TaintEffect::PreferNoSchedule
-            && !pod.tolerations.iter().any(|tol| tol.tolerates(t))
-    }) {
+    if let Some(t) = untolerated(pod, node) {
         return Err(Decline::Taint {
             key: t.key.clone(),
             value: t.value.clone(),
@@ -132,12 +120,80 @@ pub fn check(
             &pod.namespace,
             &spread.selector,
         );
-        let min = cluster.min_in_domains(&spread.topology_key, &pod.namespace, &spread.selector);
+        let min = match eligible_domains(pod, spread, cluster) {
+            None if below_min_domains(spread, cluster.domain_count(&spread.topology_key)) => 0,
+            None => cluster.min_in_domains(&spread.topology_key, &pod.namespace, &spread.selector),
+            Some(eligible) if below_min_domains(spread, eligible.len()) => 0,
+            Some(eligible) => eligible
+                .iter()
+                .map(|d| {
+                    cluster.matching_in_domain(
+                        &spread.topology_key,
+                        d,
+                        &pod.namespace,
+                        &spread.selector,
+                    )
+                })
+                .min()
+                .unwrap_or(0),
+        };
         if here.saturating_add(1) > min.saturating_add(spread.max_skew) {
             return Err(Decline::Spread);
         }
     }
     Ok(())
+}
+
+/// Whether `node` passes `pod`'s nodeSelector and required node affinity.
+fn admits_by_affinity(pod: &PodRequest, node: &NodeView) -> bool {
+    pod.node_selector
+        .iter()
+        .all(|(k, v)| node.labels.get(k) == Some(v))
+        && (pod.required_terms.is_empty()
+            || pod
+                .required_terms
+                .iter()
+                .any(|t| term_matches(t, &node.labels)))
+}
+
+/// A taint of `node` that keeps `pod` off (`NoSchedule`, `NoExecute`), if any.
+fn untolerated<'a>(
+    pod: &PodRequest,
+    node: &'a NodeView,
+) -> Option<&'a shoal_model::placement::Taint> {
+    node.taints.iter().find(|t| {
+        t.effect != TaintEffect::PreferNoSchedule
+            && !pod.tolerations.iter().any(|tol| tol.tolerates(t))
+    })
+}
+
+/// The domains a spread constraint spreads `pod` over, as upstream's `nodeAffinityPolicy`
+/// and `nodeTaintsPolicy` choose them: those of the nodes the pod's node affinity admits
+/// (`Honor`, the default) and, with taints honoured, whose taints it tolerates. `None` when
+/// every node counts (no node is left out): the counted fast path.
+fn eligible_domains(
+    pod: &PodRequest,
+    spread: &shoal_model::placement::Spread,
+    cluster: &ClusterView,
+) -> Option<std::collections::BTreeSet<String>> {
+    let by_affinity = spread.honor_node_affinity
+        && (!pod.node_selector.is_empty() || !pod.required_terms.is_empty());
+    let by_taints = spread.honor_node_taints;
+    if !by_affinity && !by_taints {
+        return None;
+    }
+    let eligible = cluster
+        .nodes()
+        .filter(|n| !by_affinity || admits_by_affinity(pod, n))
+        .filter(|n| !by_taints || untolerated(pod, n).is_none())
+        .filter_map(|n| n.labels.get(&spread.topology_key).cloned())
+        .collect();
+    Some(eligible)
+}
+
+/// Upstream's `minDomains`: with fewer eligible domains than it asks, the global minimum is 0.
+fn below_min_domains(spread: &shoal_model::placement::Spread, domains: usize) -> bool {
+    spread.min_domains.is_some_and(|m| (domains as u64) < m)
 }
 
 /// What `placed` (pods an auctioneer's batch already gave to nodes, which no bidder's view
@@ -199,12 +255,15 @@ pub fn batch_conflict(
             cluster.matching_in_domain(&spread.topology_key, d, &pod.namespace, &spread.selector)
                 + matching.iter().filter(|m| **m == d).count() as u64
         };
-        let min = cluster
-            .domains_of(&spread.topology_key)
-            .iter()
-            .map(count)
-            .min()
-            .unwrap_or(0);
+        let domains: Vec<String> = match eligible_domains(pod, spread, cluster) {
+            Some(eligible) => eligible.into_iter().collect(),
+            None => cluster.domains_of(&spread.topology_key),
+        };
+        let min = if below_min_domains(spread, domains.len()) {
+            0
+        } else {
+            domains.iter().map(count).min().unwrap_or(0)
+        };
         if count(domain).saturating_add(1) > min.saturating_add(spread.max_skew) {
             return Some(Decline::Spread);
         }
@@ -531,6 +590,103 @@ mod tests {
         assert!(hostname_conflict(&web(prod.clone()), [&db], &none).is_none());
         assert!(hostname_conflict(&web(prod), [&db], &prod_labels).is_some());
         assert!(hostname_conflict(&web(json!({})), [&guard], &none).is_some());
+    }
+
+    /// Which domains a spread constraint spreads over, as upstream: with `nodeAffinityPolicy:
+    /// Honor` (the default) only zones the pod's node affinity admits — an empty zone it may
+    /// not use does not hold the global minimum at 0 —, with `nodeTaintsPolicy: Honor` not the
+    /// zones of nodes whose taints it does not tolerate, and with fewer eligible domains than
+    /// `minDomains` the minimum is 0. The auctioneer's batch check reads them the same way.
+    #[test]
+    fn spread_counts_the_domains_its_policies_and_min_domains_say() {
+        let mut cluster = ClusterView::default();
+        for (id, zone) in [(1, "a"), (2, "b"), (3, "c")] {
+            let mut n = node(id, &[("zone", zone)], 4000, 8);
+            if zone == "c" {
+                n.taints = vec![Taint {
+                    key: "maintenance".into(),
+                    value: "yes".into(),
+                    effect: TaintEffect::NoSchedule,
+                }];
+            }
+            cluster.add_node(n);
+        }
+        let web = |uid: &str| {
+            PodRequest::from_pod(&json!({"metadata": {"name": uid, "uid": uid, "namespace": "default", "labels": {"app": "web"}},
+                "spec": {"containers": []}}))
+            .unwrap()
+        };
+        cluster.place(1, &web("w1"));
+        cluster.place(2, &web("w2"));
+        let spread = |extra: serde_json::Value, affinity: bool| {
+            let mut constraint = json!({"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": {"app": "web"}}});
+            for (k, v) in extra.as_object().unwrap() {
+                constraint[k] = v.clone();
+            }
+            let mut spec = json!({"containers": [], "topologySpreadConstraints": [constraint]});
+            if affinity {
+                spec["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]}]}}});
+            }
+            PodRequest::from_pod(&json!({"metadata": {"name": "w3", "uid": "w3", "namespace": "default", "labels": {"app": "web"}},
+                "spec": spec}))
+            .unwrap()
+        };
+        let n1 = cluster.node(1).unwrap().clone();
+        let at = |pod: &PodRequest, cluster: &ClusterView| {
+            check(pod, &n1, Resources::default(), cluster)
+        };
+        // Zone c (empty, tainted) holds the minimum at 0 unless a policy leaves it out.
+        assert_eq!(
+            at(&spread(json!({}), false), &cluster),
+            Err(Decline::Spread)
+        );
+        assert_eq!(
+            at(&spread(json!({}), true), &cluster),
+            Ok(()),
+            "affinity honoured by default"
+        );
+        assert_eq!(
+            at(
+                &spread(json!({"nodeAffinityPolicy": "Ignore"}), true),
+                &cluster
+            ),
+            Err(Decline::Spread)
+        );
+        assert_eq!(
+            at(
+                &spread(json!({"nodeTaintsPolicy": "Honor"}), false),
+                &cluster
+            ),
+            Ok(())
+        );
+        // minDomains above the eligible domains: the minimum is 0 again.
+        assert_eq!(
+            at(
+                &spread(json!({"nodeTaintsPolicy": "Honor", "minDomains": 3}), false),
+                &cluster
+            ),
+            Err(Decline::Spread)
+        );
+        assert_eq!(
+            at(
+                &spread(json!({"nodeTaintsPolicy": "Honor", "minDomains": 2}), false),
+                &cluster
+            ),
+            Ok(())
+        );
+        // The batch check: a batch placement in zone b leaves a the smaller, with c left out.
+        let n2 = cluster.node(2).unwrap().clone();
+        let w4 = web("w4");
+        assert_eq!(
+            batch_conflict(&spread(json!({}), true), &n2, &[(&n2, &w4)], &cluster),
+            Some(Decline::Spread)
+        );
+        assert_eq!(
+            batch_conflict(&spread(json!({}), true), &n1, &[(&n2, &w4)], &cluster),
+            None
+        );
     }
 
     /// What one auctioneer's batch already placed counts for the next pod of the batch: the

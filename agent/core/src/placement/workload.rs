@@ -90,6 +90,9 @@ pub fn pods(seed: u64, n: usize) -> Vec<PodRequest> {
                         op: Operator::In,
                         values: vec![app.clone()],
                     }],
+                    min_domains: None,
+                    honor_node_affinity: true,
+                    honor_node_taints: false,
                 }]
             } else {
                 vec![]
