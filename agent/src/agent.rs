@@ -360,6 +360,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             move || bridge.gateway(),
             shoal_net::nft::table_name(runtime_scope.as_deref().unwrap_or("")),
             config.pod_cidrs.cluster(),
+            config.name.clone(),
         ))
     } else {
         None

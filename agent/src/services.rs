@@ -81,6 +81,54 @@ pub fn service_ports(
         .collect()
 }
 
+/// The host ports this node serves: those of the pods it runs on the pod network — its own
+/// published status (`status_here`) has their IP and they have not ended — each
+/// (hostIP or every address, port, protocol) to the pod's IP and container port. Pods on the
+/// host's network bind their ports themselves; IPv6 hostIPs are left out (the table is IPv4).
+pub fn host_port_rules(
+    pods: &[serde_json::Value],
+    status_here: impl Fn(&str) -> Option<serde_json::Value>,
+) -> Vec<shoal_net::nft::HostPortRule> {
+    let mut rules = Vec::new();
+    for pod in pods {
+        let spec = &pod["spec"];
+        if spec["hostNetwork"] == true {
+            continue;
+        }
+        let Ok(mappings) = shoal_model::placement::port_mappings(spec) else {
+            continue;
+        };
+        if mappings.is_empty() {
+            continue;
+        }
+        let Some(status) = pod["metadata"]["uid"].as_str().and_then(&status_here) else {
+            continue;
+        };
+        if matches!(status["phase"].as_str(), Some("Succeeded" | "Failed")) {
+            continue;
+        }
+        let Some(pod_ip) = status["podIP"].as_str().and_then(|ip| ip.parse().ok()) else {
+            continue;
+        };
+        for (host, container_port) in mappings {
+            let host_ip = match host.ip {
+                None => None,
+                Some(std::net::IpAddr::V4(ip)) => Some(ip),
+                Some(std::net::IpAddr::V6(_)) => continue,
+            };
+            rules.push(shoal_net::nft::HostPortRule {
+                host_ip,
+                port: host.port,
+                protocol: host.protocol.to_ascii_lowercase(),
+                pod_ip,
+                container_port,
+            });
+        }
+    }
+    rules.sort();
+    rules
+}
+
 /// How often the record set is compared with the store and the pods' statuses.
 const REFRESH: Duration = Duration::from_millis(100);
 
@@ -161,6 +209,7 @@ pub fn start(
     gateway: impl Fn() -> Option<Ipv4Addr> + Send + Sync + 'static,
     table: String,
     cluster: ipnet::Ipv4Net,
+    node: String,
 ) -> Arc<ServicePlane> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let plane_table = table.clone();
@@ -172,8 +221,11 @@ pub fn start(
     // (its DNS server stops with the run that started it).
     let task = crate::supervise::spawn("service-plane", move || {
         run(
-            replication.clone(),
-            statuses.clone(),
+            Sources {
+                replication: replication.clone(),
+                statuses: statuses.clone(),
+                node: node.clone(),
+            },
             domain.clone(),
             gateway.clone(),
             table.clone(),
@@ -191,18 +243,34 @@ pub fn start(
 /// Where the DNS server listens: the bridge's address (none yet: no block leased).
 type Gateway = dyn Fn() -> Option<Ipv4Addr> + Send + Sync;
 
+/// What the service plane derives its rules and records from: the store, the pods' statuses,
+/// and this node's name (whose pods' host ports it serves).
+struct Sources {
+    replication: Arc<Replication>,
+    statuses: Arc<PodStatusCache>,
+    node: String,
+}
+
 /// The service plane's loop: nftables rules and DNS records derived from the store and the
 /// pods' statuses, and the DNS server on the gateway.
 async fn run(
-    replication: Arc<Replication>,
-    statuses: Arc<PodStatusCache>,
+    sources: Sources,
     domain: String,
     gateway: Arc<Gateway>,
     table: String,
     cluster: ipnet::Ipv4Net,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
-    let mut applied: Option<(ipnet::Ipv4Net, Vec<shoal_net::nft::ServicePort>)> = None;
+    let Sources {
+        replication,
+        statuses,
+        node,
+    } = sources;
+    type Rules = (
+        Vec<shoal_net::nft::ServicePort>,
+        Vec<shoal_net::nft::HostPortRule>,
+    );
+    let mut applied: Option<Rules> = None;
     let (tx, rx) = tokio::sync::watch::channel(Arc::new(Records::build(&domain, &[])));
     let upstreams =
         shoal_net::dns::upstreams(&std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default());
@@ -228,10 +296,12 @@ async fn run(
                 .iter()
                 .flat_map(|(s, b)| service_ports(s, b))
                 .collect();
-            let wanted = (cluster, ports.clone());
+            let pods = replication.read(|s| s.list("", "Pod", None));
+            let host_ports = host_port_rules(&pods, |uid| statuses.get(uid, &node));
+            let wanted = (ports.clone(), host_ports);
             if applied.as_ref() != Some(&wanted) {
                 let table_name = table.clone();
-                let attempt = ports.clone();
+                let attempt = wanted.clone();
                 let loaded = tokio::task::spawn_blocking(move || {
                     // The rebuild flushes what is loaded and keeps the sets of clients pinned
                     // by ClientIP affinity (only this task changes the table).
@@ -239,15 +309,16 @@ async fn run(
                     shoal_net::nft::apply(&shoal_net::nft::ruleset(
                         &table_name,
                         cluster,
-                        &attempt,
+                        &attempt.0,
+                        &attempt.1,
                         &current,
                     ))
                 })
                 .await;
                 match loaded {
                     Ok(Ok(())) => {
-                        tracing::debug!(table = %table, ports = ports.len(), "service rules loaded");
-                        applied = Some(wanted);
+                        tracing::debug!(table = %table, ports = ports.len(), host_ports = wanted.1.len(), "service rules loaded");
+                        applied = Some(wanted.clone());
                     }
                     Ok(Err(e)) => {
                         warn!(table = %table, error = %e, "service rules not loaded; retrying");
@@ -261,7 +332,7 @@ async fn run(
                 last = services;
             }
             // Derived again next round unless the rules loaded.
-            if applied.as_ref().is_some_and(|(_, p)| *p == ports) {
+            if applied.as_ref() == Some(&wanted) {
                 derived_from = Some(inputs);
             }
         }
@@ -291,5 +362,68 @@ async fn run(
             _ = tokio::time::sleep(REFRESH) => {}
             _ = stopped.changed() => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    /// Only pods this node runs on the pod network and that have not ended get their host
+    /// ports served; every address or one IPv4 hostIP, to the pod's container port.
+    #[test]
+    fn host_ports_are_served_for_the_pods_running_here() {
+        let pod = |uid: &str, host_network: bool, port: Value| {
+            json!({"metadata": {"uid": uid, "name": uid, "namespace": "default"},
+                   "spec": {"hostNetwork": host_network, "containers": [{"name": "c", "image": "i", "ports": [port]}]}})
+        };
+        let pods = [
+            pod("web", false, json!({"containerPort": 80, "hostPort": 8080})),
+            pod(
+                "dns",
+                false,
+                json!({"containerPort": 53, "hostPort": 53, "protocol": "UDP", "hostIP": "192.0.2.1"}),
+            ),
+            pod(
+                "v6",
+                false,
+                json!({"containerPort": 80, "hostPort": 81, "hostIP": "::1"}),
+            ),
+            pod("host", true, json!({"containerPort": 82, "hostPort": 82})),
+            pod(
+                "elsewhere",
+                false,
+                json!({"containerPort": 80, "hostPort": 83}),
+            ),
+            pod("done", false, json!({"containerPort": 80, "hostPort": 84})),
+            pod("plain", false, json!({"containerPort": 80})),
+        ];
+        let here = |uid: &str| match uid {
+            "elsewhere" => None,
+            "done" => Some(json!({"phase": "Succeeded", "podIP": "10.88.0.9"})),
+            _ => Some(json!({"phase": "Running", "podIP": "10.88.0.5"})),
+        };
+        let rules = host_port_rules(&pods, here);
+        let got: Vec<(Option<String>, u16, &str, u16)> = rules
+            .iter()
+            .map(|r| {
+                assert_eq!(r.pod_ip.to_string(), "10.88.0.5");
+                (
+                    r.host_ip.map(|ip| ip.to_string()),
+                    r.port,
+                    r.protocol.as_str(),
+                    r.container_port,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (None, 8080, "tcp", 80),
+                (Some("192.0.2.1".into()), 53, "udp", 53)
+            ]
+        );
     }
 }

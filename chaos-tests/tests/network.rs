@@ -588,6 +588,71 @@ async fn pods_reach_pods_on_other_nodes_by_ip_and_nothing_is_left() {
         .unwrap();
     }
 
+    // hostPort (issue #37): a pod's port on its node's address, as CNI's portmap serves it,
+    // reached from n0's host namespace; a second pod asking for the same port on that node
+    // finds no node and says why, as kube-scheduler's NodePorts filter does; a hostIP that is
+    // the node's address is served too.
+    let host_port_pod = |name: &str, node: &str, host_ip: Option<String>| {
+        let mut port = json!({"name": "http", "containerPort": 8080, "hostPort": 8090});
+        if let Some(ip) = host_ip {
+            port["hostIP"] = json!(ip);
+        }
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": "default"},
+               "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
+                        "terminationGracePeriodSeconds": 1, "containers": [{
+                   "name": "web", "image": "shoal.local/busybox:1", "ports": [port],
+                   "command": ["sh", "-c", format!("mkdir -p /w && echo hello from {name} > /w/index.html && exec httpd -f -p 8080 -h /w")]}]}})
+    };
+    for (name, node, host_ip) in [
+        ("hp-1", "n1", None),
+        ("hp-3", "n2", Some(lab.address(2).to_string())),
+    ] {
+        let (code, body) = agents[0]
+            .apply(&host_port_pod(name, node, host_ip))
+            .await
+            .unwrap();
+        assert_eq!(code, 201, "{body}");
+    }
+    for (name, i) in [("hp-1", 1), ("hp-3", 2)] {
+        let target = lab.address(i).to_string();
+        wait_until("the host port answers", LIMIT, || async {
+            exec_in(
+                &lab.host(0),
+                "sh",
+                &[
+                    "-c",
+                    &format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | busybox nc -w 5 {target} 8090"),
+                ],
+            )
+            .is_ok_and(|o| o.contains(&format!("hello from {name}")))
+        })
+        .await
+        .unwrap();
+    }
+    let (code, body) = agents[0]
+        .apply(&host_port_pod("hp-2", "n1", None))
+        .await
+        .unwrap();
+    assert_eq!(code, 201, "{body}");
+    let mut last = String::new();
+    wait_until("the second pod pending for its host port", LIMIT, || {
+        last = kubectl(&[
+            "get",
+            "pod",
+            "hp-2",
+            "-o",
+            "jsonpath={.spec.nodeName}|{.status.conditions[0].message}",
+        ])
+        .unwrap_or_else(|e| e);
+        let ok = last
+            == "|0/3 nodes are available: 1 node(s) didn't have free ports for the requested pod ports, 2 node(s) didn't match Pod's node affinity/selector.";
+        async move { ok }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {last}"));
+    // (They stay: stopping with --cleanup below removes them with the rest.)
+
     // Routes: each node routes the two other blocks via their nodes.
     let routes = ip_in(&lab.host(0), &["route", "show", "proto", "83"]);
     for i in [1, 2] {

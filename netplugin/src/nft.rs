@@ -1,7 +1,12 @@
 //! Service load balancing on every node: one nftables table per agent (`ip shoal_<scope>`)
 //! that DNATs each ClusterIP:port to one of its ready endpoints (chosen per connection with
 //! `numgen random`, as kube-proxy's nftables mode does), rejects ClusterIP:ports with no
-//! endpoint at once, and masquerades pod traffic leaving the cluster CIDR.
+//! endpoint at once, and masquerades pod traffic leaving the cluster CIDR. The same table
+//! serves the host ports (`hostPort`) of the pods this node runs, as CNI's portmap does: the
+//! node's own addresses (`fib daddr type local`, or only `hostIP`) and the port DNAT to the
+//! pod, from outside and from the node itself; traffic from pods is masqueraded so a pod can
+//! reach itself or a neighbour through it. Not on 127.0.0.1: portmap's way there
+//! (`route_localnet` on the bridge) would let pods reach the node's loopback services.
 //!
 //! The ruleset is generated whole ([`ruleset`], pure) and loaded with `nft -f -`, which
 //! applies a file as one transaction: the table is never seen half made. A rebuild flushes the
@@ -36,6 +41,19 @@ pub struct ServicePort {
     pub node_port: Option<u16>,
     /// `sessionAffinity: ClientIP`: a client keeps its endpoint for this long (seconds).
     pub affinity_seconds: Option<u32>,
+}
+
+/// A host port of a pod running on this node: (`hostIP` or every address, `port`,
+/// `protocol`) leads to `pod_ip:container_port`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HostPortRule {
+    /// `None`: every address of the node (no `hostIP`, or `0.0.0.0`).
+    pub host_ip: Option<Ipv4Addr>,
+    pub port: u16,
+    /// `tcp`, `udp` or `sctp`.
+    pub protocol: String,
+    pub pod_ip: Ipv4Addr,
+    pub container_port: u16,
 }
 
 /// The packet mark of connections masqueraded on the way out (NodePort, hairpin).
@@ -81,17 +99,57 @@ pub fn table_name(scope: &str) -> String {
 /// the table `loaded` describes in one transaction: every chain is flushed and defined again
 /// (or removed), sets no endpoint needs any more are removed, and the others keep their
 /// pinned clients.
-pub fn ruleset(table: &str, cluster: Ipv4Net, ports: &[ServicePort], loaded: &Loaded) -> String {
+pub fn ruleset(
+    table: &str,
+    cluster: Ipv4Net,
+    ports: &[ServicePort],
+    host_ports: &[HostPortRule],
+    loaded: &Loaded,
+) -> String {
     let ports = served(ports);
     let mut body = Body::default();
+    // Host ports only for the node's own addresses (a hostIP of 1.1.1.1 must not capture
+    // traffic the node forwards, portmap's lesson) and never for loopback ones.
+    let host_ports_jump = "\n    fib daddr type local ip daddr != 127.0.0.0/8 jump hostports";
     body.chain(
         "prerouting",
-        "type nat hook prerouting priority -100; policy accept;\n    jump services",
+        &format!(
+            "type nat hook prerouting priority -100; policy accept;\n    jump services{host_ports_jump}"
+        ),
     );
     body.chain(
         "output",
-        "type nat hook output priority -100; policy accept;\n    jump services",
+        &format!(
+            "type nat hook output priority -100; policy accept;\n    jump services{host_ports_jump}"
+        ),
     );
+    let mut host_ports: Vec<&HostPortRule> = host_ports
+        .iter()
+        .filter(|h| matches!(h.protocol.as_str(), "tcp" | "udp" | "sctp"))
+        .collect();
+    host_ports.sort();
+    host_ports.dedup();
+    let mut jumps = Vec::new();
+    for (i, h) in host_ports.iter().enumerate() {
+        let address = h
+            .host_ip
+            .map(|ip| format!("ip daddr {ip} "))
+            .unwrap_or_default();
+        jumps.push(format!(
+            "{address}{} dport {} goto hp_{i}",
+            h.protocol, h.port
+        ));
+        // From a pod (itself, or one on the same bridge): masqueraded, so the reply comes
+        // back through the node to be un-DNATed.
+        body.chain(
+            &format!("hp_{i}"),
+            &format!(
+                "ip saddr {cluster} meta mark set meta mark | {NODE_PORT_MARK:#x}\n    meta l4proto {} dnat to {}:{}",
+                h.protocol, h.pod_ip, h.container_port
+            ),
+        );
+    }
+    body.chain("hostports", &jumps.join("\n    "));
     // Pod traffic leaving the cluster CIDR, and NodePort traffic (marked below: its reply must
     // come back through this node to be un-DNATed), leave with this node's address.
     body.chain(
@@ -316,6 +374,7 @@ mod tests {
             "shoal_t",
             "10.88.0.0/16".parse().unwrap(),
             &ports,
+            &[],
             &Loaded::default(),
         );
         assert!(
@@ -354,6 +413,7 @@ mod tests {
                 "shoal_t",
                 "10.88.0.0/16".parse().unwrap(),
                 &ports,
+                &[],
                 &Loaded::default()
             ),
             "deterministic"
@@ -399,7 +459,13 @@ mod tests {
         assert_eq!(loaded.sets.len(), 3, "{loaded:?}");
         // The first endpoint goes: 10.88.2.3 is now endpoint 0, and its set stays as it is.
         let after = vec![affine(&[("10.88.2.3", 8080)])];
-        let s = ruleset("shoal_t", "10.88.0.0/16".parse().unwrap(), &after, &loaded);
+        let s = ruleset(
+            "shoal_t",
+            "10.88.0.0/16".parse().unwrap(),
+            &after,
+            &[],
+            &loaded,
+        );
         for chain in ["prerouting", "svc_0", "svc_0_ep_1", "svc_3"] {
             assert!(
                 s.contains(&format!("flush chain ip shoal_t {chain}\n")),
@@ -436,6 +502,62 @@ mod tests {
             "{s}"
         );
         assert_eq!(loaded_from_json("not json"), Loaded::default());
+    }
+
+    /// Host ports as portmap serves them: on the node's own addresses only (not loopback),
+    /// one address when `hostIP` names it, DNAT to the pod, masquerade from pods.
+    #[test]
+    fn host_ports_dnat_the_node_s_addresses_to_their_pods() {
+        let rule = |host_ip: Option<&str>, port, protocol: &str| HostPortRule {
+            host_ip: host_ip.map(|ip| ip.parse().unwrap()),
+            port,
+            protocol: protocol.into(),
+            pod_ip: "10.88.1.5".parse().unwrap(),
+            container_port: 80,
+        };
+        let rules = [
+            rule(None, 8080, "tcp"),
+            rule(Some("192.0.2.10"), 5353, "udp"),
+            rule(None, 8080, "tcp"),
+            rule(None, 9, "icmp"),
+        ];
+        let s = ruleset(
+            "shoal_t",
+            "10.88.0.0/16".parse().unwrap(),
+            &[],
+            &rules,
+            &Loaded::default(),
+        );
+        assert_eq!(
+            s.matches("fib daddr type local ip daddr != 127.0.0.0/8 jump hostports")
+                .count(),
+            2,
+            "prerouting and output: {s}"
+        );
+        assert!(s.contains("tcp dport 8080 goto hp_0\n"), "{s}");
+        assert!(
+            s.contains("ip daddr 192.0.2.10 udp dport 5353 goto hp_1\n"),
+            "{s}"
+        );
+        assert!(s.contains("meta l4proto tcp dnat to 10.88.1.5:80"), "{s}");
+        assert!(s.contains("meta l4proto udp dnat to 10.88.1.5:80"), "{s}");
+        assert!(
+            s.contains("ip saddr 10.88.0.0/16 meta mark set meta mark | 0x53480000"),
+            "{s}"
+        );
+        assert!(
+            !s.contains("hp_2"),
+            "duplicates and unknown protocols are left out: {s}"
+        );
+        // With none, the chain is there (the hooks jump to it) and empty.
+        let none = ruleset(
+            "shoal_t",
+            "10.88.0.0/16".parse().unwrap(),
+            &[],
+            &[],
+            &Loaded::default(),
+        );
+        assert!(none.contains("  chain hostports {\n    \n  }"), "{none}");
     }
 
     #[test]

@@ -162,8 +162,32 @@ fn pods_on_one_bridge_reach_each_other_and_nothing_is_left() {
         ];
         let table = nft::table_name(&tag);
         let cluster = "10.250.0.0/16".parse().unwrap();
+        // A host port of pod a, on every address and on one.
+        let host_ports = [
+            nft::HostPortRule {
+                host_ip: None,
+                port: 8080,
+                protocol: "tcp".into(),
+                pod_ip: a.ip,
+                container_port: 80,
+            },
+            nft::HostPortRule {
+                host_ip: Some("192.0.2.10".parse().unwrap()),
+                port: 5353,
+                protocol: "udp".into(),
+                pod_ip: a.ip,
+                container_port: 53,
+            },
+        ];
         let rebuild = |ports: &[nft::ServicePort]| {
-            nft::apply(&nft::ruleset(&table, cluster, ports, &nft::loaded(&table))).unwrap()
+            nft::apply(&nft::ruleset(
+                &table,
+                cluster,
+                ports,
+                &host_ports,
+                &nft::loaded(&table),
+            ))
+            .unwrap()
         };
         rebuild(&ports);
         rebuild(&ports);
@@ -191,7 +215,7 @@ fn pods_on_one_bridge_reach_each_other_and_nothing_is_left() {
         ));
         let mut fewer = ports.clone();
         fewer[0].endpoints.retain(|(ip, _)| *ip == b.ip);
-        nft::apply(&nft::ruleset(&table, cluster, &fewer, &read)).unwrap();
+        nft::apply(&nft::ruleset(&table, cluster, &fewer, &[], &read)).unwrap();
         let listed = nft::loaded(&table);
         assert!(
             listed.sets.contains(&set_b) && !listed.sets.contains(&set_a),
@@ -215,7 +239,7 @@ fn pods_on_one_bridge_reach_each_other_and_nothing_is_left() {
             !listed.chains.contains("svc_0_ep_1"),
             "the dropped endpoint's chain goes: {listed:?}"
         );
-        let rules = nft::ruleset(&table, cluster, &ports, &nft::loaded(&table));
+        let rules = nft::ruleset(&table, cluster, &ports, &host_ports, &nft::loaded(&table));
         nft::apply(&rules).unwrap();
         let listed = String::from_utf8(
             std::process::Command::new("nft")
@@ -226,6 +250,11 @@ fn pods_on_one_bridge_reach_each_other_and_nothing_is_left() {
         )
         .unwrap();
         assert!(listed.contains("dnat to 10.250.1."), "{listed}");
+        assert!(
+            listed.contains(&format!("dnat to {}:80", a.ip))
+                && listed.contains(&format!("dnat to {}:53", a.ip)),
+            "host ports: {listed}"
+        );
         nft::delete_table(&table).unwrap();
         nft::delete_table(&table).unwrap();
     });

@@ -225,6 +225,92 @@ pub struct Spread {
     pub honor_node_taints: bool,
 }
 
+/// A port of the node a pod's container asks for (`ports[].hostPort`), as the scheduler and
+/// the kubelet key it: (hostIP, protocol, port), an empty or `0.0.0.0` hostIP meaning every
+/// address of the node (`ip: None`), an empty protocol `TCP`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct HostPort {
+    pub ip: Option<std::net::IpAddr>,
+    /// `TCP`, `UDP` or `SCTP`.
+    pub protocol: String,
+    pub port: u16,
+}
+
+impl HostPort {
+    /// Upstream's `HostPortInfo.CheckConflict`: the same protocol and port, and the same
+    /// address or either one every address (`0.0.0.0`; `::` is an address like any other).
+    pub fn conflicts(&self, other: &HostPort) -> bool {
+        self.port == other.port
+            && self.protocol == other.protocol
+            && (self.ip.is_none() || other.ip.is_none() || self.ip == other.ip)
+    }
+}
+
+/// Whether two pods' host ports could not both be served by one node.
+pub fn host_ports_conflict(a: &[HostPort], b: &[HostPort]) -> bool {
+    a.iter().any(|x| b.iter().any(|y| x.conflicts(y)))
+}
+
+/// The host ports of a pod spec: its containers' and its sidecars' (init containers with
+/// `restartPolicy: Always`, which run beside them), as upstream's `GetHostPorts`. A hostIP
+/// that is not an address is an error naming the field (the API refuses it first).
+fn host_ports(spec: &Value) -> Result<Vec<HostPort>, RequestError> {
+    let mut out: Vec<HostPort> = port_mappings(spec)?.into_iter().map(|(h, _)| h).collect();
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// Each host port of a pod spec ([`host_ports`]' reading) with the container port it leads
+/// to, in the spec's order: what the node's port mapping serves.
+pub fn port_mappings(spec: &Value) -> Result<Vec<(HostPort, u16)>, RequestError> {
+    let mut out = Vec::new();
+    let sidecars = spec["initContainers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .filter(|(_, c)| c["restartPolicy"] == "Always")
+        .map(|(i, c)| ("initContainers", i, c));
+    let containers = spec["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, c)| ("containers", i, c));
+    for (field, i, c) in containers.chain(sidecars) {
+        for (j, p) in c["ports"].as_array().into_iter().flatten().enumerate() {
+            let Some(port) = p["hostPort"]
+                .as_u64()
+                .and_then(|n| u16::try_from(n).ok())
+                .filter(|n| *n > 0)
+            else {
+                continue;
+            };
+            let ip = match p["hostIP"].as_str().unwrap_or_default() {
+                "" | "0.0.0.0" => None,
+                text => Some(text.parse().map_err(|_| RequestError::At {
+                    field: format!("spec.{field}[{i}].ports[{j}].hostIP"),
+                    source: Box::new(RequestError::Address(text.to_owned())),
+                })?),
+            };
+            let container_port = p["containerPort"]
+                .as_u64()
+                .and_then(|n| u16::try_from(n).ok())
+                .unwrap_or(port);
+            out.push((
+                HostPort {
+                    ip,
+                    protocol: p["protocol"].as_str().unwrap_or("TCP").to_owned(),
+                    port,
+                },
+                container_port,
+            ));
+        }
+    }
+    Ok(out)
+}
+
 fn honor() -> bool {
     true
 }
@@ -253,6 +339,9 @@ pub struct PodRequest {
     pub preferred_pod_terms: Vec<(i64, AntiAffinity)>,
     /// `spec.nodeName`: bound directly, no auction.
     pub node_name: Option<String>,
+    /// The node ports its containers ask for (`hostPort`): exclusive on a node.
+    #[serde(default)]
+    pub host_ports: Vec<HostPort>,
 }
 
 fn string_map(v: &Value) -> BTreeMap<String, String> {
@@ -270,6 +359,8 @@ pub enum RequestError {
     Quantity(#[from] quantity::QuantityError),
     #[error("unsupported operator {0:?}")]
     Operator(String),
+    #[error("{0:?} is not an IP address")]
+    Address(String),
     /// The error of one field of the pod.
     #[error("{field}: {source}")]
     At {
@@ -545,6 +636,7 @@ impl PodRequest {
                 .as_str()
                 .filter(|n| !n.is_empty())
                 .map(str::to_owned),
+            host_ports: host_ports(spec)?,
         })
     }
 }
@@ -565,6 +657,46 @@ mod tests {
     /// `matchLabelKeys` narrows a term to the pods that share the incoming pod's values (one
     /// revision of a Deployment), `mismatchLabelKeys` to those that do not; keys the pod does
     /// not carry are ignored, as upstream.
+    #[test]
+    fn host_ports_are_read_as_upstream_keys_them() {
+        let pod = json!({"spec": {
+            "initContainers": [
+                {"name": "init", "ports": [{"containerPort": 1, "hostPort": 1}]},
+                {"name": "side", "restartPolicy": "Always", "ports": [{"containerPort": 2, "hostPort": 2, "protocol": "UDP"}]}],
+            "containers": [{"name": "c", "ports": [
+                {"containerPort": 80},
+                {"containerPort": 80, "hostPort": 8080},
+                {"containerPort": 80, "hostPort": 8080, "hostIP": "0.0.0.0"},
+                {"containerPort": 443, "hostPort": 8443, "hostIP": "10.1.2.3"}]}]}});
+        let got = PodRequest::from_pod(&pod).unwrap().host_ports;
+        let port = |ip: Option<&str>, protocol: &str, port| HostPort {
+            ip: ip.map(|i| i.parse().unwrap()),
+            protocol: protocol.into(),
+            port,
+        };
+        assert_eq!(
+            got,
+            [
+                port(None, "TCP", 8080),
+                port(None, "UDP", 2),
+                port(Some("10.1.2.3"), "TCP", 8443)
+            ]
+        );
+        let bad = json!({"spec": {"containers": [{"name": "c", "ports": [{"containerPort": 80, "hostPort": 80, "hostIP": "nope"}]}]}});
+        assert_eq!(
+            PodRequest::from_pod(&bad).unwrap_err().to_string(),
+            "spec.containers[0].ports[0].hostIP: \"nope\" is not an IP address"
+        );
+        let v4 = port(Some("10.0.0.1"), "TCP", 80);
+        assert!(v4.conflicts(&port(None, "TCP", 80)));
+        assert!(!v4.conflicts(&port(Some("10.0.0.2"), "TCP", 80)));
+        assert!(!v4.conflicts(&port(Some("10.0.0.1"), "UDP", 80)));
+        assert!(
+            !v4.conflicts(&port(Some("::"), "TCP", 80)),
+            ":: is no wildcard upstream"
+        );
+    }
+
     #[test]
     fn match_and_mismatch_label_keys_merge_the_pod_s_own_values() {
         let pod = PodRequest::from_pod(&json!({

@@ -102,6 +102,9 @@ fn validate_pod_spec(spec: &Value, path: &str) -> Result<(), FieldError> {
         return Err(err(format!("{path}.containers"), "Required value"));
     }
     // Names unique across both lists: `node_inputs::check` above.
+    let host_network = spec["hostNetwork"] == true;
+    // (protocol, hostIP, hostPort) of the ports seen so far: unique in a pod, as upstream.
+    let mut host_ports = std::collections::BTreeSet::new();
     for (field, list) in [
         (
             "initContainers",
@@ -124,14 +127,12 @@ fn validate_pod_spec(spec: &Value, path: &str) -> Result<(), FieldError> {
                 return Err(err(format!("{at}.image"), "Required value"));
             }
             for (j, p) in c["ports"].as_array().into_iter().flatten().enumerate() {
-                let port = &p["containerPort"];
-                let ok = port.as_i64().is_some_and(|n| (1..=65535).contains(&n));
-                if !ok {
-                    return Err(err(
-                        format!("{at}.ports[{j}].containerPort"),
-                        format!("Invalid value: {port}: must be between 1 and 65535, inclusive"),
-                    ));
-                }
+                validate_port(
+                    p,
+                    &format!("{at}.ports[{j}]"),
+                    host_network,
+                    &mut host_ports,
+                )?;
             }
         }
     }
@@ -166,6 +167,67 @@ fn validate_pod_spec(spec: &Value, path: &str) -> Result<(), FieldError> {
                 "Required value: must provide at least one DNS nameserver when `dnsPolicy` is None",
             ));
         }
+    }
+    Ok(())
+}
+
+/// One `ports[]` entry of a container: `containerPort` and `hostPort` in range, a supported
+/// `protocol`, an address as `hostIP`, a `hostPort` equal to the `containerPort` on the host's
+/// network, and no (protocol, hostIP, hostPort) twice in a pod (`seen`), with upstream's words.
+fn validate_port(
+    p: &Value,
+    at: &str,
+    host_network: bool,
+    seen: &mut std::collections::BTreeSet<String>,
+) -> Result<(), FieldError> {
+    let in_range = |v: &Value| v.as_i64().is_some_and(|n| (1..=65535).contains(&n));
+    let port = &p["containerPort"];
+    if !in_range(port) {
+        return Err(err(
+            format!("{at}.containerPort"),
+            format!("Invalid value: {port}: must be between 1 and 65535, inclusive"),
+        ));
+    }
+    let protocol = p["protocol"].as_str().unwrap_or("TCP");
+    if !matches!(protocol, "TCP" | "UDP" | "SCTP") {
+        return Err(err(
+            format!("{at}.protocol"),
+            format!(
+                "Unsupported value: {protocol:?}: supported values: \"SCTP\", \"TCP\", \"UDP\""
+            ),
+        ));
+    }
+    let host_ip = p["hostIP"].as_str().unwrap_or_default();
+    if !host_ip.is_empty() && host_ip.parse::<std::net::IpAddr>().is_err() {
+        return Err(err(
+            format!("{at}.hostIP"),
+            format!("Invalid value: {host_ip:?}: must be a valid IP address"),
+        ));
+    }
+    let host_port = &p["hostPort"];
+    if host_port.is_null() || host_port.as_i64() == Some(0) {
+        return Ok(());
+    }
+    if !in_range(host_port) {
+        return Err(err(
+            format!("{at}.hostPort"),
+            format!("Invalid value: {host_port}: must be between 1 and 65535, inclusive"),
+        ));
+    }
+    if host_network && host_port != port {
+        return Err(err(
+            format!("{at}.hostPort"),
+            format!(
+                "Invalid value: {host_port}: must match `containerPort` when `hostNetwork` is true"
+            ),
+        ));
+    }
+    let key = format!("{protocol}/{host_ip}/{host_port}");
+    if !seen.insert(key.clone()) {
+        return Err(err(
+            format!("{at}.hostPort"),
+            format!("Duplicate value: {key:?}"),
+        ));
     }
     Ok(())
 }
@@ -558,6 +620,22 @@ pub fn default_pod(spec: &mut Value) {
         return;
     }
     set_defaults_pod(spec);
+    // On the host's network a container port is a host port (upstream defaults it in pods, not
+    // in templates, so a template's hash does not move).
+    if spec["hostNetwork"] == true {
+        for field in ["containers", "initContainers"] {
+            for c in items_mut(spec, field) {
+                // (Defaults run before validation: a port that is no object is left alone.)
+                for p in items_mut(c, "ports").filter_map(Value::as_object_mut) {
+                    if p.get("hostPort").and_then(Value::as_i64).unwrap_or(0) == 0
+                        && let Some(port) = p.get("containerPort").cloned()
+                    {
+                        p.insert("hostPort".to_owned(), port);
+                    }
+                }
+            }
+        }
+    }
     // The ServiceAccount admission's default (and the deprecated field that mirrors it).
     let account = spec["serviceAccountName"]
         .as_str()
@@ -705,6 +783,74 @@ mod tests {
             let e = validate("Deployment", &d).unwrap_err();
             assert_eq!(e.field, field, "{e:?}");
         }
+    }
+
+    /// Container ports as the apiserver reads them (issue #37's hostPort): each field's
+    /// range and values, hostNetwork's defaulting, and a host port once per pod.
+    #[test]
+    fn ports_are_validated_and_host_network_ports_defaulted() {
+        let pod = |ports: Value, host_network: bool| {
+            json!({"spec": {"hostNetwork": host_network, "containers": [
+                {"name": "a", "image": "i", "ports": ports},
+                {"name": "b", "image": "i", "ports": [{"containerPort": 9, "hostPort": 8080}]}]}})
+        };
+        let refused = |ports: Value, host_network: bool| {
+            let e = validate("Pod", &pod(ports, host_network)).unwrap_err();
+            format!("{}: {}", e.field, e.detail)
+        };
+        for (ports, host_network, expected) in [
+            (
+                json!([{"containerPort": 0}]),
+                false,
+                "spec.containers[0].ports[0].containerPort: Invalid value: 0: must be between 1 and 65535, inclusive",
+            ),
+            (
+                json!([{"containerPort": 80, "hostPort": 70000}]),
+                false,
+                "spec.containers[0].ports[0].hostPort: Invalid value: 70000: must be between 1 and 65535, inclusive",
+            ),
+            (
+                json!([{"containerPort": 80, "protocol": "ICMP"}]),
+                false,
+                "spec.containers[0].ports[0].protocol: Unsupported value: \"ICMP\": supported values: \"SCTP\", \"TCP\", \"UDP\"",
+            ),
+            (
+                json!([{"containerPort": 80, "hostPort": 80, "hostIP": "10.0.0"}]),
+                false,
+                "spec.containers[0].ports[0].hostIP: Invalid value: \"10.0.0\": must be a valid IP address",
+            ),
+            (
+                json!([{"containerPort": 80, "hostPort": 81}]),
+                true,
+                "spec.containers[0].ports[0].hostPort: Invalid value: 81: must match `containerPort` when `hostNetwork` is true",
+            ),
+            (
+                json!([{"containerPort": 80, "hostPort": 8080}]),
+                false,
+                "spec.containers[1].ports[0].hostPort: Duplicate value: \"TCP//8080\"",
+            ),
+        ] {
+            assert_eq!(refused(ports, host_network), expected);
+        }
+        // The same port on another protocol or address is another port.
+        let fine = pod(
+            json!([{"containerPort": 80, "hostPort": 8080, "protocol": "UDP"},
+            {"containerPort": 81, "hostPort": 8080, "hostIP": "10.0.0.1"}]),
+            false,
+        );
+        assert_eq!(validate("Pod", &fine).map_err(|e| e.to_string()), Ok(()));
+        // On the host's network a container port is a host port, in a pod (not in a template).
+        let mut spec = json!({"hostNetwork": true, "containers": [{"name": "a", "image": "i", "ports": [{"containerPort": 53, "protocol": "UDP"}, "junk"]}]});
+        default_pod(&mut spec);
+        assert_eq!(spec["containers"][0]["ports"][0]["hostPort"], 53);
+        assert_eq!(spec["containers"][0]["ports"][1], "junk");
+        let mut template = json!({"spec": {"hostNetwork": true, "containers": [{"name": "a", "image": "i", "ports": [{"containerPort": 53}]}]}});
+        default_pod_template(&mut template);
+        assert!(
+            template["spec"]["containers"][0]["ports"][0]
+                .get("hostPort")
+                .is_none()
+        );
     }
 
     #[test]

@@ -12,13 +12,15 @@
 //! pods as their bidder saw them, without the other's. So the constraints whose domain is
 //! this node alone — required pod anti-affinity on `kubernetes.io/hostname`, the incoming
 //! pod's terms and (as upstream) the terms of the pods already here — are checked again at
-//! admission, and a pod that breaks one is handed back with reason `PodAntiAffinity`.
+//! admission, and a pod that breaks one is handed back with reason `PodAntiAffinity`; so are
+//! host ports (`hostPort`, exclusive per node as upstream's `NodePorts`), for every pod
+//! however it was bound, with reason `NodePorts`.
 //! Pure: the kubelet's sync loop hands [`Admission::decide`] what it observed and acts on the
 //! verdicts.
 
 use std::collections::BTreeMap;
 
-use shoal_core::placement::predicates::{HOSTNAME, hostname_conflict};
+use shoal_core::placement::predicates::{HOSTNAME, host_port_conflict, hostname_conflict};
 use shoal_model::placement::{PodRequest, Resources};
 
 /// Why a pod was refused, in the kubelet's words.
@@ -169,10 +171,20 @@ impl Admission {
                 .placement
                 .filter(|_| pod.auctioned && !pod.daemon)
                 .and_then(|p| self.anti_affinity_conflict(p, namespace_labels));
+            // Host ports are exclusive however the pod was bound (upstream's kubelet refuses a
+            // DaemonSet's or a `spec.nodeName` pod too): two pods cannot both be served.
+            let ports_taken = pod
+                .placement
+                .is_some_and(|p| host_port_conflict(p, self.placed.values()).is_some());
             let admitted = if cordoned && pod.auctioned && !pod.daemon {
                 Err(Refusal {
                     reason: "NodeUnschedulable",
                     message: "Pod was rejected: the node is cordoned (spec.unschedulable)".into(),
+                })
+            } else if ports_taken {
+                Err(Refusal {
+                    reason: "NodePorts",
+                    message: "Predicate NodePorts failed: node(s) didn't have free ports for the requested pod ports".into(),
                 })
             } else if let Some(message) = conflict {
                 Err(Refusal {
@@ -505,6 +517,64 @@ mod tests {
             web_b,
         )];
         assert_eq!(refused(&a.decide(node, false, &second, &no_labels)), []);
+    }
+
+    /// Host ports at the node: the older pod keeps the port, a newcomer asking for it is
+    /// refused with upstream's `NodePorts` however it was bound (a user's `spec.nodeName` and a
+    /// DaemonSet's pod too, which are not handed back); another protocol or address fits.
+    #[test]
+    fn host_ports_are_checked_again_at_the_node_for_every_pod() {
+        let request = |uid: &str, port: serde_json::Value| -> &'static PodRequest {
+            Box::leak(Box::new(
+                PodRequest::from_pod(&serde_json::json!({
+                    "metadata": {"uid": uid, "name": uid, "namespace": "default"},
+                    "spec": {"containers": [{"name": "c", "image": "i", "ports": [port]}]}
+                }))
+                .unwrap(),
+            ))
+        };
+        let with = |c: Candidate<'static>, p: &'static PodRequest| Candidate {
+            placement: Some(p),
+            ..c
+        };
+        let node = Resources { pods: 10, ..NODE };
+        let web = request(
+            "web",
+            serde_json::json!({"containerPort": 80, "hostPort": 8080}),
+        );
+        let twin = request(
+            "twin",
+            serde_json::json!({"containerPort": 80, "hostPort": 8080, "hostIP": "10.0.0.1"}),
+        );
+        let udp = request(
+            "udp",
+            serde_json::json!({"containerPort": 80, "hostPort": 8080, "protocol": "UDP"}),
+        );
+        let mut a = Admission::default();
+        let mut placed = with(bound("twin", "2026-12-02T10:00:01Z", Some(100)), twin);
+        placed.auctioned = false;
+        let mut daemon = with(bound("daemon", "2026-12-02T10:00:02Z", Some(100)), twin);
+        daemon.uid = "daemon";
+        daemon.daemon = true;
+        let pass = [
+            placed,
+            daemon,
+            with(bound("web", "2026-12-02T10:00:00Z", Some(100)), web),
+            with(bound("udp", "2026-12-02T10:00:03Z", Some(100)), udp),
+        ];
+        let verdicts = a.decide(node, false, &pass, &no_labels);
+        assert_eq!(
+            refused(&verdicts),
+            [
+                ("daemon", "NodePorts", true, false),
+                ("twin", "NodePorts", true, true)
+            ]
+        );
+        assert_eq!(
+            verdicts["twin"].refusal.message,
+            "Predicate NodePorts failed: node(s) didn't have free ports for the requested pod ports"
+        );
+        assert!(a.is_admitted("web") && a.is_admitted("udp"));
     }
 
     #[test]

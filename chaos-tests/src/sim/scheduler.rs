@@ -542,7 +542,9 @@ impl Sim {
     }
 
     /// Writes a binding (merge rule: the higher binding wins) and runs the winner's admission:
-    /// its resources, and [`predicates::hostname_conflict`] as the kubelet runs it.
+    /// its resources, host ports (the view's [`ClusterView::host_ports_taken`], what
+    /// [`predicates::host_port_conflict`] finds at the kubelet), and
+    /// [`predicates::hostname_conflict`] as the kubelet runs it.
     fn bind(&mut self, binding: Binding) {
         self.stats.bindings_written += 1;
         if self
@@ -560,8 +562,10 @@ impl Sim {
         let fits = pod.requests.cpu_millis <= free.cpu_millis
             && pod.requests.memory_bytes <= free.memory_bytes
             && pod.requests.pods <= free.pods;
-        // The node's own anti-affinity check, as the kubelet's admission makes it (only pods
-        // with such terms, or matched by one here, pay for the scan).
+        // The node's own host-port and anti-affinity checks, as the kubelet's admission makes
+        // them (only pods with host ports or such terms, or matched by one here, pay for the
+        // scan).
+        let fits = fits && !self.cluster.host_ports_taken(node.id, &pod);
         let fits = fits && {
             let involved = pod
                 .anti_affinity

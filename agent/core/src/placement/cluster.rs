@@ -5,7 +5,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use shoal_model::placement::{
-    AntiAffinity, Namespaces, NodeView, Operator, PodRequest, Resources, Term, term_matches,
+    AntiAffinity, HostPort, Namespaces, NodeView, Operator, PodRequest, Resources, Term,
+    term_matches,
 };
 
 /// What the view keeps of a placed pod.
@@ -16,6 +17,8 @@ struct PlacedPod {
     labels: BTreeMap<String, String>,
     priority: i32,
     requests: Resources,
+    /// Its `hostPort`s (empty for nearly every pod: no allocation).
+    host_ports: Vec<HostPort>,
 }
 
 /// A placed pod's required anti-affinity term, kept under the domain it holds.
@@ -141,6 +144,7 @@ impl ClusterView {
             labels: pod.labels.clone(),
             priority: pod.priority,
             requests: pod.requests,
+            host_ports: pod.host_ports.clone(),
         });
         self.count(&node, &pod.namespace, &pod.labels, true);
         for term in &pod.anti_affinity {
@@ -191,6 +195,21 @@ impl ClusterView {
                     })
                 })
         })
+    }
+
+    /// Whether a pod placed on node `id` holds a host port `pod` asks for (upstream's
+    /// `NodePorts` filter).
+    pub fn host_ports_taken(&self, id: u64, pod: &PodRequest) -> bool {
+        !pod.host_ports.is_empty()
+            && self.pods_on.get(&id).is_some_and(|placed| {
+                placed.iter().any(|p| {
+                    p.uid != pod.uid
+                        && shoal_model::placement::host_ports_conflict(
+                            &p.host_ports,
+                            &pod.host_ports,
+                        )
+                })
+            })
     }
 
     /// Records namespace `name`'s labels (upstream gives every namespace

@@ -22,6 +22,7 @@ pub enum Decline {
     AntiAffinity,
     Affinity,
     Spread,
+    HostPorts,
 }
 
 impl std::fmt::Display for Decline {
@@ -39,6 +40,9 @@ impl std::fmt::Display for Decline {
             Decline::AntiAffinity => f.write_str("node(s) didn't match pod anti-affinity rules"),
             Decline::Affinity => f.write_str("node(s) didn't match pod affinity rules"),
             Decline::Spread => f.write_str("node(s) didn't match pod topology spread constraints"),
+            Decline::HostPorts => {
+                f.write_str("node(s) didn't have free ports for the requested pod ports")
+            }
         }
     }
 }
@@ -85,6 +89,9 @@ pub fn check(
     }
     if after.pods > node.allocatable.pods {
         return Err(Decline::TooManyPods);
+    }
+    if cluster.host_ports_taken(node.id, pod) {
+        return Err(Decline::HostPorts);
     }
     for anti in &pod.anti_affinity {
         if let Some(domain) = node.labels.get(&anti.topology_key)
@@ -197,9 +204,9 @@ fn below_min_domains(spread: &shoal_model::placement::Spread, domains: usize) ->
 }
 
 /// What `placed` (pods an auctioneer's batch already gave to nodes, which no bidder's view
-/// holds yet) changes for `pod` on `node`: a required anti-affinity, either way, between it and
-/// one of them in a shared domain, or a `DoNotSchedule` spread the node would break once they
-/// count. The bidder checked everything else ([`check`]); the auctioneer calls this before it
+/// holds yet) changes for `pod` on `node`: a host port one of them holds there, a required
+/// anti-affinity, either way, between it and one of them in a shared domain, or a
+/// `DoNotSchedule` spread the node would break once they count. The bidder checked everything else ([`check`]); the auctioneer calls this before it
 /// gives the pod a node, so one batch never breaks a hard constraint the bidders would have
 /// held.
 pub fn batch_conflict(
@@ -224,6 +231,11 @@ pub fn batch_conflict(
     for (other_node, other) in placed {
         if other.uid == pod.uid {
             continue;
+        }
+        if other_node.id == node.id
+            && shoal_model::placement::host_ports_conflict(&pod.host_ports, &other.host_ports)
+        {
+            return Some(Decline::HostPorts);
         }
         let repels = pod
             .anti_affinity
@@ -299,6 +311,22 @@ pub fn hostname_conflict<'a>(
     };
     here.into_iter()
         .find(|other| other.uid != pod.uid && (repels(pod, other) || repels(other, pod)))
+}
+
+/// The node's other own check ([`hostname_conflict`]'s companion): the pod already here that
+/// holds a host port `pod` asks for (upstream's kubelet admission `NodePorts`, which refuses
+/// any pod, however it was bound).
+pub fn host_port_conflict<'a>(
+    pod: &PodRequest,
+    here: impl IntoIterator<Item = &'a PodRequest>,
+) -> Option<&'a PodRequest> {
+    if pod.host_ports.is_empty() {
+        return None;
+    }
+    here.into_iter().find(|other| {
+        other.uid != pod.uid
+            && shoal_model::placement::host_ports_conflict(&pod.host_ports, &other.host_ports)
+    })
 }
 
 /// Weights of the score components (each component is 0..=100).
@@ -722,6 +750,85 @@ mod tests {
             Some(Decline::Spread)
         );
         assert_eq!(batch_conflict(&spread, &n3, &[(&n1, &web)], &cluster), None);
+    }
+
+    /// Host ports as upstream's `NodePorts`: (hostIP, protocol, port) exclusive on a node,
+    /// `0.0.0.0` (or no hostIP) against every address; checked by the bidder against what is
+    /// placed, by the auctioneer against its batch, and by the node against what it admitted.
+    #[test]
+    fn host_ports_are_exclusive_per_node() {
+        let mut cluster = ClusterView::default();
+        for id in [1, 2] {
+            cluster.add_node(node(id, &[], 4000, 8));
+        }
+        let with_port = |uid: &str, port: serde_json::Value| {
+            PodRequest::from_pod(
+                &json!({"metadata": {"name": uid, "uid": uid, "namespace": "default"},
+                "spec": {"containers": [{"name": "c", "ports": [port]}]}}),
+            )
+            .unwrap()
+        };
+        let any = with_port("any", json!({"containerPort": 80, "hostPort": 8080}));
+        cluster.place(1, &any);
+        let n1 = cluster.node(1).unwrap().clone();
+        let n2 = cluster.node(2).unwrap().clone();
+        let check_on =
+            |pod: &PodRequest, n: &NodeView| check(pod, n, Resources::default(), &cluster);
+        // (the pod asking, on n1 where `any` holds 0.0.0.0:8080/TCP, on n2)
+        let rows = [
+            (
+                json!({"containerPort": 80, "hostPort": 8080}),
+                Err(Decline::HostPorts),
+            ),
+            (
+                json!({"containerPort": 80, "hostPort": 8080, "hostIP": "10.0.0.1"}),
+                Err(Decline::HostPorts),
+            ),
+            (
+                json!({"containerPort": 80, "hostPort": 8080, "protocol": "UDP"}),
+                Ok(()),
+            ),
+            (json!({"containerPort": 80, "hostPort": 8081}), Ok(())),
+            (json!({"containerPort": 8080}), Ok(())),
+        ];
+        for (i, (port, on_n1)) in rows.into_iter().enumerate() {
+            let pod = with_port(&format!("p{i}"), port);
+            assert_eq!(check_on(&pod, &n1), on_n1, "row {i}");
+            assert_eq!(check_on(&pod, &n2), Ok(()), "row {i}");
+        }
+        // Two specific addresses do not conflict; either with 0.0.0.0 does.
+        let a = with_port(
+            "a",
+            json!({"containerPort": 1, "hostPort": 53, "hostIP": "10.0.0.1", "protocol": "UDP"}),
+        );
+        let b = with_port(
+            "b",
+            json!({"containerPort": 1, "hostPort": 53, "hostIP": "10.0.0.2", "protocol": "UDP"}),
+        );
+        let c = with_port(
+            "c",
+            json!({"containerPort": 1, "hostPort": 53, "hostIP": "0.0.0.0", "protocol": "UDP"}),
+        );
+        assert_eq!(batch_conflict(&b, &n2, &[(&n2, &a)], &cluster), None);
+        assert_eq!(
+            batch_conflict(&c, &n2, &[(&n2, &a)], &cluster),
+            Some(Decline::HostPorts)
+        );
+        assert_eq!(batch_conflict(&c, &n1, &[(&n2, &a)], &cluster), None);
+        assert_eq!(host_port_conflict(&b, [&a]), None);
+        assert_eq!(
+            host_port_conflict(&c, [&a, &b]).map(|p| p.uid.as_str()),
+            Some("a")
+        );
+        assert_eq!(
+            host_port_conflict(&a, [&a]),
+            None,
+            "a pod does not conflict with itself"
+        );
+        assert_eq!(
+            summarize(2, &[Decline::HostPorts, Decline::NodeAffinity]),
+            "0/2 nodes are available: 1 node(s) didn't have free ports for the requested pod ports, 1 node(s) didn't match Pod's node affinity/selector."
+        );
     }
 
     #[test]

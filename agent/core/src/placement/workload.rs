@@ -123,6 +123,7 @@ pub fn pods(seed: u64, n: usize) -> Vec<PodRequest> {
                 spread,
                 preferred_pod_terms: vec![],
                 node_name: None,
+                host_ports: vec![],
             }
         })
         .collect()
