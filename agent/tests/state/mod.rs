@@ -396,6 +396,13 @@ async fn bad_objects_get_clear_errors() {
             413,
             "limit",
         ),
+        // A scheduling field the auction could not read is refused, not left Pending.
+        (
+            br#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"},"spec":{"containers":[{"name":"c","image":"i"}],"topologySpreadConstraints":[{"maxSkew":1,"topologyKey":"zone","whenUnsatisfiable":"ScheduleAnyway","minDomains":2}]}}"#
+                .to_vec(),
+            422,
+            "spec.topologySpreadConstraints[0].minDomains: Invalid value: 2: can only use minDomains if whenUnsatisfiable=DoNotSchedule, not ScheduleAnyway",
+        ),
     ];
     for (body, status, text) in cases {
         let (got, answer) = a

@@ -5,6 +5,8 @@ use serde_json::{Value, json};
 
 pub use crate::FieldError;
 
+mod scheduling;
+
 fn err(field: impl Into<String>, detail: impl Into<String>) -> FieldError {
     FieldError::new(field, detail)
 }
@@ -168,7 +170,7 @@ fn validate_pod_spec(spec: &Value, path: &str) -> Result<(), FieldError> {
             ));
         }
     }
-    Ok(())
+    scheduling::check(spec, path)
 }
 
 /// One `ports[]` entry of a container: `containerPort` and `hostPort` in range, a supported
