@@ -23,7 +23,7 @@ use crate::observed::events::{self, EventType, NewEvent, ObjectRef, Recorder};
 
 use crate::replication::Replication;
 use shoal_core::placement::auction::{
-    AuctionConfig, Binding, Message, NodeId, Output, Scheduler, World, auctioneer,
+    AuctionConfig, Binding, Message, NodeId, Output, Scheduler, World, auctioneer, auctioneer_of,
 };
 use shoal_core::placement::cluster::ClusterView;
 use shoal_core::placement::eviction;
@@ -127,6 +127,8 @@ struct State {
     dead_since: eviction::DeadTimers<String>,
     /// This node's verdicts as auctioneer.
     unschedulable: BTreeMap<String, String>,
+    /// The pods this node was auctioneer of at the last tick (with their epochs).
+    pending: Vec<(Arc<PodRequest>, u64)>,
     /// Everyone's verdicts, refreshed every tick (for the API's PodScheduled condition).
     all_unschedulable: BTreeMap<String, String>,
     /// What this node's views say about its fenced pods (the pure core the simulator drives
@@ -793,7 +795,7 @@ impl Scheduling {
                 eviction::Verdict::Wait => continue,
                 eviction::Verdict::Auction(epoch) => epoch,
             };
-            if auctioneer(&entry.request.uid, live_ids.iter().copied()) == Some(self.self_id) {
+            if auctioneer_of(&entry.request, live_ids.iter().copied()) == Some(self.self_id) {
                 // A pod whose nodeName points at a dead node must not be bound back there.
                 let mut request = (*entry.request).clone();
                 request.node_name = None;
@@ -825,16 +827,21 @@ impl Scheduling {
         state.settled = settled;
         // Borrowed, never taken out: a panic inside must not leave the state without it.
         let State {
-            scheduler, cluster, ..
+            scheduler,
+            cluster,
+            pending: kept,
+            ..
         } = &mut *state;
         let world = World {
             cluster,
             pending: &pending,
         };
-        scheduler
+        let outputs = scheduler
             .as_mut()
             .expect("the scheduler is set at construction")
-            .tick(self.now(), &world)
+            .tick(self.now(), &world);
+        *kept = pending;
+        outputs
     }
 
     async fn receive(self: Arc<Self>, incoming: crate::supervise::Held<IncomingFrames>) {
@@ -861,16 +868,27 @@ impl Scheduling {
     fn on_message(&self, from: NodeId, message: Message) -> Vec<Output> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let State {
-            scheduler, cluster, ..
+            scheduler,
+            cluster,
+            pending,
+            ..
         } = &mut *state;
+        let scheduler = scheduler
+            .as_mut()
+            .expect("the scheduler is set at construction");
         let world = World {
             cluster,
             pending: &[],
         };
-        scheduler
-            .as_mut()
-            .expect("the scheduler is set at construction")
-            .on_message(self.now(), from, message, &world)
+        let now = self.now();
+        let mut outputs = scheduler.on_message(now, from, message, &world);
+        // An auction decided by its last bid: the next starts now, not at the next tick, from
+        // the pending pods of the last tick (the scheduler skips those it has bound since).
+        if scheduler.has_room() {
+            let world = World { cluster, pending };
+            outputs.extend(scheduler.resume(now, &world));
+        }
+        outputs
     }
 
     async fn handle(&self, mut outputs: Vec<Output>) {

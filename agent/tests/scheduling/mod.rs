@@ -70,7 +70,17 @@ async fn pods_land_only_on_nodes_whose_labels_match() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_that_fits_nowhere_says_why() {
-    let api = ApiLab::start_with(3, |_| Vec::new()).await;
+    // n0, n1 in zone a; n2 in zone b (for the zone anti-affinity below).
+    let api = ApiLab::start_with(3, |i| {
+        vec![
+            "--labels".into(),
+            format!(
+                "topology.kubernetes.io/zone={}",
+                if i == 2 { "b" } else { "a" }
+            ),
+        ]
+    })
+    .await;
     let file = api.manifest("big.yaml", &pods(1, "too-big", "", "5000"));
     api.ok(0, &["apply", "-f", &file]);
     let mut message = String::new();
@@ -149,6 +159,46 @@ async fn a_pod_that_fits_nowhere_says_why() {
                 && l[2] == "0/3 nodes are available: 3 node(s) didn't match pod anti-affinity rules."
         });
         let ok = lines.len() == 4 && admitted.len() == 3 && pending.count() == 1;
+        async move { ok }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {seen}"));
+
+    // Issue #37: replicas that must not share a *zone*, which no node can check alone: their
+    // auctions go through one auctioneer (the constraint's), so two of them never land in zone
+    // a on n0 and n1 at once; one runs in each zone, two stay Pending and say why.
+    let zoned = deployment
+        .replace("name: apart", "name: zoned")
+        .replace("app: apart", "app: zoned")
+        .replace("kubernetes.io/hostname", "topology.kubernetes.io/zone");
+    let file = api.manifest("zoned.yaml", &zoned);
+    api.ok(0, &["apply", "-f", &file]);
+    wait_until("one zoned replica per zone and two pending", LIMIT, || {
+        seen = api.ok(
+            2,
+            &[
+                "get",
+                "pods",
+                "-l",
+                "app=zoned",
+                "-o",
+                "jsonpath={range .items[*]}{.spec.nodeName}|{.status.containerStatuses[0].name}|{.status.conditions[0].message}{\"\\n\"}{end}",
+            ],
+        );
+        let lines: Vec<Vec<&str>> = seen.lines().map(|l| l.splitn(3, '|').collect()).collect();
+        let zones: Vec<&str> = lines
+            .iter()
+            .filter(|l| l.len() == 3 && !l[0].is_empty() && !l[1].is_empty())
+            .map(|l| if l[0] == "n2" { "b" } else { "a" })
+            .collect();
+        let distinct: std::collections::BTreeSet<&&str> = zones.iter().collect();
+        assert_eq!(zones.len(), distinct.len(), "two zoned replicas admitted in one zone: {seen}");
+        let pending = lines.iter().filter(|l| {
+            l.len() == 3
+                && l[0].is_empty()
+                && l[2] == "0/3 nodes are available: 3 node(s) didn't match pod anti-affinity rules."
+        });
+        let ok = lines.len() == 4 && zones.len() == 2 && pending.count() == 2;
         async move { ok }
     })
     .await

@@ -400,7 +400,12 @@ fn bind(
         ) {
             continue;
         }
-        let Some(node) = auctioneer(uid_of(&pod), live.iter().copied()) else {
+        // The pod's auctioneer as the shell chooses it (by its wide constraint, if any).
+        let key = shoal_model::placement::PodRequest::from_pod(&pod).map_or_else(
+            |_| uid_of(&pod).to_owned(),
+            |request| shoal_core::placement::auction::auction_key(&request).into_owned(),
+        );
+        let Some(node) = auctioneer(&key, live.iter().copied()) else {
             continue;
         };
         let key = ObjectKey::new(

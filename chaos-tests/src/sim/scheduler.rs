@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shoal_core::placement::auction::{
-    AuctionConfig, Binding, Message, NodeId, Output, Scheduler, World, auctioneer,
+    AuctionConfig, Binding, Message, NodeId, Output, Scheduler, World, auctioneer, auctioneer_of,
 };
 use shoal_core::placement::cluster::ClusterView;
 use shoal_core::placement::eviction;
@@ -73,8 +73,16 @@ pub struct SimStats {
     pub refused: u64,
     /// Predicate + score evaluations by bidders.
     pub evaluations: u64,
+    /// Auctions started, exhaustive ones, and stale re-auctions (the schedulers' counters).
+    pub auctions: u64,
+    pub exhaustive_auctions: u64,
+    pub stale_retries: u64,
     /// Pods evicted by preemption (and auctioned again).
     pub preempted: u64,
+    /// Bindings that broke a hard topology constraint (required pod affinity or
+    /// anti-affinity, `DoNotSchedule` spread) given every pod bound before them: what a
+    /// serial scheduler would never do. The checker of the auction's exactness.
+    pub topology_violations: u64,
 }
 
 #[derive(Clone)]
@@ -189,11 +197,21 @@ impl Sim {
         let live: Vec<NodeId> = self.schedulers.keys().copied().collect();
         for pod in pods {
             let pod = Arc::new(pod);
-            if let Some(a) = auctioneer(&pod.uid, live.iter().copied()) {
+            if let Some(a) = self.auctioneer_for(&pod, &live) {
                 self.auctioneer_of.insert(pod.uid.clone(), a);
             }
             self.pods.insert(pod.uid.clone(), pod.clone());
             self.make_pending(&pod.uid, 1);
+        }
+    }
+
+    /// A pod's auctioneer among `live`, as the shell chooses it ([`auctioneer_of`]); by uid
+    /// alone when the config turns serialization off (to measure what it buys).
+    fn auctioneer_for(&self, pod: &PodRequest, live: &[NodeId]) -> Option<NodeId> {
+        if self.config.auction.serialize_wide {
+            auctioneer_of(pod, live.iter().copied())
+        } else {
+            auctioneer(&pod.uid, live.iter().copied())
         }
     }
 
@@ -235,7 +253,7 @@ impl Sim {
         let uids: Vec<String> = self.pods.keys().cloned().collect();
         for uid in uids {
             if self.auctioneer_of.get(&uid) == Some(&node)
-                && let Some(a) = auctioneer(&uid, live.iter().copied())
+                && let Some(a) = self.auctioneer_for(&self.pods[&uid], &live)
             {
                 self.auctioneer_of.insert(uid, a);
             }
@@ -492,7 +510,7 @@ impl Sim {
         merged.pending.clear();
         let uids: Vec<String> = merged.pods.keys().cloned().collect();
         for uid in uids {
-            if let Some(a) = auctioneer(&uid, live.iter().copied()) {
+            if let Some(a) = merged.auctioneer_for(&merged.pods[&uid], &live) {
                 merged.auctioneer_of.insert(uid.clone(), a);
             }
             if !merged.bindings.contains_key(&uid) {
@@ -600,10 +618,23 @@ impl Sim {
             // The loser stops its instance.
             self.cluster.unplace(old.node, &pod);
         }
+        // The checker: against every pod bound so far (this view is the whole truth), would a
+        // serial scheduler have placed it here?
+        if predicates::topology(&pod, &node, &self.cluster).is_err() {
+            self.stats.topology_violations += 1;
+        }
         self.cluster.place(binding.node, &pod);
         self.unschedulable.remove(&binding.pod);
         self.unpend(&binding.pod);
         self.bindings.insert(binding.pod.clone(), binding);
+    }
+
+    /// The pods node `id` is auctioneer of, with their epochs.
+    fn pending_of(&self, id: NodeId) -> Vec<(Arc<PodRequest>, u64)> {
+        self.pending
+            .get(&id)
+            .map(|l| l.values().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Runs until `done` holds or `limit` of virtual time passes.
@@ -624,7 +655,16 @@ impl Sim {
                     cluster: &self.cluster,
                     pending: &[],
                 };
-                let outputs = s.on_message(self.now, from, message, &world);
+                let mut outputs = s.on_message(self.now, from, message, &world);
+                // As the shell does: an auction decided by its last bid lets the next start.
+                if s.has_room() {
+                    let pending = self.pending_of(to);
+                    let world = World {
+                        cluster: &self.cluster,
+                        pending: &pending,
+                    };
+                    outputs.extend(s.resume(self.now, &world));
+                }
                 self.schedulers.insert(to, s);
                 self.apply(to, outputs);
             }
@@ -637,11 +677,7 @@ impl Sim {
                     let Some(mut s) = self.schedulers.remove(&id) else {
                         continue;
                     };
-                    let pending: Vec<(Arc<PodRequest>, u64)> = self
-                        .pending
-                        .get(&id)
-                        .map(|l| l.values().cloned().collect())
-                        .unwrap_or_default();
+                    let pending = self.pending_of(id);
                     let world = World {
                         cluster: &self.cluster,
                         pending: &pending,
@@ -658,6 +694,13 @@ impl Sim {
                 .max(self.now + Duration::from_micros(1));
         }
         self.stats.evaluations = self.schedulers.values().map(|s| s.evaluations).sum();
+        self.stats.auctions = self.schedulers.values().map(|s| s.auctions_started).sum();
+        self.stats.exhaustive_auctions = self
+            .schedulers
+            .values()
+            .map(|s| s.exhaustive_auctions)
+            .sum();
+        self.stats.stale_retries = self.schedulers.values().map(|s| s.stale_retries).sum();
     }
 
     /// Everything placed, on live nodes, within every node's allocatable?

@@ -4,6 +4,13 @@
 //!
 //! - Each pending pod has one **auctioneer**: the live node with the highest rendezvous hash of
 //!   (pod uid, node id). A dead auctioneer is replaced without election when views change.
+//!   A pod with a hard constraint wider than one node (required pod (anti-)affinity over a
+//!   zone, a `DoNotSchedule` spread) is keyed by that constraint instead ([`auction_key`]):
+//!   all the pods that share it are auctioned by one node, which checks each against its own
+//!   view and the ones it bound lately before it binds — so two auctioneers never race for
+//!   one zone while membership views agree (during a view change, as for every binding, two
+//!   may). Pods of *different* constraints that constrain each other are checked against the
+//!   auctioneer's view only (the window is the replication delay).
 //! - The auctioneer batches its pods and calls for bids from a deterministic sample of live
 //!   nodes (rendezvous over (auction id, node id)); if none of the sample can take a pod, the pod
 //!   goes to an exhaustive auction over every live node before it is declared unschedulable.
@@ -127,6 +134,9 @@ pub struct AuctionConfig {
     pub pressure_percent: u64,
     /// An unschedulable pod is auctioned again after this long.
     pub retry_after: Duration,
+    /// Auction the pods that share a wide constraint at one node, checked against its view
+    /// ([`auction_key`]). Off only to measure what it buys (scheduling-bench).
+    pub serialize_wide: bool,
 }
 
 impl Default for AuctionConfig {
@@ -142,6 +152,7 @@ impl Default for AuctionConfig {
             offer_ttl: Duration::from_secs(2),
             pressure_percent: 100,
             retry_after: Duration::from_secs(5),
+            serialize_wide: true,
         }
     }
 }
@@ -152,6 +163,9 @@ pub struct World<'a> {
     /// Pods this node is auctioneer of, with the epoch their next binding must carry.
     pub pending: &'a [(Arc<PodRequest>, u64)],
 }
+
+/// How many times in a row a pod whose offers all went stale is auctioned again at once.
+const STALE_RETRIES: u32 = 10;
 
 /// How many times the sample size of least-loaded nodes half of a sample is drawn from.
 const LOAD_POOL: usize = 4;
@@ -198,9 +212,24 @@ pub struct Scheduler {
     in_flight: HashSet<String>,
     retry_at: HashMap<String, Duration>,
     exhaustive_next: HashSet<String>,
+    /// Pods with a wide constraint this node bound lately, (node, pod, until): a later auction
+    /// of their group counts them until its view holds them.
+    recent: Vec<(NodeId, Arc<PodRequest>, Duration)>,
+    /// Pods auctioned again because every offer had gone stale, and how often in a row.
+    stale: HashMap<String, u32>,
+    /// Pods this node bound, at which epoch, until when: not auctioned again before the shell
+    /// shows them bound (a binding refused and handed back comes with a new epoch).
+    bound: HashMap<String, (u64, Duration)>,
+    /// An auction was decided since pending pods were last looked at ([`Self::has_room`]).
+    decided: bool,
     seq: u64,
     /// Messages and evaluations, for benchmarks.
     pub evaluations: u64,
+    /// Auctions started, and of those exhaustive (every node asked), for benchmarks.
+    pub auctions_started: u64,
+    pub exhaustive_auctions: u64,
+    /// Pods auctioned again because their offers had gone stale, for benchmarks.
+    pub stale_retries: u64,
 }
 
 /// A bidder's preemption offers: for each pod it declined only for lack of resources (all its
@@ -246,10 +275,65 @@ pub fn rendezvous(key: &str, node: NodeId) -> u64 {
     predicates::tie_break(key, node)
 }
 
-/// The auctioneer of a pod: the live node with the highest rendezvous hash.
-pub fn auctioneer(pod_uid: &str, live: impl IntoIterator<Item = NodeId>) -> Option<NodeId> {
-    live.into_iter()
-        .max_by_key(|n| (rendezvous(pod_uid, *n), *n))
+/// The live node with the highest rendezvous hash of `key`: a pod's auctioneer (by
+/// [`auction_key`]), and the owner of other keys (objects' homes, controllers' objects).
+pub fn auctioneer(key: &str, live: impl IntoIterator<Item = NodeId>) -> Option<NodeId> {
+    live.into_iter().max_by_key(|n| (rendezvous(key, *n), *n))
+}
+
+/// What chooses a pod's auctioneer: its uid, or for a pod with a hard constraint wider than a
+/// node ([`predicates::has_wide_constraint`]) that constraint — its namespace, topology key
+/// and selector — so every pod that shares it (the replicas of one workload) is auctioned by
+/// one node, one auction after another, each checked against the placements before it. Two
+/// auctioneers racing for one zone was the alternative; this costs no message.
+pub fn auction_key(pod: &PodRequest) -> std::borrow::Cow<'_, str> {
+    let spreads = pod
+        .spread
+        .iter()
+        .filter(|s| s.hard)
+        .map(|s| (&s.topology_key, &s.selector));
+    let terms = pod
+        .anti_affinity
+        .iter()
+        .chain(&pod.affinity)
+        .filter(|t| t.topology_key != predicates::HOSTNAME)
+        .map(|t| (&t.topology_key, &t.selector));
+    match spreads.chain(terms).next() {
+        None => std::borrow::Cow::Borrowed(&pod.uid),
+        Some((key, selector)) => {
+            std::borrow::Cow::Owned(format!("wide/{}/{key}/{selector:?}", pod.namespace))
+        }
+    }
+}
+
+/// The topology keys of the wide constraints of `pods` ([`predicates::has_wide_constraint`]),
+/// each once.
+fn wide_keys(pods: &[Arc<PodRequest>]) -> Vec<&str> {
+    let mut keys: Vec<&str> = Vec::new();
+    for pod in pods {
+        let spreads = pod
+            .spread
+            .iter()
+            .filter(|s| s.hard)
+            .map(|s| &s.topology_key);
+        let terms = pod
+            .anti_affinity
+            .iter()
+            .chain(&pod.affinity)
+            .map(|t| &t.topology_key)
+            .filter(|k| *k != predicates::HOSTNAME);
+        for key in spreads.chain(terms) {
+            if !keys.contains(&key.as_str()) {
+                keys.push(key);
+            }
+        }
+    }
+    keys
+}
+
+/// The auctioneer of `pod` among `live` nodes (by [`auction_key`]).
+pub fn auctioneer_of(pod: &PodRequest, live: impl IntoIterator<Item = NodeId>) -> Option<NodeId> {
+    auctioneer(&auction_key(pod), live)
 }
 
 impl Scheduler {
@@ -262,8 +346,15 @@ impl Scheduler {
             in_flight: HashSet::new(),
             retry_at: HashMap::new(),
             exhaustive_next: HashSet::new(),
+            recent: Vec::new(),
+            stale: HashMap::new(),
+            bound: HashMap::new(),
+            decided: false,
             seq: 0,
             evaluations: 0,
+            auctions_started: 0,
+            exhaustive_auctions: 0,
+            stale_retries: 0,
         }
     }
 
@@ -279,18 +370,51 @@ impl Scheduler {
         for seq in expired {
             self.decide(seq, now, world, &mut out);
         }
+        self.bound.retain(|_, (_, until)| *until > now);
+        self.start_pending(now, world, &mut out);
+        out
+    }
+
+    /// Whether an auction was decided (by its last bid) since the pending pods were last
+    /// looked at, and another may start: then the shell calls [`Scheduler::resume`] with them
+    /// rather than wait for the next tick, so a queue of pods that must go one auction at a
+    /// time ([`Scheduler::chunks`]) moves at the speed of the bids, not of the ticks.
+    pub fn has_room(&self) -> bool {
+        self.decided && self.auctions.len() < self.config.max_in_flight
+    }
+
+    /// Starts auctions for the pending pods in `world` (what a tick does after deciding).
+    pub fn resume(&mut self, now: Duration, world: &World) -> Vec<Output> {
+        let mut out = Vec::new();
+        self.start_pending(now, world, &mut out);
+        out
+    }
+
+    /// Starts auctions for the pending pods, as many as may be in flight.
+    fn start_pending(&mut self, now: Duration, world: &World, out: &mut Vec<Output>) {
+        self.decided = false;
+        if self.auctions.len() >= self.config.max_in_flight {
+            return;
+        }
         let mut batch: Vec<Arc<PodRequest>> = Vec::new();
         let mut exhaustive: Vec<Arc<PodRequest>> = Vec::new();
         let mut epochs = HashMap::new();
         for (pod, epoch) in world.pending {
             if self.in_flight.contains(&pod.uid)
                 || self.retry_at.get(&pod.uid).is_some_and(|t| *t > now)
+                // Bound by this node at this epoch; the shell has not seen it yet.
+                || self
+                    .bound
+                    .get(&pod.uid)
+                    .is_some_and(|(e, until)| e == epoch && *until > now)
             {
                 continue;
             }
             if let Some(name) = &pod.node_name {
                 // spec.nodeName: bound directly, as in Kubernetes.
                 if let Some(node) = world.cluster.nodes().find(|n| n.name == *name) {
+                    self.bound
+                        .insert(pod.uid.clone(), (*epoch, now + self.config.offer_ttl));
                     out.push(Output::Bind(Binding {
                         pod: pod.uid.clone(),
                         node: node.id,
@@ -307,23 +431,57 @@ impl Scheduler {
                 batch.push(pod.clone());
             }
         }
-        // Exhaustive re-auctions first: they are pods no sample could take.
-        let chunks = exhaustive
-            .chunks(self.config.batch)
-            .map(|c| (c.to_vec(), true))
-            .chain(batch.chunks(self.config.batch).map(|c| (c.to_vec(), false)));
-        for (chunk, exhaustive) in chunks {
-            if self.auctions.len() >= self.config.max_in_flight {
-                for pod in &chunk {
-                    if exhaustive {
-                        self.exhaustive_next.insert(pod.uid.clone());
-                    }
-                }
-                continue;
-            }
-            self.start(chunk, &epochs, exhaustive, now, world, &mut out);
+        // Exhaustive re-auctions first: they are pods no sample could take. Only the batches
+        // that can start now are formed; the rest wait for a later tick (exhaustive ones keep
+        // their mark).
+        let free = self
+            .config
+            .max_in_flight
+            .saturating_sub(self.auctions.len());
+        let (first, left) = self.chunks(exhaustive, free);
+        for pod in left {
+            self.exhaustive_next.insert(pod.uid.clone());
         }
-        out
+        let (then, _) = self.chunks(batch, free - first.len());
+        for (chunk, exhaustive) in first
+            .into_iter()
+            .map(|c| (c, true))
+            .chain(then.into_iter().map(|c| (c, false)))
+        {
+            self.start(chunk, &epochs, exhaustive, now, world, out);
+        }
+    }
+
+    /// The first `limit` auction batches of `pods`, in order, and the pods left over: at most
+    /// `batch` pods each, and never two pods that share a wide constraint in one batch (the
+    /// bidders would offer both the same domain, and the second would find it taken by the
+    /// first).
+    fn chunks(
+        &self,
+        pods: Vec<Arc<PodRequest>>,
+        limit: usize,
+    ) -> (Vec<Vec<Arc<PodRequest>>>, Vec<Arc<PodRequest>>) {
+        let mut chunks: Vec<Vec<Arc<PodRequest>>> = Vec::new();
+        let mut keys: HashSet<String> = HashSet::new();
+        let mut pods = pods.into_iter();
+        for pod in pods.by_ref() {
+            let key = (self.config.serialize_wide && predicates::has_wide_constraint(&pod))
+                .then(|| auction_key(&pod).into_owned());
+            let full = chunks.last().is_none_or(|c| c.len() >= self.config.batch)
+                || key.as_ref().is_some_and(|k| keys.contains(k));
+            if full {
+                if chunks.len() >= limit {
+                    return (chunks, std::iter::once(pod).chain(pods).collect());
+                }
+                chunks.push(Vec::new());
+                keys.clear();
+            }
+            if let Some(key) = key {
+                keys.insert(key);
+            }
+            chunks.last_mut().expect("pushed above").push(pod);
+        }
+        (chunks, Vec::new())
     }
 
     fn start(
@@ -374,12 +532,39 @@ impl Scheduler {
                     chosen.push(n);
                 }
             }
+            // A pod with a wide constraint may fit only in some domains (the emptiest zone of a
+            // spread): the sample holds a node of every domain of its topology key, when those
+            // are few, so it does not fall back to asking every node for want of one.
+            for topology in wide_keys(&pods) {
+                if world.cluster.domain_count(topology) > self.config.sample {
+                    continue;
+                }
+                let covered: HashSet<&String> = chosen
+                    .iter()
+                    .filter_map(|n| world.cluster.node(*n)?.labels.get(topology))
+                    .collect();
+                let mut best: HashMap<&String, (u64, NodeId)> = HashMap::new();
+                for node in world.cluster.nodes() {
+                    if let Some(d) = node.labels.get(topology)
+                        && !covered.contains(d)
+                    {
+                        let rank = (rendezvous(&key, node.id), node.id);
+                        let slot = best.entry(d).or_insert(rank);
+                        *slot = (*slot).max(rank);
+                    }
+                }
+                let mut extra: Vec<NodeId> = best.into_values().map(|(_, n)| n).collect();
+                extra.sort_unstable();
+                chosen.extend(extra);
+            }
             nodes = chosen;
         }
         for pod in &pods {
             self.in_flight.insert(pod.uid.clone());
         }
         let exhaustive = exhaustive || nodes.len() == world.cluster.node_ids().len();
+        self.auctions_started += 1;
+        self.exhaustive_auctions += u64::from(exhaustive);
         for node in &nodes {
             out.push(Output::Send {
                 to: *node,
@@ -540,9 +725,19 @@ impl Scheduler {
         let Some(mut a) = self.auctions.remove(&seq) else {
             return;
         };
+        self.decided = true;
         let mut given: HashMap<NodeId, Resources> = HashMap::new();
-        // What this batch placed, for the hard topology constraints between its own pods.
-        let mut placed: Vec<(NodeId, Arc<PodRequest>)> = Vec::new();
+        // What this batch placed, for the hard topology constraints between its own pods, and
+        // before them the pods with a wide constraint this node bound lately that its view
+        // does not hold yet (the bidders may not have seen them either).
+        self.recent.retain(|(node, pod, until)| {
+            *until > now && world.cluster.requests_of(*node, &pod.uid).is_none()
+        });
+        let mut placed: Vec<(NodeId, Arc<PodRequest>)> = self
+            .recent
+            .iter()
+            .map(|(node, pod, _)| (*node, pod.clone()))
+            .collect();
         for pod in &a.pods {
             self.in_flight.remove(&pod.uid);
             let epoch = a.epochs.get(&pod.uid).copied().unwrap_or(0);
@@ -551,17 +746,27 @@ impl Scheduler {
                 .iter()
                 .filter_map(|(n, q)| Some((world.cluster.node(*n)?, q.as_ref())))
                 .collect();
+            // A bidder checked its own view, which may lag this node's: a pod with a wide
+            // constraint is checked again against what this node knows.
+            let wide = self.config.serialize_wide && predicates::has_wide_constraint(pod);
             let mut conflicts: Vec<Decline> = Vec::new();
             let best = offers
                 .iter()
                 .filter_map(|&(score, tie, node)| {
-                    if !placed_views.is_empty()
-                        && let Some(view) = world.cluster.node(node)
-                        && let Some(decline) =
+                    if let Some(view) = world.cluster.node(node) {
+                        let conflict = if placed_views.is_empty() {
+                            None
+                        } else {
                             predicates::batch_conflict(pod, view, &placed_views, world.cluster)
-                    {
-                        conflicts.push(decline);
-                        return None;
+                        };
+                        let conflict = conflict.or_else(|| {
+                            wide.then(|| predicates::topology(pod, view, world.cluster).err())
+                                .flatten()
+                        });
+                        if let Some(decline) = conflict {
+                            conflicts.push(decline);
+                            return None;
+                        }
                     }
                     let (free, allocatable) = a.capacity.get(&node).copied()?;
                     let already = given.get(&node).copied().unwrap_or_default();
@@ -588,12 +793,31 @@ impl Scheduler {
                         .unwrap_or_default()
                         .plus(pod.requests);
                     placed.push((node, pod.clone()));
+                    if wide {
+                        self.recent
+                            .push((node, pod.clone(), now + self.config.offer_ttl));
+                    }
+                    self.bound
+                        .insert(pod.uid.clone(), (epoch, now + self.config.offer_ttl));
                     out.push(Output::Bind(Binding {
                         pod: pod.uid.clone(),
                         node,
                         epoch,
                         stamp: (now.as_millis() as u64, self.id),
                     }));
+                }
+                // Every offer was ruled out by what was placed since it was made (the bidders'
+                // views were stale, not the nodes unfit): auctioned again at once with fresh
+                // bids, a few times, before it counts as not fitting.
+                None if !conflicts.is_empty()
+                    && conflicts.len() == offers.len()
+                    && self.stale.get(&pod.uid).copied().unwrap_or(0) < STALE_RETRIES =>
+                {
+                    *self.stale.entry(pod.uid.clone()).or_default() += 1;
+                    self.stale_retries += 1;
+                    if a.exhaustive {
+                        self.exhaustive_next.insert(pod.uid.clone());
+                    }
                 }
                 None if !a.exhaustive => {
                     self.exhaustive_next.insert(pod.uid.clone());
@@ -606,6 +830,8 @@ impl Scheduler {
                         (*highest, *count, std::cmp::Reverse(*tie), *node)
                     });
                     let (_, _, _, node, victims) = options.swap_remove(0);
+                    self.bound
+                        .insert(pod.uid.clone(), (epoch, now + self.config.offer_ttl));
                     out.push(Output::Preempt {
                         binding: Binding {
                             pod: pod.uid.clone(),
@@ -627,6 +853,7 @@ impl Scheduler {
                             .map(|_| Decline::InsufficientCpu),
                     );
                     declines.extend(conflicts);
+                    self.stale.remove(&pod.uid);
                     self.retry_at
                         .insert(pod.uid.clone(), now + self.config.retry_after);
                     out.push(Output::Unschedulable {
@@ -646,5 +873,78 @@ impl Scheduler {
     pub fn on_binding(&mut self, binding: &Binding) {
         self.offered.remove(&binding.pod);
         self.retry_at.remove(&binding.pod);
+        self.stale.remove(&binding.pod);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod(uid: &str, app: &str, spec: serde_json::Value) -> Arc<PodRequest> {
+        let mut spec = spec;
+        spec["containers"] = json!([{"name": "c", "image": "i"}]);
+        Arc::new(
+            PodRequest::from_pod(
+                &json!({"metadata": {"name": uid, "uid": uid, "namespace": "default",
+                "labels": {"app": app}}, "spec": spec}),
+            )
+            .unwrap(),
+        )
+    }
+
+    fn zone_spread(app: &str) -> serde_json::Value {
+        json!({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": app}}}]})
+    }
+
+    /// Replicas sharing a wide constraint share an auctioneer (and never a batch); a pod
+    /// without one, or with only hostname-scoped terms the node itself checks, is keyed by its
+    /// uid.
+    #[test]
+    fn pods_sharing_a_wide_constraint_share_an_auctioneer_and_never_a_batch() {
+        let (a, b) = (
+            pod("a", "web", zone_spread("web")),
+            pod("b", "web", zone_spread("web")),
+        );
+        let other = pod("c", "db", zone_spread("db"));
+        let plain = pod("d", "web", json!({}));
+        let hostname = pod(
+            "e",
+            "web",
+            json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "web"}}}]}}}),
+        );
+        assert_eq!(auction_key(&a), auction_key(&b));
+        assert_ne!(auction_key(&a), auction_key(&other));
+        assert_eq!(auction_key(&plain), "d");
+        assert_eq!(auction_key(&hostname), "e");
+        let live = 1..=50u64;
+        assert_eq!(auctioneer_of(&a, live.clone()), auctioneer_of(&b, live));
+
+        let scheduler = Scheduler::new(1, AuctionConfig::default());
+        let queue = vec![
+            a.clone(),
+            plain.clone(),
+            other.clone(),
+            b.clone(),
+            hostname.clone(),
+        ];
+        let (chunks, left) = scheduler.chunks(queue.clone(), 10);
+        let uids: Vec<Vec<&str>> = chunks
+            .iter()
+            .map(|c| c.iter().map(|p| p.uid.as_str()).collect())
+            .collect();
+        assert_eq!(uids, [vec!["a", "d", "c"], vec!["b", "e"]]);
+        assert!(left.is_empty());
+        // Only the batches that can start are formed; the rest are handed back in order.
+        let (chunks, left) = scheduler.chunks(queue, 1);
+        assert_eq!(chunks.len(), 1);
+        assert_eq!(
+            left.iter().map(|p| p.uid.as_str()).collect::<Vec<_>>(),
+            ["b", "e"]
+        );
     }
 }

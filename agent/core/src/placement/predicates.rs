@@ -93,6 +93,26 @@ pub fn check(
     if cluster.host_ports_taken(node.id, pod) {
         return Err(Decline::HostPorts);
     }
+    topology(pod, node, cluster)
+}
+
+/// Whether `pod` has a hard constraint whose domain is wider than one node: required pod
+/// affinity or anti-affinity over a topology key other than the hostname, or a
+/// `DoNotSchedule` spread (over any key: its skew compares every domain). No node can check
+/// such a constraint alone; the auction serializes the pods that have one (their auctioneer
+/// is chosen by the constraint, [`super::auction::auction_key`]).
+pub fn has_wide_constraint(pod: &PodRequest) -> bool {
+    pod.anti_affinity
+        .iter()
+        .chain(&pod.affinity)
+        .any(|t| t.topology_key != HOSTNAME)
+        || pod.spread.iter().any(|s| s.hard)
+}
+
+/// The hard topology checks of [`check`] alone — required pod anti-affinity (both ways),
+/// required pod affinity, `DoNotSchedule` spread — against `cluster` as it is: what an
+/// auctioneer checks again against its own view before it binds a pod with a wide constraint.
+pub fn topology(pod: &PodRequest, node: &NodeView, cluster: &ClusterView) -> Result<(), Decline> {
     for anti in &pod.anti_affinity {
         if let Some(domain) = node.labels.get(&anti.topology_key)
             && cluster.matching_term_in_domain(anti, domain, &pod.namespace) > 0
