@@ -346,6 +346,87 @@ proptest! {
     }
 }
 
+/// A pod of app `app` with the scheduling fields `fields` and a 100m request.
+fn constrained(app: &str, i: usize, fields: serde_json::Value) -> PodRequest {
+    let mut spec = serde_json::json!({"containers": [{"name": "c", "image": "i", "resources": {"requests": {"cpu": "100m"}}}]});
+    for (k, v) in fields.as_object().into_iter().flatten() {
+        spec[k] = v.clone();
+    }
+    PodRequest::from_pod(&serde_json::json!({
+        "metadata": {"name": format!("{app}-{i}"), "uid": format!("{app}-{i}"), "namespace": "default", "labels": {"app": app}},
+        "spec": spec
+    }))
+    .unwrap()
+}
+
+fn anti(app: &str, key: &str) -> serde_json::Value {
+    serde_json::json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"topologyKey": key, "labelSelector": {"matchLabels": {"app": app}}}]}}})
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// Issue #37's property: whatever the cluster size, message latency and the order and
+    /// timing in which pods arrive, no binding ever breaks a required constraint given those
+    /// before it (the simulator's checker), and every pod that can be placed is: one `db` per
+    /// zone (zone anti-affinity), one `cache` per node (hostname anti-affinity), and every
+    /// `web` (zone spread, always satisfiable here).
+    #[test]
+    fn hard_constraints_hold_for_any_arrival_order_and_latency(
+        seed in 0u64..1000,
+        node_count in 3usize..24,
+        dbs in 1usize..7,
+        caches in 0usize..30,
+        webs in 0usize..30,
+        skew in 1u64..3,
+        latency_ms in 1u64..20,
+        waves in proptest::collection::vec(0u64..300, 1..4),
+    ) {
+        let nodes: Vec<_> = workload::nodes(seed, node_count)
+            .into_iter()
+            .map(|mut n| {
+                n.taints.clear();
+                n
+            })
+            .collect();
+        let mut config = SimConfig::default();
+        config.latency = Duration::from_millis(latency_ms);
+        let mut sim = Sim::new(config, nodes);
+        let spread = serde_json::json!({"topologySpreadConstraints": [{"maxSkew": skew,
+            "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"app": "web"}}}]});
+        let mut pods: Vec<PodRequest> = (0..dbs)
+            .map(|i| constrained("db", i, anti("db", "topology.kubernetes.io/zone")))
+            .chain((0..caches).map(|i| constrained("cache", i, anti("cache", "kubernetes.io/hostname"))))
+            .chain((0..webs).map(|i| constrained("web", i, spread.clone())))
+            .collect();
+        // A seeded shuffle, then the pods in waves with pauses between them.
+        let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        for i in (1..pods.len()).rev() {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            pods.swap(i, (state % (i as u64 + 1)) as usize);
+        }
+        let total = pods.len();
+        let per_wave = total.div_ceil(waves.len()).max(1);
+        for (wave, pause) in pods.chunks(per_wave).zip(&waves) {
+            sim.add_pods(wave.to_vec());
+            let end = sim.now + Duration::from_millis(*pause);
+            sim.run(Duration::from_millis(*pause), |s| s.now >= end);
+        }
+        let zones = 3.min(node_count);
+        let want = dbs.min(zones) + caches.min(node_count) + webs;
+        sim.run(Duration::from_secs(60), |s| s.bound_count() >= want);
+        prop_assert_eq!(sim.stats.topology_violations, 0);
+        prop_assert!(sim.check_invariants().is_ok());
+        let placed = |prefix: &str| sim.bindings.keys().filter(|u| u.starts_with(prefix)).count();
+        prop_assert_eq!(placed("db-"), dbs.min(zones));
+        prop_assert_eq!(placed("cache-"), caches.min(node_count));
+        prop_assert_eq!(placed("web-"), webs);
+    }
+}
+
 #[test]
 fn a_high_priority_pod_preempts_the_least_important_pods() {
     use serde_json::json;
