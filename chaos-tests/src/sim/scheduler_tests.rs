@@ -389,8 +389,10 @@ proptest! {
                 n
             })
             .collect();
-        let mut config = SimConfig::default();
-        config.latency = Duration::from_millis(latency_ms);
+        let config = SimConfig {
+            latency: Duration::from_millis(latency_ms),
+            ..SimConfig::default()
+        };
         let mut sim = Sim::new(config, nodes);
         let spread = serde_json::json!({"topologySpreadConstraints": [{"maxSkew": skew,
             "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule",
