@@ -34,6 +34,16 @@ pub fn services_with_backends(
             s.list("", "Pod", namespace),
         )
     });
+    services_with_backends_of(services, pods, statuses)
+}
+
+/// [`services_with_backends`] over Services and pods already read from the store (a caller
+/// that needs the pods for something else too reads them once).
+pub fn services_with_backends_of(
+    services: Vec<Value>,
+    pods: Vec<Value>,
+    statuses: &crate::observed::pod_status::PodStatusCache,
+) -> Vec<(Value, Vec<Backend>)> {
     if services.is_empty() {
         return Vec::new();
     }

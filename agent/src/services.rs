@@ -289,15 +289,18 @@ async fn run(
             statuses.version(),
         );
         if derived_from != Some(inputs) {
-            let derived = crate::endpoints::services_with_backends(&replication, &statuses, None);
+            // One read of the store for both: the pods' host ports, then the Services' backends.
+            let (service_objects, pods) =
+                replication.read(|s| (s.list("", "Service", None), s.list("", "Pod", None)));
+            let host_ports = host_port_rules(&pods, |uid| statuses.get(uid, &node));
+            let derived =
+                crate::endpoints::services_with_backends_of(service_objects, pods, &statuses);
             let services: Vec<DnsService> =
                 derived.iter().map(|(s, b)| dns_service(s, b)).collect();
             let ports: Vec<shoal_net::nft::ServicePort> = derived
                 .iter()
                 .flat_map(|(s, b)| service_ports(s, b))
                 .collect();
-            let pods = replication.read(|s| s.list("", "Pod", None));
-            let host_ports = host_port_rules(&pods, |uid| statuses.get(uid, &node));
             let wanted = (ports.clone(), host_ports);
             if applied.as_ref() != Some(&wanted) {
                 let table_name = table.clone();

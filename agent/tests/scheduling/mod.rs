@@ -68,6 +68,42 @@ async fn pods_land_only_on_nodes_whose_labels_match() {
     assert_eq!(scheduled, "True");
 }
 
+/// The pods labelled `app=<app>` as agent `agent` lists them: the listing, the nodes of those a
+/// node admitted (its worker reports their container statuses), and how many wait because no
+/// node matched their anti-affinity.
+fn replicas(api: &ApiLab, agent: usize, app: &str) -> (String, Vec<String>, usize) {
+    let listing = api.ok(
+        agent,
+        &[
+            "get",
+            "pods",
+            "-l",
+            &format!("app={app}"),
+            "-o",
+            "jsonpath={range .items[*]}{.spec.nodeName}|{.status.containerStatuses[0].name}|{.status.conditions[0].message}{\"\\n\"}{end}",
+        ],
+    );
+    let lines: Vec<Vec<&str>> = listing
+        .lines()
+        .map(|l| l.splitn(3, '|').collect())
+        .collect();
+    let admitted = lines
+        .iter()
+        .filter(|l| l.len() == 3 && !l[0].is_empty() && !l[1].is_empty())
+        .map(|l| l[0].to_owned())
+        .collect();
+    let pending = lines
+        .iter()
+        .filter(|l| {
+            l.len() == 3
+                && l[0].is_empty()
+                && l[2]
+                    == "0/3 nodes are available: 3 node(s) didn't match pod anti-affinity rules."
+        })
+        .count();
+    (listing, admitted, pending)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_that_fits_nowhere_says_why() {
     // n0, n1 in zone a; n2 in zone b (for the zone anti-affinity below).
@@ -133,34 +169,22 @@ async fn a_pod_that_fits_nowhere_says_why() {
     let file = api.manifest("apart.yaml", deployment);
     api.ok(0, &["apply", "-f", &file]);
     let mut seen = String::new();
-    wait_until("three replicas on three nodes and one pending", LIMIT, || {
-        seen = api.ok(
-            1,
-            &[
-                "get",
-                "pods",
-                "-l",
-                "app=apart",
-                "-o",
-                "jsonpath={range .items[*]}{.spec.nodeName}|{.status.containerStatuses[0].name}|{.status.conditions[0].message}{\"\\n\"}{end}",
-            ],
-        );
-        let lines: Vec<Vec<&str>> = seen.lines().map(|l| l.splitn(3, '|').collect()).collect();
-        let admitted: Vec<&str> = lines
-            .iter()
-            .filter(|l| l.len() == 3 && !l[0].is_empty() && !l[1].is_empty())
-            .map(|l| l[0])
-            .collect();
-        let distinct: std::collections::BTreeSet<&&str> = admitted.iter().collect();
-        assert_eq!(admitted.len(), distinct.len(), "two replicas admitted on one node: {seen}");
-        let pending = lines.iter().filter(|l| {
-            l.len() == 3
-                && l[0].is_empty()
-                && l[2] == "0/3 nodes are available: 3 node(s) didn't match pod anti-affinity rules."
-        });
-        let ok = lines.len() == 4 && admitted.len() == 3 && pending.count() == 1;
-        async move { ok }
-    })
+    wait_until(
+        "three replicas on three nodes and one pending",
+        LIMIT,
+        || {
+            let (listing, admitted, pending) = replicas(&api, 1, "apart");
+            seen = listing;
+            let distinct: std::collections::BTreeSet<&String> = admitted.iter().collect();
+            assert_eq!(
+                admitted.len(),
+                distinct.len(),
+                "two replicas admitted on one node: {seen}"
+            );
+            let ok = seen.lines().count() == 4 && admitted.len() == 3 && pending == 1;
+            async move { ok }
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e}: {seen}"));
 
@@ -174,31 +198,19 @@ async fn a_pod_that_fits_nowhere_says_why() {
     let file = api.manifest("zoned.yaml", &zoned);
     api.ok(0, &["apply", "-f", &file]);
     wait_until("one zoned replica per zone and two pending", LIMIT, || {
-        seen = api.ok(
-            2,
-            &[
-                "get",
-                "pods",
-                "-l",
-                "app=zoned",
-                "-o",
-                "jsonpath={range .items[*]}{.spec.nodeName}|{.status.containerStatuses[0].name}|{.status.conditions[0].message}{\"\\n\"}{end}",
-            ],
-        );
-        let lines: Vec<Vec<&str>> = seen.lines().map(|l| l.splitn(3, '|').collect()).collect();
-        let zones: Vec<&str> = lines
+        let (listing, admitted, pending) = replicas(&api, 2, "zoned");
+        seen = listing;
+        let zones: Vec<&str> = admitted
             .iter()
-            .filter(|l| l.len() == 3 && !l[0].is_empty() && !l[1].is_empty())
-            .map(|l| if l[0] == "n2" { "b" } else { "a" })
+            .map(|n| if n == "n2" { "b" } else { "a" })
             .collect();
         let distinct: std::collections::BTreeSet<&&str> = zones.iter().collect();
-        assert_eq!(zones.len(), distinct.len(), "two zoned replicas admitted in one zone: {seen}");
-        let pending = lines.iter().filter(|l| {
-            l.len() == 3
-                && l[0].is_empty()
-                && l[2] == "0/3 nodes are available: 3 node(s) didn't match pod anti-affinity rules."
-        });
-        let ok = lines.len() == 4 && zones.len() == 2 && pending.count() == 2;
+        assert_eq!(
+            zones.len(),
+            distinct.len(),
+            "two zoned replicas admitted in one zone: {seen}"
+        );
+        let ok = seen.lines().count() == 4 && zones.len() == 2 && pending == 2;
         async move { ok }
     })
     .await

@@ -148,13 +148,7 @@ fn a_pod_that_fits_nowhere_gets_kube_scheduler_style_reasons() {
 /// node, and the fourth is left unschedulable for anti-affinity, as kube-scheduler leaves it.
 #[test]
 fn replicas_that_must_not_share_a_node_never_do() {
-    let nodes: Vec<_> = workload::nodes(3, 3)
-        .into_iter()
-        .map(|mut n| {
-            n.taints.clear();
-            n
-        })
-        .collect();
+    let nodes = untainted(3, 3);
     let replica = |i: usize| {
         PodRequest::from_pod(&serde_json::json!({
             "metadata": {"name": format!("web-{i}"), "uid": format!("web-{i}"), "namespace": "default", "labels": {"app": "web"}},
@@ -209,41 +203,9 @@ fn replicas_that_must_not_share_a_node_never_do() {
 /// breaks them: the checker can fail.
 #[test]
 fn zone_constraints_hold_under_concurrent_auctions() {
-    let nodes: Vec<_> = workload::nodes(5, 30)
-        .into_iter()
-        .map(|mut n| {
-            n.taints.clear();
-            n
-        })
-        .collect();
-    let replica = |app: &str, i: usize, constraint: serde_json::Value| {
-        let mut spec = serde_json::json!({"containers": [{"name": "c", "image": "i", "resources": {"requests": {"cpu": "100m"}}}]});
-        for (k, v) in constraint.as_object().unwrap() {
-            spec[k] = v.clone();
-        }
-        PodRequest::from_pod(&serde_json::json!({
-            "metadata": {"name": format!("{app}-{i}"), "uid": format!("{app}-{i}"), "namespace": "default", "labels": {"app": app}},
-            "spec": spec
-        }))
-        .unwrap()
-    };
-    let apart = |i| {
-        replica(
-            "db",
-            i,
-            serde_json::json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-            {"topologyKey": "topology.kubernetes.io/zone", "labelSelector": {"matchLabels": {"app": "db"}}}]}}}),
-        )
-    };
-    let spread = |i| {
-        replica(
-            "web",
-            i,
-            serde_json::json!({"topologySpreadConstraints": [
-            {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule",
-             "labelSelector": {"matchLabels": {"app": "web"}}}]}),
-        )
-    };
+    let nodes = untainted(5, 30);
+    let apart = |i| constrained("db", i, anti("db", "topology.kubernetes.io/zone"));
+    let spread = |i| constrained("web", i, zone_spread("web", 1));
     let run = |serialize: bool| {
         let mut violations = 0;
         for seed in 0..10 {
@@ -359,6 +321,24 @@ fn constrained(app: &str, i: usize, fields: serde_json::Value) -> PodRequest {
     .unwrap()
 }
 
+/// `workload::nodes(seed, n)` without taints (zones a, b, c).
+fn untainted(seed: u64, n: usize) -> Vec<shoal_model::placement::NodeView> {
+    workload::nodes(seed, n)
+        .into_iter()
+        .map(|mut node| {
+            node.taints.clear();
+            node
+        })
+        .collect()
+}
+
+/// A `DoNotSchedule` spread over zones of the pods labelled `app`.
+fn zone_spread(app: &str, max_skew: u64) -> serde_json::Value {
+    serde_json::json!({"topologySpreadConstraints": [{"maxSkew": max_skew,
+        "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchLabels": {"app": app}}}]})
+}
+
 fn anti(app: &str, key: &str) -> serde_json::Value {
     serde_json::json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"topologyKey": key, "labelSelector": {"matchLabels": {"app": app}}}]}}})
@@ -382,21 +362,13 @@ proptest! {
         latency_ms in 1u64..20,
         waves in proptest::collection::vec(0u64..300, 1..4),
     ) {
-        let nodes: Vec<_> = workload::nodes(seed, node_count)
-            .into_iter()
-            .map(|mut n| {
-                n.taints.clear();
-                n
-            })
-            .collect();
+        let nodes = untainted(seed, node_count);
         let config = SimConfig {
             latency: Duration::from_millis(latency_ms),
             ..SimConfig::default()
         };
         let mut sim = Sim::new(config, nodes);
-        let spread = serde_json::json!({"topologySpreadConstraints": [{"maxSkew": skew,
-            "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule",
-            "labelSelector": {"matchLabels": {"app": "web"}}}]});
+        let spread = zone_spread("web", skew);
         let mut pods: Vec<PodRequest> = (0..dbs)
             .map(|i| constrained("db", i, anti("db", "topology.kubernetes.io/zone")))
             .chain((0..caches).map(|i| constrained("cache", i, anti("cache", "kubernetes.io/hostname"))))
