@@ -52,28 +52,38 @@ impl ApiLab {
             .await
             .unwrap();
         }
-        let mut kubeconfigs = Vec::new();
-        for a in &agents {
-            let out = Command::new(crate::shoal_binary())
-                .args(["kubeconfig", "--data-dir"])
-                .arg(a.data_dir())
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let path = lab.path().join(format!("{}.kubeconfig", a.name()));
-            std::fs::write(&path, &out.stdout).unwrap();
-            kubeconfigs.push(path);
-        }
+        let kubeconfigs = agents.iter().map(|a| kubeconfig(&lab, a)).collect();
         Self {
             lab,
             agents,
             kubeconfigs,
             home: tempfile::tempdir().unwrap(),
         }
+    }
+
+    /// Starts one more agent, joining through n0 with the extra flags `extra`, and waits until
+    /// every agent sees it alive. Returns its index (its name is `n<index>`).
+    pub async fn add_agent(&mut self, extra: Vec<String>) -> usize {
+        let i = self.agents.len();
+        let spec = extra.into_iter().fold(
+            self.lab
+                .spec(&format!("n{i}"))
+                .join(self.agents[0].gossip_addr())
+                .arg("--api")
+                .arg("127.0.0.1:0"),
+            |s, a| s.arg(a),
+        );
+        self.agents.push(AgentProcess::start(spec).await.unwrap());
+        for a in &self.agents {
+            wait_until("all alive", CONVERGE, || async {
+                alive_count(a).await == i + 1
+            })
+            .await
+            .unwrap();
+        }
+        self.kubeconfigs
+            .push(kubeconfig(&self.lab, &self.agents[i]));
+        i
     }
 
     /// Runs kubectl against agent `i` with a fresh HOME (kubectl caches discovery per host).
@@ -106,6 +116,23 @@ impl ApiLab {
         std::fs::write(&path, text).unwrap();
         path.to_str().unwrap().to_owned()
     }
+}
+
+/// A kubeconfig for agent `a`, written into the lab's directory.
+fn kubeconfig(lab: &Lab, a: &AgentProcess) -> PathBuf {
+    let out = Command::new(crate::shoal_binary())
+        .args(["kubeconfig", "--data-dir"])
+        .arg(a.data_dir())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = lab.path().join(format!("{}.kubeconfig", a.name()));
+    std::fs::write(&path, &out.stdout).unwrap();
+    path
 }
 
 pub fn which(program: &str) -> PathBuf {

@@ -18,6 +18,15 @@ fn node_of(api: &ApiLab, agent: usize, pod: &str) -> String {
     out
 }
 
+/// The zone of node `n` in the test of the pods that fit nowhere.
+fn zone_of(node: &str) -> &'static str {
+    match node {
+        "n2" => "b",
+        "n3" => "c",
+        _ => "a",
+    }
+}
+
 fn pods(n: usize, prefix: &str, selector: &str, cpu: &str) -> String {
     (0..n)
         .map(|i| {
@@ -70,8 +79,12 @@ async fn pods_land_only_on_nodes_whose_labels_match() {
 
 /// The pods labelled `app=<app>` as agent `agent` lists them: the listing, the nodes of those a
 /// node admitted (its worker reports their container statuses), and how many wait because no
-/// node matched their anti-affinity.
+/// node of the cluster matched their anti-affinity.
 fn replicas(api: &ApiLab, agent: usize, app: &str) -> (String, Vec<String>, usize) {
+    let unmatched = format!(
+        "0/{n} nodes are available: {n} node(s) didn't match pod anti-affinity rules.",
+        n = api.agents.len()
+    );
     let listing = api.ok(
         agent,
         &[
@@ -94,20 +107,16 @@ fn replicas(api: &ApiLab, agent: usize, app: &str) -> (String, Vec<String>, usiz
         .collect();
     let pending = lines
         .iter()
-        .filter(|l| {
-            l.len() == 3
-                && l[0].is_empty()
-                && l[2]
-                    == "0/3 nodes are available: 3 node(s) didn't match pod anti-affinity rules."
-        })
+        .filter(|l| l.len() == 3 && l[0].is_empty() && l[2] == unmatched)
         .count();
     (listing, admitted, pending)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_that_fits_nowhere_says_why() {
-    // n0, n1 in zone a; n2 in zone b (for the zone anti-affinity below).
-    let api = ApiLab::start_with(3, |i| {
+    // n0, n1 in zone a; n2 in zone b (for the zone anti-affinity below); n3, in zone c, joins
+    // later.
+    let mut api = ApiLab::start_with(3, |i| {
         vec![
             "--labels".into(),
             format!(
@@ -200,10 +209,7 @@ async fn a_pod_that_fits_nowhere_says_why() {
     wait_until("one zoned replica per zone and two pending", LIMIT, || {
         let (listing, admitted, pending) = replicas(&api, 2, "zoned");
         seen = listing;
-        let zones: Vec<&str> = admitted
-            .iter()
-            .map(|n| if n == "n2" { "b" } else { "a" })
-            .collect();
+        let zones: Vec<&str> = admitted.iter().map(|n| zone_of(n)).collect();
         let distinct: std::collections::BTreeSet<&&str> = zones.iter().collect();
         assert_eq!(
             zones.len(),
@@ -211,6 +217,69 @@ async fn a_pod_that_fits_nowhere_says_why() {
             "two zoned replicas admitted in one zone: {seen}"
         );
         let ok = seen.lines().count() == 4 && zones.len() == 2 && pending == 2;
+        async move { ok }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {seen}"));
+
+    // A fourth node joins, in a new zone c. As upstream moves unschedulable pods back to its
+    // queue when a node is added, the waiting replicas are auctioned again: the fourth `apart`
+    // replica runs on n3, a third `zoned` replica runs in zone c, the last one still waits
+    // (now "0/4 nodes"). The same checks hold at every look.
+    api.add_agent(vec![
+        "--labels".into(),
+        "topology.kubernetes.io/zone=c".into(),
+    ])
+    .await;
+    wait_until("the fourth apart replica on the new node", LIMIT, || {
+        let (listing, admitted, pending) = replicas(&api, 3, "apart");
+        seen = listing;
+        let distinct: std::collections::BTreeSet<&String> = admitted.iter().collect();
+        assert_eq!(
+            admitted.len(),
+            distinct.len(),
+            "two replicas admitted on one node: {seen}"
+        );
+        let ok = admitted.len() == 4 && pending == 0;
+        async move { ok }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {seen}"));
+    wait_until("a zoned replica in the new zone", LIMIT, || {
+        let (listing, admitted, pending) = replicas(&api, 0, "zoned");
+        seen = listing;
+        let zones: Vec<&str> = admitted.iter().map(|n| zone_of(n)).collect();
+        let distinct: std::collections::BTreeSet<&&str> = zones.iter().collect();
+        assert_eq!(
+            zones.len(),
+            distinct.len(),
+            "two zoned replicas admitted in one zone: {seen}"
+        );
+        let ok = zones.len() == 3 && pending == 1;
+        async move { ok }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {seen}"));
+
+    // Zone spread with maxSkew 1 over the three zones, scaled from 0 to 12 at once: its pods
+    // are auctioned one at a time by the constraint's auctioneer, so no zone ever holds more
+    // than its 4 (checked at every look) and all 12 end 4/4/4, although zone a has two nodes.
+    let spread = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: spread}\nspec:\n  replicas: 0\n  selector: {matchLabels: {app: spread}}\n  template:\n    metadata: {labels: {app: spread}}\n    spec:\n      topologySpreadConstraints:\n      - maxSkew: 1\n        topologyKey: topology.kubernetes.io/zone\n        whenUnsatisfiable: DoNotSchedule\n        labelSelector: {matchLabels: {app: spread}}\n      containers: [{name: c, image: busybox}]\n";
+    let file = api.manifest("spread.yaml", spread);
+    api.ok(1, &["apply", "-f", &file]);
+    api.ok(2, &["scale", "deployment", "spread", "--replicas=12"]);
+    wait_until("12 spread replicas, 4 per zone", LIMIT, || {
+        let (listing, admitted, _) = replicas(&api, 1, "spread");
+        seen = listing;
+        let mut per_zone = std::collections::BTreeMap::from([("a", 0), ("b", 0), ("c", 0)]);
+        for node in &admitted {
+            *per_zone.get_mut(zone_of(node)).unwrap() += 1;
+        }
+        assert!(
+            per_zone.values().all(|n| *n <= 4),
+            "more than 4 spread replicas in a zone: {per_zone:?}\n{seen}"
+        );
+        let ok = per_zone.values().all(|n| *n == 4);
         async move { ok }
     })
     .await
@@ -237,7 +306,7 @@ async fn a_pod_that_fits_nowhere_says_why() {
             ],
         );
         let ok =
-            seen == "|0/3 nodes are available: 3 node(s) didn't match pod anti-affinity rules.";
+            seen == "|0/4 nodes are available: 4 node(s) didn't match pod anti-affinity rules.";
         async move { ok }
     })
     .await

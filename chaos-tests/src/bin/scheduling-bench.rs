@@ -5,6 +5,7 @@
 //! and placement quality (fraction placed, standard deviation of node CPU utilisation).
 //!
 //! Usage: cargo run --release -p shoal-chaos --bin scheduling-bench -- --nodes 1000 --pods 100000
+//! [--profile mixed|none|constrained]
 
 use std::time::{Duration, Instant};
 
@@ -33,12 +34,34 @@ struct Args {
     /// them at one auctioneer per constraint buys is the difference).
     #[arg(long)]
     no_serialize_wide: bool,
+    /// Which constraints the pods carry: `mixed` (20% node selector, 10% zone spread over
+    /// their whole app, 5% tolerations), `none`, or `constrained` (30% with a required
+    /// topology constraint over their own group: 15% zone spread, 15% hostname anti-affinity).
+    #[arg(long, value_enum, default_value_t = Profile::Mixed)]
+    profile: Profile,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Profile {
+    Mixed,
+    None,
+    Constrained,
+}
+
+impl From<Profile> for workload::Profile {
+    fn from(p: Profile) -> Self {
+        match p {
+            Profile::Mixed => workload::Profile::Mixed,
+            Profile::None => workload::Profile::None,
+            Profile::Constrained => workload::Profile::Constrained,
+        }
+    }
 }
 
 fn main() {
     let args = Args::parse();
     let nodes = workload::nodes(args.seed, args.nodes);
-    let pods = workload::pods(args.seed + 1, args.pods);
+    let pods = workload::pods_of(args.profile.into(), args.seed + 1, args.pods);
     let capacity: u64 = nodes.iter().map(|n| n.allocatable.cpu_millis).sum();
     let demand: u64 = pods.iter().map(|p| p.requests.cpu_millis).sum();
     println!(

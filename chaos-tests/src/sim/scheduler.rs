@@ -263,6 +263,39 @@ impl Sim {
         }
     }
 
+    /// A node joins: it bids from now on, and becomes the auctioneer of the pods (and
+    /// constraints) that now hash to it, as membership's rendezvous hashing moves them.
+    pub fn join(&mut self, node: NodeView) {
+        let id = node.id;
+        self.schedulers
+            .insert(id, Scheduler::new(id, self.config.auction.clone()));
+        self.leases.insert(
+            id,
+            NodeLeases {
+                grantor: Grantor::new(self.now, self.config.fence.lease_term),
+                holder: Holder::default(),
+                last_round: None,
+            },
+        );
+        self.cluster.add_node(node);
+        self.members = self.members.max(self.schedulers.len());
+        let live: Vec<NodeId> = self.schedulers.keys().copied().collect();
+        let waiting: Vec<(String, u64)> = self
+            .pending
+            .drain()
+            .flat_map(|(_, list)| list.into_iter().map(|(uid, (_, epoch))| (uid, epoch)))
+            .collect();
+        let uids: Vec<String> = self.pods.keys().cloned().collect();
+        for uid in uids {
+            if let Some(a) = self.auctioneer_for(&self.pods[&uid], &live) {
+                self.auctioneer_of.insert(uid, a);
+            }
+        }
+        for (uid, epoch) in waiting {
+            self.make_pending(&uid, epoch);
+        }
+    }
+
     /// A node freezes (SIGSTOP of its agent): it stops answering and asking, so its peers
     /// declare it dead as [`Sim::kill`] does, but its containers run on. A fenced one runs
     /// until the deadline its kubelet last wrote into its fence lease
@@ -591,11 +624,12 @@ impl Sim {
                 .any(|t| t.topology_key == predicates::HOSTNAME)
                 || self.cluster.repelled(&node, &pod);
             !involved || {
+                // The pods the node runs (its view of itself is the cluster's, here).
                 let here: Vec<&PodRequest> = self
-                    .bindings
-                    .values()
-                    .filter(|b| b.node == node.id && b.pod != binding.pod)
-                    .filter_map(|b| self.pods.get(&b.pod).map(|p| p.as_ref()))
+                    .cluster
+                    .pods_on(node.id)
+                    .filter(|uid| *uid != binding.pod)
+                    .filter_map(|uid| self.pods.get(uid).map(|p| p.as_ref()))
                     .collect();
                 let namespace_labels = |ns: &str| self.cluster.namespace_labels(ns).cloned();
                 predicates::hostname_conflict(&pod, here, &namespace_labels).is_none()

@@ -46,6 +46,48 @@ fn fifty_nodes_place_every_pod_once_without_overcommit() {
     }
 }
 
+/// Issue #37's benchmark workload, small: 30% of the pods carry a required constraint over
+/// their own group (zone spread in groups of 12, hostname anti-affinity in groups of 10).
+/// Every pod is placed, no binding breaks a constraint given those before it (the checker),
+/// and the final placement satisfies every group, read from the bindings themselves.
+#[test]
+fn the_constrained_workload_is_placed_exactly() {
+    let nodes = workload::nodes(11, 30);
+    let pods = workload::pods_of(workload::Profile::Constrained, 12, 1000);
+    let mut sim = Sim::new(SimConfig::default(), nodes);
+    sim.add_pods(pods.clone());
+    settle(&mut sim, pods.len());
+    sim.check_invariants().unwrap();
+    assert_eq!(sim.bound_count(), pods.len(), "{:?}", sim.unschedulable);
+    assert_eq!(sim.stats.topology_violations, 0);
+    let mut groups: std::collections::BTreeMap<&str, Vec<(u64, String)>> = Default::default();
+    for pod in &pods {
+        if let Some(group) = pod.labels.get("group") {
+            let node = sim.bindings[&pod.uid].node;
+            let zone =
+                sim.cluster.node(node).unwrap().labels["topology.kubernetes.io/zone"].clone();
+            groups.entry(group).or_default().push((node, zone));
+        }
+    }
+    assert!(groups.len() > 20, "{} groups", groups.len());
+    for (group, placed) in groups {
+        if group.starts_with("apart-") {
+            let distinct: HashSet<u64> = placed.iter().map(|(n, _)| *n).collect();
+            assert_eq!(distinct.len(), placed.len(), "{group}: {placed:?}");
+        } else {
+            let mut per_zone = std::collections::BTreeMap::<&str, usize>::new();
+            for zone in ["a", "b", "c"] {
+                per_zone.insert(zone, 0);
+            }
+            for (_, zone) in &placed {
+                *per_zone.get_mut(zone.as_str()).unwrap() += 1;
+            }
+            let (min, max) = (per_zone.values().min(), per_zone.values().max());
+            assert!(max.unwrap() - min.unwrap() <= 1, "{group}: {per_zone:?}");
+        }
+    }
+}
+
 #[test]
 fn the_same_input_replays_the_same_placements() {
     let run = || {
@@ -141,6 +183,55 @@ fn a_pod_that_fits_nowhere_gets_kube_scheduler_style_reasons() {
         sim.unschedulable["picky"],
         "0/10 nodes are available: 10 node(s) didn't match Pod's node affinity/selector."
     );
+}
+
+/// Pods that fit nowhere are auctioned again as soon as a node that fits joins, not after
+/// the retry delay (5 s), as kube-scheduler requeues its unschedulable pods on a node's
+/// addition. The pods keep their auctioneers (the joiner is auctioneer of none of them), so
+/// what moves them is the changed view.
+#[test]
+fn unschedulable_pods_are_auctioned_again_when_a_node_that_fits_joins() {
+    let nodes = untainted(13, 10);
+    let mut sim = Sim::new(SimConfig::default(), nodes.clone());
+    let picky: Vec<PodRequest> = (0..5)
+        .map(|i| {
+            let mut p = workload::pods(14 + i, 1).remove(0);
+            p.uid = format!("picky-{i}");
+            p.node_selector = [("disk".to_owned(), "nvme".to_owned())].into();
+            p
+        })
+        .collect();
+    sim.add_pods(picky.clone());
+    settle(&mut sim, 5);
+    assert_eq!(sim.unschedulable.len(), 5);
+    let mut joiner = nodes[0].clone();
+    joiner.id = 1_000;
+    joiner.name = "node-new".into();
+    joiner.labels.insert("disk".into(), "nvme".into());
+    joiner
+        .labels
+        .insert("kubernetes.io/hostname".into(), "node-new".into());
+    let live = || sim_nodes(&nodes, 1_000);
+    assert!(
+        picky
+            .iter()
+            .all(|p| auctioneer(&p.uid, live()) != Some(1_000)),
+        "pick seeds where the joiner is auctioneer of none"
+    );
+    sim.join(joiner);
+    let joined = sim.now;
+    sim.run(Duration::from_secs(30), |s| s.bound_count() == 5);
+    assert_eq!(sim.bound_count(), 5, "{:?}", sim.unschedulable);
+    assert!(
+        sim.now - joined < Duration::from_secs(1),
+        "placed {:?} after the join",
+        sim.now - joined
+    );
+    assert!(sim.bindings.values().all(|b| b.node == 1_000));
+}
+
+fn sim_nodes(nodes: &[shoal_model::placement::NodeView], extra: u64) -> Vec<u64> {
+    nodes.iter().map(|n| n.id).chain([extra]).collect()
 }
 
 /// Issue #37's case: four replicas with required anti-affinity on the hostname, three nodes,

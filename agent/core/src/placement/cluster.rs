@@ -47,6 +47,18 @@ pub struct ClusterView {
     repels: HashMap<(String, String), Vec<Repel>>,
     /// Each namespace's labels (`namespaceSelector` of pod affinity terms reads them).
     namespace_labels: HashMap<String, BTreeMap<String, String>>,
+    /// The wrapping sum of every node's [`node_digest`]: see [`ClusterView::shape`].
+    shape: u64,
+}
+
+/// A digest of what about a node can make an unschedulable pod fit: its identity, labels,
+/// taints and allocatable resources.
+fn node_digest(node: &NodeView) -> u64 {
+    use std::hash::{Hash, Hasher};
+    // SipHash with fixed keys: the same node gives the same digest in every view of a process.
+    let mut h = std::hash::DefaultHasher::new();
+    (node.id, &node.labels, &node.taints, node.allocatable).hash(&mut h);
+    h.finish()
 }
 
 fn label_key(namespace: &str, k: &str, v: &str) -> String {
@@ -55,6 +67,10 @@ fn label_key(namespace: &str, k: &str, v: &str) -> String {
 
 impl ClusterView {
     pub fn add_node(&mut self, node: NodeView) {
+        if let Some(old) = self.nodes.get(&node.id) {
+            self.shape = self.shape.wrapping_sub(node_digest(old));
+        }
+        self.shape = self.shape.wrapping_add(node_digest(&node));
         for (k, v) in &node.labels {
             *self
                 .domains
@@ -68,6 +84,7 @@ impl ClusterView {
 
     pub fn remove_node(&mut self, id: u64) {
         if let Some(node) = self.nodes.remove(&id) {
+            self.shape = self.shape.wrapping_sub(node_digest(&node));
             for (k, v) in &node.labels {
                 if let Some(values) = self.domains.get_mut(k)
                     && let Some(n) = values.get_mut(v)
@@ -86,12 +103,33 @@ impl ClusterView {
         }
     }
 
+    /// Changes when a node joins or leaves, or a node's labels, taints or allocatable
+    /// resources change; two views with the same nodes have the same shape however they were
+    /// built. The auction requeues its unschedulable pods when it changes, as upstream's
+    /// scheduler does on a node's addition or update.
+    pub fn shape(&self) -> u64 {
+        self.shape
+    }
+
     pub fn nodes(&self) -> impl Iterator<Item = &NodeView> {
         self.nodes.values()
     }
 
     pub fn node(&self, id: u64) -> Option<&NodeView> {
         self.nodes.get(&id)
+    }
+
+    /// The uids of the pods placed on node `id`.
+    pub fn pods_on(&self, id: u64) -> impl Iterator<Item = &str> {
+        self.pods_on
+            .get(&id)
+            .into_iter()
+            .flatten()
+            .map(|p| p.uid.as_str())
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
     }
 
     pub fn node_ids(&self) -> Vec<u64> {

@@ -171,6 +171,12 @@ pub fn topology(pod: &PodRequest, node: &NodeView, cluster: &ClusterView) -> Res
     Ok(())
 }
 
+/// Whether `node`'s labels and taints admit `pod` (nodeSelector, required node affinity,
+/// taints): what no placement elsewhere can change.
+pub fn admits(pod: &PodRequest, node: &NodeView) -> bool {
+    admits_by_affinity(pod, node) && untolerated(pod, node).is_none()
+}
+
 /// Whether `node` passes `pod`'s nodeSelector and required node affinity.
 fn admits_by_affinity(pod: &PodRequest, node: &NodeView) -> bool {
     pod.node_selector
