@@ -6,6 +6,8 @@
 //! 2. Apply → Running: `--pods` pods applied one after another at one agent of a 3-agent
 //!    cluster on loopback; time from the apply until that agent reports the pod Running
 //!    (auction, binding, replication, container start, status gossip).
+//!    Then as many pods with a required spread over the nodes (maxSkew 1): the constrained
+//!    path's latency, and its ratio to the first.
 //! 3. Memory: one agent's RSS with no pod and with `--pods` running pods, and the shims' RSS.
 //! 4. A Deployment of `--replicas` on 3 agents: apply → all Ready, then a rollout.
 //!
@@ -265,6 +267,50 @@ fn pod(name: &str) -> Value {
                "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"]}]}})
 }
 
+/// A bench pod that must spread evenly over the nodes with the other pods of its kind.
+fn spread_pod(name: &str) -> Value {
+    let mut pod = pod(name);
+    pod["metadata"]["labels"]["spread"] = json!("bench");
+    pod["spec"]["topologySpreadConstraints"] = json!([{
+        "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+        "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchLabels": {"spread": "bench"}}}]);
+    pod
+}
+
+/// Applies `n` pods one after another at `agent`, each after the previous one is Running;
+/// returns each one's time from apply to Running, in milliseconds.
+async fn apply_to_running(
+    agent: &AgentProcess,
+    n: usize,
+    pod: impl Fn(usize) -> Value,
+) -> anyhow::Result<Vec<f64>> {
+    let mut latencies = Vec::new();
+    for i in 0..n {
+        let pod = pod(i);
+        let name = pod["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let start = Instant::now();
+        let (status, body) = agent.apply(&pod).await?;
+        if !(200..300).contains(&status) {
+            bail!("apply {name}: {status} {body}");
+        }
+        loop {
+            if phase(agent, &name).await.as_deref() == Some("Running") {
+                break;
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                bail!("pod {name} not Running after 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        latencies.push(ms(start.elapsed()));
+    }
+    Ok(latencies)
+}
+
 async fn phase(agent: &AgentProcess, name: &str) -> Option<String> {
     let (_, value) = agent
         .call(
@@ -387,31 +433,29 @@ async fn main() -> anyhow::Result<()> {
     );
     let root = tempfile::tempdir()?;
     let agents = cluster(root.path(), 3, &images).await?;
-    let mut latencies = Vec::new();
-    for i in 0..args.pods {
-        let name = format!("lat-{i}");
-        let start = Instant::now();
-        let (status, body) = agents[0].apply(&pod(&name)).await?;
-        if !(200..300).contains(&status) {
-            bail!("apply {name}: {status} {body}");
-        }
-        loop {
-            if phase(&agents[0], &name).await.as_deref() == Some("Running") {
-                break;
-            }
-            if start.elapsed() > Duration::from_secs(60) {
-                bail!("pod {name} not Running after 60 s");
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        latencies.push(ms(start.elapsed()));
-    }
+    let mut latencies =
+        apply_to_running(&agents[0], args.pods, |i| pod(&format!("lat-{i}"))).await?;
+    let unconstrained = percentile(&mut latencies, 0.5);
     println!(
-        "apply → Running: p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
-        percentile(&mut latencies, 0.5),
+        "apply → Running: p50 {unconstrained:.0} ms, p90 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
         percentile(&mut latencies, 0.9),
         percentile(&mut latencies, 0.99),
         percentile(&mut latencies, 1.0)
+    );
+    // The same again with a required spread over the nodes (maxSkew 1, DoNotSchedule) among
+    // these pods: a constraint over many domains, so each pod is auctioned by the constraint's
+    // auctioneer, one at a time, and checked against its view (issue #37).
+    let mut latencies = apply_to_running(&agents[0], args.pods, |i| {
+        spread_pod(&format!("spread-{i}"))
+    })
+    .await?;
+    let constrained = percentile(&mut latencies, 0.5);
+    println!(
+        "apply → Running with a required spread over the nodes: p50 {constrained:.0} ms, p90 {:.0} ms, p99 {:.0} ms, max {:.0} ms; p50 constrained / unconstrained = {:.2}",
+        percentile(&mut latencies, 0.9),
+        percentile(&mut latencies, 0.99),
+        percentile(&mut latencies, 1.0),
+        constrained / unconstrained
     );
     drop(agents);
 
