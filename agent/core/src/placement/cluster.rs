@@ -36,15 +36,16 @@ pub struct ClusterView {
     nodes: BTreeMap<u64, NodeView>,
     allocated: HashMap<u64, Resources>,
     pods_on: HashMap<u64, Vec<PlacedPod>>,
-    /// (topology key, domain value, "namespace/label=value") → matching pods.
-    counts: HashMap<(String, String, String), u64>,
-    /// (topology key, "namespace/label=value") → domains with at least one matching pod.
-    nonzero: HashMap<(String, String), u64>,
+    /// "namespace/label=value" → topology key → domain value → matching pods. Nested, so a
+    /// lookup borrows its keys (the checks of every bid read these).
+    counts: HashMap<String, HashMap<String, HashMap<String, u64>>>,
+    /// "namespace/label=value" → topology key → domains with at least one matching pod.
+    nonzero: HashMap<String, HashMap<String, u64>>,
     /// topology key → domain value → nodes in it.
     domains: HashMap<String, HashMap<String, u64>>,
-    /// (topology key, domain value) → the required anti-affinity terms of the pods placed in
+    /// topology key → domain value → the required anti-affinity terms of the pods placed in
     /// that domain: they repel matching pods from the whole domain (upstream's symmetry).
-    repels: HashMap<(String, String), Vec<Repel>>,
+    repels: HashMap<String, HashMap<String, Vec<Repel>>>,
     /// Each namespace's labels (`namespaceSelector` of pod affinity terms reads them).
     namespace_labels: HashMap<String, BTreeMap<String, String>>,
     /// The wrapping sum of every node's [`node_digest`]: see [`ClusterView::shape`].
@@ -152,19 +153,32 @@ impl ClusterView {
                 let kv = label_key(namespace, lk, lv);
                 let slot = self
                     .counts
-                    .entry((tk.clone(), domain.clone(), kv.clone()))
+                    .entry(kv.clone())
+                    .or_default()
+                    .entry(tk.clone())
+                    .or_default()
+                    .entry(domain.clone())
                     .or_default();
-                if add {
+                let became = if add {
                     *slot += 1;
-                    if *slot == 1 {
-                        *self.nonzero.entry((tk.clone(), kv)).or_default() += 1;
-                    }
+                    *slot == 1
                 } else {
+                    let was = *slot;
                     *slot = slot.saturating_sub(1);
-                    if *slot == 0 {
-                        let nz = self.nonzero.entry((tk.clone(), kv)).or_default();
-                        *nz = nz.saturating_sub(1);
-                    }
+                    was == 1
+                };
+                if became {
+                    let nz = self
+                        .nonzero
+                        .entry(kv)
+                        .or_default()
+                        .entry(tk.clone())
+                        .or_default();
+                    *nz = if add {
+                        nz.saturating_add(1)
+                    } else {
+                        nz.saturating_sub(1)
+                    };
                 }
             }
         }
@@ -188,7 +202,9 @@ impl ClusterView {
         for term in &pod.anti_affinity {
             if let Some(domain) = node.labels.get(&term.topology_key) {
                 self.repels
-                    .entry((term.topology_key.clone(), domain.clone()))
+                    .entry(term.topology_key.clone())
+                    .or_default()
+                    .entry(domain.clone())
                     .or_default()
                     .push(Repel {
                         uid: pod.uid.clone(),
@@ -202,11 +218,15 @@ impl ClusterView {
 
     fn forget_repels(&mut self, node: &NodeView, uid: &str) {
         for (tk, domain) in &node.labels {
-            let key = (tk.clone(), domain.clone());
-            if let Some(list) = self.repels.get_mut(&key) {
-                list.retain(|r| r.uid != uid);
-                if list.is_empty() {
-                    self.repels.remove(&key);
+            if let Some(by_domain) = self.repels.get_mut(tk.as_str()) {
+                if let Some(list) = by_domain.get_mut(domain.as_str()) {
+                    list.retain(|r| r.uid != uid);
+                    if list.is_empty() {
+                        by_domain.remove(domain.as_str());
+                    }
+                }
+                if by_domain.is_empty() {
+                    self.repels.remove(tk.as_str());
                 }
             }
         }
@@ -220,16 +240,17 @@ impl ClusterView {
         }
         node.labels.iter().any(|(tk, domain)| {
             self.repels
-                .get(&(tk.clone(), domain.clone()))
+                .get(tk.as_str())
+                .and_then(|by_domain| by_domain.get(domain.as_str()))
                 .is_some_and(|list| {
                     list.iter().any(|r| {
                         r.uid != pod.uid
+                            && term_matches(&r.selector, &pod.labels)
                             && r.namespaces.covers(
                                 &r.namespace,
                                 &pod.namespace,
                                 self.namespace_labels(&pod.namespace),
                             )
-                            && term_matches(&r.selector, &pod.labels)
                     })
                 })
         })
@@ -423,7 +444,9 @@ impl ClusterView {
             let kv = label_key(namespace, &req.key, &req.values[0]);
             return self
                 .counts
-                .get(&(topology_key.to_owned(), domain.to_owned(), kv))
+                .get(&kv)
+                .and_then(|by_key| by_key.get(topology_key))
+                .and_then(|by_domain| by_domain.get(domain))
                 .copied()
                 .unwrap_or(0);
         }
@@ -459,7 +482,8 @@ impl ClusterView {
             let kv = label_key(namespace, &req.key, &req.values[0]);
             let nonzero = self
                 .nonzero
-                .get(&(topology_key.to_owned(), kv))
+                .get(&kv)
+                .and_then(|by_key| by_key.get(topology_key))
                 .copied()
                 .unwrap_or(0);
             if (nonzero as usize) < domains.len() {
