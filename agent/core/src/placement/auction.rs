@@ -493,7 +493,10 @@ impl Scheduler {
     /// The first `limit` auction batches of `pods`, in order, and the pods left over: at most
     /// `batch` pods each, and never two pods that share a wide constraint in one batch (the
     /// bidders would offer both the same domain, and the second would find it taken by the
-    /// first).
+    /// first). Measured the other way (issue #37's constrained workload, 1,000 nodes): 26,005
+    /// auctions instead of 35,235 and ~15% more placements per CPU second, but the mixed
+    /// workload's spread of node utilisation went from 0.024 to 0.032, as the later pods of a
+    /// batch took the sample's worse nodes; not taken.
     fn chunks(
         &self,
         pods: Vec<Arc<PodRequest>>,

@@ -275,6 +275,25 @@ pub fn batch_conflict(
             return Some(Decline::AntiAffinity);
         }
     }
+    // Required affinity: a batch pod the term counts, elsewhere, where the view has none in
+    // this node's domain, means the pod goes with it or not here (the first of a self-affine
+    // group may go anywhere, [`topology`]; the second must follow it, also within one batch).
+    for term in &pod.affinity {
+        let domain = node.labels.get(&term.topology_key);
+        let in_view = domain.map_or(0, |d| {
+            cluster.matching_term_in_domain(term, d, &pod.namespace)
+        });
+        let mut counted = placed
+            .iter()
+            .filter(|(_, other)| other.uid != pod.uid && counts(pod, term, other))
+            .peekable();
+        if in_view == 0
+            && counted.peek().is_some()
+            && !counted.any(|(other_node, _)| same_domain(other_node, &term.topology_key))
+        {
+            return Some(Decline::Affinity);
+        }
+    }
     for spread in pod.spread.iter().filter(|s| s.hard) {
         let matching: Vec<&String> = placed
             .iter()
@@ -776,6 +795,24 @@ mod tests {
             Some(Decline::Spread)
         );
         assert_eq!(batch_conflict(&spread, &n3, &[(&n1, &web)], &cluster), None);
+        // Required affinity to its own group, none placed yet: the first of the batch went to
+        // zone a, so the second may go to a (n2) and not to b (n3).
+        let together = |uid: &str| {
+            PodRequest::from_pod(&json!({"metadata": {"name": uid, "uid": uid, "namespace": "default", "labels": {"app": "db"}},
+                "spec": {"containers": [], "affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"topologyKey": "topology.kubernetes.io/zone", "labelSelector": {"matchLabels": {"app": "db"}}}]}}}}))
+            .unwrap()
+        };
+        let (first, second) = (together("db-0"), together("db-1"));
+        assert_eq!(batch_conflict(&second, &n3, &[], &cluster), None);
+        assert_eq!(
+            batch_conflict(&second, &n2, &[(&n1, &first)], &cluster),
+            None
+        );
+        assert_eq!(
+            batch_conflict(&second, &n3, &[(&n1, &first)], &cluster),
+            Some(Decline::Affinity)
+        );
     }
 
     /// Host ports as upstream's `NodePorts`: (hostIP, protocol, port) exclusive on a node,
