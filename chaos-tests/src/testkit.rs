@@ -522,3 +522,13 @@ pub fn thread_named(pid: u32, name: &str) -> Option<i32> {
         .parse()
         .ok()
 }
+
+/// Whether `program` names an executable file, directly or found on `PATH` (benchmarks skip
+/// a peer that is not installed in `--smoke` runs).
+pub fn on_path(program: &Path) -> bool {
+    if program.components().count() > 1 {
+        return program.is_file();
+    }
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+}

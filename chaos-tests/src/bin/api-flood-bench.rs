@@ -32,6 +32,10 @@ struct Args {
     /// Connections each flooding source tries to open.
     #[arg(long, default_value_t = 100)]
     per_source_attempts: usize,
+    /// Toy sizes, a few seconds: what CI runs to prove the benchmark still runs and prints
+    /// its table (the figures mean nothing; peers not installed are skipped).
+    #[arg(long)]
+    smoke: bool,
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -109,7 +113,12 @@ fn percentile(values: &mut [f64], p: f64) -> f64 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if args.smoke {
+        args.requests = 20;
+        args.sources = 2;
+        args.per_source_attempts = 5;
+    }
     let shoal = shoal_chaos::shoal_binary()?;
     let dir = tempfile::tempdir()?;
     let secret = dir.path().join("secret");

@@ -24,6 +24,10 @@ struct Args {
     seeds: u64,
     /// Scenarios to run (default: every named one but `random`).
     scenarios: Vec<String>,
+    /// Toy sizes, a few seconds: what CI runs to prove the benchmark still runs and prints
+    /// its table (the figures mean nothing; peers not installed are skipped).
+    #[arg(long)]
+    smoke: bool,
 }
 
 fn percentile(sorted: &[u64], p: f64) -> u64 {
@@ -34,7 +38,15 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 }
 
 fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if args.smoke {
+        args.nodes = 3;
+        args.duration = Duration::from_secs(3);
+        args.seeds = 1;
+        if args.scenarios.is_empty() {
+            args.scenarios = vec!["partition".into()];
+        }
+    }
     let names: Vec<String> = if args.scenarios.is_empty() {
         SCENARIOS
             .iter()

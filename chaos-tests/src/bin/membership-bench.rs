@@ -107,6 +107,10 @@ struct Args {
     /// In-memory: seconds of steady gossip measured.
     #[arg(long, default_value_t = 20)]
     seconds: u64,
+    /// Toy sizes, a few seconds: what CI runs to prove the benchmark still runs and prints
+    /// its table (the figures mean nothing; peers not installed are skipped).
+    #[arg(long)]
+    smoke: bool,
 }
 
 /// One run's figures, in seconds (RSS in bytes, traffic in bytes/s per node).
@@ -126,7 +130,13 @@ const LIMIT: Duration = Duration::from_secs(60);
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if args.smoke {
+        args.sizes = vec![3];
+        args.runs = 1;
+        args.traffic_seconds = 1;
+        args.no_serf |= !shoal_chaos::testkit::on_path(&args.serf);
+    }
     if let Some(n) = args.in_memory {
         return in_memory(n, Duration::from_secs(args.seconds)).await;
     }

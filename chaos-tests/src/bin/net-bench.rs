@@ -63,6 +63,10 @@ struct Args {
     /// Internal: serve Shoal's DNS on this port (the benchmark runs itself with it).
     #[arg(long, hide = true)]
     serve_dns: Option<u16>,
+    /// Toy sizes, a few seconds: what CI runs to prove the benchmark still runs and prints
+    /// its table (the figures mean nothing; peers not installed are skipped).
+    #[arg(long)]
+    smoke: bool,
 }
 
 fn services(n: usize) -> Vec<DnsService> {
@@ -302,7 +306,13 @@ async fn dns(args: &Args) -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if args.smoke {
+        args.pods = 2;
+        args.services = 2;
+        args.clients = 1;
+        args.seconds = 1;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -52,6 +52,10 @@ struct Args {
     /// Passes measured (medians reported).
     #[arg(long, default_value_t = 20)]
     passes: usize,
+    /// Toy sizes, a few seconds: what CI runs to prove the benchmark still runs and prints
+    /// its table (the figures mean nothing; peers not installed are skipped).
+    #[arg(long)]
+    smoke: bool,
 }
 
 /// When the objects were written (ms since the epoch), and "now" for the pass.
@@ -107,7 +111,12 @@ fn thread_cpu() -> f64 {
 }
 
 fn main() {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if args.smoke {
+        args.replica_sets = 20;
+        args.replicas = 3;
+        args.passes = 2;
+    }
     let dir = tempfile::tempdir().expect("tempdir");
     let mut store = Store::open(StoreConfig::new(dir.path().join("state"), 1)).expect("store");
     let entries: Vec<WireEntry> = (0..args.replica_sets)

@@ -40,6 +40,10 @@ struct Args {
     /// Run only section 4 (the Deployment).
     #[arg(long)]
     deployment_only: bool,
+    /// Toy sizes, a few seconds: what CI runs to prove the benchmark still runs and prints
+    /// its table (the figures mean nothing; peers not installed are skipped).
+    #[arg(long)]
+    smoke: bool,
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -385,7 +389,12 @@ fn shim_pss_bytes() -> (usize, u64) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if args.smoke {
+        args.cycles = 2;
+        args.pods = 3;
+        args.replicas = 3;
+    }
     let images = images_dir().context("building the test images")?;
     println!(
         "# runtime-bench: cycles={} pods={} replicas={}",

@@ -39,6 +39,10 @@ struct Args {
     /// topology constraint over their own group: 15% zone spread, 15% hostname anti-affinity).
     #[arg(long, value_enum, default_value_t = Profile::Mixed)]
     profile: Profile,
+    /// Toy sizes, a few seconds: what CI runs to prove the benchmark still runs and prints
+    /// its table (the figures mean nothing; peers not installed are skipped).
+    #[arg(long)]
+    smoke: bool,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -59,7 +63,11 @@ impl From<Profile> for workload::Profile {
 }
 
 fn main() {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if args.smoke {
+        args.nodes = 20;
+        args.pods = 300;
+    }
     let nodes = workload::nodes(args.seed, args.nodes);
     let pods = workload::pods_of(args.profile.into(), args.seed + 1, args.pods);
     let capacity: u64 = nodes.iter().map(|n| n.allocatable.cpu_millis).sum();

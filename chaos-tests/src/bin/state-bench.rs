@@ -46,6 +46,10 @@ struct Args {
     /// Only part 4, the serialized writes through the Kubernetes API.
     #[arg(long)]
     serialized_only: bool,
+    /// Toy sizes, a few seconds: what CI runs to prove the benchmark still runs and prints
+    /// its table (the figures mean nothing; peers not installed are skipped).
+    #[arg(long)]
+    smoke: bool,
 }
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -71,7 +75,12 @@ fn config_map(name: &str) -> Value {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if args.smoke {
+        args.writes = 5;
+        args.objects = 50;
+        args.no_etcd |= !shoal_chaos::testkit::on_path(&args.etcd);
+    }
     let shoal = match args.shoal.clone() {
         Some(p) => p,
         None => std::env::current_exe()?

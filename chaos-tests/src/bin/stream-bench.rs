@@ -27,6 +27,10 @@ struct Args {
     /// MiB per port-forward download.
     #[arg(long, default_value_t = 512)]
     mib: u64,
+    /// Toy sizes, a few seconds: what CI runs to prove the benchmark still runs and prints
+    /// its table (the figures mean nothing; peers not installed are skipped).
+    #[arg(long)]
+    smoke: bool,
 }
 
 const PODS: &str = r#"apiVersion: v1
@@ -151,7 +155,11 @@ async fn cluster(root: &Path, images: &Path) -> anyhow::Result<Vec<AgentProcess>
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if args.smoke {
+        args.execs = 2;
+        args.mib = 1;
+    }
     let images = shoal_chaos::test_images().context("building the test images")?;
     let binary = shoal_chaos::shoal_binary()?;
     let root = tempfile::tempdir()?;
