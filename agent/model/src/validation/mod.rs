@@ -509,6 +509,23 @@ pub fn default_pod_template(template: &mut Value) {
     }
 }
 
+/// The tag the apiserver's defaulting reads from an image reference (upstream's
+/// `parsers.ParseImageName`): what follows a `:` in the last path component, `latest` when
+/// there is neither a tag nor a digest, none for a digest alone. A registry's `host:port`
+/// (before the first `/`) is not a tag.
+fn image_tag(image: &str) -> Option<&str> {
+    let (name, digest) = match image.split_once('@') {
+        Some((name, _)) => (name, true),
+        None => (image, false),
+    };
+    let last = name.rsplit('/').next().unwrap_or(name);
+    match last.split_once(':') {
+        Some((_, tag)) => Some(tag),
+        None if digest => None,
+        None => Some("latest"),
+    }
+}
+
 /// The defaults of a pod spec wherever it is (a pod's, or a workload's template): the
 /// apiserver's `SetDefaults_PodSpec`, `SetDefaults_Container`, probes', ports' and volumes'.
 fn default_pod_spec(spec: &mut Value) {
@@ -519,9 +536,7 @@ fn default_pod_spec(spec: &mut Value) {
     default_field(spec, "securityContext", json!({}));
     for field in ["containers", "initContainers"] {
         for c in items_mut(spec, field) {
-            let latest = c["image"]
-                .as_str()
-                .is_some_and(|i| !i.contains(':') || i.ends_with(":latest"));
+            let latest = c["image"].as_str().and_then(image_tag) == Some("latest");
             default_field(
                 c,
                 "imagePullPolicy",
@@ -1005,6 +1020,26 @@ mod tests {
             d["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"],
             "Always"
         );
+        // imagePullPolicy as the apiserver defaults it: Always for `latest`, written or implied
+        // (no tag and no digest; a registry's port is not a tag), IfNotPresent otherwise.
+        let digest = format!("sha256:{}", "a".repeat(64));
+        for (image, policy) in [
+            ("busybox", "Always"),
+            ("busybox:latest", "Always"),
+            ("busybox:1.36", "IfNotPresent"),
+            ("reg:5000/team/app", "Always"),
+            ("reg:5000/team/app:v2", "IfNotPresent"),
+            (&format!("reg:5000/app@{digest}"), "IfNotPresent"),
+            (&format!("app:latest@{digest}"), "Always"),
+            ("localhost:5000/app", "Always"),
+        ] {
+            let mut p = json!({"spec": {"containers": [{"name": "c", "image": image}]}});
+            default("Pod", &mut p);
+            assert_eq!(
+                p["spec"]["containers"][0]["imagePullPolicy"], policy,
+                "{image}"
+            );
+        }
         let mut s = json!({"spec": {"ports": [{"port": 80}]}});
         default("Service", &mut s);
         assert_eq!(s["spec"]["ports"][0]["targetPort"], 80);
