@@ -178,6 +178,24 @@ impl Membership {
         })
     }
 
+    /// Wakes the returned [`tokio::sync::Notify`] each time gossip brings a peer's new value of
+    /// a key starting with `prefix` (a reader then looks at once instead of at its next
+    /// period). Deleted keys are not notified (chitchat does not), so readers still look
+    /// periodically too. The subscription lasts as long as the returned handle.
+    pub async fn on_change(
+        &self,
+        prefix: &str,
+    ) -> (Arc<tokio::sync::Notify>, chitchat::ListenerHandle) {
+        let notify = Arc::new(tokio::sync::Notify::new());
+        let wake = notify.clone();
+        let chitchat = self.handle.chitchat();
+        let listener = chitchat
+            .lock()
+            .await
+            .subscribe_event(prefix, move |_| wake.notify_one());
+        (notify, listener)
+    }
+
     pub fn node_id(&self) -> &str {
         &self.handle.chitchat_id().node_id
     }

@@ -150,15 +150,26 @@ impl PodStatusCache {
         }
     }
 
-    /// Refreshes from gossip every `period`, forever.
+    /// Refreshes from gossip when a peer's status arrives, and every `period` (what gossip
+    /// does not notify: a status withdrawn, a node gone), forever.
     pub async fn follow(self: Arc<Self>, membership: Arc<Membership>, period: Duration) {
         let mut ticker = tokio::time::interval(period);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (arrived, _subscription) = membership.on_change(KEY_PREFIX).await;
         // (node id, key) → the raw value last seen and its parse.
         let mut parsed: HashMap<(String, String), (String, PodReport)> = HashMap::new();
         let mut seen_version = None;
+        // A busy cluster's gossip brings statuses all the time: at most one refresh per
+        // `MIN_GAP` (a refresh reads every published status).
+        const MIN_GAP: Duration = Duration::from_millis(20);
+        let mut last = tokio::time::Instant::now();
         loop {
-            ticker.tick().await;
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = arrived.notified() => {}
+            }
+            tokio::time::sleep_until(last + MIN_GAP).await;
+            last = tokio::time::Instant::now();
             // Nothing published, changed or gone since the last round: nothing to read.
             let version = membership.values_version().await;
             if seen_version.as_ref() == Some(&version) {
