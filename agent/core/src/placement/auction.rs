@@ -549,7 +549,8 @@ impl Scheduler {
                 .filter(|n| pods.iter().any(|p| predicates::admits(p, n)))
                 .map(|n| {
                     let used = world.cluster.allocated(n.id).cpu_millis;
-                    let load = (used * 1000)
+                    let load = used
+                        .saturating_mul(1000)
                         .checked_div(n.allocatable.cpu_millis)
                         .unwrap_or(u64::MAX);
                     (load, n.id)
@@ -835,12 +836,16 @@ impl Scheduler {
                         && pod.requests.pods <= left.pods;
                     // What this batch gave the node lowers its least-allocated score, as if the
                     // bidder had scored the pod after them.
-                    let share = |g: u64, cap: u64| (g * 100).checked_div(cap).unwrap_or(0) as i64;
-                    let lowered = score
-                        - predicates::WEIGHT_LEAST_ALLOCATED
+                    // (A score and capacities come from the bidder: bounded arithmetic.)
+                    let share = |g: u64, cap: u64| {
+                        (g.saturating_mul(100).checked_div(cap).unwrap_or(0)).min(100) as i64
+                    };
+                    let lowered = score.saturating_sub(
+                        predicates::WEIGHT_LEAST_ALLOCATED
                             * (share(already.cpu_millis, allocatable.cpu_millis)
                                 + share(already.memory_bytes, allocatable.memory_bytes))
-                            / 2;
+                            / 2,
+                    );
                     fits.then_some((lowered, tie, node))
                 })
                 .max();
