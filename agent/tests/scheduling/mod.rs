@@ -18,6 +18,16 @@ fn node_of(api: &ApiLab, agent: usize, pod: &str) -> String {
     out
 }
 
+/// Fails the test if two of `domains` (the nodes or zones of admitted replicas) are equal.
+fn assert_apart<T: Ord + std::fmt::Debug>(domains: &[T], what: &str, seen: &str) {
+    let distinct: std::collections::BTreeSet<&T> = domains.iter().collect();
+    assert_eq!(
+        domains.len(),
+        distinct.len(),
+        "two replicas admitted in one {what}: {seen}"
+    );
+}
+
 /// The zone of node `n` in the test of the pods that fit nowhere.
 fn zone_of(node: &str) -> &'static str {
     match node {
@@ -184,12 +194,7 @@ async fn a_pod_that_fits_nowhere_says_why() {
         || {
             let (listing, admitted, pending) = replicas(&api, 1, "apart");
             seen = listing;
-            let distinct: std::collections::BTreeSet<&String> = admitted.iter().collect();
-            assert_eq!(
-                admitted.len(),
-                distinct.len(),
-                "two replicas admitted on one node: {seen}"
-            );
+            assert_apart(&admitted, "node", &seen);
             let ok = seen.lines().count() == 4 && admitted.len() == 3 && pending == 1;
             async move { ok }
         },
@@ -210,12 +215,7 @@ async fn a_pod_that_fits_nowhere_says_why() {
         let (listing, admitted, pending) = replicas(&api, 2, "zoned");
         seen = listing;
         let zones: Vec<&str> = admitted.iter().map(|n| zone_of(n)).collect();
-        let distinct: std::collections::BTreeSet<&&str> = zones.iter().collect();
-        assert_eq!(
-            zones.len(),
-            distinct.len(),
-            "two zoned replicas admitted in one zone: {seen}"
-        );
+        assert_apart(&zones, "zone", &seen);
         let ok = seen.lines().count() == 4 && zones.len() == 2 && pending == 2;
         async move { ok }
     })
@@ -234,12 +234,7 @@ async fn a_pod_that_fits_nowhere_says_why() {
     wait_until("the fourth apart replica on the new node", LIMIT, || {
         let (listing, admitted, pending) = replicas(&api, 3, "apart");
         seen = listing;
-        let distinct: std::collections::BTreeSet<&String> = admitted.iter().collect();
-        assert_eq!(
-            admitted.len(),
-            distinct.len(),
-            "two replicas admitted on one node: {seen}"
-        );
+        assert_apart(&admitted, "node", &seen);
         let ok = admitted.len() == 4 && pending == 0;
         async move { ok }
     })
@@ -249,12 +244,7 @@ async fn a_pod_that_fits_nowhere_says_why() {
         let (listing, admitted, pending) = replicas(&api, 0, "zoned");
         seen = listing;
         let zones: Vec<&str> = admitted.iter().map(|n| zone_of(n)).collect();
-        let distinct: std::collections::BTreeSet<&&str> = zones.iter().collect();
-        assert_eq!(
-            zones.len(),
-            distinct.len(),
-            "two zoned replicas admitted in one zone: {seen}"
-        );
+        assert_apart(&zones, "zone", &seen);
         let ok = zones.len() == 3 && pending == 1;
         async move { ok }
     })

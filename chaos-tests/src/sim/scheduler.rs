@@ -244,6 +244,12 @@ impl Sim {
             .push((self.now + self.config.eviction_delay, node));
         // Membership changed: auctioneers move (only those of the dead node's pods, by
         // rendezvous hashing), and pending pods follow them.
+        self.move_auctioneers(|_, auctioneer| auctioneer == Some(node));
+    }
+
+    /// Membership changed: the pods `moves` picks (by uid and current auctioneer) get the
+    /// auctioneer their key hashes to among the live nodes now, and pending pods follow them.
+    fn move_auctioneers(&mut self, moves: impl Fn(&str, Option<NodeId>) -> bool) {
         let live: Vec<NodeId> = self.schedulers.keys().copied().collect();
         let waiting: Vec<(String, u64)> = self
             .pending
@@ -252,7 +258,7 @@ impl Sim {
             .collect();
         let uids: Vec<String> = self.pods.keys().cloned().collect();
         for uid in uids {
-            if self.auctioneer_of.get(&uid) == Some(&node)
+            if moves(&uid, self.auctioneer_of.get(&uid).copied())
                 && let Some(a) = self.auctioneer_for(&self.pods[&uid], &live)
             {
                 self.auctioneer_of.insert(uid, a);
@@ -279,21 +285,8 @@ impl Sim {
         );
         self.cluster.add_node(node);
         self.members = self.members.max(self.schedulers.len());
-        let live: Vec<NodeId> = self.schedulers.keys().copied().collect();
-        let waiting: Vec<(String, u64)> = self
-            .pending
-            .drain()
-            .flat_map(|(_, list)| list.into_iter().map(|(uid, (_, epoch))| (uid, epoch)))
-            .collect();
-        let uids: Vec<String> = self.pods.keys().cloned().collect();
-        for uid in uids {
-            if let Some(a) = self.auctioneer_for(&self.pods[&uid], &live) {
-                self.auctioneer_of.insert(uid, a);
-            }
-        }
-        for (uid, epoch) in waiting {
-            self.make_pending(&uid, epoch);
-        }
+        // Any pod's key may hash to the newcomer now.
+        self.move_auctioneers(|_, _| true);
     }
 
     /// A node freezes (SIGSTOP of its agent): it stops answering and asking, so its peers
