@@ -305,6 +305,13 @@ async fn run(
             if applied.as_ref() != Some(&wanted) {
                 let table_name = table.clone();
                 let attempt = wanted.clone();
+                // UDP flows whose target the new rules no longer lead to: forgotten once the
+                // rules are in, so a client's next datagram follows them.
+                let stale = applied
+                    .as_ref()
+                    .map_or_else(Vec::new, |(services, host_ports)| {
+                        shoal_net::conntrack::stale((services, host_ports), (&wanted.0, &wanted.1))
+                    });
                 let loaded = tokio::task::spawn_blocking(move || {
                     // The rebuild flushes what is loaded and keeps the sets of clients pinned
                     // by ClientIP affinity (only this task changes the table).
@@ -315,7 +322,14 @@ async fn run(
                         &attempt.0,
                         &attempt.1,
                         &current,
-                    ))
+                    ))?;
+                    match shoal_net::conntrack::delete(&stale) {
+                        Ok(0) => {}
+                        Ok(n) => tracing::debug!(flows = n, "stale UDP flows forgotten"),
+                        // The rules are in; a flow left behind expires on its own.
+                        Err(e) => warn!(error = %e, "stale UDP flows not forgotten"),
+                    }
+                    Ok::<_, shoal_net::NetError>(())
                 })
                 .await;
                 match loaded {

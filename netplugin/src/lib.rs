@@ -14,10 +14,13 @@
 //!   through netlink (`rtnetlink`).
 //! - [`dns`]: the node's DNS server for its pods and their resolv.conf.
 //! - [`nft`]: the nftables ruleset that load-balances ClusterIPs (their allocation is the object
-//!   model's, `shoal_model::service_ip`).
+//!   model's, `shoal_model::service_ip`) and serves host ports.
+//! - [`conntrack`]: forgets the UDP flows whose NAT target the rules no longer lead to
+//!   (ctnetlink).
 //!
 //! The runtime calls a [`PodNetworkPlugin`]; everything host-specific sits behind it.
 
+pub mod conntrack;
 pub mod dns;
 pub mod ipam;
 pub mod lease;

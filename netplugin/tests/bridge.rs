@@ -259,6 +259,79 @@ fn pods_on_one_bridge_reach_each_other_and_nothing_is_left() {
         nft::delete_table(&table).unwrap();
     });
 
+    // A UDP host port moved from pod a to pod b: a client that keeps sending from one port
+    // reaches b once the stale flow is forgotten (before that, conntrack keeps it on a).
+    inside(&node, || {
+        use shoal_net::{conntrack, nft};
+        let table = nft::table_name(&format!("{tag}u"));
+        let cluster = "10.250.0.0/16".parse().unwrap();
+        let rule = |pod_ip| nft::HostPortRule {
+            host_ip: None,
+            port: 5454,
+            protocol: "udp".into(),
+            pod_ip,
+            container_port: 5454,
+        };
+        let load = |rules: &[nft::HostPortRule]| {
+            nft::apply(&nft::ruleset(
+                &table,
+                cluster,
+                &[],
+                rules,
+                &nft::loaded(&table),
+            ))
+            .unwrap()
+        };
+        let server = |netns: &Path, ip: Ipv4Addr| {
+            inside(netns, || {
+                let s = std::net::UdpSocket::bind((ip, 5454)).unwrap();
+                s.set_read_timeout(Some(std::time::Duration::from_millis(500)))
+                    .unwrap();
+                s
+            })
+        };
+        let (on_a, on_b) = (server(&pod_a.netns, a.ip), server(&pod_b.netns, b.ip));
+        let heard = |s: &std::net::UdpSocket| {
+            let mut buf = [0u8; 16];
+            s.recv(&mut buf).ok().map(|n| buf[..n].to_vec())
+        };
+        let client = std::net::UdpSocket::bind(("0.0.0.0", 0)).unwrap();
+        let send = |m: &[u8]| client.send_to(m, (a.gateway, 5454)).unwrap();
+        // Sent while no pod holds the port: the node answers itself, and that untranslated
+        // flow would keep the client from the mapping made next.
+        load(&[]);
+        send(b"0");
+        load(&[rule(a.ip)]);
+        send(b"0");
+        assert_eq!(
+            heard(&on_a),
+            None,
+            "the flow made before the mapping bypasses it"
+        );
+        let new = conntrack::stale((&[], &[]), (&[], &[rule(a.ip)]));
+        assert_eq!(conntrack::delete(&new).unwrap(), 1);
+        send(b"1");
+        assert_eq!(heard(&on_a).as_deref(), Some(&b"1"[..]));
+        load(&[rule(b.ip)]);
+        send(b"2");
+        assert_eq!(
+            heard(&on_a).as_deref(),
+            Some(&b"2"[..]),
+            "the flow made before the change still leads to a"
+        );
+        let stale = conntrack::stale((&[], &[rule(a.ip)]), (&[], &[rule(b.ip)]));
+        assert_eq!(conntrack::delete(&stale).unwrap(), 1);
+        send(b"3");
+        assert_eq!(heard(&on_b).as_deref(), Some(&b"3"[..]));
+        assert_eq!(heard(&on_a), None);
+        assert_eq!(
+            conntrack::delete(&stale).unwrap(),
+            0,
+            "nothing else matched"
+        );
+        nft::delete_table(&table).unwrap();
+    });
+
     let host_a = net.host_veth("pod-a");
     assert!(links(&node).contains(&host_a));
     inside(&node, || {
