@@ -64,6 +64,40 @@ fn exec_in(ns: &str, program: &str, args: &[&str]) -> Result<String, String> {
     }
 }
 
+/// Runs `f` on a thread inside the network namespace at `path` (what it opens stays there).
+fn in_netns<T: Send + 'static>(path: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = path.to_owned();
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+/// A UDP socket on `port` inside `pod`'s network namespace (`/run/netns/shoal-<scope>-<uid>`),
+/// waiting at most 200 ms per datagram.
+fn udp_server_in(pod: &Value, port: u16) -> std::net::UdpSocket {
+    let uid = pod["metadata"]["uid"].as_str().expect("a pod with a uid");
+    let netns = std::fs::read_dir("/run/netns")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.ends_with(&format!("-{uid}")))
+        })
+        .unwrap_or_else(|| panic!("no network namespace for pod {uid}"));
+    in_netns(netns.to_str().unwrap(), move || {
+        let s = std::net::UdpSocket::bind(("0.0.0.0", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        s
+    })
+}
+
 /// The addresses busybox nslookup printed for the name (after the server's own lines).
 fn resolved(output: &str) -> BTreeSet<String> {
     output
@@ -597,11 +631,13 @@ async fn pods_reach_pods_on_other_nodes_by_ip_and_nothing_is_left() {
         if let Some(ip) = host_ip {
             port["hostIP"] = json!(ip);
         }
+        let udp =
+            json!({"name": "echo", "containerPort": 9000, "hostPort": 9000, "protocol": "UDP"});
         json!({"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": name, "namespace": "default"},
                "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
                         "terminationGracePeriodSeconds": 1, "containers": [{
-                   "name": "web", "image": "shoal.local/busybox:1", "ports": [port],
+                   "name": "web", "image": "shoal.local/busybox:1", "ports": [port, udp],
                    "command": ["sh", "-c", format!("mkdir -p /w && echo hello from {name} > /w/index.html && exec httpd -f -p 8080 -h /w")]}]}})
     };
     for (name, node, host_ip) in [
@@ -651,6 +687,54 @@ async fn pods_reach_pods_on_other_nodes_by_ip_and_nothing_is_left() {
     })
     .await
     .unwrap_or_else(|e| panic!("{e}: {last}"));
+
+    // UDP through the host port (busybox has no UDP server: the test listens on port 9000
+    // inside the pod's network namespace). A client on n0 that keeps sending from one source
+    // port reaches hp-1; once hp-1 is deleted, hp-2 takes the port on n1 and the same client
+    // reaches it, because n1's agent forgets the client's flow when its rules change — the
+    // flow to hp-1, then the one the node answered itself while no pod held the port. Without
+    // that, conntrack kept the flow where it first led for as long as the client kept sending
+    // (hp-2 gets another address: addresses are not reused at once).
+    let client = in_netns(&format!("/run/netns/{}", lab.host(0)), || {
+        std::net::UdpSocket::bind(("0.0.0.0", 0)).unwrap()
+    });
+    let to_n1 = (lab.address(1), 9000);
+    let heard = |server: &std::net::UdpSocket| {
+        let _ = client.send_to(b"ping", to_n1);
+        let mut buf = [0u8; 8];
+        server.recv(&mut buf).is_ok_and(|n| &buf[..n] == b"ping")
+    };
+    let hp_1 = pod(&agents[0], "hp-1").await;
+    let on_1 = udp_server_in(&hp_1, 9000);
+    wait_until("hp-1 hears the client over UDP", LIMIT, || {
+        let ok = heard(&on_1);
+        async move { ok }
+    })
+    .await
+    .unwrap();
+    kubectl(&["delete", "pod", "hp-1", "--wait=false"]).unwrap();
+    wait_until("hp-2 running on n1", LIMIT, || {
+        // The client keeps sending meanwhile.
+        let _ = client.send_to(b"ping", to_n1);
+        async {
+            let p = pod(&agents[0], "hp-2").await;
+            p["status"]["phase"] == "Running" && p["status"]["podIP"].is_string()
+        }
+    })
+    .await
+    .unwrap();
+    let hp_2 = pod(&agents[0], "hp-2").await;
+    assert_ne!(
+        hp_2["status"]["podIP"], hp_1["status"]["podIP"],
+        "the check needs hp-2 at another address"
+    );
+    let on_2 = udp_server_in(&hp_2, 9000);
+    wait_until("hp-2 hears the same client", LIMIT, || {
+        let ok = heard(&on_2);
+        async move { ok }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agents[1].log()));
     // (They stay: stopping with --cleanup below removes them with the rest.)
 
     // Routes: each node routes the two other blocks via their nodes.
