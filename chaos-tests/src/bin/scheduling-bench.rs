@@ -99,30 +99,31 @@ fn main() {
 
     println!("| figure | distributed auction | central greedy | auction / greedy |");
     println!("|---|---|---|---|");
-    let (greedy_placed, greedy_stddev, greedy_cpu) = if args.no_greedy {
-        (f64::NAN, f64::NAN, f64::NAN)
-    } else {
+    let greedy = (!args.no_greedy).then(|| {
         let start = Instant::now();
         let greedy = central_greedy(&nodes, &pods);
         let t = start.elapsed().as_secs_f64();
         let placed: u64 = greedy.nodes().map(|n| greedy.allocated(n.id).pods).sum();
         (placed as f64, cpu_utilisation_stddev(&greedy), t)
-    };
+    });
+    // The greedy columns, or dashes when it was not run (`--no-greedy`).
+    let column = |f: &dyn Fn((f64, f64, f64)) -> String| greedy.map_or("—".to_owned(), f);
+    let rate = placed as f64 / cpu;
     println!(
-        "| pods placed | {placed} ({:.1}%) | {greedy_placed} ({:.1}%) | {:.3} |",
+        "| pods placed | {placed} ({:.1}%) | {} | {} |",
         100.0 * placed as f64 / args.pods as f64,
-        100.0 * greedy_placed / args.pods as f64,
-        placed as f64 / greedy_placed
+        column(&|(p, _, _)| format!("{p} ({:.1}%)", 100.0 * p / args.pods as f64)),
+        column(&|(p, _, _)| format!("{:.3}", placed as f64 / p)),
     );
     println!(
-        "| stddev of node CPU utilisation | {auction_stddev:.3} | {greedy_stddev:.3} | {:.2} |",
-        auction_stddev / greedy_stddev
+        "| stddev of node CPU utilisation | {auction_stddev:.3} | {} | {} |",
+        column(&|(_, s, _)| format!("{s:.3}")),
+        column(&|(_, s, _)| format!("{:.2}", auction_stddev / s)),
     );
     println!(
-        "| placements per CPU second | {:.0} | {:.0} | {:.2} |",
-        placed as f64 / cpu,
-        greedy_placed / greedy_cpu,
-        (placed as f64 / cpu) / (greedy_placed / greedy_cpu)
+        "| placements per CPU second | {rate:.0} | {} | {} |",
+        column(&|(p, _, t)| format!("{:.0}", p / t)),
+        column(&|(p, _, t)| format!("{:.2}", rate / (p / t))),
     );
     println!(
         "\nauction: {:.2} s CPU, {:.2} s virtual; {} auction messages ({:.2} per placement), {} bindings written, {} refused at admission, {} bid evaluations ({:.1} per pod); {} bindings broke a hard topology constraint (wide constraints serialized: {})",

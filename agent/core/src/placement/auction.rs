@@ -278,9 +278,10 @@ pub fn rendezvous(key: &str, node: NodeId) -> u64 {
     predicates::tie_break(key, node)
 }
 
-/// Draw number `draw` of an auction keyed `key`: an index below `len` (0 when `len` is 0).
-fn hashed_index(key: &str, draw: u64, len: usize) -> usize {
-    (predicates::tie_break(key, draw) % len.max(1) as u64) as usize
+/// Draw number `draw` of an auction whose key hashes to `key` ([`predicates::key_hash`]): an
+/// index below `len` (0 when `len` is 0).
+fn hashed_index(key: u64, draw: u64, len: usize) -> usize {
+    (predicates::tie_break_hashed(key, draw) % len.max(1) as u64) as usize
 }
 
 /// Up to `k` distinct nodes of `nodes`, drawn by hashing (`key`, draw number): a sample that
@@ -291,6 +292,7 @@ fn hashed_sample(key: &str, nodes: &[NodeId], k: usize) -> Vec<NodeId> {
     if k >= nodes.len() {
         return nodes.to_vec();
     }
+    let key = predicates::key_hash(key);
     let mut chosen = Vec::with_capacity(k);
     let mut draw = 0;
     // Each draw is new with probability ≥ 1 - k/len; the bound only guards a degenerate hash.
@@ -307,7 +309,9 @@ fn hashed_sample(key: &str, nodes: &[NodeId], k: usize) -> Vec<NodeId> {
 /// The live node with the highest rendezvous hash of `key`: a pod's auctioneer (by
 /// [`auction_key`]), and the owner of other keys (objects' homes, controllers' objects).
 pub fn auctioneer(key: &str, live: impl IntoIterator<Item = NodeId>) -> Option<NodeId> {
-    live.into_iter().max_by_key(|n| (rendezvous(key, *n), *n))
+    let key = predicates::key_hash(key);
+    live.into_iter()
+        .max_by_key(|n| (predicates::tie_break_hashed(key, *n), *n))
 }
 
 /// What chooses a pod's auctioneer: its uid, or for a pod with a hard constraint wider than a
@@ -437,7 +441,19 @@ impl Scheduler {
         let mut batch: Vec<Arc<PodRequest>> = Vec::new();
         let mut exhaustive: Vec<Arc<PodRequest>> = Vec::new();
         let mut epochs = HashMap::new();
+        let free = self
+            .config
+            .max_in_flight
+            .saturating_sub(self.auctions.len());
+        // The batches below take at most this many pods, in order: once the batch holds them
+        // (and no exhaustive re-auction is left to find), a later pod can only matter if it is
+        // bound directly. A node with many pending pods (the replicas of wide constraints
+        // wait for one another here) would otherwise look each of them up on every resume.
+        let enough = free.saturating_mul(self.config.batch);
         for (pod, epoch) in world.pending {
+            if batch.len() >= enough && self.exhaustive_next.is_empty() && pod.node_name.is_none() {
+                continue;
+            }
             if self.in_flight.contains(&pod.uid)
                 || self.retry_at.get(&pod.uid).is_some_and(|t| *t > now)
                 // Bound by this node at this epoch; the shell has not seen it yet.
@@ -472,10 +488,6 @@ impl Scheduler {
         // Exhaustive re-auctions first: they are pods no sample could take. Only the batches
         // that can start now are formed; the rest wait for a later tick (exhaustive ones keep
         // their mark).
-        let free = self
-            .config
-            .max_in_flight
-            .saturating_sub(self.auctions.len());
         let (first, left) = self.chunks(exhaustive, free);
         for pod in left {
             self.exhaustive_next.insert(pod.uid.clone());
@@ -571,11 +583,12 @@ impl Scheduler {
             }
             let by_load: Vec<NodeId> = by_load.into_iter().map(|(_, n)| n).collect();
             let mut chosen = hashed_sample(&key, &by_load, self.config.sample * LOAD_SHARE / 100);
+            let key_h = predicates::key_hash(&key);
             // The rest from everyone: drawn until the sample is full.
             let first: u64 = 1 << 32; // other draws than the pool's
             let mut draw = first;
             while chosen.len() < self.config.sample && draw < first + 4 * nodes.len() as u64 + 64 {
-                let n = nodes[hashed_index(&key, draw, nodes.len())];
+                let n = nodes[hashed_index(key_h, draw, nodes.len())];
                 draw += 1;
                 if !chosen.contains(&n) {
                     chosen.push(n);
@@ -602,7 +615,7 @@ impl Scheduler {
                     .into_iter()
                     .filter(|d| !covered.contains(d))
                     .collect();
-                let start = hashed_index(&key, u64::MAX, nodes.len());
+                let start = hashed_index(key_h, u64::MAX, nodes.len());
                 let mut extra = Vec::new();
                 for step in 0..nodes.len() {
                     if missing.is_empty() {

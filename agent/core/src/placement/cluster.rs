@@ -30,6 +30,61 @@ struct Repel {
     namespaces: Namespaces,
 }
 
+/// The required anti-affinity terms placed in one domain, indexed by a label a pod must carry
+/// to match them: a term with an `In` requirement is kept under each (key, value) that
+/// requirement accepts, so a pod is checked only against the terms its own labels can
+/// satisfy (a node holding the terms of 15 replica groups checks one, not 15, per bid);
+/// other terms are checked against every pod.
+#[derive(Debug, Default, Clone)]
+struct Repels {
+    by_label: HashMap<String, HashMap<String, Vec<Repel>>>,
+    other: Vec<Repel>,
+}
+
+impl Repels {
+    fn insert(&mut self, repel: Repel) {
+        match repel.selector.iter().find(|r| r.op == Operator::In) {
+            Some(r) => {
+                let by_value = self.by_label.entry(r.key.clone()).or_default();
+                for value in &r.values {
+                    by_value
+                        .entry(value.clone())
+                        .or_default()
+                        .push(repel.clone());
+                }
+            }
+            None => self.other.push(repel),
+        }
+    }
+
+    fn remove(&mut self, uid: &str) {
+        self.other.retain(|r| r.uid != uid);
+        self.by_label.retain(|_, by_value| {
+            by_value.retain(|_, list| {
+                list.retain(|r| r.uid != uid);
+                !list.is_empty()
+            });
+            !by_value.is_empty()
+        });
+    }
+
+    fn is_empty(&self) -> bool {
+        self.by_label.is_empty() && self.other.is_empty()
+    }
+
+    /// The terms a pod with `labels` may match (a superset of those it matches).
+    fn candidates<'a>(
+        &'a self,
+        labels: &'a BTreeMap<String, String>,
+    ) -> impl Iterator<Item = &'a Repel> {
+        labels
+            .iter()
+            .filter_map(|(k, v)| self.by_label.get(k.as_str())?.get(v.as_str()))
+            .flatten()
+            .chain(&self.other)
+    }
+}
+
 /// Placed pods and live nodes.
 #[derive(Debug, Default, Clone)]
 pub struct ClusterView {
@@ -45,7 +100,7 @@ pub struct ClusterView {
     domains: HashMap<String, HashMap<String, u64>>,
     /// topology key → domain value → the required anti-affinity terms of the pods placed in
     /// that domain: they repel matching pods from the whole domain (upstream's symmetry).
-    repels: HashMap<String, HashMap<String, Vec<Repel>>>,
+    repels: HashMap<String, HashMap<String, Repels>>,
     /// Each namespace's labels (`namespaceSelector` of pod affinity terms reads them).
     namespace_labels: HashMap<String, BTreeMap<String, String>>,
     /// The wrapping sum of every node's [`node_digest`]: see [`ClusterView::shape`].
@@ -64,6 +119,50 @@ fn node_digest(node: &NodeView) -> u64 {
 
 fn label_key(namespace: &str, k: &str, v: &str) -> String {
     format!("{namespace}/{k}={v}")
+}
+
+/// `map[key]`, made empty first if missing: the key is copied only then (every placement
+/// updates a dozen of these, nearly always present).
+fn slot<'a, V: Default>(map: &'a mut HashMap<String, V>, key: &str) -> &'a mut V {
+    if !map.contains_key(key) {
+        map.insert(key.to_owned(), V::default());
+    }
+    map.get_mut(key).expect("inserted above")
+}
+
+/// Counts a pod with `labels` in `namespace` in (`add`) or out of every domain of a node with
+/// `node_labels`: [`ClusterView`]'s `counts` and `nonzero`.
+fn count(
+    counts: &mut HashMap<String, HashMap<String, HashMap<String, u64>>>,
+    nonzero: &mut HashMap<String, HashMap<String, u64>>,
+    node_labels: &BTreeMap<String, String>,
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+    add: bool,
+) {
+    for (lk, lv) in labels {
+        let kv = label_key(namespace, lk, lv);
+        let by_key = slot(counts, &kv);
+        for (tk, domain) in node_labels {
+            let n = slot(slot(by_key, tk), domain);
+            let became = if add {
+                *n += 1;
+                *n == 1
+            } else {
+                let was = *n;
+                *n = n.saturating_sub(1);
+                was == 1
+            };
+            if became {
+                let nz = slot(slot(nonzero, &kv), tk);
+                *nz = if add {
+                    nz.saturating_add(1)
+                } else {
+                    nz.saturating_sub(1)
+                };
+            }
+        }
+    }
 }
 
 impl ClusterView {
@@ -148,45 +247,19 @@ impl ClusterView {
         labels: &BTreeMap<String, String>,
         add: bool,
     ) {
-        for (tk, domain) in &node.labels {
-            for (lk, lv) in labels {
-                let kv = label_key(namespace, lk, lv);
-                let slot = self
-                    .counts
-                    .entry(kv.clone())
-                    .or_default()
-                    .entry(tk.clone())
-                    .or_default()
-                    .entry(domain.clone())
-                    .or_default();
-                let became = if add {
-                    *slot += 1;
-                    *slot == 1
-                } else {
-                    let was = *slot;
-                    *slot = slot.saturating_sub(1);
-                    was == 1
-                };
-                if became {
-                    let nz = self
-                        .nonzero
-                        .entry(kv)
-                        .or_default()
-                        .entry(tk.clone())
-                        .or_default();
-                    *nz = if add {
-                        nz.saturating_add(1)
-                    } else {
-                        nz.saturating_sub(1)
-                    };
-                }
-            }
-        }
+        count(
+            &mut self.counts,
+            &mut self.nonzero,
+            &node.labels,
+            namespace,
+            labels,
+            add,
+        );
     }
 
     /// Records `pod` as running on node `id`.
     pub fn place(&mut self, id: u64, pod: &PodRequest) {
-        let Some(node) = self.nodes.get(&id).cloned() else {
+        let Some(node) = self.nodes.get(&id) else {
             return;
         };
         *self.allocated.entry(id).or_default() = self.allocated(id).plus(pod.requests);
@@ -198,7 +271,14 @@ impl ClusterView {
             requests: pod.requests,
             host_ports: pod.host_ports.clone(),
         });
-        self.count(&node, &pod.namespace, &pod.labels, true);
+        count(
+            &mut self.counts,
+            &mut self.nonzero,
+            &node.labels,
+            &pod.namespace,
+            &pod.labels,
+            true,
+        );
         for term in &pod.anti_affinity {
             if let Some(domain) = node.labels.get(&term.topology_key) {
                 self.repels
@@ -206,7 +286,7 @@ impl ClusterView {
                     .or_default()
                     .entry(domain.clone())
                     .or_default()
-                    .push(Repel {
+                    .insert(Repel {
                         uid: pod.uid.clone(),
                         namespace: pod.namespace.clone(),
                         selector: term.selector.clone(),
@@ -220,7 +300,7 @@ impl ClusterView {
         for (tk, domain) in &node.labels {
             if let Some(by_domain) = self.repels.get_mut(tk.as_str()) {
                 if let Some(list) = by_domain.get_mut(domain.as_str()) {
-                    list.retain(|r| r.uid != uid);
+                    list.remove(uid);
                     if list.is_empty() {
                         by_domain.remove(domain.as_str());
                     }
@@ -238,12 +318,14 @@ impl ClusterView {
         if self.repels.is_empty() {
             return false;
         }
-        node.labels.iter().any(|(tk, domain)| {
-            self.repels
-                .get(tk.as_str())
-                .and_then(|by_domain| by_domain.get(domain.as_str()))
+        // The topology keys with placed terms are few (usually the hostname alone): look
+        // each up in the node's labels rather than every label of the node among them.
+        self.repels.iter().any(|(tk, by_domain)| {
+            node.labels
+                .get(tk)
+                .and_then(|domain| by_domain.get(domain.as_str()))
                 .is_some_and(|list| {
-                    list.iter().any(|r| {
+                    list.candidates(&pod.labels).any(|r| {
                         r.uid != pod.uid
                             && term_matches(&r.selector, &pod.labels)
                             && r.namespaces.covers(
@@ -489,6 +571,21 @@ impl ClusterView {
             if (nonzero as usize) < domains.len() {
                 return 0;
             }
+        }
+        if let [req] = selector.as_slice()
+            && req.op == Operator::In
+            && req.values.len() == 1
+        {
+            // Every domain holds one: their counts, under one key.
+            let by_domain = self
+                .counts
+                .get(&label_key(namespace, &req.key, &req.values[0]))
+                .and_then(|by_key| by_key.get(topology_key));
+            return domains
+                .keys()
+                .map(|d| by_domain.and_then(|c| c.get(d)).copied().unwrap_or(0))
+                .min()
+                .unwrap_or(0);
         }
         domains
             .keys()
