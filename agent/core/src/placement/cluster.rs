@@ -42,7 +42,7 @@ struct Repels {
 }
 
 impl Repels {
-    fn insert(&mut self, repel: Repel) {
+    fn insert(&mut self, repel: Repel, tally: &mut RepelTally) {
         match repel.selector.iter().find(|r| r.op == Operator::In) {
             Some(r) => {
                 let by_value = self.by_label.entry(r.key.clone()).or_default();
@@ -51,19 +51,36 @@ impl Repels {
                         .entry(value.clone())
                         .or_default()
                         .push(repel.clone());
+                    *slot(&mut tally.keys, &r.key) += 1;
                 }
             }
-            None => self.other.push(repel),
+            None => {
+                self.other.push(repel);
+                tally.other += 1;
+            }
         }
     }
 
-    fn remove(&mut self, uid: &str) {
+    fn remove(&mut self, uid: &str, tally: &mut RepelTally) {
+        let before = self.other.len();
         self.other.retain(|r| r.uid != uid);
-        self.by_label.retain(|_, by_value| {
+        tally.other -= before - self.other.len();
+        self.by_label.retain(|key, by_value| {
+            let mut removed = 0;
             by_value.retain(|_, list| {
+                let before = list.len();
                 list.retain(|r| r.uid != uid);
+                removed += before - list.len();
                 !list.is_empty()
             });
+            if removed > 0
+                && let Some(n) = tally.keys.get_mut(key.as_str())
+            {
+                *n -= removed;
+                if *n == 0 {
+                    tally.keys.remove(key.as_str());
+                }
+            }
             !by_value.is_empty()
         });
     }
@@ -85,6 +102,14 @@ impl Repels {
     }
 }
 
+/// How many entries of every [`Repels`] are indexed under each label key, and how many are
+/// not indexed: a pod with none of those keys matches none of the indexed terms.
+#[derive(Debug, Default, Clone)]
+struct RepelTally {
+    keys: HashMap<String, usize>,
+    other: usize,
+}
+
 /// Placed pods and live nodes.
 #[derive(Debug, Default, Clone)]
 pub struct ClusterView {
@@ -101,6 +126,7 @@ pub struct ClusterView {
     /// topology key → domain value → the required anti-affinity terms of the pods placed in
     /// that domain: they repel matching pods from the whole domain (upstream's symmetry).
     repels: HashMap<String, HashMap<String, Repels>>,
+    repel_tally: RepelTally,
     /// Each namespace's labels (`namespaceSelector` of pod affinity terms reads them).
     namespace_labels: HashMap<String, BTreeMap<String, String>>,
     /// The wrapping sum of every node's [`node_digest`]: see [`ClusterView::shape`].
@@ -286,12 +312,15 @@ impl ClusterView {
                     .or_default()
                     .entry(domain.clone())
                     .or_default()
-                    .insert(Repel {
-                        uid: pod.uid.clone(),
-                        namespace: pod.namespace.clone(),
-                        selector: term.selector.clone(),
-                        namespaces: term.namespaces.clone(),
-                    });
+                    .insert(
+                        Repel {
+                            uid: pod.uid.clone(),
+                            namespace: pod.namespace.clone(),
+                            selector: term.selector.clone(),
+                            namespaces: term.namespaces.clone(),
+                        },
+                        &mut self.repel_tally,
+                    );
             }
         }
     }
@@ -300,7 +329,7 @@ impl ClusterView {
         for (tk, domain) in &node.labels {
             if let Some(by_domain) = self.repels.get_mut(tk.as_str()) {
                 if let Some(list) = by_domain.get_mut(domain.as_str()) {
-                    list.remove(uid);
+                    list.remove(uid, &mut self.repel_tally);
                     if list.is_empty() {
                         by_domain.remove(domain.as_str());
                     }
@@ -316,6 +345,16 @@ impl ClusterView {
     /// that `pod` matches (in its namespace): then `pod` may not go there either.
     pub fn repelled(&self, node: &NodeView, pod: &PodRequest) -> bool {
         if self.repels.is_empty() {
+            return false;
+        }
+        // Most pods carry none of the labels the placed terms select on: one lookup per
+        // label of the pod says so.
+        if self.repel_tally.other == 0
+            && !pod
+                .labels
+                .keys()
+                .any(|k| self.repel_tally.keys.contains_key(k.as_str()))
+        {
             return false;
         }
         // The topology keys with placed terms are few (usually the hostname alone): look

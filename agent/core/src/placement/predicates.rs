@@ -341,21 +341,37 @@ pub fn hostname_conflict<'a>(
     here: impl IntoIterator<Item = &'a PodRequest>,
     namespace_labels: &dyn Fn(&str) -> Option<BTreeMap<String, String>>,
 ) -> Option<&'a PodRequest> {
-    let repels = |by: &PodRequest, other: &PodRequest| {
-        by.anti_affinity.iter().any(|t| {
+    let repels = |by: &PodRequest,
+                  terms: &mut dyn Iterator<Item = &shoal_model::placement::AntiAffinity>,
+                  other: &PodRequest| {
+        for t in terms {
             // A namespace's labels are looked up only for a selector that reads them.
             let labels = match &t.namespaces.selector {
                 Some(selector) if !selector.is_empty() => namespace_labels(&other.namespace),
                 _ => None,
             };
-            t.topology_key == HOSTNAME
+            if term_matches(&t.selector, &other.labels)
                 && t.namespaces
                     .covers(&by.namespace, &other.namespace, labels.as_ref())
-                && term_matches(&t.selector, &other.labels)
-        })
+            {
+                return true;
+            }
+        }
+        false
     };
-    here.into_iter()
-        .find(|other| other.uid != pod.uid && (repels(pod, other) || repels(other, pod)))
+    let on_hostname = |t: &&shoal_model::placement::AntiAffinity| t.topology_key == HOSTNAME;
+    // The pod's own terms, picked once for every pod here.
+    let mine: Vec<&shoal_model::placement::AntiAffinity> =
+        pod.anti_affinity.iter().filter(on_hostname).collect();
+    here.into_iter().find(|other| {
+        other.uid != pod.uid
+            && (repels(pod, &mut mine.iter().copied(), other)
+                || repels(
+                    other,
+                    &mut other.anti_affinity.iter().filter(on_hostname),
+                    pod,
+                ))
+    })
 }
 
 /// The node's other own check ([`hostname_conflict`]'s companion): the pod already here that
