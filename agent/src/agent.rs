@@ -352,14 +352,18 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     );
     scheduling.start()?;
     let service_plane = if let Some(bridge) = &bridge {
+        let name = bridge.bridge_name().to_owned();
         let bridge = bridge.clone();
         Some(crate::services::start(
             replication.clone(),
             pod_statuses.clone(),
             config.cluster_domain.clone(),
             move || bridge.gateway(),
-            shoal_net::nft::table_name(runtime_scope.as_deref().unwrap_or("")),
-            config.pod_cidrs.cluster(),
+            crate::services::PlaneNetwork {
+                table: shoal_net::nft::table_name(runtime_scope.as_deref().unwrap_or("")),
+                cluster: config.pod_cidrs.cluster(),
+                bridge: name,
+            },
             config.name.clone(),
         ))
     } else {

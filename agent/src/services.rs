@@ -200,6 +200,14 @@ impl ServicePlane {
     }
 }
 
+/// Where the service plane's rules go: the agent's nftables table, the pods' cluster CIDR,
+/// and the pods' bridge.
+pub struct PlaneNetwork {
+    pub table: String,
+    pub cluster: ipnet::Ipv4Net,
+    pub bridge: String,
+}
+
 /// Starts the server and keeps its records current. `gateway` says where to listen (the
 /// bridge's address, once the node holds a block; it moves if the node is renumbered).
 pub fn start(
@@ -207,10 +215,14 @@ pub fn start(
     statuses: Arc<PodStatusCache>,
     domain: String,
     gateway: impl Fn() -> Option<Ipv4Addr> + Send + Sync + 'static,
-    table: String,
-    cluster: ipnet::Ipv4Net,
+    network: PlaneNetwork,
     node: String,
 ) -> Arc<ServicePlane> {
+    let PlaneNetwork {
+        table,
+        cluster,
+        bridge,
+    } = network;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let plane_table = table.clone();
     // Bridged traffic (a pod answering a pod on its own bridge) must pass conntrack, or the
@@ -228,7 +240,7 @@ pub fn start(
             },
             domain.clone(),
             gateway.clone(),
-            table.clone(),
+            (table.clone(), bridge.clone()),
             cluster,
             stopped.clone(),
         )
@@ -257,7 +269,7 @@ async fn run(
     sources: Sources,
     domain: String,
     gateway: Arc<Gateway>,
-    table: String,
+    (table, bridge): (String, String),
     cluster: ipnet::Ipv4Net,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -304,6 +316,7 @@ async fn run(
             let wanted = (ports.clone(), host_ports);
             if applied.as_ref() != Some(&wanted) {
                 let table_name = table.clone();
+                let bridge = bridge.clone();
                 let attempt = wanted.clone();
                 // UDP flows whose target the new rules no longer lead to: forgotten once the
                 // rules are in, so a client's next datagram follows them.
@@ -323,6 +336,11 @@ async fn run(
                         &attempt.1,
                         &current,
                     ))?;
+                    // Loopback host ports need it; the table just loaded guards it.
+                    shoal_net::linux::set_route_localnet(
+                        &bridge,
+                        shoal_net::nft::route_localnet(&attempt.1),
+                    )?;
                     match shoal_net::conntrack::delete(&stale) {
                         Ok(0) => {}
                         Ok(n) => tracing::debug!(flows = n, "stale UDP flows forgotten"),

@@ -625,14 +625,15 @@ async fn pods_reach_pods_on_other_nodes_by_ip_and_nothing_is_left() {
     // hostPort (issue #37): a pod's port on its node's address, as CNI's portmap serves it,
     // reached from n0's host namespace; a second pod asking for the same port on that node
     // finds no node and says why, as kube-scheduler's NodePorts filter does; a hostIP that is
-    // the node's address is served too.
+    // the node's address is served too, and one that is 127.0.0.1 to the node itself.
     let host_port_pod = |name: &str, node: &str, host_ip: Option<String>| {
         let mut port = json!({"name": "http", "containerPort": 8080, "hostPort": 8090});
+        let mut udp =
+            json!({"name": "echo", "containerPort": 9000, "hostPort": 9000, "protocol": "UDP"});
         if let Some(ip) = host_ip {
             port["hostIP"] = json!(ip);
+            udp["hostIP"] = json!(ip);
         }
-        let udp =
-            json!({"name": "echo", "containerPort": 9000, "hostPort": 9000, "protocol": "UDP"});
         json!({"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": name, "namespace": "default"},
                "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
@@ -643,6 +644,8 @@ async fn pods_reach_pods_on_other_nodes_by_ip_and_nothing_is_left() {
     for (name, node, host_ip) in [
         ("hp-1", "n1", None),
         ("hp-3", "n2", Some(lab.address(2).to_string())),
+        // On the node's loopback only: no clash with hp-3's address.
+        ("hp-4", "n2", Some("127.0.0.1".to_owned())),
     ] {
         let (code, body) = agents[0]
             .apply(&host_port_pod(name, node, host_ip))
@@ -650,11 +653,14 @@ async fn pods_reach_pods_on_other_nodes_by_ip_and_nothing_is_left() {
             .unwrap();
         assert_eq!(code, 201, "{body}");
     }
-    for (name, i) in [("hp-1", 1), ("hp-3", 2)] {
-        let target = lab.address(i).to_string();
+    for (name, from, target) in [
+        ("hp-1", 0, lab.address(1).to_string()),
+        ("hp-3", 0, lab.address(2).to_string()),
+        ("hp-4", 2, "127.0.0.1".to_owned()),
+    ] {
         wait_until("the host port answers", LIMIT, || async {
             exec_in(
-                &lab.host(0),
+                &lab.host(from),
                 "sh",
                 &[
                     "-c",

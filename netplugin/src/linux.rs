@@ -549,3 +549,27 @@ impl BridgeNetwork {
 pub fn is_up(flags: LinkFlags) -> bool {
     flags.contains(LinkFlags::Up)
 }
+
+/// Sets `route_localnet` on `bridge` (its sysctl in this network namespace): whether packets
+/// to or from 127.0.0.0/8 may be routed through it — what a loopback host port needs (the
+/// table's guard chain keeps pods from using it, [`crate::nft::ruleset`]). A bridge not made
+/// yet needs nothing.
+pub fn set_route_localnet(bridge: &str, on: bool) -> Result<(), NetError> {
+    if bridge.is_empty() || bridge.contains('/') || bridge.starts_with('.') {
+        return Err(NetError::Netlink {
+            op: "route_localnet".into(),
+            message: format!("not an interface name: {bridge:?}"),
+        });
+    }
+    let path = std::path::Path::new("/proc/sys/net/ipv4/conf")
+        .join(bridge)
+        .join("route_localnet");
+    match std::fs::write(&path, if on { "1" } else { "0" }) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        r => r.map_err(|source| NetError::Io {
+            op: "write",
+            path,
+            source,
+        }),
+    }
+}

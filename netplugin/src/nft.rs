@@ -5,8 +5,10 @@
 //! serves the host ports (`hostPort`) of the pods this node runs, as CNI's portmap does: the
 //! node's own addresses (`fib daddr type local`, or only `hostIP`) and the port DNAT to the
 //! pod, from outside and from the node itself; traffic from pods is masqueraded so a pod can
-//! reach itself or a neighbour through it. Not on 127.0.0.1: portmap's way there
-//! (`route_localnet` on the bridge) would let pods reach the node's loopback services.
+//! reach itself or a neighbour through it. A loopback `hostIP` (`127.0.0.1`) serves the node's
+//! own clients, as portmap does: it needs `route_localnet` on the bridge, and the table drops
+//! new connections to 127.0.0.0/8 that arrive elsewhere than on `lo`, so pods cannot use that
+//! to reach the node's loopback services.
 //!
 //! The ruleset is generated whole ([`ruleset`], pure) and loaded with `nft -f -`, which
 //! applies a file as one transaction: the table is never seen half made. A rebuild flushes the
@@ -90,6 +92,14 @@ pub fn affinity_set(p: &ServicePort, endpoint: (Ipv4Addr, u16), timeout: u32) ->
     )
 }
 
+/// Whether `host_ports` need `route_localnet` on the pods' bridge: one of them is on a loopback
+/// `hostIP`. (The table's guard chain keeps pods from using it to reach the node's loopback.)
+pub fn route_localnet(host_ports: &[HostPortRule]) -> bool {
+    host_ports
+        .iter()
+        .any(|h| h.host_ip.is_some_and(|ip| ip.is_loopback()))
+}
+
 /// The agent's table name.
 pub fn table_name(scope: &str) -> String {
     format!("shoal_{scope}")
@@ -117,11 +127,22 @@ pub fn ruleset(
             "type nat hook prerouting priority -100; policy accept;\n    jump services{host_ports_jump}"
         ),
     );
+    // A host port on a loopback hostIP (`127.0.0.1`) is for the node's own clients: reached
+    // from the output hook only (see [`route_localnet`] and the guard below).
     body.chain(
         "output",
         &format!(
-            "type nat hook output priority -100; policy accept;\n    jump services{host_ports_jump}"
+            "type nat hook output priority -100; policy accept;\n    jump services{host_ports_jump}\n    ip daddr 127.0.0.0/8 jump hostports_lo"
         ),
+    );
+    // With `route_localnet` on the bridge (which loopback host ports need: the un-NATed reply
+    // to 127.0.0.1 arrives there), a pod could send to the node's 127.0.0.1 and reach its
+    // loopback-only services (CVE-2020-8558): new connections to 127.0.0.0/8 that did not
+    // arrive on `lo` are dropped, as kube-proxy does. Replies of the node's own connections
+    // are established and pass.
+    body.chain(
+        "localnet_guard",
+        "type filter hook input priority 0; policy accept;\n    iifname != \"lo\" ip daddr 127.0.0.0/8 ct state != { established, related } drop",
     );
     let mut host_ports: Vec<&HostPortRule> = host_ports
         .iter()
@@ -129,27 +150,34 @@ pub fn ruleset(
         .collect();
     host_ports.sort();
     host_ports.dedup();
-    let mut jumps = Vec::new();
+    let (mut jumps, mut loopback_jumps) = (Vec::new(), Vec::new());
     for (i, h) in host_ports.iter().enumerate() {
         let address = h
             .host_ip
             .map(|ip| format!("ip daddr {ip} "))
             .unwrap_or_default();
-        jumps.push(format!(
-            "{address}{} dport {} goto hp_{i}",
-            h.protocol, h.port
-        ));
+        let loopback = h.host_ip.is_some_and(|ip| ip.is_loopback());
+        let jump = format!("{address}{} dport {} goto hp_{i}", h.protocol, h.port);
         // From a pod (itself, or one on the same bridge): masqueraded, so the reply comes
-        // back through the node to be un-DNATed.
+        // back through the node to be un-DNATed. From loopback: always (127.0.0.1 cannot
+        // leave the node as a source).
+        let from = if loopback {
+            loopback_jumps.push(jump);
+            String::new()
+        } else {
+            jumps.push(jump);
+            format!("ip saddr {cluster} ")
+        };
         body.chain(
             &format!("hp_{i}"),
             &format!(
-                "ip saddr {cluster} meta mark set meta mark | {NODE_PORT_MARK:#x}\n    meta l4proto {} dnat to {}:{}",
+                "{from}meta mark set meta mark | {NODE_PORT_MARK:#x}\n    meta l4proto {} dnat to {}:{}",
                 h.protocol, h.pod_ip, h.container_port
             ),
         );
     }
     body.chain("hostports", &jumps.join("\n    "));
+    body.chain("hostports_lo", &loopback_jumps.join("\n    "));
     // Pod traffic leaving the cluster CIDR, and NodePort traffic (marked below: its reply must
     // come back through this node to be un-DNATed), leave with this node's address.
     body.chain(
@@ -504,8 +532,9 @@ mod tests {
         assert_eq!(loaded_from_json("not json"), Loaded::default());
     }
 
-    /// Host ports as portmap serves them: on the node's own addresses only (not loopback),
-    /// one address when `hostIP` names it, DNAT to the pod, masquerade from pods.
+    /// Host ports as portmap serves them: on the node's own addresses (loopback only when
+    /// `hostIP` names it, from the node itself), one address when `hostIP` names it, DNAT to
+    /// the pod, masquerade from pods.
     #[test]
     fn host_ports_dnat_the_node_s_addresses_to_their_pods() {
         let rule = |host_ip: Option<&str>, port, protocol: &str| HostPortRule {
@@ -548,6 +577,40 @@ mod tests {
         assert!(
             !s.contains("hp_2"),
             "duplicates and unknown protocols are left out: {s}"
+        );
+        assert!(!route_localnet(&rules));
+        // A loopback hostIP: reached from the output hook only, masqueraded from any source,
+        // and the guard is always there.
+        let lo = [rule(Some("127.0.0.1"), 8081, "tcp")];
+        let s = ruleset(
+            "shoal_t",
+            "10.88.0.0/16".parse().unwrap(),
+            &[],
+            &lo,
+            &Loaded::default(),
+        );
+        assert!(route_localnet(&lo));
+        assert!(
+            s.contains(
+                "  chain hostports_lo {\n    ip daddr 127.0.0.1 tcp dport 8081 goto hp_0\n  }"
+            ),
+            "{s}"
+        );
+        assert!(s.contains("  chain hostports {\n    \n  }"), "{s}");
+        assert!(
+            s.contains("  chain hp_0 {\n    meta mark set meta mark | 0x53480000\n"),
+            "{s}"
+        );
+        assert_eq!(
+            s.matches("jump hostports_lo").count(),
+            1,
+            "output only: {s}"
+        );
+        assert!(
+            s.contains(
+                "iifname != \"lo\" ip daddr 127.0.0.0/8 ct state != { established, related } drop"
+            ),
+            "{s}"
         );
         // With none, the chain is there (the hooks jump to it) and empty.
         let none = ruleset(

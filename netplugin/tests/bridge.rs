@@ -332,6 +332,118 @@ fn pods_on_one_bridge_reach_each_other_and_nothing_is_left() {
         nft::delete_table(&table).unwrap();
     });
 
+    // A host port on 127.0.0.1 serves the node's own clients (route_localnet on the bridge),
+    // and a pod cannot use route_localnet to reach the node's loopback services: pod b, routed
+    // to send to 127.0.0.1 through the bridge, is dropped by the guard — and gets through
+    // once the guard is flushed, which shows the check can fail.
+    let on_a = inside(&pod_a.netns, || TcpListener::bind((a.ip, 8081)).unwrap());
+    let served = std::thread::spawn(move || {
+        let (mut conn, _) = on_a.accept().unwrap();
+        conn.write_all(b"hello over loopback").unwrap();
+    });
+    let table = shoal_net::nft::table_name(&format!("{tag}l"));
+    let node_local = inside(&node, || {
+        use shoal_net::nft;
+        let rule = nft::HostPortRule {
+            host_ip: Some(Ipv4Addr::LOCALHOST),
+            port: 18081,
+            protocol: "tcp".into(),
+            pod_ip: a.ip,
+            container_port: 8081,
+        };
+        let rules = nft::ruleset(
+            &table,
+            "10.250.0.0/16".parse().unwrap(),
+            &[],
+            std::slice::from_ref(&rule),
+            &nft::loaded(&table),
+        );
+        nft::apply(&rules).unwrap();
+        shoal_net::linux::set_route_localnet(net.bridge_name(), nft::route_localnet(&[rule]))
+            .unwrap();
+        let mut conn = TcpStream::connect_timeout(
+            &SocketAddr::from((Ipv4Addr::LOCALHOST, 18081)),
+            std::time::Duration::from_secs(5),
+        )
+        .unwrap();
+        let mut reply = String::new();
+        conn.read_to_string(&mut reply).unwrap();
+        assert_eq!(reply, "hello over loopback");
+        // A service of the node's, on loopback only.
+        let s = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 18082)).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_millis(500)))
+            .unwrap();
+        s
+    });
+    served.join().unwrap();
+    let ip_b = |args: &[&str]| {
+        let out = std::process::Command::new("ip")
+            .args(["-n", &names.0[2]])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    ip_b(&[
+        "route",
+        "del",
+        "local",
+        "127.0.0.0/8",
+        "dev",
+        "lo",
+        "table",
+        "local",
+    ]);
+    ip_b(&[
+        "route",
+        "del",
+        "local",
+        "127.0.0.1",
+        "dev",
+        "lo",
+        "table",
+        "local",
+    ]);
+    ip_b(&[
+        "route",
+        "add",
+        "127.0.0.1/32",
+        "via",
+        &b.gateway.to_string(),
+        "dev",
+        "eth0",
+    ]);
+    let reach = || {
+        inside(&pod_b.netns, || {
+            std::fs::write("/proc/sys/net/ipv4/conf/eth0/route_localnet", "1").unwrap();
+            let s = std::net::UdpSocket::bind((b.ip, 0)).unwrap();
+            s.send_to(b"knock", (Ipv4Addr::LOCALHOST, 18082)).unwrap();
+        });
+        let mut buf = [0u8; 8];
+        node_local.recv(&mut buf).is_ok()
+    };
+    assert!(!reach(), "a pod reached the node's loopback service");
+    inside(&node, || {
+        let out = std::process::Command::new("nft")
+            .args(["flush", "chain", "ip", &table, "localnet_guard"])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+    });
+    assert!(
+        reach(),
+        "without the guard the pod gets through (the check above can fail)"
+    );
+    drop(node_local);
+    inside(&node, || {
+        shoal_net::linux::set_route_localnet(net.bridge_name(), false).unwrap();
+        shoal_net::nft::delete_table(&table).unwrap();
+    });
+
     let host_a = net.host_veth("pod-a");
     assert!(links(&node).contains(&host_a));
     inside(&node, || {
