@@ -383,6 +383,9 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             images.clone(),
             membership.clone(),
             endpoint.clone(),
+            crate::images::registry::Registries {
+                insecure: config.insecure_registries.clone(),
+            },
         );
         puller.start();
         let kubelet = crate::kubelet::Kubelet::new(

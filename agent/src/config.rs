@@ -101,6 +101,10 @@ pub struct AgentFlags {
     /// agent's data dir and what contains it).
     #[arg(long = "host-path-allow", value_name = "PREFIX")]
     pub host_path_allow: Vec<PathBuf>,
+    /// A registry (`host` or `host:port`, as image names write it) pulled from over plain
+    /// HTTP (repeatable); registries on loopback addresses always are, as Docker does.
+    #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
+    pub insecure_registry: Vec<String>,
     /// Pod networking: `bridge` (one IP per pod from this node's block of the cluster CIDR;
     /// the default) or `none` (pods have only loopback).
     #[arg(long, value_name = "bridge|none")]
@@ -216,6 +220,8 @@ pub struct KubeletFile {
     pub max_image_bytes: Option<u64>,
     #[serde(default)]
     pub host_path_allow: Option<Vec<PathBuf>>,
+    #[serde(default)]
+    pub insecure_registries: Option<Vec<String>>,
 }
 
 /// The `[scheduling]` table of the config file.
@@ -278,6 +284,8 @@ pub struct AgentConfig {
     pub layer_limits: crate::images::layer::LayerLimits,
     /// Default empty: any host path but the data dir.
     pub host_path_allow: Vec<PathBuf>,
+    /// Registries pulled from over plain HTTP besides loopback ones (default none).
+    pub insecure_registries: Vec<String>,
     /// Default bridge.
     pub pod_network: PodNetworkMode,
     /// Default false.
@@ -433,6 +441,11 @@ impl AgentConfig {
                 file.kubelet.host_path_allow.clone().unwrap_or_default()
             } else {
                 flags.host_path_allow.clone()
+            },
+            insecure_registries: if flags.insecure_registry.is_empty() {
+                file.kubelet.insecure_registries.clone().unwrap_or_default()
+            } else {
+                flags.insecure_registry.clone()
             },
             cleanup: flags.cleanup,
             service_cidr: flags
@@ -656,6 +669,8 @@ mod tests {
             node-cidr-size = 26
             service-cidr = "10.201.0.0/20"
             cluster-domain = "shoal.test"
+            [kubelet]
+            insecure-registries = ["reg.lan:5000"]
             "#,
         )
         .unwrap();
@@ -673,11 +688,14 @@ mod tests {
         assert_eq!(c.pod_cidrs.node_prefix(), 26);
         assert_eq!(c.service_cidr.to_string(), "10.201.0.0/20");
         assert_eq!(c.cluster_domain, "shoal.test");
+        assert_eq!(c.insecure_registries, ["reg.lan:5000"]);
         f.name = Some("from-flag".into());
+        f.insecure_registry = vec!["mirror.lan".into()];
         f.labels = Some("zone=b".into());
         let c = AgentConfig::resolve(&f).unwrap();
         assert_eq!(c.name, "from-flag");
         assert_eq!(c.labels["zone"], "b");
+        assert_eq!(c.insecure_registries, ["mirror.lan"]);
     }
 
     #[test]

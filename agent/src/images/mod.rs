@@ -11,6 +11,7 @@
 mod archive;
 pub mod layer;
 pub mod reference;
+pub mod registry;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;

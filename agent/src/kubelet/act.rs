@@ -219,7 +219,7 @@ impl Kubelet {
                 match self.puller.pull(&c.image, handle) {
                     Some(image_puller::PullState::Pulling { from }) => container::ConfigError {
                         reason: PULLING,
-                        message: format!("pulling image {:?} from node {from}", c.image),
+                        message: format!("pulling image {:?} from {from}", c.image),
                     },
                     Some(image_puller::PullState::Failed { message }) => container::ConfigError {
                         reason: "ErrImagePull",

@@ -14,7 +14,9 @@ use shoal_gossip::{Membership, PeerEndpoint, keys};
 use tracing::{info, warn};
 
 use super::node_service::{NodeRequest, NodeResponse, ask};
-use crate::images::{ImageError, ImageStore, reference};
+use crate::images::reference::{self, Reference};
+use crate::images::registry::{self, Registries};
+use crate::images::{ImageError, ImageStore};
 
 /// Why a pull from a peer failed.
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +68,8 @@ pub struct ImagePuller {
     images: ImageStore,
     membership: Arc<Membership>,
     endpoint: PeerEndpoint,
+    /// Which registries this node pulls from when no peer has an image.
+    registries: Registries,
     pulls: Mutex<HashMap<String, PullState>>,
 }
 
@@ -74,11 +78,13 @@ impl ImagePuller {
         images: ImageStore,
         membership: Arc<Membership>,
         endpoint: PeerEndpoint,
+        registries: Registries,
     ) -> Arc<Self> {
         Arc::new(Self {
             images,
             membership,
             endpoint,
+            registries,
             pulls: Mutex::new(HashMap::new()),
         })
     }
@@ -134,7 +140,13 @@ impl ImagePuller {
                 .map(|digest| (p.node_id, p.addr, digest.clone()))
         });
         let Some((node_id, addr, digest)) = source else {
-            // A failure stays visible until a peer has the image again.
+            // No peer has it: its registry, when this node can pull from it (a failure stays
+            // visible until a peer has the image, and the next attempt retries the registry).
+            if let Ok(reference) = Reference::parse(image)
+                && self.registries.pulls_from(reference.api_host())
+            {
+                return Some(self.pull_from_registry(normal, reference.api_host(), handle));
+            }
             return self
                 .pulls
                 .lock()
@@ -143,7 +155,7 @@ impl ImagePuller {
                 .cloned();
         };
         let state = PullState::Pulling {
-            from: node_id.clone(),
+            from: format!("node {node_id}"),
         };
         self.pulls
             .lock()
@@ -170,6 +182,46 @@ impl ImagePuller {
             }
         });
         Some(state)
+    }
+
+    /// Starts pulling `image` (normalised) from its registry `host` unless a pull of it runs.
+    fn pull_from_registry(
+        self: &Arc<Self>,
+        image: String,
+        host: &str,
+        handle: &tokio::runtime::Handle,
+    ) -> PullState {
+        let state = PullState::Pulling {
+            from: format!("registry {host}"),
+        };
+        let mut pulls = self.pulls.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(running @ PullState::Pulling { .. }) = pulls.get(&image) {
+            return running.clone();
+        }
+        pulls.insert(image.clone(), state.clone());
+        drop(pulls);
+        let puller = self.clone();
+        let host = host.to_owned();
+        handle.spawn(async move {
+            let result = registry::pull(&puller.images, &image, &puller.registries).await;
+            let mut pulls = puller.pulls.lock().unwrap_or_else(PoisonError::into_inner);
+            match result {
+                Ok((digest, bytes)) => {
+                    info!(%image, registry = %host, %digest, bytes, "image pulled from its registry");
+                    pulls.remove(&image);
+                }
+                Err(error) => {
+                    warn!(%image, registry = %host, %error, "image pull failed");
+                    pulls.insert(
+                        image,
+                        PullState::Failed {
+                            message: error.to_string(),
+                        },
+                    );
+                }
+            }
+        });
+        state
     }
 
     /// Pulls manifest and blobs from `peer`; returns the bytes received.

@@ -787,6 +787,31 @@ spec:
     .await;
     let message = container_status(&pod, "c")["state"]["waiting"]["message"].to_string();
     assert!(message.contains("shoal.local/none:1"), "{message}");
+
+    // An image in a registry (a real one on loopback, pushed with skopeo) that no node has:
+    // the node pulls it from there and runs it (issue #38).
+    let registry = crate::runtime::Registry::start();
+    registry.push(
+        &crate::runtime::test_images().join("busybox-1.oci.tar"),
+        "team/busybox:1",
+    );
+    let file = api.manifest(
+        "registry.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: from-registry}}\nspec:\n  nodeSelector: {{kubernetes.io/hostname: n1}}\n  containers: [{{name: c, image: '{}/team/busybox:1', command: [sleep, '3600']}}]\n",
+            registry.addr
+        ),
+    );
+    api.ok(0, &["apply", "-f", &file]);
+    api.ok(
+        0,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "pod/from-registry",
+            "--timeout=60s",
+        ],
+    );
 }
 
 /// Issue #14, live overcommit: a pod bound straight to a node that lacks the room (here by

@@ -3,7 +3,7 @@
 
 use shoal_agent::images::ImageStore;
 
-use super::test_images;
+use super::{Registry, test_images};
 
 #[test]
 fn imports_oci_and_docker_archives() {
@@ -135,5 +135,93 @@ fn an_image_s_layers_are_bounded_together() {
     assert_eq!(
         exact.resolve("shoal.local/httpd:1").unwrap().layers.len(),
         2
+    );
+}
+
+/// Issue #38's first step: an image pushed with skopeo to a real registry is pulled into the
+/// store (manifest and blobs verified while they stream), runs from there, is not fetched twice,
+/// is found by digest; a blob corrupted in the registry's storage is refused, naming it; a
+/// registry that needs HTTPS is refused before anything is sent.
+#[test]
+fn pulls_from_a_real_registry_and_refuses_a_corrupted_blob() {
+    use shoal_agent::images::registry::{self, Registries, RegistryError};
+    let registry = Registry::start();
+    registry.push(&test_images().join("busybox-1.oci.tar"), "test/busybox:1");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = ImageStore::open(dir.path()).unwrap();
+    let image = format!("{}/test/busybox:1", registry.addr);
+    let (digest, received) = rt
+        .block_on(registry::pull(&store, &image, &Registries::default()))
+        .unwrap();
+    assert!(received > 100_000, "{received} bytes");
+    let resolved = store.resolve(&image).unwrap();
+    assert!(resolved.layers[0].join("bin/sh").exists());
+    // Again: only the manifest moves.
+    let (again, received) = rt
+        .block_on(registry::pull(&store, &image, &Registries::default()))
+        .unwrap();
+    assert_eq!(again, digest);
+    assert!(received < 10_000, "{received} bytes the second time");
+    // By digest.
+    let by_digest = format!("{}/test/busybox@{digest}", registry.addr);
+    rt.block_on(registry::pull(&store, &by_digest, &Registries::default()))
+        .unwrap();
+    assert!(store.contains(&by_digest));
+
+    // A layer corrupted in the registry's storage: refused, nothing stored.
+    let (_, manifest) = store.manifest_bytes(&image).unwrap();
+    let manifest: serde_json::Value = serde_json::from_slice(&manifest).unwrap();
+    let layer = manifest["layers"][0]["digest"].as_str().unwrap().to_owned();
+    let hex = layer.trim_start_matches("sha256:");
+    let data = registry
+        .dir
+        .path()
+        .join("data/docker/registry/v2/blobs/sha256")
+        .join(&hex[..2])
+        .join(hex)
+        .join("data");
+    let mut bytes = std::fs::read(&data).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&data, bytes).unwrap();
+    let fresh_dir = tempfile::tempdir().unwrap();
+    let fresh = ImageStore::open(fresh_dir.path()).unwrap();
+    let err = rt
+        .block_on(registry::pull(&fresh, &image, &Registries::default()))
+        .unwrap_err();
+    assert!(
+        matches!(&err, RegistryError::Digest { url, expected, .. } if url.contains(hex) && *expected == layer),
+        "{err}"
+    );
+    assert!(!fresh.contains(&image) && !fresh.has_blob(&layer));
+
+    // HTTPS is not built yet: refused by name, before any traffic.
+    let err = rt
+        .block_on(registry::pull(
+            &fresh,
+            "ghcr.io/team/app:1",
+            &Registries::default(),
+        ))
+        .unwrap_err();
+    assert!(
+        matches!(&err, RegistryError::Https { host } if host == "ghcr.io"),
+        "{err}"
+    );
+    // A missing tag: the registry's answer, with the URL.
+    let err = rt
+        .block_on(registry::pull(
+            &fresh,
+            &format!("{}/test/busybox:nope", registry.addr),
+            &Registries::default(),
+        ))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("manifests/nope") && err.contains("404"),
+        "{err}"
     );
 }

@@ -30,6 +30,72 @@ pub fn test_images() -> &'static Path {
     })
 }
 
+/// A real registry (Debian's `docker-registry`) on a loopback port, its storage in a temp
+/// directory; killed on drop.
+pub struct Registry {
+    child: std::process::Child,
+    pub dir: tempfile::TempDir,
+    /// `127.0.0.1:<port>`.
+    pub addr: String,
+}
+
+impl Registry {
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        // A free port: bound, then released for the registry.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let config = dir.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n",
+                dir.path().join("data").display()
+            ),
+        )
+        .unwrap();
+        let child = std::process::Command::new("docker-registry")
+            .arg("serve")
+            .arg(&config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("docker-registry (apt-get install docker-registry; .ci/run does)");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(std::time::Instant::now() < deadline, "registry not up");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Registry { child, dir, addr }
+    }
+
+    /// Pushes an OCI archive with skopeo as `name`.
+    pub fn push(&self, archive: &std::path::Path, name: &str) {
+        let out = std::process::Command::new("skopeo")
+            .args(["copy", "--quiet", "--dest-tls-verify=false"])
+            .arg(format!("oci-archive:{}", archive.display()))
+            .arg(format!("docker://{}/{name}", self.addr))
+            .output()
+            .expect("skopeo (apt-get install skopeo; .ci/run does)");
+        assert!(
+            out.status.success(),
+            "skopeo: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 pub fn busybox_archive() -> PathBuf {
     test_images().join("busybox-1.oci.tar")
 }

@@ -1,0 +1,564 @@
+//! Pulling an image from an OCI distribution registry into the store (issue #38, first step).
+//!
+//! What this step does: the distribution API's manifest and blob endpoints over HTTP/1.1
+//! (hyper's client connection, no new dependency), anonymous pulls, OCI and Docker schema 2
+//! manifests, image indexes and manifest lists (the entry for this node's platform: linux, its
+//! architecture, and its variant where one is named; a clear error listing what the index has
+//! otherwise), tags and digests, redirects to another host (registries hand blobs to storage),
+//! and every manifest and blob verified against its digest and size while it streams, before
+//! it enters the store. Bodies are bounded: a manifest or index by
+//! [`MAX_MANIFEST_BYTES`], a blob by the size its descriptor states.
+//!
+//! What it does not do yet, and refuses with an error saying so: HTTPS (so only registries on
+//! loopback addresses, as Docker allows without TLS, or named insecure), and the bearer-token
+//! and basic authentication challenges.
+
+use std::net::IpAddr;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use oci_spec::image::{ImageIndex, ImageManifest};
+use sha2::Digest as _;
+use std::io::Write as _;
+
+use super::reference::{Reference, ReferenceError};
+use super::{ImageError, ImageStore};
+
+/// The largest manifest or index accepted (distribution's own limit is 4 MiB).
+pub const MAX_MANIFEST_BYTES: usize = 4 << 20;
+/// Redirects followed for one request.
+const MAX_REDIRECTS: usize = 5;
+
+const ACCEPT: &str = "application/vnd.oci.image.index.v1+json, \
+    application/vnd.oci.image.manifest.v1+json, \
+    application/vnd.docker.distribution.manifest.list.v2+json, \
+    application/vnd.docker.distribution.manifest.v2+json";
+
+/// Why a pull from a registry failed; each names the image, registry or URL concerned.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error(transparent)]
+    Reference(#[from] ReferenceError),
+    #[error(
+        "registry {host} is served over HTTPS, which this node does not pull from yet; \
+         registries on loopback addresses or listed with --insecure-registry are pulled over HTTP"
+    )]
+    Https { host: String },
+    #[error("{url}: {message}")]
+    Http { url: String, message: String },
+    #[error("{url}: the registry answered {status}: {body}")]
+    Status {
+        url: String,
+        status: u16,
+        body: String,
+    },
+    #[error(
+        "{url}: the registry asks for credentials ({challenge}); authenticated pulls are not built yet"
+    )]
+    Unauthorized { url: String, challenge: String },
+    #[error("{url}: more than {limit} bytes")]
+    TooLarge { url: String, limit: u64 },
+    #[error("{url}: received {got}, the reference or descriptor says {expected}")]
+    Digest {
+        url: String,
+        got: String,
+        expected: String,
+    },
+    #[error("{url}: {size} bytes received, the descriptor says {expected}")]
+    Size {
+        url: String,
+        size: u64,
+        expected: u64,
+    },
+    #[error("{url}: not a manifest or index: {reason}")]
+    Manifest { url: String, reason: String },
+    #[error("{image}: no manifest for linux/{arch} in its index (it has: {available})")]
+    Platform {
+        image: String,
+        arch: String,
+        available: String,
+    },
+    #[error(transparent)]
+    Store(#[from] ImageError),
+    #[error("receiving a blob: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Which registries may be pulled from over plain HTTP: those on loopback addresses (as
+/// Docker and containerd allow) and those listed.
+#[derive(Debug, Clone, Default)]
+pub struct Registries {
+    /// `host` or `host:port`, as the image reference names the registry.
+    pub insecure: Vec<String>,
+}
+
+impl Registries {
+    /// Whether this node can pull from the registry at `host` (this step: over plain HTTP).
+    pub fn pulls_from(&self, host: &str) -> bool {
+        self.plain_http(host)
+    }
+
+    fn plain_http(&self, host: &str) -> bool {
+        let name = match host.rsplit_once(':') {
+            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+            _ => host,
+        };
+        let name = name.trim_start_matches('[').trim_end_matches(']');
+        name == "localhost"
+            || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+            || self.insecure.iter().any(|h| h == host || h == name)
+    }
+}
+
+/// An `http://host[:port]/path` URL, split.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Url {
+    host: String,
+    port: u16,
+    path: String,
+}
+
+impl Url {
+    fn parse(text: &str) -> Result<Self, RegistryError> {
+        let err = |message: &str| RegistryError::Http {
+            url: text.to_owned(),
+            message: message.to_owned(),
+        };
+        let rest = match text.split_once("://") {
+            Some(("http", rest)) => rest,
+            Some(("https", rest)) => {
+                let host = rest.split('/').next().unwrap_or_default();
+                return Err(RegistryError::Https {
+                    host: host.to_owned(),
+                });
+            }
+            _ => return Err(err("not an http URL")),
+        };
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/"),
+        };
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((host, port)) if !host.ends_with(']') || authority.starts_with('[') => {
+                (host, port.parse().map_err(|_| err("bad port"))?)
+            }
+            _ => (authority, 80),
+        };
+        if host.is_empty() || authority.contains('@') {
+            return Err(err("bad host"));
+        }
+        Ok(Url {
+            host: host.to_owned(),
+            port,
+            path: path.to_owned(),
+        })
+    }
+
+    fn authority(&self) -> String {
+        if self.port == 80 {
+            self.host.clone()
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+
+    fn text(&self) -> String {
+        format!("http://{}{}", self.authority(), self.path)
+    }
+}
+
+/// A GET that follows redirects; returns the final URL and the response.
+async fn get(
+    url: &str,
+    accept: Option<&str>,
+    registries: &Registries,
+) -> Result<(String, hyper::Response<hyper::body::Incoming>), RegistryError> {
+    let mut url = Url::parse(url)?;
+    for _ in 0..=MAX_REDIRECTS {
+        if !registries.plain_http(&url.authority()) && !registries.plain_http(&url.host) {
+            return Err(RegistryError::Https {
+                host: url.authority(),
+            });
+        }
+        let text = url.text();
+        let http = |message: String| RegistryError::Http {
+            url: text.clone(),
+            message,
+        };
+        let host = url.host.trim_start_matches('[').trim_end_matches(']');
+        let stream = tokio::net::TcpStream::connect((host, url.port))
+            .await
+            .map_err(|e| http(format!("connect: {e}")))?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| http(e.to_string()))?;
+        tokio::spawn(conn);
+        let mut request = hyper::Request::builder()
+            .method(hyper::Method::GET)
+            .uri(&url.path)
+            .header(hyper::header::HOST, url.authority())
+            .header(hyper::header::USER_AGENT, "shoal");
+        if let Some(accept) = accept {
+            request = request.header(hyper::header::ACCEPT, accept);
+        }
+        let request = request
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| http(e.to_string()))?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| http(e.to_string()))?;
+        if response.status().is_redirection() {
+            let location = response
+                .headers()
+                .get(hyper::header::LOCATION)
+                .and_then(|l| l.to_str().ok())
+                .ok_or_else(|| http("a redirect without a Location".into()))?;
+            url = if location.starts_with('/') {
+                Url {
+                    path: location.to_owned(),
+                    ..url
+                }
+            } else {
+                Url::parse(location)?
+            };
+            continue;
+        }
+        if response.status() == hyper::StatusCode::UNAUTHORIZED {
+            let challenge = response
+                .headers()
+                .get(hyper::header::WWW_AUTHENTICATE)
+                .and_then(|c| c.to_str().ok())
+                .unwrap_or("no WWW-Authenticate header")
+                .chars()
+                .take(200)
+                .collect();
+            return Err(RegistryError::Unauthorized {
+                url: text,
+                challenge,
+            });
+        }
+        if !response.status().is_success() {
+            let status = response.status().as_u16();
+            let body = read_bounded(&text, response, 512).await.unwrap_or_default();
+            return Err(RegistryError::Status {
+                url: text,
+                status,
+                body: String::from_utf8_lossy(&body).trim().to_owned(),
+            });
+        }
+        return Ok((text, response));
+    }
+    Err(RegistryError::Http {
+        url: url.text(),
+        message: format!("more than {MAX_REDIRECTS} redirects"),
+    })
+}
+
+/// The body, at most `limit` bytes (an error past that).
+async fn read_bounded(
+    url: &str,
+    response: hyper::Response<hyper::body::Incoming>,
+    limit: usize,
+) -> Result<Vec<u8>, RegistryError> {
+    let mut body = response.into_body();
+    let mut out = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| RegistryError::Http {
+            url: url.to_owned(),
+            message: e.to_string(),
+        })?;
+        if let Some(data) = frame.data_ref() {
+            if out.len() + data.len() > limit {
+                return Err(RegistryError::TooLarge {
+                    url: url.to_owned(),
+                    limit: limit as u64,
+                });
+            }
+            out.extend_from_slice(data);
+        }
+    }
+    Ok(out)
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
+}
+
+/// A manifest or index, its bytes verified against `expected` when the reference is a digest.
+async fn manifest(
+    base: &str,
+    reference: &str,
+    expected: Option<&str>,
+    registries: &Registries,
+) -> Result<(String, Vec<u8>, serde_json::Value), RegistryError> {
+    let url = format!("{base}/manifests/{reference}");
+    let (url, response) = get(&url, Some(ACCEPT), registries).await?;
+    let bytes = read_bounded(&url, response, MAX_MANIFEST_BYTES).await?;
+    let digest = sha256(&bytes);
+    if let Some(expected) = expected
+        && digest != expected
+    {
+        return Err(RegistryError::Digest {
+            url,
+            got: digest,
+            expected: expected.to_owned(),
+        });
+    }
+    let value: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| RegistryError::Manifest {
+            url: url.clone(),
+            reason: e.to_string(),
+        })?;
+    Ok((digest, bytes, value))
+}
+
+/// Whether a manifest body is an index (OCI) or a manifest list (Docker).
+fn is_index(value: &serde_json::Value) -> bool {
+    value["manifests"].is_array()
+        || matches!(
+            value["mediaType"].as_str(),
+            Some(
+                "application/vnd.oci.image.index.v1+json"
+                    | "application/vnd.docker.distribution.manifest.list.v2+json"
+            )
+        )
+}
+
+/// The digest of the index entry for linux on `arch` (and `variant`, when both name one).
+fn platform_entry(index: &ImageIndex, arch: &str, variant: Option<&str>) -> Result<String, String> {
+    let fits = |m: &&oci_spec::image::Descriptor| {
+        m.platform().as_ref().is_some_and(|p| {
+            p.os().to_string() == "linux"
+                && p.architecture().to_string() == arch
+                && match (variant, p.variant().as_deref()) {
+                    (Some(want), Some(has)) => want == has,
+                    _ => true,
+                }
+        })
+    };
+    match index.manifests().iter().find(fits) {
+        Some(m) => Ok(m.digest().to_string()),
+        None => Err(index
+            .manifests()
+            .iter()
+            .filter_map(|m| {
+                let p = m.platform().as_ref()?;
+                Some(match p.variant() {
+                    Some(v) => format!("{}/{}/{v}", p.os(), p.architecture()),
+                    None => format!("{}/{}", p.os(), p.architecture()),
+                })
+            })
+            .collect::<Vec<_>>()
+            .join(", ")),
+    }
+}
+
+/// Streams a blob into the store, hashing as it comes, refusing more bytes than `size` and a
+/// digest other than `digest`; nothing enters the store unverified.
+async fn blob(
+    store: &ImageStore,
+    base: &str,
+    digest: &str,
+    size: u64,
+    registries: &Registries,
+) -> Result<u64, RegistryError> {
+    let (url, response) = get(&format!("{base}/blobs/{digest}"), None, registries).await?;
+    let mut file = store.incoming_blob()?;
+    let mut hash = sha2::Sha256::new();
+    let mut received = 0u64;
+    let mut body = response.into_body();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| RegistryError::Http {
+            url: url.clone(),
+            message: e.to_string(),
+        })?;
+        if let Some(data) = frame.data_ref() {
+            received += data.len() as u64;
+            if received > size {
+                return Err(RegistryError::TooLarge { url, limit: size });
+            }
+            hash.update(data);
+            file.write_all(data)?;
+        }
+    }
+    if received != size {
+        return Err(RegistryError::Size {
+            url,
+            size: received,
+            expected: size,
+        });
+    }
+    let got = format!("sha256:{}", hex::encode(hash.finalize()));
+    if got != digest {
+        return Err(RegistryError::Digest {
+            url,
+            got,
+            expected: digest.to_owned(),
+        });
+    }
+    let (store, digest) = (store.clone(), digest.to_owned());
+    tokio::task::spawn_blocking(move || store.commit_blob(&digest, file))
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))??;
+    Ok(received)
+}
+
+/// Pulls `image` from its registry into `store` and tags it; returns the manifest's digest and
+/// the bytes received. Blobs the store has are not fetched again.
+pub async fn pull(
+    store: &ImageStore,
+    image: &str,
+    registries: &Registries,
+) -> Result<(String, u64), RegistryError> {
+    let reference = Reference::parse(image)?;
+    let host = reference.api_host().to_owned();
+    if !registries.plain_http(&host) {
+        return Err(RegistryError::Https { host });
+    }
+    let base = format!("http://{host}/v2/{}", reference.path);
+    let (mut digest, mut bytes, mut value) = manifest(
+        &base,
+        reference.tag_or_digest(),
+        reference.digest.as_deref(),
+        registries,
+    )
+    .await?;
+    let mut received = bytes.len() as u64;
+    // An index (nested at most twice): the entry for this node's platform.
+    for _ in 0..3 {
+        if !is_index(&value) {
+            break;
+        }
+        let index: ImageIndex =
+            serde_json::from_value(value).map_err(|e| RegistryError::Manifest {
+                url: format!("{base}/manifests/{digest}"),
+                reason: e.to_string(),
+            })?;
+        let arch = super::go_arch();
+        let entry = platform_entry(&index, arch, arm_variant()).map_err(|available| {
+            RegistryError::Platform {
+                image: reference.to_string(),
+                arch: arch.to_owned(),
+                available,
+            }
+        })?;
+        (digest, bytes, value) = manifest(&base, &entry, Some(&entry), registries).await?;
+        received += bytes.len() as u64;
+    }
+    let manifest: ImageManifest =
+        serde_json::from_value(value).map_err(|e| RegistryError::Manifest {
+            url: format!("{base}/manifests/{digest}"),
+            reason: e.to_string(),
+        })?;
+    for descriptor in std::iter::once(manifest.config()).chain(manifest.layers()) {
+        let blob_digest = descriptor.digest().to_string();
+        if store.has_blob(&blob_digest) {
+            continue;
+        }
+        received += blob(store, &base, &blob_digest, descriptor.size(), registries).await?;
+    }
+    // The manifest last, verified like a blob, then tagged (which checks every blob is there).
+    let mut file = store.incoming_blob()?;
+    file.write_all(&bytes)?;
+    let (store, name, manifest_digest) = (store.clone(), reference.to_string(), digest.clone());
+    tokio::task::spawn_blocking(move || -> Result<(), ImageError> {
+        store.commit_blob(&manifest_digest, file)?;
+        store.tag(&name, &manifest_digest)
+    })
+    .await
+    .map_err(|e| std::io::Error::other(e.to_string()))??;
+    Ok((digest, received))
+}
+
+/// The ARM variant this node runs (`v7`, `v8`), as image indexes name it; none elsewhere.
+fn arm_variant() -> Option<&'static str> {
+    match std::env::consts::ARCH {
+        "aarch64" => Some("v8"),
+        "arm" => Some("v7"),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_http_only_for_loopback_and_listed_registries() {
+        let r = Registries {
+            insecure: vec!["reg.lan:5000".into(), "mirror.lan".into()],
+        };
+        for host in [
+            "127.0.0.1:5000",
+            "localhost:5000",
+            "[::1]:5000",
+            "127.1.2.3",
+            "reg.lan:5000",
+            "mirror.lan:8080",
+        ] {
+            assert!(r.plain_http(host), "{host}");
+        }
+        for host in [
+            "registry-1.docker.io",
+            "reg.lan:5001",
+            "10.0.0.1:5000",
+            "ghcr.io",
+        ] {
+            assert!(!r.plain_http(host), "{host}");
+        }
+    }
+
+    #[test]
+    fn urls_split_and_https_is_refused_by_name() {
+        assert_eq!(
+            Url::parse("http://127.0.0.1:5000/v2/x/blobs/sha256:ab?x=1").unwrap(),
+            Url {
+                host: "127.0.0.1".into(),
+                port: 5000,
+                path: "/v2/x/blobs/sha256:ab?x=1".into()
+            }
+        );
+        assert_eq!(Url::parse("http://reg").unwrap().text(), "http://reg/");
+        assert!(matches!(
+            Url::parse("https://cdn.example/blob"),
+            Err(RegistryError::Https { host }) if host == "cdn.example"
+        ));
+        for bad in ["ftp://x/", "http://", "http://u@h/", "http://h:99999/"] {
+            assert!(Url::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_index_entry_of_this_platform_is_chosen_or_the_error_lists_what_there_is() {
+        let index: ImageIndex = serde_json::from_value(serde_json::json!({
+            "schemaVersion": 2,
+            "manifests": [
+                {"mediaType": "application/vnd.oci.image.manifest.v1+json", "size": 1,
+                 "digest": format!("sha256:{}", "1".repeat(64)),
+                 "platform": {"os": "linux", "architecture": "arm", "variant": "v6"}},
+                {"mediaType": "application/vnd.oci.image.manifest.v1+json", "size": 1,
+                 "digest": format!("sha256:{}", "2".repeat(64)),
+                 "platform": {"os": "linux", "architecture": "arm", "variant": "v7"}},
+                {"mediaType": "application/vnd.oci.image.manifest.v1+json", "size": 1,
+                 "digest": format!("sha256:{}", "3".repeat(64)),
+                 "platform": {"os": "linux", "architecture": "amd64"}},
+                {"mediaType": "application/vnd.oci.image.manifest.v1+json", "size": 1,
+                 "digest": format!("sha256:{}", "4".repeat(64)),
+                 "platform": {"os": "windows", "architecture": "arm64"}}
+            ]
+        }))
+        .unwrap();
+        let digit = |d: String| d.chars().last().unwrap();
+        assert_eq!(platform_entry(&index, "amd64", None).map(digit), Ok('3'));
+        assert_eq!(
+            platform_entry(&index, "arm", Some("v7")).map(digit),
+            Ok('2')
+        );
+        assert_eq!(
+            platform_entry(&index, "arm64", Some("v8")),
+            Err("linux/arm/v6, linux/arm/v7, linux/amd64, windows/arm64".to_owned())
+        );
+    }
+}
