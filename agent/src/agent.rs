@@ -384,7 +384,9 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             membership.clone(),
             endpoint.clone(),
             crate::images::registry::Registries {
+                pulls: config.registry_pulls,
                 insecure: config.insecure_registries.clone(),
+                ca_files: config.registry_ca.clone(),
             },
         );
         puller.start();

@@ -105,6 +105,13 @@ pub struct AgentFlags {
     /// HTTP (repeatable); registries on loopback addresses always are, as Docker does.
     #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
     pub insecure_registry: Vec<String>,
+    /// Which registries this node pulls images from when no peer has them: `all` (the
+    /// default), `local` (loopback and --insecure-registry ones only) or `none`.
+    #[arg(long, value_name = "all|local|none")]
+    pub registry_pulls: Option<crate::images::registry::RegistryPulls>,
+    /// A CA certificate file (PEM) trusted for registries besides the system's (repeatable).
+    #[arg(long = "registry-ca", value_name = "FILE")]
+    pub registry_ca: Vec<PathBuf>,
     /// Pod networking: `bridge` (one IP per pod from this node's block of the cluster CIDR;
     /// the default) or `none` (pods have only loopback).
     #[arg(long, value_name = "bridge|none")]
@@ -222,6 +229,10 @@ pub struct KubeletFile {
     pub host_path_allow: Option<Vec<PathBuf>>,
     #[serde(default)]
     pub insecure_registries: Option<Vec<String>>,
+    #[serde(default)]
+    pub registry_pulls: Option<crate::images::registry::RegistryPulls>,
+    #[serde(default)]
+    pub registry_ca: Option<Vec<PathBuf>>,
 }
 
 /// The `[scheduling]` table of the config file.
@@ -286,6 +297,10 @@ pub struct AgentConfig {
     pub host_path_allow: Vec<PathBuf>,
     /// Registries pulled from over plain HTTP besides loopback ones (default none).
     pub insecure_registries: Vec<String>,
+    /// Default all.
+    pub registry_pulls: crate::images::registry::RegistryPulls,
+    /// Default none (the system's roots only).
+    pub registry_ca: Vec<PathBuf>,
     /// Default bridge.
     pub pod_network: PodNetworkMode,
     /// Default false.
@@ -446,6 +461,15 @@ impl AgentConfig {
                 file.kubelet.insecure_registries.clone().unwrap_or_default()
             } else {
                 flags.insecure_registry.clone()
+            },
+            registry_pulls: flags
+                .registry_pulls
+                .or(file.kubelet.registry_pulls)
+                .unwrap_or_default(),
+            registry_ca: if flags.registry_ca.is_empty() {
+                file.kubelet.registry_ca.clone().unwrap_or_default()
+            } else {
+                flags.registry_ca.clone()
             },
             cleanup: flags.cleanup,
             service_cidr: flags
@@ -671,6 +695,8 @@ mod tests {
             cluster-domain = "shoal.test"
             [kubelet]
             insecure-registries = ["reg.lan:5000"]
+            registry-pulls = "local"
+            registry-ca = ["/etc/shoal/reg-ca.pem"]
             "#,
         )
         .unwrap();
@@ -689,6 +715,11 @@ mod tests {
         assert_eq!(c.service_cidr.to_string(), "10.201.0.0/20");
         assert_eq!(c.cluster_domain, "shoal.test");
         assert_eq!(c.insecure_registries, ["reg.lan:5000"]);
+        assert_eq!(
+            c.registry_pulls,
+            crate::images::registry::RegistryPulls::Local
+        );
+        assert_eq!(c.registry_ca, [PathBuf::from("/etc/shoal/reg-ca.pem")]);
         f.name = Some("from-flag".into());
         f.insecure_registry = vec!["mirror.lan".into()];
         f.labels = Some("zone=b".into());

@@ -157,6 +157,16 @@ impl AgentProcess {
         {
             cmd.args(["--pod-network", "none"]);
         }
+        // Test agents pull only from registries the tests start on loopback: no test
+        // reaches out to a public registry (`image: busybox` in a test is never pulled).
+        if !self
+            .spec
+            .extra_args
+            .iter()
+            .any(|a| a.starts_with("--registry-pulls"))
+        {
+            cmd.args(["--registry-pulls", "local"]);
+        }
         cmd.args(&self.spec.extra_args)
             .env(
                 "RUST_LOG",

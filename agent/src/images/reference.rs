@@ -35,6 +35,10 @@ pub struct Reference {
     pub digest: Option<String>,
 }
 
+/// The domain of images that exist only in the cluster (imported with `shoal image import`,
+/// shared between nodes): never looked up in a registry, as Podman treats `localhost/`.
+pub const LOCAL_DOMAIN: &str = "shoal.local";
+
 /// Docker Hub's names: what users and docker config files write, and where its registry API
 /// is served.
 pub const DOCKER_HUB: &str = "docker.io";

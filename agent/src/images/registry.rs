@@ -1,24 +1,33 @@
-//! Pulling an image from an OCI distribution registry into the store (issue #38, first step).
+//! Pulling an image from an OCI distribution registry into the store (issue #38).
 //!
-//! What this step does: the distribution API's manifest and blob endpoints over HTTP/1.1
-//! (hyper's client connection, no new dependency), anonymous pulls, OCI and Docker schema 2
+//! The distribution API's manifest and blob endpoints over HTTP/1.1 (hyper's client
+//! connection and rustls with ring, both already in the tree: the `oci-client` crate would
+//! bring reqwest, a second base64 and aws-lc), anonymous pulls, OCI and Docker schema 2
 //! manifests, image indexes and manifest lists (the entry for this node's platform: linux, its
 //! architecture, and its variant where one is named; a clear error listing what the index has
 //! otherwise), tags and digests, redirects to another host (registries hand blobs to storage),
 //! and every manifest and blob verified against its digest and size while it streams, before
-//! it enters the store. Bodies are bounded: a manifest or index by
-//! [`MAX_MANIFEST_BYTES`], a blob by the size its descriptor states.
+//! it enters the store. Bodies are bounded (a manifest or index by [`MAX_MANIFEST_BYTES`], a
+//! blob by the size its descriptor states) and so is waiting ([`IDLE`] per read, connects).
 //!
-//! What it does not do yet, and refuses with an error saying so: HTTPS (so only registries on
-//! loopback addresses, as Docker allows without TLS, or named insecure), and the bearer-token
-//! and basic authentication challenges.
+//! HTTPS by default, verified against the system's roots (`/etc/ssl/certs`) and the CA files
+//! given. A registry on a loopback address (as Docker and containerd allow) or named insecure
+//! is tried over HTTPS first and over plain HTTP when it does not speak TLS (a certificate
+//! that fails verification is an error, never a reason to fall back).
+//!
+//! Not built yet, and refused with an error saying so: the bearer-token and basic
+//! authentication challenges.
 
 use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use oci_spec::image::{ImageIndex, ImageManifest};
+use rustls::pki_types::pem::PemObject as _;
 use sha2::Digest as _;
 use std::io::Write as _;
 
@@ -29,6 +38,14 @@ use super::{ImageError, ImageStore};
 pub const MAX_MANIFEST_BYTES: usize = 4 << 20;
 /// Redirects followed for one request.
 const MAX_REDIRECTS: usize = 5;
+/// The longest wait for a connection, a response or the next bytes of a body.
+pub const IDLE: Duration = Duration::from_secs(30);
+/// Where Linux distributions keep the system's CA bundle (the first that exists is read).
+const SYSTEM_ROOTS: [&str; 3] = [
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/cert.pem",
+];
 
 const ACCEPT: &str = "application/vnd.oci.image.index.v1+json, \
     application/vnd.oci.image.manifest.v1+json, \
@@ -41,10 +58,16 @@ pub enum RegistryError {
     #[error(transparent)]
     Reference(#[from] ReferenceError),
     #[error(
-        "registry {host} is served over HTTPS, which this node does not pull from yet; \
-         registries on loopback addresses or listed with --insecure-registry are pulled over HTTP"
+        "{host}: not fetched over plain HTTP (only registries on loopback addresses or named \
+         with --insecure-registry are)"
     )]
-    Https { host: String },
+    PlainHttp { host: String },
+    #[error("{url}: TLS: {message}")]
+    Tls { url: String, message: String },
+    #[error("{url}: does not speak TLS: {message}")]
+    NotTls { url: String, message: String },
+    #[error("CA file {path}: {message}")]
+    Ca { path: PathBuf, message: String },
     #[error("{url}: {message}")]
     Http { url: String, message: String },
     #[error("{url}: the registry answered {status}: {body}")]
@@ -89,16 +112,83 @@ pub enum RegistryError {
 /// Docker and containerd allow) and those listed.
 #[derive(Debug, Clone, Default)]
 pub struct Registries {
+    /// Which registries a node pulls from at all.
+    pub pulls: RegistryPulls,
     /// `host` or `host:port`, as the image reference names the registry.
     pub insecure: Vec<String>,
+    /// CA certificates (PEM) trusted besides the system's, for registries with their own CA.
+    pub ca_files: Vec<PathBuf>,
+}
+
+/// Which registries a node pulls images from when no peer has them (`--registry-pulls`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum RegistryPulls {
+    /// Any registry (as a kubelet does).
+    #[default]
+    All,
+    /// Only registries on loopback addresses and those named with `--insecure-registry`: a
+    /// node that must not reach out (an air-gapped site, the test suite).
+    Local,
+    /// None: images come from `shoal image import` and from peers.
+    None,
 }
 
 impl Registries {
-    /// Whether this node can pull from the registry at `host` (this step: over plain HTTP).
+    /// Whether this node pulls from the registry at `host` ([`RegistryPulls`]).
     pub fn pulls_from(&self, host: &str) -> bool {
-        self.plain_http(host)
+        match self.pulls {
+            RegistryPulls::All => true,
+            RegistryPulls::Local => self.plain_http(host),
+            RegistryPulls::None => false,
+        }
     }
 
+    /// The TLS client: the system's roots and [`Registries::ca_files`], ring, HTTP/1.1.
+    fn tls(&self) -> Result<tokio_rustls::TlsConnector, RegistryError> {
+        let mut roots = rustls::RootCertStore::empty();
+        let system = SYSTEM_ROOTS
+            .iter()
+            .find(|p| std::path::Path::new(p).exists());
+        let files = system
+            .map(PathBuf::from)
+            .into_iter()
+            .chain(self.ca_files.clone());
+        for (i, path) in files.enumerate() {
+            let ca = |message: String| RegistryError::Ca {
+                path: path.clone(),
+                message,
+            };
+            let pem = std::fs::read(&path).map_err(|e| ca(e.to_string()))?;
+            let mut added = 0;
+            for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
+                let cert = cert.map_err(|e| ca(e.to_string()))?;
+                // The system bundle may hold certificates rustls cannot use: skipped there,
+                // refused in a file given for a registry.
+                match roots.add(cert) {
+                    Ok(()) => added += 1,
+                    Err(e) if i > 0 || system.is_none() => return Err(ca(e.to_string())),
+                    Err(_) => {}
+                }
+            }
+            if added == 0 && (i > 0 || system.is_none()) {
+                return Err(ca("no certificate in it".into()));
+            }
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| RegistryError::Ca {
+                path: PathBuf::new(),
+                message: e.to_string(),
+            })?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+    }
+
+    /// Whether this node may fetch from `host` over plain HTTP.
     fn plain_http(&self, host: &str) -> bool {
         let name = match host.rsplit_once(':') {
             Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
@@ -111,9 +201,10 @@ impl Registries {
     }
 }
 
-/// An `http://host[:port]/path` URL, split.
+/// An `http(s)://host[:port]/path` URL, split.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Url {
+    https: bool,
     host: String,
     port: u16,
     path: String,
@@ -125,30 +216,27 @@ impl Url {
             url: text.to_owned(),
             message: message.to_owned(),
         };
-        let rest = match text.split_once("://") {
-            Some(("http", rest)) => rest,
-            Some(("https", rest)) => {
-                let host = rest.split('/').next().unwrap_or_default();
-                return Err(RegistryError::Https {
-                    host: host.to_owned(),
-                });
-            }
-            _ => return Err(err("not an http URL")),
+        let (https, rest) = match text.split_once("://") {
+            Some(("http", rest)) => (false, rest),
+            Some(("https", rest)) => (true, rest),
+            _ => return Err(err("not an http or https URL")),
         };
         let (authority, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/"),
         };
+        let default_port = if https { 443 } else { 80 };
         let (host, port) = match authority.rsplit_once(':') {
             Some((host, port)) if !host.ends_with(']') || authority.starts_with('[') => {
                 (host, port.parse().map_err(|_| err("bad port"))?)
             }
-            _ => (authority, 80),
+            _ => (authority, default_port),
         };
         if host.is_empty() || authority.contains('@') {
             return Err(err("bad host"));
         }
         Ok(Url {
+            https,
             host: host.to_owned(),
             port,
             path: path.to_owned(),
@@ -156,7 +244,7 @@ impl Url {
     }
 
     fn authority(&self) -> String {
-        if self.port == 80 {
+        if self.port == if self.https { 443 } else { 80 } {
             self.host.clone()
         } else {
             format!("{}:{}", self.host, self.port)
@@ -164,8 +252,92 @@ impl Url {
     }
 
     fn text(&self) -> String {
-        format!("http://{}{}", self.authority(), self.path)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{}{}", self.authority(), self.path)
     }
+}
+
+/// Sends a GET on an open connection.
+async fn send<T>(
+    io: T,
+    url: &Url,
+    accept: Option<&str>,
+) -> Result<hyper::Response<hyper::body::Incoming>, RegistryError>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let http = |message: String| RegistryError::Http {
+        url: url.text(),
+        message,
+    };
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| http(e.to_string()))?;
+    tokio::spawn(conn);
+    let mut request = hyper::Request::builder()
+        .method(hyper::Method::GET)
+        .uri(&url.path)
+        .header(hyper::header::HOST, url.authority())
+        .header(hyper::header::USER_AGENT, "shoal");
+    if let Some(accept) = accept {
+        request = request.header(hyper::header::ACCEPT, accept);
+    }
+    let request = request
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| http(e.to_string()))?;
+    tokio::time::timeout(IDLE, sender.send_request(request))
+        .await
+        .map_err(|_| http(format!("no response in {IDLE:?}")))?
+        .map_err(|e| http(e.to_string()))
+}
+
+/// Opens a connection to `url` (TLS for https) and sends a GET.
+async fn open(
+    url: &Url,
+    accept: Option<&str>,
+    registries: &Registries,
+    tls: &tokio_rustls::TlsConnector,
+) -> Result<hyper::Response<hyper::body::Incoming>, RegistryError> {
+    let text = url.text();
+    if !url.https && !registries.plain_http(&url.authority()) {
+        return Err(RegistryError::PlainHttp {
+            host: url.authority(),
+        });
+    }
+    let http = |message: String| RegistryError::Http {
+        url: text.clone(),
+        message,
+    };
+    let host = url.host.trim_start_matches('[').trim_end_matches(']');
+    let stream = tokio::time::timeout(IDLE, tokio::net::TcpStream::connect((host, url.port)))
+        .await
+        .map_err(|_| http(format!("no connection in {IDLE:?}")))?
+        .map_err(|e| http(format!("connect: {e}")))?;
+    if !url.https {
+        return send(stream, url, accept).await;
+    }
+    let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+        .map_err(|e| http(format!("server name: {e}")))?;
+    let stream = match tokio::time::timeout(IDLE, tls.connect(name, stream)).await {
+        Err(_) => return Err(http(format!("no TLS handshake in {IDLE:?}"))),
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => {
+            let message = e.to_string();
+            // A certificate the roots do not vouch for is an error; a server that does not
+            // speak TLS at all may be a plain-HTTP registry.
+            return Err(
+                match e.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
+                    Some(
+                        rustls::Error::InvalidCertificate(_)
+                        | rustls::Error::NoCertificatesPresented
+                        | rustls::Error::AlertReceived(_),
+                    ) => RegistryError::Tls { url: text, message },
+                    _ => RegistryError::NotTls { url: text, message },
+                },
+            );
+        }
+    };
+    send(stream, url, accept).await
 }
 
 /// A GET that follows redirects; returns the final URL and the response.
@@ -173,48 +345,21 @@ async fn get(
     url: &str,
     accept: Option<&str>,
     registries: &Registries,
+    tls: &tokio_rustls::TlsConnector,
 ) -> Result<(String, hyper::Response<hyper::body::Incoming>), RegistryError> {
     let mut url = Url::parse(url)?;
     for _ in 0..=MAX_REDIRECTS {
-        if !registries.plain_http(&url.authority()) && !registries.plain_http(&url.host) {
-            return Err(RegistryError::Https {
-                host: url.authority(),
-            });
-        }
         let text = url.text();
-        let http = |message: String| RegistryError::Http {
-            url: text.clone(),
-            message,
-        };
-        let host = url.host.trim_start_matches('[').trim_end_matches(']');
-        let stream = tokio::net::TcpStream::connect((host, url.port))
-            .await
-            .map_err(|e| http(format!("connect: {e}")))?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| http(e.to_string()))?;
-        tokio::spawn(conn);
-        let mut request = hyper::Request::builder()
-            .method(hyper::Method::GET)
-            .uri(&url.path)
-            .header(hyper::header::HOST, url.authority())
-            .header(hyper::header::USER_AGENT, "shoal");
-        if let Some(accept) = accept {
-            request = request.header(hyper::header::ACCEPT, accept);
-        }
-        let request = request
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| http(e.to_string()))?;
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|e| http(e.to_string()))?;
+        let response = open(&url, accept, registries, tls).await?;
         if response.status().is_redirection() {
             let location = response
                 .headers()
                 .get(hyper::header::LOCATION)
                 .and_then(|l| l.to_str().ok())
-                .ok_or_else(|| http("a redirect without a Location".into()))?;
+                .ok_or_else(|| RegistryError::Http {
+                    url: text.clone(),
+                    message: "a redirect without a Location".into(),
+                })?;
             url = if location.starts_with('/') {
                 Url {
                     path: location.to_owned(),
@@ -256,6 +401,22 @@ async fn get(
     })
 }
 
+/// The next frame of a body, waiting at most [`IDLE`].
+async fn next_frame(
+    url: &str,
+    body: &mut hyper::body::Incoming,
+) -> Result<Option<hyper::body::Frame<Bytes>>, RegistryError> {
+    let http = |message: String| RegistryError::Http {
+        url: url.to_owned(),
+        message,
+    };
+    match tokio::time::timeout(IDLE, body.frame()).await {
+        Err(_) => Err(http(format!("no data in {IDLE:?}"))),
+        Ok(None) => Ok(None),
+        Ok(Some(frame)) => frame.map(Some).map_err(|e| http(e.to_string())),
+    }
+}
+
 /// The body, at most `limit` bytes (an error past that).
 async fn read_bounded(
     url: &str,
@@ -264,11 +425,7 @@ async fn read_bounded(
 ) -> Result<Vec<u8>, RegistryError> {
     let mut body = response.into_body();
     let mut out = Vec::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| RegistryError::Http {
-            url: url.to_owned(),
-            message: e.to_string(),
-        })?;
+    while let Some(frame) = next_frame(url, &mut body).await? {
         if let Some(data) = frame.data_ref() {
             if out.len() + data.len() > limit {
                 return Err(RegistryError::TooLarge {
@@ -291,10 +448,10 @@ async fn manifest(
     base: &str,
     reference: &str,
     expected: Option<&str>,
-    registries: &Registries,
+    (registries, tls): (&Registries, &tokio_rustls::TlsConnector),
 ) -> Result<(String, Vec<u8>, serde_json::Value), RegistryError> {
     let url = format!("{base}/manifests/{reference}");
-    let (url, response) = get(&url, Some(ACCEPT), registries).await?;
+    let (url, response) = get(&url, Some(ACCEPT), registries, tls).await?;
     let bytes = read_bounded(&url, response, MAX_MANIFEST_BYTES).await?;
     let digest = sha256(&bytes);
     if let Some(expected) = expected
@@ -362,18 +519,14 @@ async fn blob(
     base: &str,
     digest: &str,
     size: u64,
-    registries: &Registries,
+    (registries, tls): (&Registries, &tokio_rustls::TlsConnector),
 ) -> Result<u64, RegistryError> {
-    let (url, response) = get(&format!("{base}/blobs/{digest}"), None, registries).await?;
+    let (url, response) = get(&format!("{base}/blobs/{digest}"), None, registries, tls).await?;
     let mut file = store.incoming_blob()?;
     let mut hash = sha2::Sha256::new();
     let mut received = 0u64;
     let mut body = response.into_body();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| RegistryError::Http {
-            url: url.clone(),
-            message: e.to_string(),
-        })?;
+    while let Some(frame) = next_frame(&url, &mut body).await? {
         if let Some(data) = frame.data_ref() {
             received += data.len() as u64;
             if received > size {
@@ -413,16 +566,28 @@ pub async fn pull(
     registries: &Registries,
 ) -> Result<(String, u64), RegistryError> {
     let reference = Reference::parse(image)?;
-    let host = reference.api_host().to_owned();
-    if !registries.plain_http(&host) {
-        return Err(RegistryError::Https { host });
+    let tls = registries.tls()?;
+    let host = reference.api_host();
+    match pull_over("https", &reference, store, (registries, &tls)).await {
+        Err(RegistryError::NotTls { .. }) if registries.plain_http(host) => {
+            pull_over("http", &reference, store, (registries, &tls)).await
+        }
+        result => result,
     }
-    let base = format!("http://{host}/v2/{}", reference.path);
+}
+
+async fn pull_over(
+    scheme: &str,
+    reference: &Reference,
+    store: &ImageStore,
+    via: (&Registries, &tokio_rustls::TlsConnector),
+) -> Result<(String, u64), RegistryError> {
+    let base = format!("{scheme}://{}/v2/{}", reference.api_host(), reference.path);
     let (mut digest, mut bytes, mut value) = manifest(
         &base,
         reference.tag_or_digest(),
         reference.digest.as_deref(),
-        registries,
+        via,
     )
     .await?;
     let mut received = bytes.len() as u64;
@@ -444,7 +609,7 @@ pub async fn pull(
                 available,
             }
         })?;
-        (digest, bytes, value) = manifest(&base, &entry, Some(&entry), registries).await?;
+        (digest, bytes, value) = manifest(&base, &entry, Some(&entry), via).await?;
         received += bytes.len() as u64;
     }
     let manifest: ImageManifest =
@@ -457,7 +622,7 @@ pub async fn pull(
         if store.has_blob(&blob_digest) {
             continue;
         }
-        received += blob(store, &base, &blob_digest, descriptor.size(), registries).await?;
+        received += blob(store, &base, &blob_digest, descriptor.size(), via).await?;
     }
     // The manifest last, verified like a blob, then tagged (which checks every blob is there).
     let mut file = store.incoming_blob()?;
@@ -486,9 +651,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn registry_pulls_all_local_or_none() {
+        let with = |pulls| Registries {
+            pulls,
+            insecure: vec!["reg.lan:5000".into()],
+            ..Default::default()
+        };
+        let hosts = ["registry-1.docker.io", "127.0.0.1:5000", "reg.lan:5000"];
+        let allowed = |pulls| hosts.map(|h| with(pulls).pulls_from(h));
+        assert_eq!(allowed(RegistryPulls::All), [true, true, true]);
+        assert_eq!(allowed(RegistryPulls::Local), [false, true, true]);
+        assert_eq!(allowed(RegistryPulls::None), [false, false, false]);
+    }
+
+    #[test]
     fn plain_http_only_for_loopback_and_listed_registries() {
         let r = Registries {
             insecure: vec!["reg.lan:5000".into(), "mirror.lan".into()],
+            ..Default::default()
         };
         for host in [
             "127.0.0.1:5000",
@@ -511,20 +691,52 @@ mod tests {
     }
 
     #[test]
-    fn urls_split_and_https_is_refused_by_name() {
+    fn plain_http_is_refused_for_a_registry_not_named_insecure() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let r = Registries::default();
+        let tls = r.tls().unwrap();
+        // Refused before anything is sent (nothing listens there).
+        let err = rt
+            .block_on(get("http://reg.example:5000/v2/", None, &r, &tls))
+            .unwrap_err();
+        assert!(
+            matches!(&err, RegistryError::PlainHttp { host } if host == "reg.example:5000"),
+            "{err}"
+        );
+        // A CA file that is not one names itself.
+        let dir = tempfile::tempdir().unwrap();
+        let bad = dir.path().join("ca.pem");
+        std::fs::write(&bad, "not a certificate").unwrap();
+        let err = Registries {
+            ca_files: vec![bad.clone()],
+            ..Default::default()
+        }
+        .tls()
+        .err()
+        .unwrap();
+        assert!(
+            matches!(&err, RegistryError::Ca { path, .. } if *path == bad),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn urls_split() {
         assert_eq!(
             Url::parse("http://127.0.0.1:5000/v2/x/blobs/sha256:ab?x=1").unwrap(),
             Url {
+                https: false,
                 host: "127.0.0.1".into(),
                 port: 5000,
                 path: "/v2/x/blobs/sha256:ab?x=1".into()
             }
         );
         assert_eq!(Url::parse("http://reg").unwrap().text(), "http://reg/");
-        assert!(matches!(
-            Url::parse("https://cdn.example/blob"),
-            Err(RegistryError::Https { host }) if host == "cdn.example"
-        ));
+        let cdn = Url::parse("https://cdn.example/blob?sig=1").unwrap();
+        assert!(cdn.https && cdn.port == 443 && cdn.text() == "https://cdn.example/blob?sig=1");
         for bad in ["ftp://x/", "http://", "http://u@h/", "http://h:99999/"] {
             assert!(Url::parse(bad).is_err(), "{bad}");
         }

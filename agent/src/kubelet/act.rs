@@ -228,8 +228,10 @@ impl Kubelet {
                     None => container::ConfigError {
                         reason: "ErrImageNeverPull",
                         message: format!(
-                            "{error} on node {}, nor on any live peer",
-                            self.node_name
+                            "{error} on node {}, nor on any live peer, and not pulled from \
+                             a registry ({}/ images never are; see --registry-pulls)",
+                            self.node_name,
+                            crate::images::reference::LOCAL_DOMAIN
                         ),
                     },
                 }

@@ -140,9 +140,11 @@ impl ImagePuller {
                 .map(|digest| (p.node_id, p.addr, digest.clone()))
         });
         let Some((node_id, addr, digest)) = source else {
-            // No peer has it: its registry, when this node can pull from it (a failure stays
-            // visible until a peer has the image, and the next attempt retries the registry).
+            // No peer has it: its registry, if this node pulls from it (a failure stays visible
+            // until the next attempt, which tries again). Images under `shoal.local/` exist
+            // only in the cluster.
             if let Ok(reference) = Reference::parse(image)
+                && reference.domain != reference::LOCAL_DOMAIN
                 && self.registries.pulls_from(reference.api_host())
             {
                 return Some(self.pull_from_registry(normal, reference.api_host(), handle));

@@ -41,7 +41,40 @@ pub struct Registry {
 
 impl Registry {
     pub fn start() -> Self {
+        Self::start_in(tempfile::tempdir().unwrap(), None)
+    }
+
+    /// A registry serving HTTPS with a certificate for `localhost` and 127.0.0.1 from a CA of
+    /// its own; returns it and the CA's PEM file.
+    pub fn start_tls() -> (Self, PathBuf) {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert =
+            rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+                .unwrap()
+                .signed_by(&key, &issuer)
+                .unwrap();
         let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, pem: String| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, pem).unwrap();
+            path
+        };
+        let tls = (
+            write("cert.pem", cert.pem()),
+            write("key.pem", key.serialize_pem()),
+        );
+        let ca = write("ca.pem", ca.pem());
+        (Self::start_in(dir, Some(tls)), ca)
+    }
+
+    /// Starts the registry with its config and storage in `dir` (HTTPS with `tls`'s
+    /// certificate and key files).
+    fn start_in(dir: tempfile::TempDir, tls: Option<(PathBuf, PathBuf)>) -> Self {
         // A free port: bound, then released for the registry.
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -53,8 +86,14 @@ impl Registry {
         std::fs::write(
             &config,
             format!(
-                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n",
-                dir.path().join("data").display()
+                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n{}",
+                dir.path().join("data").display(),
+                tls.map(|(cert, key)| format!(
+                    "  tls:\n    certificate: {}\n    key: {}\n",
+                    cert.display(),
+                    key.display()
+                ))
+                .unwrap_or_default()
             ),
         )
         .unwrap();
