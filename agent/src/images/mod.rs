@@ -135,6 +135,11 @@ impl ImageStore {
     }
 
     /// Bounds what one layer may unpack to.
+    /// The limits layers are unpacked under.
+    pub fn layer_limits(&self) -> layer::LayerLimits {
+        self.layer_limits
+    }
+
     pub fn with_layer_limits(mut self, limits: layer::LayerLimits) -> Self {
         self.layer_limits = limits;
         self

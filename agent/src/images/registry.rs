@@ -609,6 +609,7 @@ async fn pull_over(
                 available,
             }
         })?;
+        super::reference::parse_digest(&entry)?;
         (digest, bytes, value) = manifest(&base, &entry, Some(&entry), via).await?;
         received += bytes.len() as u64;
     }
@@ -617,6 +618,12 @@ async fn pull_over(
             url: format!("{base}/manifests/{digest}"),
             reason: e.to_string(),
         })?;
+    check_bounds(&manifest, store.layer_limits().max_image_bytes).map_err(|reason| {
+        RegistryError::Manifest {
+            url: format!("{base}/manifests/{digest}"),
+            reason,
+        }
+    })?;
     for descriptor in std::iter::once(manifest.config()).chain(manifest.layers()) {
         let blob_digest = descriptor.digest().to_string();
         if store.has_blob(&blob_digest) {
@@ -637,6 +644,39 @@ async fn pull_over(
     Ok((digest, received))
 }
 
+/// What a manifest may ask this node to download, checked before anything is: at most
+/// [`super::layer::MAX_LAYERS`] layers, a config of at most [`MAX_MANIFEST_BYTES`], layers
+/// that together stay under the image limit (`max_image_bytes`; compressed layers are no
+/// larger than what they unpack to), and sha256 digests only.
+fn check_bounds(manifest: &ImageManifest, max_image_bytes: u64) -> Result<(), String> {
+    if manifest.layers().len() > super::layer::MAX_LAYERS {
+        return Err(format!(
+            "{} layers (at most {})",
+            manifest.layers().len(),
+            super::layer::MAX_LAYERS
+        ));
+    }
+    if manifest.config().size() > MAX_MANIFEST_BYTES as u64 {
+        return Err(format!(
+            "a config of {} bytes (at most {MAX_MANIFEST_BYTES})",
+            manifest.config().size()
+        ));
+    }
+    let total = manifest
+        .layers()
+        .iter()
+        .fold(0u64, |sum, l| sum.saturating_add(l.size()));
+    if total > max_image_bytes {
+        return Err(format!(
+            "layers of {total} bytes (the image limit is {max_image_bytes})"
+        ));
+    }
+    for d in std::iter::once(manifest.config()).chain(manifest.layers()) {
+        super::reference::parse_digest(d.digest().as_ref()).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
 /// The ARM variant this node runs (`v7`, `v8`), as image indexes name it; none elsewhere.
 fn arm_variant() -> Option<&'static str> {
     match std::env::consts::ARCH {
@@ -649,6 +689,45 @@ fn arm_variant() -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_manifest_is_bounded_before_anything_is_downloaded() {
+        let layer = |size: u64, digest: &str| {
+            serde_json::json!({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                               "size": size, "digest": digest})
+        };
+        let good = format!("sha256:{}", "a".repeat(64));
+        let manifest = |config_size: u64, layers: Vec<serde_json::Value>| -> ImageManifest {
+            serde_json::from_value(serde_json::json!({
+                "schemaVersion": 2,
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                           "size": config_size, "digest": good},
+                "layers": layers}))
+            .unwrap()
+        };
+        assert!(check_bounds(&manifest(100, vec![layer(10, &good)]), 1000).is_ok());
+        let cases = [
+            (manifest(100, vec![layer(1, &good); 128]), "128 layers"),
+            (manifest(5 << 20, vec![]), "a config of"),
+            (
+                manifest(100, vec![layer(600, &good), layer(600, &good)]),
+                "1200 bytes",
+            ),
+            (
+                manifest(100, vec![layer(u64::MAX, &good), layer(1, &good)]),
+                "bytes (the image limit",
+            ),
+            (
+                manifest(100, vec![layer(1, &format!("sha512:{}", "a".repeat(128)))]),
+                "not a sha256 digest",
+            ),
+        ];
+        for (m, want) in cases {
+            let err = check_bounds(&m, 1000).unwrap_err();
+            assert!(err.contains(want), "{err}");
+        }
+    }
 
     #[test]
     fn registry_pulls_all_local_or_none() {
