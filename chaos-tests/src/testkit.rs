@@ -147,25 +147,15 @@ impl AgentProcess {
         for seed in &self.spec.join {
             cmd.args(["--join", &seed.to_string()]);
         }
-        // Pods of test agents have only loopback unless a test asks for a pod network (and
-        // then runs its agents in namespaces of its own: bridges and routes stay there).
-        if !self
-            .spec
-            .extra_args
-            .iter()
-            .any(|a| a.starts_with("--pod-network"))
-        {
-            cmd.args(["--pod-network", "none"]);
-        }
-        // Test agents pull only from registries the tests start on loopback: no test
-        // reaches out to a public registry (`image: busybox` in a test is never pulled).
-        if !self
-            .spec
-            .extra_args
-            .iter()
-            .any(|a| a.starts_with("--registry-pulls"))
-        {
-            cmd.args(["--registry-pulls", "local"]);
+        // Defaults of test agents, unless a test sets them: pods have only loopback (a test
+        // that asks for a pod network runs its agents in namespaces of its own, where bridges
+        // and routes stay), and images are pulled only from registries the tests start on
+        // loopback (no test reaches out to a public registry: `image: busybox` in a test is
+        // never pulled).
+        for (flag, value) in [("--pod-network", "none"), ("--registry-pulls", "local")] {
+            if !self.spec.extra_args.iter().any(|a| a.starts_with(flag)) {
+                cmd.args([flag, value]);
+            }
         }
         cmd.args(&self.spec.extra_args)
             .env(

@@ -388,26 +388,11 @@ fn pods_on_one_bridge_reach_each_other_and_nothing_is_left() {
             String::from_utf8_lossy(&out.stderr)
         );
     };
-    ip_b(&[
-        "route",
-        "del",
-        "local",
-        "127.0.0.0/8",
-        "dev",
-        "lo",
-        "table",
-        "local",
-    ]);
-    ip_b(&[
-        "route",
-        "del",
-        "local",
-        "127.0.0.1",
-        "dev",
-        "lo",
-        "table",
-        "local",
-    ]);
+    for local in ["127.0.0.0/8", "127.0.0.1"] {
+        ip_b(&[
+            "route", "del", "local", local, "dev", "lo", "table", "local",
+        ]);
+    }
     ip_b(&[
         "route",
         "add",
