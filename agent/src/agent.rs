@@ -56,6 +56,8 @@ pub enum AgentError {
     Runtime(#[from] crate::runtime::RuntimeError),
     #[error(transparent)]
     Images(#[from] crate::images::ImageError),
+    #[error(transparent)]
+    Registry(#[from] crate::images::registry::RegistryError),
     #[error("control socket {path}: {source}")]
     ControlSocket {
         path: PathBuf,
@@ -156,6 +158,16 @@ impl DataDirLock {
 
 /// Runs the agent until SIGINT or SIGTERM.
 pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
+    // The registry config is read first: a mistake in it stops the agent before it joins.
+    let mut registries = crate::images::registry::Registries {
+        pulls: config.registry_pulls,
+        insecure: config.insecure_registries.clone(),
+        ca_files: config.registry_ca.clone(),
+        ..Default::default()
+    };
+    if let Some(path) = &config.registry_config {
+        registries.load_config(path)?;
+    }
     let _lock = DataDirLock::acquire(&config)?;
     #[cfg(debug_assertions)]
     if crate::fault_injection::enabled() {
@@ -383,11 +395,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             images.clone(),
             membership.clone(),
             endpoint.clone(),
-            crate::images::registry::Registries {
-                pulls: config.registry_pulls,
-                insecure: config.insecure_registries.clone(),
-                ca_files: config.registry_ca.clone(),
-            },
+            registries,
         );
         puller.start();
         let kubelet = crate::kubelet::Kubelet::new(

@@ -112,6 +112,10 @@ pub struct AgentFlags {
     /// A CA certificate file (PEM) trusted for registries besides the system's (repeatable).
     #[arg(long = "registry-ca", value_name = "FILE")]
     pub registry_ca: Vec<PathBuf>,
+    /// Registry mirrors, CA files, credentials and a docker config, per registry (TOML; see
+    /// README's "Registries").
+    #[arg(long, value_name = "FILE")]
+    pub registry_config: Option<PathBuf>,
     /// Pod networking: `bridge` (one IP per pod from this node's block of the cluster CIDR;
     /// the default) or `none` (pods have only loopback).
     #[arg(long, value_name = "bridge|none")]
@@ -233,6 +237,8 @@ pub struct KubeletFile {
     pub registry_pulls: Option<crate::images::registry::RegistryPulls>,
     #[serde(default)]
     pub registry_ca: Option<Vec<PathBuf>>,
+    #[serde(default)]
+    pub registry_config: Option<PathBuf>,
 }
 
 /// The `[scheduling]` table of the config file.
@@ -301,6 +307,8 @@ pub struct AgentConfig {
     pub registry_pulls: crate::images::registry::RegistryPulls,
     /// Default none (the system's roots only).
     pub registry_ca: Vec<PathBuf>,
+    /// Default none.
+    pub registry_config: Option<PathBuf>,
     /// Default bridge.
     pub pod_network: PodNetworkMode,
     /// Default false.
@@ -471,6 +479,10 @@ impl AgentConfig {
             } else {
                 flags.registry_ca.clone()
             },
+            registry_config: flags
+                .registry_config
+                .clone()
+                .or_else(|| file.kubelet.registry_config.clone()),
             cleanup: flags.cleanup,
             service_cidr: flags
                 .service_cidr

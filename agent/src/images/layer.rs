@@ -1,4 +1,4 @@
-//! Unpacking one image layer (a tar stream, gzip-compressed or not) into a directory that
+//! Unpacking one image layer (a tar stream, gzip- or zstd-compressed or not) into a directory that
 //! overlayfs can use as a lower layer: OCI whiteouts become overlay whiteouts.
 
 use std::ffi::OsStr;
@@ -127,14 +127,30 @@ fn is_over_limit(err: &io::Error) -> bool {
     err.get_ref().is_some_and(|e| e.is::<OverLimit>())
 }
 
-/// Opens a file (layer blob or archive), undoing gzip if its first bytes say so.
+/// The first bytes of a zstd frame.
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+/// The largest zstd window a layer may ask for (2^27 = 128 MiB, zstd's own default limit for
+/// decompression): a frame declaring more is refused rather than allocated.
+const ZSTD_WINDOW_LOG_MAX: u32 = 27;
+
+/// Opens a file (layer blob or archive), undoing gzip or zstd if its first bytes say so.
 pub(super) fn open_decompressed(path: &Path) -> io::Result<Box<dyn Read>> {
     let mut file = io::BufReader::new(std::fs::File::open(path)?);
-    let mut magic = [0u8; 2];
-    let n = file.read(&mut magic)?;
+    let mut magic = [0u8; 4];
+    let mut n = 0;
+    while n < magic.len() {
+        match file.read(&mut magic[n..])? {
+            0 => break,
+            read => n += read,
+        }
+    }
     let head = io::Cursor::new(magic[..n].to_vec()).chain(file);
-    Ok(if magic == [0x1f, 0x8b] {
+    Ok(if magic[..2] == [0x1f, 0x8b] {
         Box::new(flate2::read::GzDecoder::new(head))
+    } else if magic == ZSTD_MAGIC {
+        let mut decoder = zstd::stream::read::Decoder::with_buffer(io::BufReader::new(head))?;
+        decoder.window_log_max(ZSTD_WINDOW_LOG_MAX)?;
+        Box::new(decoder)
     } else {
         Box::new(head)
     })
@@ -480,6 +496,41 @@ mod tests {
         let bad = format!("sha256:{}", "0".repeat(64));
         let err = unpack(&blob, &dest, None, Some(&bad), LayerLimits::default()).unwrap_err();
         assert!(err.to_string().contains("the image config says"), "{err}");
+    }
+
+    #[test]
+    fn zstd_and_gzip_layers_unpack_and_their_diff_id_is_the_tar_s() {
+        let dir = tempfile::tempdir().unwrap();
+        let tar = layer(&[("etc/hostname", b"z\n")]);
+        let diff_id = format!("sha256:{}", hex::encode(Sha256::digest(&tar)));
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        io::Write::write_all(&mut gz, &tar).unwrap();
+        for (name, bytes) in [
+            ("zstd", zstd::encode_all(&tar[..], 3).unwrap()),
+            ("gzip", gz.finish().unwrap()),
+        ] {
+            let blob = dir.path().join(name);
+            std::fs::write(&blob, &bytes).unwrap();
+            let dest = dir.path().join(format!("{name}-root"));
+            std::fs::create_dir(&dest).unwrap();
+            unpack(&blob, &dest, None, Some(&diff_id), LayerLimits::default()).unwrap();
+            assert_eq!(
+                std::fs::read(dest.join("etc/hostname")).unwrap(),
+                b"z\n",
+                "{name}"
+            );
+        }
+        // A zstd frame asking for a window past the limit is refused, not allocated.
+        let mut big = zstd::stream::write::Encoder::new(Vec::new(), 1).unwrap();
+        big.window_log(ZSTD_WINDOW_LOG_MAX + 1).unwrap();
+        big.long_distance_matching(true).unwrap();
+        io::Write::write_all(&mut big, &[7u8; 4096]).unwrap();
+        let blob = dir.path().join("wide");
+        std::fs::write(&blob, big.finish().unwrap()).unwrap();
+        let dest = dir.path().join("wide-root");
+        std::fs::create_dir(&dest).unwrap();
+        let err = unpack(&blob, &dest, None, None, LayerLimits::default()).unwrap_err();
+        assert!(err.to_string().contains("too much memory"), "{err}");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! - `lock`: held (flock) while the store changes, so the CLI and the agent can share it.
 
 mod archive;
+pub mod auth;
 pub mod layer;
 pub mod reference;
 pub mod registry;
@@ -59,6 +60,12 @@ pub enum ImageError {
         reference: String,
         layers: usize,
         limit: usize,
+    },
+    #[error("image {reference} is built for {found}; this node runs linux/{arch}")]
+    Platform {
+        reference: String,
+        found: String,
+        arch: &'static str,
     },
     #[error(transparent)]
     Layer(#[from] layer::LayerError),
@@ -119,7 +126,7 @@ impl ImageStore {
     /// Opens (creating) the store at `root`.
     pub fn open(root: impl Into<PathBuf>) -> Result<Self, ImageError> {
         let root = root.into();
-        for dir in ["blobs/sha256", "layers", "tmp"] {
+        for dir in ["blobs/sha256", "layers", "tmp", "private"] {
             let path = root.join(dir);
             std::fs::create_dir_all(&path).map_err(|source| ImageError::Store { path, source })?;
         }
@@ -697,14 +704,38 @@ impl ImageStore {
 
 /// Serving and receiving images between nodes.
 impl ImageStore {
-    /// Every tag and its manifest digest (what this node gossips).
+    /// Every tag peers may fetch and its manifest digest (what this node gossips): images
+    /// pulled with credentials are left out.
     pub fn tags_map(&self) -> Result<BTreeMap<String, String>, ImageError> {
-        self.tags()
+        let mut tags = self.tags()?;
+        tags.retain(|_, digest| !self.is_private(digest));
+        Ok(tags)
     }
 
-    /// The manifest of `reference`: its digest and bytes.
+    /// Marks the manifest `digest` as pulled with credentials: peers are not given it (a
+    /// pod on another node may have no right to it).
+    pub fn mark_private(&self, digest: &str) -> Result<(), ImageError> {
+        let hex = reference::parse_digest(digest).map_err(|reason| ImageError::Reference {
+            reference: digest.to_owned(),
+            reason: reason.to_string(),
+        })?;
+        let path = self.root.join("private").join(hex);
+        File::create(&path).map_err(self.store_err(&path))?;
+        Ok(())
+    }
+
+    pub fn is_private(&self, digest: &str) -> bool {
+        reference::parse_digest(digest)
+            .is_ok_and(|hex| self.root.join("private").join(hex).exists())
+    }
+
+    /// The manifest of `reference` for a peer: its digest and bytes (not an image pulled with
+    /// credentials: [`ImageStore::mark_private`]).
     pub fn manifest_bytes(&self, reference: &str) -> Result<(String, Vec<u8>), ImageError> {
         let (normal, digest) = self.lookup(reference)?;
+        if self.is_private(&digest) {
+            return Err(ImageError::NotFound { reference: normal });
+        }
         let bytes = self
             .read_blob(&digest, archive::MAX_METADATA_BYTES)
             .map_err(|e| ImageError::Damaged {
@@ -769,8 +800,35 @@ impl ImageStore {
         Ok(())
     }
 
+    /// Refuses an image whose config (blob `config`, in the store) names another platform
+    /// than this node's (an image for arm64 pulled by an amd64 node would fail at exec);
+    /// a config naming none passes.
+    pub fn check_platform(&self, reference: &str, config: &str) -> Result<(), ImageError> {
+        let damaged = |reason: String| ImageError::Damaged {
+            reference: reference.to_owned(),
+            what: "config",
+            digest: config.to_owned(),
+            reason,
+        };
+        let bytes = self
+            .read_blob(config, archive::MAX_METADATA_BYTES)
+            .map_err(|e| damaged(e.to_string()))?;
+        let value: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| damaged(e.to_string()))?;
+        let os = value["os"].as_str().unwrap_or_default();
+        let arch = value["architecture"].as_str().unwrap_or_default();
+        if (os.is_empty() || os == "linux") && (arch.is_empty() || arch == go_arch()) {
+            return Ok(());
+        }
+        Err(ImageError::Platform {
+            reference: reference.to_owned(),
+            found: format!("{os}/{arch}"),
+            arch: go_arch(),
+        })
+    }
+
     /// Tags `reference` with a manifest already in the store (after a pull), checking that
-    /// every blob it names is present.
+    /// every blob it names is present and that it is for this node's platform.
     pub fn tag(&self, reference: &str, digest: &str) -> Result<(), ImageError> {
         let normal = reference::normalize(reference).map_err(|reason| ImageError::Reference {
             reference: reference.to_owned(),
@@ -779,6 +837,7 @@ impl ImageStore {
         let _lock = self.lock()?;
         let manifest = self.manifest(digest, &self.root)?;
         self.check_complete(&manifest, &self.root)?;
+        self.check_platform(&normal, manifest.config().digest().as_ref())?;
         let mut tags = self.tags()?;
         tags.insert(normal, digest.to_owned());
         self.write_tags(&tags)
@@ -808,5 +867,41 @@ pub fn go_arch() -> &'static str {
         "aarch64" => "arm64",
         "x86" => "386",
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_image_for_another_platform_is_refused_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ImageStore::open(dir.path()).unwrap();
+        let put = |config: serde_json::Value| {
+            let bytes = serde_json::to_vec(&config).unwrap();
+            let digest = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&bytes)));
+            let mut file = store.incoming_blob().unwrap();
+            io::Write::write_all(&mut file, &bytes).unwrap();
+            store.commit_blob(&digest, file).unwrap();
+            digest
+        };
+        use sha2::Digest as _;
+        let native = put(serde_json::json!({"os": "linux", "architecture": go_arch()}));
+        let unnamed = put(serde_json::json!({"config": {}}));
+        let foreign = put(serde_json::json!({"os": "linux", "architecture": "s390x"}));
+        let windows = put(serde_json::json!({"os": "windows", "architecture": go_arch()}));
+        assert!(store.check_platform("a", &native).is_ok());
+        assert!(store.check_platform("a", &unnamed).is_ok());
+        for (digest, found) in [(foreign, "linux/s390x"), (windows, "windows/")] {
+            let err = store
+                .check_platform("reg/app:1", &digest)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("reg/app:1") && err.contains(found) && err.contains(go_arch()),
+                "{err}"
+            );
+        }
     }
 }

@@ -15,11 +15,20 @@
 //! is tried over HTTPS first and over plain HTTP when it does not speak TLS (a certificate
 //! that fails verification is an error, never a reason to fall back).
 //!
-//! Not built yet, and refused with an error saying so: the bearer-token and basic
-//! authentication challenges.
+//! Authentication as the distribution API asks for it (`super::auth`): a `401` with a
+//! `Basic` challenge is answered with credentials, a `Bearer` challenge with a token fetched
+//! from its realm (with the credentials, if any, as Basic; anonymously otherwise, as Docker
+//! Hub's public images need). The authorization is sent only to the host that asked for it
+//! (never along a redirect to another host, such as a blob store). Credentials come from the
+//! pod's `imagePullSecrets` first, then the node's registry config, each matching entry tried
+//! in turn; anonymous when none matches.
+//!
+//! A registry may have mirrors (`--registry-config`): each is tried first, in order, and the
+//! registry itself when none has the image.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +40,7 @@ use rustls::pki_types::pem::PemObject as _;
 use sha2::Digest as _;
 use std::io::Write as _;
 
+use super::auth::{self, Challenge, Credentials};
 use super::reference::{Reference, ReferenceError};
 use super::{ImageError, ImageStore};
 
@@ -76,10 +86,15 @@ pub enum RegistryError {
         status: u16,
         body: String,
     },
-    #[error(
-        "{url}: the registry asks for credentials ({challenge}); authenticated pulls are not built yet"
-    )]
-    Unauthorized { url: String, challenge: String },
+    #[error("{url}: unauthorized ({who}): {detail}")]
+    Unauthorized {
+        url: String,
+        /// `anonymously` or `as "user"`.
+        who: String,
+        detail: String,
+    },
+    #[error("registry config {path}: {message}")]
+    Config { path: PathBuf, message: String },
     #[error("{url}: more than {limit} bytes")]
     TooLarge { url: String, limit: u64 },
     #[error("{url}: received {got}, the reference or descriptor says {expected}")]
@@ -118,6 +133,73 @@ pub struct Registries {
     pub insecure: Vec<String>,
     /// CA certificates (PEM) trusted besides the system's, for registries with their own CA.
     pub ca_files: Vec<PathBuf>,
+    /// Per registry, keyed by its domain as image names write it (`docker.io`, `reg:5000`):
+    /// mirrors, CA files, credentials (`--registry-config`).
+    pub hosts: BTreeMap<String, HostConfig>,
+    /// The entries of a docker config file (`docker-config` in the registry config): tried
+    /// for any registry their keys match, after the pod's `imagePullSecrets`.
+    pub docker_config: Vec<auth::Entry>,
+}
+
+/// What the registry config says about one registry.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostConfig {
+    /// Registries (`host[:port]`) asked first, in order, for this registry's images.
+    pub mirrors: Vec<String>,
+    /// Pulled from over plain HTTP too (as `--insecure-registry`).
+    pub insecure: bool,
+    /// CA certificates trusted for this registry only.
+    pub ca_files: Vec<PathBuf>,
+    pub credentials: Option<Credentials>,
+}
+
+/// The registry config file (TOML), as README documents it.
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct ConfigFile {
+    /// A docker config (`~/.docker/config.json`, as `docker login` writes it).
+    docker_config: Option<PathBuf>,
+    #[serde(default)]
+    registry: BTreeMap<String, HostFile>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct HostFile {
+    #[serde(default)]
+    mirrors: Vec<String>,
+    #[serde(default)]
+    insecure: bool,
+    #[serde(default)]
+    ca: Vec<PathBuf>,
+    username: Option<String>,
+    password: Option<String>,
+}
+
+/// The largest registry config or docker config file read.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Whether `host` reads as a registry as image names write it (`host`, `host:port`): no
+/// scheme, no path, no spaces.
+fn valid_host(host: &str) -> bool {
+    !host.is_empty()
+        && host.len() <= 255
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b))
+}
+
+fn read_bounded_file(path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut bytes = Vec::new();
+    file.take(MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(format!("larger than {MAX_CONFIG_BYTES} bytes"));
+    }
+    Ok(bytes)
 }
 
 /// Which registries a node pulls images from when no peer has them (`--registry-pulls`).
@@ -135,6 +217,91 @@ pub enum RegistryPulls {
 }
 
 impl Registries {
+    /// Reads the registry config file at `path` into `self` (README's "Registries" section):
+    /// an error names the file and the entry.
+    pub fn load_config(&mut self, path: &Path) -> Result<(), RegistryError> {
+        let err = |message: String| RegistryError::Config {
+            path: path.to_owned(),
+            message,
+        };
+        let text = String::from_utf8(read_bounded_file(path).map_err(&err)?)
+            .map_err(|_| err("not UTF-8".into()))?;
+        let file: ConfigFile = toml::from_str(&text).map_err(|e| err(e.to_string()))?;
+        for (host, entry) in file.registry {
+            if !valid_host(&host) {
+                return Err(err(format!(
+                    "registry {host:?}: a registry is named as images name it (host or host:port)"
+                )));
+            }
+            if let Some(bad) = entry.mirrors.iter().find(|m| !valid_host(m)) {
+                return Err(err(format!(
+                    "registry {host:?}: mirror {bad:?} is not a host or host:port"
+                )));
+            }
+            let credentials = match (entry.username, entry.password) {
+                (Some(username), Some(password)) => Some(Credentials { username, password }),
+                (None, None) => None,
+                _ => {
+                    return Err(err(format!(
+                        "registry {host:?}: username and password go together"
+                    )));
+                }
+            };
+            self.hosts.insert(
+                host,
+                HostConfig {
+                    mirrors: entry.mirrors,
+                    insecure: entry.insecure,
+                    ca_files: entry.ca,
+                    credentials,
+                },
+            );
+        }
+        if let Some(docker) = file.docker_config {
+            let bytes = read_bounded_file(&docker)
+                .map_err(|e| err(format!("docker-config {}: {e}", docker.display())))?;
+            self.docker_config = auth::parse_docker_config(&bytes, auth::ConfigFormat::Json)
+                .map_err(|e| err(format!("docker-config {}: {e}", docker.display())))?;
+        }
+        Ok(())
+    }
+
+    /// The credentials to try for `image` when pulled from `host` (the registry itself or one
+    /// of its mirrors), best first: the pod's pull secrets, then the registry config's entry
+    /// for `host`, then the node's docker config. Empty: pull anonymously.
+    fn credentials_for(
+        &self,
+        image: &Reference,
+        host: &str,
+        secrets: &[auth::Entry],
+    ) -> Vec<Credentials> {
+        let at_host = Reference {
+            domain: host.to_owned(),
+            ..image.clone()
+        };
+        // A mirror is matched by its own name; Docker Hub's API host by Hub's keys.
+        let named = if host == image.api_host() {
+            image
+        } else {
+            &at_host
+        };
+        let mut found: Vec<Credentials> = Vec::new();
+        let config = self
+            .hosts
+            .get(&named.domain)
+            .and_then(|h| h.credentials.as_ref());
+        for c in auth::lookup(secrets, named)
+            .into_iter()
+            .chain(config)
+            .chain(auth::lookup(&self.docker_config, named))
+        {
+            if !found.contains(c) {
+                found.push(c.clone());
+            }
+        }
+        found
+    }
+
     /// Whether this node pulls from the registry at `host` ([`RegistryPulls`]).
     pub fn pulls_from(&self, host: &str) -> bool {
         match self.pulls {
@@ -144,8 +311,9 @@ impl Registries {
         }
     }
 
-    /// The TLS client: the system's roots and [`Registries::ca_files`], ring, HTTP/1.1.
-    fn tls(&self) -> Result<tokio_rustls::TlsConnector, RegistryError> {
+    /// The TLS client: the system's roots, [`Registries::ca_files`] and `extra` (a registry's
+    /// own), ring, HTTP/1.1.
+    fn tls(&self, extra: &[PathBuf]) -> Result<tokio_rustls::TlsConnector, RegistryError> {
         let mut roots = rustls::RootCertStore::empty();
         let system = SYSTEM_ROOTS
             .iter()
@@ -153,7 +321,8 @@ impl Registries {
         let files = system
             .map(PathBuf::from)
             .into_iter()
-            .chain(self.ca_files.clone());
+            .chain(self.ca_files.clone())
+            .chain(extra.iter().cloned());
         for (i, path) in files.enumerate() {
             let ca = |message: String| RegistryError::Ca {
                 path: path.clone(),
@@ -198,6 +367,9 @@ impl Registries {
         name == "localhost"
             || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
             || self.insecure.iter().any(|h| h == host || h == name)
+            || [host, name]
+                .iter()
+                .any(|h| self.hosts.get(*h).is_some_and(|c| c.insecure))
     }
 }
 
@@ -262,6 +434,7 @@ async fn send<T>(
     io: T,
     url: &Url,
     accept: Option<&str>,
+    authorization: Option<&str>,
 ) -> Result<hyper::Response<hyper::body::Incoming>, RegistryError>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -282,6 +455,9 @@ where
     if let Some(accept) = accept {
         request = request.header(hyper::header::ACCEPT, accept);
     }
+    if let Some(authorization) = authorization {
+        request = request.header(hyper::header::AUTHORIZATION, authorization);
+    }
     let request = request
         .body(Empty::<Bytes>::new())
         .map_err(|e| http(e.to_string()))?;
@@ -295,6 +471,7 @@ where
 async fn open(
     url: &Url,
     accept: Option<&str>,
+    authorization: Option<&str>,
     registries: &Registries,
     tls: &tokio_rustls::TlsConnector,
 ) -> Result<hyper::Response<hyper::body::Incoming>, RegistryError> {
@@ -314,7 +491,7 @@ async fn open(
         .map_err(|_| http(format!("no connection in {IDLE:?}")))?
         .map_err(|e| http(format!("connect: {e}")))?;
     if !url.https {
-        return send(stream, url, accept).await;
+        return send(stream, url, accept, authorization).await;
     }
     let name = rustls::pki_types::ServerName::try_from(host.to_owned())
         .map_err(|e| http(format!("server name: {e}")))?;
@@ -337,21 +514,124 @@ async fn open(
             );
         }
     };
-    send(stream, url, accept).await
+    send(stream, url, accept, authorization).await
 }
 
-/// A GET that follows redirects; returns the final URL and the response.
+/// One pull's conversation with a registry: its TLS client, the credentials a challenge is
+/// answered with, and the authorization the last challenge led to.
+struct Session<'a> {
+    registries: &'a Registries,
+    tls: tokio_rustls::TlsConnector,
+    credentials: Option<&'a Credentials>,
+    /// The authority that asked, and the `Authorization` value it is sent.
+    authorization: Option<(String, String)>,
+}
+
+/// The most bytes of a token server's answer read.
+const MAX_TOKEN_RESPONSE: usize = 64 << 10;
+
+impl Session<'_> {
+    fn who(&self) -> String {
+        match self.credentials {
+            Some(c) => format!("as {:?}", c.username),
+            None => "anonymously".into(),
+        }
+    }
+
+    /// The `Authorization` that answers the challenge `header` of `url`.
+    async fn answer(&self, url: &str, header: &str) -> Result<String, RegistryError> {
+        let refused = |detail: String| RegistryError::Unauthorized {
+            url: url.to_owned(),
+            who: self.who(),
+            detail,
+        };
+        match auth::parse_challenge(header) {
+            None => Err(refused(format!(
+                "the registry asks for authentication this node does not speak ({header})"
+            ))),
+            Some(Challenge::Basic) => self.credentials.map(Credentials::basic).ok_or_else(|| {
+                refused(
+                    "the registry asks for a user name and password (give them with an \
+                     imagePullSecret or the node's --registry-config)"
+                        .into(),
+                )
+            }),
+            Some(Challenge::Bearer {
+                realm,
+                service,
+                scope,
+            }) => {
+                let token_url = Url::parse(&auth::token_url(
+                    &realm,
+                    service.as_deref(),
+                    scope.as_deref(),
+                ))?;
+                let basic = self.credentials.map(Credentials::basic);
+                let response = open(
+                    &token_url,
+                    None,
+                    basic.as_deref(),
+                    self.registries,
+                    &self.tls,
+                )
+                .await?;
+                let status = response.status();
+                let body = read_bounded(&token_url.text(), response, MAX_TOKEN_RESPONSE).await?;
+                if !status.is_success() {
+                    return Err(refused(format!(
+                        "the token server {realm} answered {status}: {}",
+                        snippet(&body)
+                    )));
+                }
+                auth::token_from(&body)
+                    .map(|token| format!("Bearer {token}"))
+                    .ok_or_else(|| refused(format!("the token server {realm} sent no token")))
+            }
+        }
+    }
+}
+
+/// The start of a body, as text for an error message.
+fn snippet(body: &[u8]) -> String {
+    String::from_utf8_lossy(&body[..body.len().min(300)])
+        .trim()
+        .to_owned()
+}
+
+/// A GET that follows redirects and answers one authentication challenge; returns the final
+/// URL and the response.
 async fn get(
     url: &str,
     accept: Option<&str>,
-    registries: &Registries,
-    tls: &tokio_rustls::TlsConnector,
+    session: &mut Session<'_>,
 ) -> Result<(String, hyper::Response<hyper::body::Incoming>), RegistryError> {
     let mut url = Url::parse(url)?;
-    for _ in 0..=MAX_REDIRECTS {
+    let mut redirects = 0;
+    let mut challenged = false;
+    loop {
         let text = url.text();
-        let response = open(&url, accept, registries, tls).await?;
+        // The authorization goes only to the host that asked for it.
+        let authorization = session
+            .authorization
+            .as_ref()
+            .filter(|(authority, _)| *authority == url.authority())
+            .map(|(_, value)| value.clone());
+        let response = open(
+            &url,
+            accept,
+            authorization.as_deref(),
+            session.registries,
+            &session.tls,
+        )
+        .await?;
         if response.status().is_redirection() {
+            redirects += 1;
+            if redirects > MAX_REDIRECTS {
+                return Err(RegistryError::Http {
+                    url: text,
+                    message: format!("more than {MAX_REDIRECTS} redirects"),
+                });
+            }
             let location = response
                 .headers()
                 .get(hyper::header::LOCATION)
@@ -371,17 +651,25 @@ async fn get(
             continue;
         }
         if response.status() == hyper::StatusCode::UNAUTHORIZED {
-            let challenge = response
+            let challenge: String = response
                 .headers()
                 .get(hyper::header::WWW_AUTHENTICATE)
                 .and_then(|c| c.to_str().ok())
-                .unwrap_or("no WWW-Authenticate header")
+                .unwrap_or("")
                 .chars()
-                .take(200)
+                .take(512)
                 .collect();
+            if !challenged && !challenge.is_empty() {
+                challenged = true;
+                let value = session.answer(&text, &challenge).await?;
+                session.authorization = Some((url.authority(), value));
+                continue;
+            }
+            let body = read_bounded(&text, response, 512).await.unwrap_or_default();
             return Err(RegistryError::Unauthorized {
                 url: text,
-                challenge,
+                who: session.who(),
+                detail: format!("{} {challenge}", snippet(&body)).trim().to_owned(),
             });
         }
         if !response.status().is_success() {
@@ -390,15 +678,11 @@ async fn get(
             return Err(RegistryError::Status {
                 url: text,
                 status,
-                body: String::from_utf8_lossy(&body).trim().to_owned(),
+                body: snippet(&body),
             });
         }
         return Ok((text, response));
     }
-    Err(RegistryError::Http {
-        url: url.text(),
-        message: format!("more than {MAX_REDIRECTS} redirects"),
-    })
 }
 
 /// The next frame of a body, waiting at most [`IDLE`].
@@ -448,10 +732,10 @@ async fn manifest(
     base: &str,
     reference: &str,
     expected: Option<&str>,
-    (registries, tls): (&Registries, &tokio_rustls::TlsConnector),
+    session: &mut Session<'_>,
 ) -> Result<(String, Vec<u8>, serde_json::Value), RegistryError> {
     let url = format!("{base}/manifests/{reference}");
-    let (url, response) = get(&url, Some(ACCEPT), registries, tls).await?;
+    let (url, response) = get(&url, Some(ACCEPT), session).await?;
     let bytes = read_bounded(&url, response, MAX_MANIFEST_BYTES).await?;
     let digest = sha256(&bytes);
     if let Some(expected) = expected
@@ -519,9 +803,9 @@ async fn blob(
     base: &str,
     digest: &str,
     size: u64,
-    (registries, tls): (&Registries, &tokio_rustls::TlsConnector),
+    session: &mut Session<'_>,
 ) -> Result<u64, RegistryError> {
-    let (url, response) = get(&format!("{base}/blobs/{digest}"), None, registries, tls).await?;
+    let (url, response) = get(&format!("{base}/blobs/{digest}"), None, session).await?;
     let mut file = store.incoming_blob()?;
     let mut hash = sha2::Sha256::new();
     let mut received = 0u64;
@@ -558,36 +842,111 @@ async fn blob(
     Ok(received)
 }
 
-/// Pulls `image` from its registry into `store` and tags it; returns the manifest's digest and
-/// the bytes received. Blobs the store has are not fetched again.
+/// What a pull from a registry did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pulled {
+    /// The digest of the manifest run (this platform's, when the tag named an index).
+    pub digest: String,
+    /// Bytes received (manifests and the blobs the store lacked).
+    pub bytes: u64,
+    /// The registry (or mirror) it came from.
+    pub host: String,
+    /// Whether credentials were needed and given: such an image is not shared with peers.
+    pub authenticated: bool,
+}
+
+/// Pulls `image` from its registry (its mirrors first) into `store` and tags it. Blobs the
+/// store has are not fetched again. `secrets`: the pod's `imagePullSecrets` entries.
 pub async fn pull(
     store: &ImageStore,
     image: &str,
     registries: &Registries,
-) -> Result<(String, u64), RegistryError> {
+    secrets: &[auth::Entry],
+) -> Result<Pulled, RegistryError> {
     let reference = Reference::parse(image)?;
-    let tls = registries.tls()?;
-    let host = reference.api_host();
-    match pull_over("https", &reference, store, (registries, &tls)).await {
-        Err(RegistryError::NotTls { .. }) if registries.plain_http(host) => {
-            pull_over("http", &reference, store, (registries, &tls)).await
+    let mirrors = registries
+        .hosts
+        .get(&reference.domain)
+        .map(|h| h.mirrors.clone())
+        .unwrap_or_default();
+    for mirror in &mirrors {
+        match pull_from(store, &reference, mirror, registries, secrets).await {
+            Ok(pulled) => return Ok(pulled),
+            Err(error) => {
+                tracing::warn!(image = %reference, %mirror, %error, "mirror failed; trying the next");
+            }
         }
-        result => result,
     }
+    pull_from(store, &reference, reference.api_host(), registries, secrets).await
+}
+
+/// Pulls from `host` (the registry or a mirror): each matching credential in turn while the
+/// registry refuses them, anonymously when none matches; HTTPS, then plain HTTP where allowed.
+async fn pull_from(
+    store: &ImageStore,
+    reference: &Reference,
+    host: &str,
+    registries: &Registries,
+    secrets: &[auth::Entry],
+) -> Result<Pulled, RegistryError> {
+    let own_ca = registries
+        .hosts
+        .get(host)
+        .or_else(|| {
+            (host == reference.api_host())
+                .then(|| registries.hosts.get(&reference.domain))
+                .flatten()
+        })
+        .map(|h| h.ca_files.as_slice())
+        .unwrap_or_default();
+    let tls = registries.tls(own_ca)?;
+    let candidates = registries.credentials_for(reference, host, secrets);
+    let tries: Vec<Option<&Credentials>> = if candidates.is_empty() {
+        vec![None]
+    } else {
+        candidates.iter().map(Some).collect()
+    };
+    let mut result = None;
+    for credentials in tries {
+        let mut session = Session {
+            registries,
+            tls: tls.clone(),
+            credentials,
+            authorization: None,
+        };
+        let attempt = match pull_over("https", host, reference, store, &mut session).await {
+            Err(RegistryError::NotTls { .. }) if registries.plain_http(host) => {
+                pull_over("http", host, reference, store, &mut session).await
+            }
+            other => other,
+        };
+        let done = !matches!(attempt, Err(RegistryError::Unauthorized { .. }));
+        result = Some(attempt.map(|(digest, bytes)| Pulled {
+            digest,
+            bytes,
+            host: host.to_owned(),
+            authenticated: credentials.is_some() && session.authorization.is_some(),
+        }));
+        if done {
+            break;
+        }
+    }
+    result.expect("at least one attempt")
 }
 
 async fn pull_over(
     scheme: &str,
+    host: &str,
     reference: &Reference,
     store: &ImageStore,
-    via: (&Registries, &tokio_rustls::TlsConnector),
+    session: &mut Session<'_>,
 ) -> Result<(String, u64), RegistryError> {
-    let base = format!("{scheme}://{}/v2/{}", reference.api_host(), reference.path);
+    let base = format!("{scheme}://{host}/v2/{}", reference.path);
     let (mut digest, mut bytes, mut value) = manifest(
         &base,
         reference.tag_or_digest(),
         reference.digest.as_deref(),
-        via,
+        session,
     )
     .await?;
     let mut received = bytes.len() as u64;
@@ -610,7 +969,7 @@ async fn pull_over(
             }
         })?;
         super::reference::parse_digest(&entry)?;
-        (digest, bytes, value) = manifest(&base, &entry, Some(&entry), via).await?;
+        (digest, bytes, value) = manifest(&base, &entry, Some(&entry), session).await?;
         received += bytes.len() as u64;
     }
     let manifest: ImageManifest =
@@ -624,19 +983,31 @@ async fn pull_over(
             reason,
         }
     })?;
-    for descriptor in std::iter::once(manifest.config()).chain(manifest.layers()) {
+    for (i, descriptor) in std::iter::once(manifest.config())
+        .chain(manifest.layers())
+        .enumerate()
+    {
         let blob_digest = descriptor.digest().to_string();
-        if store.has_blob(&blob_digest) {
-            continue;
+        if !store.has_blob(&blob_digest) {
+            received += blob(store, &base, &blob_digest, descriptor.size(), session).await?;
         }
-        received += blob(store, &base, &blob_digest, descriptor.size(), via).await?;
+        // The config first: an image for another platform is refused before its layers move.
+        if i == 0 {
+            store.check_platform(&reference.to_string(), &blob_digest)?;
+        }
     }
-    // The manifest last, verified like a blob, then tagged (which checks every blob is there).
+    // The manifest last, verified like a blob, then tagged (which checks every blob is there);
+    // an image the registry gave only for credentials is private before it is tagged (peers
+    // never see it in this node's gossip).
     let mut file = store.incoming_blob()?;
     file.write_all(&bytes)?;
+    let private = session.credentials.is_some() && session.authorization.is_some();
     let (store, name, manifest_digest) = (store.clone(), reference.to_string(), digest.clone());
     tokio::task::spawn_blocking(move || -> Result<(), ImageError> {
         store.commit_blob(&manifest_digest, file)?;
+        if private {
+            store.mark_private(&manifest_digest)?;
+        }
         store.tag(&name, &manifest_digest)
     })
     .await
@@ -776,10 +1147,15 @@ mod tests {
             .build()
             .unwrap();
         let r = Registries::default();
-        let tls = r.tls().unwrap();
+        let mut session = Session {
+            registries: &r,
+            tls: r.tls(&[]).unwrap(),
+            credentials: None,
+            authorization: None,
+        };
         // Refused before anything is sent (nothing listens there).
         let err = rt
-            .block_on(get("http://reg.example:5000/v2/", None, &r, &tls))
+            .block_on(get("http://reg.example:5000/v2/", None, &mut session))
             .unwrap_err();
         assert!(
             matches!(&err, RegistryError::PlainHttp { host } if host == "reg.example:5000"),
@@ -793,13 +1169,97 @@ mod tests {
             ca_files: vec![bad.clone()],
             ..Default::default()
         }
-        .tls()
+        .tls(&[])
         .err()
         .unwrap();
         assert!(
             matches!(&err, RegistryError::Ca { path, .. } if *path == bad),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_registry_config_file_is_read_and_its_mistakes_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let docker = dir.path().join("config.json");
+        std::fs::write(
+            &docker,
+            r#"{"auths": {"https://index.docker.io/v1/": {"auth": "aHViOnNlY3JldA=="}}}"#,
+        )
+        .unwrap();
+        let path = dir.path().join("registries.toml");
+        std::fs::write(
+            &path,
+            format!(
+                r#"docker-config = "{}"
+                [registry."docker.io"]
+                mirrors = ["mirror.lan:5000"]
+                [registry."mirror.lan:5000"]
+                insecure = true
+                username = "m"
+                password = "p"
+                [registry."reg.lan"]
+                ca = ["/etc/shoal/reg-ca.pem"]
+                "#,
+                docker.display()
+            ),
+        )
+        .unwrap();
+        let mut r = Registries::default();
+        r.load_config(&path).unwrap();
+        assert_eq!(r.hosts["docker.io"].mirrors, ["mirror.lan:5000"]);
+        assert!(r.plain_http("mirror.lan:5000") && !r.plain_http("reg.lan"));
+        assert_eq!(
+            r.hosts["reg.lan"].ca_files,
+            [PathBuf::from("/etc/shoal/reg-ca.pem")]
+        );
+        // Credentials: the pod's secrets first, then the config's entry, then docker config.
+        let nginx = Reference::parse("nginx").unwrap();
+        let secret = auth::Entry {
+            key: "docker.io".into(),
+            credentials: Credentials {
+                username: "pod".into(),
+                password: "x".into(),
+            },
+        };
+        let users = |host: &str, secrets: &[auth::Entry]| -> Vec<String> {
+            r.credentials_for(&nginx, host, secrets)
+                .into_iter()
+                .map(|c| c.username)
+                .collect()
+        };
+        assert_eq!(
+            users("registry-1.docker.io", std::slice::from_ref(&secret)),
+            ["pod", "hub"]
+        );
+        assert_eq!(users("registry-1.docker.io", &[]), ["hub"]);
+        assert_eq!(users("mirror.lan:5000", &[secret]), ["m"]);
+        for (text, says) in [
+            (
+                "[registry.\"https://reg\"]",
+                "a registry is named as images name it",
+            ),
+            ("[registry.r]\nmirrors = [\"a/b\"]", "mirror \"a/b\""),
+            (
+                "[registry.r]\nusername = \"u\"",
+                "username and password go together",
+            ),
+            ("[registry.r]\nsurprise = 1", "unknown field"),
+            (
+                "docker-config = \"/nonexistent\"",
+                "docker-config /nonexistent",
+            ),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let err = Registries::default()
+                .load_config(&path)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(says) && err.contains("registries.toml"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

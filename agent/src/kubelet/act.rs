@@ -54,8 +54,8 @@ impl Kubelet {
             } => {
                 let plan = plan.ok_or("no pod spec")?;
                 match self.start_container(plan, &name, attempt, init, pod.fence_deadline_ms) {
-                    Ok(()) => {
-                        let pulled = worker.start_succeeded(&name);
+                    Ok(done) => {
+                        worker.start_succeeded(&name);
                         debug!(pod = %plan.name, container = %name, attempt, "container started");
                         let image = plan
                             .containers
@@ -65,10 +65,18 @@ impl Kubelet {
                             .map_or("", |c| c.image.as_str());
                         let about = ObjectRef::pod(&plan.namespace, &plan.name, &plan.uid)
                             .container(&name, init);
-                        let pulled = if pulled {
-                            format!("Successfully pulled image {image:?}")
-                        } else {
-                            format!("Container image {image:?} already present on machine")
+                        // As the kubelet writes them.
+                        let pulled = match done {
+                            Some(done) => format!(
+                                "Successfully pulled image {image:?} from {} in {:.3}s. \
+                                 Image size: {} bytes.",
+                                done.from,
+                                done.took.as_secs_f64(),
+                                done.bytes
+                            ),
+                            None => {
+                                format!("Container image {image:?} already present on machine")
+                            }
                         };
                         for (reason, message) in [
                             ("Pulled", pulled),
@@ -206,34 +214,22 @@ impl Kubelet {
         attempt: u32,
         init: bool,
         fence_deadline_ms: Option<u64>,
-    ) -> Result<(), container::ConfigError> {
+    ) -> Result<Option<image_puller::Done>, container::ConfigError> {
         let c = plan
             .containers
             .iter()
             .chain(&plan.init_containers)
             .find(|c| c.name == name)
             .expect("the worker starts containers of the plan");
+        let done = self.ensure_image(plan, c)?;
         let image = self.images.resolve(&c.image).map_err(|error| match error {
-            ImageError::NotFound { .. } => {
-                let handle = self.handle.get().expect("set when the kubelet starts");
-                match self.puller.pull(&c.image, handle) {
-                    Some(image_puller::PullState::Pulling { from }) => container::ConfigError {
-                        reason: PULLING,
-                        message: format!("pulling image {:?} from {from}", c.image),
-                    },
-                    Some(image_puller::PullState::Failed { message }) => container::ConfigError {
-                        reason: "ErrImagePull",
-                        message: format!("pulling image {:?}: {message}", c.image),
-                    },
-                    None => container::ConfigError {
-                        reason: "ErrImageNeverPull",
-                        message: format!(
-                            "{error} on node {}, nor on any live peer, and not pulled from \
-                             a registry ({}/ images never are; see --registry-pulls)",
-                            self.node_name,
-                            crate::images::reference::LOCAL_DOMAIN
-                        ),
-                    },
+            ImageError::NotFound { .. } if c.image_pull_policy == pod::PullPolicy::Never => {
+                container::ConfigError {
+                    reason: "ErrImageNeverPull",
+                    message: format!(
+                        "Container image {:?} is not present with pull policy of Never",
+                        c.image
+                    ),
                 }
             }
             ImageError::Reference { .. } => container::ConfigError {
@@ -262,6 +258,95 @@ impl Kubelet {
                 fence_deadline_ms,
                 monotonic_ms: &crate::runtime::lease::monotonic_ms,
             },
-        )
+        )?;
+        Ok(done)
+    }
+
+    /// Brings the image of `c` into the store as its `imagePullPolicy` asks: Never, nothing;
+    /// IfNotPresent, a pull when the node lacks it; Always, a pull from its registry at every
+    /// start (as IfNotPresent where this node pulls from no registry for it: `shoal.local/`
+    /// images, `--registry-pulls`). `Some`: the pull that just brought it.
+    fn ensure_image(
+        &self,
+        plan: &pod::PodPlan,
+        c: &pod::ContainerPlan,
+    ) -> Result<Option<image_puller::Done>, container::ConfigError> {
+        let refresh = c.image_pull_policy == pod::PullPolicy::Always
+            && self.puller.registry_of(&c.image).is_some();
+        let secrets_key = format!("{}/{}", plan.namespace, plan.image_pull_secrets.join(","));
+        let present = self.images.contains(&c.image);
+        if c.image_pull_policy == pod::PullPolicy::Never || (present && !refresh) {
+            return Ok(present
+                .then(|| self.puller.take_done(&c.image, &secrets_key))
+                .flatten());
+        }
+        let secrets = self.pull_secrets(plan);
+        let request = image_puller::PullRequest {
+            image: &c.image,
+            refresh,
+            secrets: &secrets,
+            secrets_key: &secrets_key,
+        };
+        let handle = self.handle.get().expect("set when the kubelet starts");
+        match self.puller.pull(&request, handle) {
+            Some(image_puller::PullState::Done(done)) => Ok(Some(done)),
+            Some(image_puller::PullState::Pulling { from }) => Err(container::ConfigError {
+                reason: PULLING,
+                message: format!("Pulling image {:?} from {from}", c.image),
+            }),
+            Some(image_puller::PullState::Failed { message }) => Err(container::ConfigError {
+                reason: shoal_core::pod::worker::ERR_IMAGE_PULL,
+                message: format!("Failed to pull image {:?}: {message}", c.image),
+            }),
+            None => Err(container::ConfigError {
+                reason: "ErrImageNeverPull",
+                message: format!(
+                    "image {:?} is not on node {}, nor on any live peer, and not pulled from \
+                     a registry ({}/ images never are; see --registry-pulls)",
+                    c.image,
+                    self.node_name,
+                    crate::images::reference::LOCAL_DOMAIN
+                ),
+            }),
+        }
+    }
+
+    /// The registry credentials of the pod's `imagePullSecrets` (Secrets of type
+    /// `kubernetes.io/dockerconfigjson` or `kubernetes.io/dockercfg` in its namespace); one
+    /// missing or unreadable is skipped with a warning, as the kubelet does.
+    fn pull_secrets(&self, plan: &pod::PodPlan) -> Vec<crate::images::auth::Entry> {
+        use crate::images::auth::{ConfigFormat, parse_docker_config};
+        use base64::Engine as _;
+        let mut entries = Vec::new();
+        for name in &plan.image_pull_secrets {
+            let Some(secret) = self.lookup(&plan.namespace, "Secret", name) else {
+                warn!(pod = %plan.name, secret = %name, "image pull secret not found");
+                continue;
+            };
+            let (field, format) = match secret["type"].as_str() {
+                Some("kubernetes.io/dockerconfigjson") => (".dockerconfigjson", ConfigFormat::Json),
+                Some("kubernetes.io/dockercfg") => (".dockercfg", ConfigFormat::Cfg),
+                other => {
+                    warn!(pod = %plan.name, secret = %name, kind = ?other, "an image pull secret must be of type kubernetes.io/dockerconfigjson or kubernetes.io/dockercfg");
+                    continue;
+                }
+            };
+            let parsed = secret["data"][field]
+                .as_str()
+                .ok_or_else(|| format!("no data[{field:?}]"))
+                .and_then(|data| {
+                    base64::engine::general_purpose::STANDARD
+                        .decode(data)
+                        .map_err(|e| format!("data[{field:?}]: {e}"))
+                })
+                .and_then(|bytes| parse_docker_config(&bytes, format).map_err(|e| e.to_string()));
+            match parsed {
+                Ok(found) => entries.extend(found),
+                Err(error) => {
+                    warn!(pod = %plan.name, secret = %name, %error, "image pull secret not read");
+                }
+            }
+        }
+        entries
     }
 }

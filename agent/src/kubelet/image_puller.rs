@@ -1,7 +1,8 @@
-//! Images between nodes: each node gossips which images it holds (`node.images`); a node
-//! asked to run a pod whose image it lacks pulls the manifest and the missing blobs from a
-//! peer that has it, over the QUIC endpoint, verifying every blob's sha256 before it enters
-//! the store.
+//! Images between nodes and from registries: each node gossips which images it holds
+//! (`node.images`, not those pulled with credentials); a node asked to run a pod whose image
+//! it lacks pulls the manifest and the missing blobs from a peer that has it, over the QUIC
+//! endpoint, verifying every blob's sha256 before it enters the store, and from the image's
+//! registry when no peer has it (`imagePullPolicy: Always`: from the registry each time).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -14,6 +15,7 @@ use shoal_gossip::{Membership, PeerEndpoint, keys};
 use tracing::{info, warn};
 
 use super::node_service::{NodeRequest, NodeResponse, ask};
+use crate::images::auth;
 use crate::images::reference::{self, Reference};
 use crate::images::registry::{self, Registries};
 use crate::images::{ImageError, ImageStore};
@@ -49,6 +51,9 @@ enum PullError {
     Task(#[from] tokio::task::JoinError),
 }
 
+/// A pull running on the runtime: the bytes received, or why it failed.
+type BoxedPull = std::pin::Pin<Box<dyn std::future::Future<Output = Result<u64, String>> + Send>>;
+
 fn answered_out_of_turn(response: NodeResponse) -> PullError {
     match response {
         NodeResponse::Error(e) => PullError::Peer(e),
@@ -59,17 +64,45 @@ fn answered_out_of_turn(response: NodeResponse) -> PullError {
 /// Where a pull stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PullState {
-    Pulling { from: String },
-    Failed { message: String },
+    Pulling {
+        from: String,
+    },
+    /// It failed (reported once: the next ask starts a new pull).
+    Failed {
+        message: String,
+    },
+    /// It finished: the image is in the store (reported once).
+    Done(Done),
 }
 
-/// Pulls images from peers and advertises this node's.
+/// A finished pull, as the `Pulled` event describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Done {
+    pub from: String,
+    pub bytes: u64,
+    pub took: Duration,
+}
+
+/// What a container start asks of the puller.
+pub struct PullRequest<'a> {
+    pub image: &'a str,
+    /// Ask the registry even though the node may have the image (`imagePullPolicy: Always`):
+    /// the tag is resolved again and only the blobs the store lacks are fetched.
+    pub refresh: bool,
+    /// The entries of the pod's `imagePullSecrets`, and a key naming them: pulls of one
+    /// image with different credentials are kept apart.
+    pub secrets: &'a [auth::Entry],
+    pub secrets_key: &'a str,
+}
+
+/// Pulls images from peers and registries, and advertises this node's.
 pub struct ImagePuller {
     images: ImageStore,
     membership: Arc<Membership>,
     endpoint: PeerEndpoint,
     /// Which registries this node pulls from when no peer has an image.
     registries: Registries,
+    /// By image and pull-secret key.
     pulls: Mutex<HashMap<String, PullState>>,
 }
 
@@ -115,115 +148,114 @@ impl ImagePuller {
         }
     }
 
-    /// The state of a pull of `image`, starting one if a peer has the image and none runs.
-    /// `None`: no live peer has it.
+    /// The registry this node would pull `image` from, if it pulls it from one at all
+    /// (`--registry-pulls`; images under `shoal.local/` exist only in the cluster).
+    pub fn registry_of(&self, image: &str) -> Option<String> {
+        let reference = Reference::parse(image).ok()?;
+        (reference.domain != reference::LOCAL_DOMAIN
+            && self.registries.pulls_from(reference.api_host()))
+        .then(|| reference.api_host().to_owned())
+    }
+
+    /// The state of a pull of `request.image`: a pull that ended is reported once (and
+    /// forgotten); otherwise one is started unless one runs, from a live peer that has the
+    /// image (not for a refresh) or else from its registry. `None`: neither has it.
     pub fn pull(
         self: &Arc<Self>,
-        image: &str,
+        request: &PullRequest<'_>,
         handle: &tokio::runtime::Handle,
     ) -> Option<PullState> {
-        let normal = reference::normalize(image).ok()?;
-        if let Some(state) = self
-            .pulls
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&normal)
-            && matches!(state, PullState::Pulling { .. })
+        let normal = reference::normalize(request.image).ok()?;
+        let key = format!("{normal} {}", request.secrets_key);
         {
-            return Some(state.clone());
-        }
-        let peers = handle.block_on(self.membership.peer_values(keys::IMAGES));
-        let source = peers.into_iter().find_map(|p| {
-            let images = p.value?.ok()?;
-            images
-                .get(&normal)
-                .map(|digest| (p.node_id, p.addr, digest.clone()))
-        });
-        let Some((node_id, addr, digest)) = source else {
-            // No peer has it: its registry, if this node pulls from it (a failure stays visible
-            // until the next attempt, which tries again). Images under `shoal.local/` exist
-            // only in the cluster.
-            if let Ok(reference) = Reference::parse(image)
-                && reference.domain != reference::LOCAL_DOMAIN
-                && self.registries.pulls_from(reference.api_host())
-            {
-                return Some(self.pull_from_registry(normal, reference.api_host(), handle));
+            let mut pulls = self.pulls.lock().unwrap_or_else(PoisonError::into_inner);
+            match pulls.get(&key) {
+                Some(state @ PullState::Pulling { .. }) => return Some(state.clone()),
+                Some(_) => return pulls.remove(&key),
+                None => {}
             }
-            return self
-                .pulls
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(&normal)
-                .cloned();
+        }
+        let source = if request.refresh {
+            None
+        } else {
+            let peers = handle.block_on(self.membership.peer_values(keys::IMAGES));
+            peers.into_iter().find_map(|p| {
+                let images = p.value?.ok()?;
+                images
+                    .get(&normal)
+                    .map(|digest| (p.node_id, p.addr, digest.clone()))
+            })
         };
-        let state = PullState::Pulling {
-            from: format!("node {node_id}"),
+        let (from, task): (String, BoxedPull) = match source {
+            Some((node_id, addr, digest)) => {
+                let puller = self.clone();
+                let image = normal.clone();
+                (
+                    format!("node {node_id}"),
+                    Box::pin(async move {
+                        puller
+                            .fetch(addr, &image, &digest)
+                            .await
+                            .map_err(|e| e.to_string())
+                    }),
+                )
+            }
+            None => {
+                let host = self.registry_of(request.image)?;
+                let puller = self.clone();
+                let (image, secrets) = (normal.clone(), request.secrets.to_vec());
+                (
+                    format!("registry {host}"),
+                    Box::pin(async move {
+                        registry::pull(&puller.images, &image, &puller.registries, &secrets)
+                            .await
+                            .map(|p| p.bytes)
+                            .map_err(|e| e.to_string())
+                    }),
+                )
+            }
         };
+        let state = PullState::Pulling { from: from.clone() };
         self.pulls
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(normal.clone(), state.clone());
+            .insert(key.clone(), state.clone());
         let puller = self.clone();
         handle.spawn(async move {
-            let result = puller.fetch(addr, &normal, &digest).await;
-            let mut pulls = puller.pulls.lock().unwrap_or_else(PoisonError::into_inner);
-            match result {
+            let started = std::time::Instant::now();
+            let result = task.await;
+            let took = started.elapsed();
+            let state = match result {
                 Ok(bytes) => {
-                    info!(image = %normal, from = %node_id, bytes, "image pulled from a peer");
-                    pulls.remove(&normal);
+                    info!(image = %normal, %from, bytes, ?took, "image pulled");
+                    PullState::Done(Done { from, bytes, took })
                 }
-                Err(error) => {
-                    warn!(image = %normal, from = %node_id, %error, "image pull failed");
-                    pulls.insert(
-                        normal.clone(),
-                        PullState::Failed {
-                            message: error.to_string(),
-                        },
-                    );
+                Err(message) => {
+                    warn!(image = %normal, %from, error = %message, "image pull failed");
+                    PullState::Failed { message }
                 }
-            }
+            };
+            puller
+                .pulls
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(key, state);
         });
         Some(state)
     }
 
-    /// Starts pulling `image` (normalised) from its registry `host` unless a pull of it runs.
-    fn pull_from_registry(
-        self: &Arc<Self>,
-        image: String,
-        host: &str,
-        handle: &tokio::runtime::Handle,
-    ) -> PullState {
-        let state = PullState::Pulling {
-            from: format!("registry {host}"),
-        };
+    /// The pull of `image` (with the pull-secret key `secrets_key`) that finished, if one did
+    /// and was not reported yet (forgotten then).
+    pub fn take_done(&self, image: &str, secrets_key: &str) -> Option<Done> {
+        let key = format!("{} {secrets_key}", reference::normalize(image).ok()?);
         let mut pulls = self.pulls.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(running @ PullState::Pulling { .. }) = pulls.get(&image) {
-            return running.clone();
+        match pulls.get(&key) {
+            Some(PullState::Done(_)) => match pulls.remove(&key) {
+                Some(PullState::Done(done)) => Some(done),
+                _ => None,
+            },
+            _ => None,
         }
-        pulls.insert(image.clone(), state.clone());
-        drop(pulls);
-        let puller = self.clone();
-        let host = host.to_owned();
-        handle.spawn(async move {
-            let result = registry::pull(&puller.images, &image, &puller.registries).await;
-            let mut pulls = puller.pulls.lock().unwrap_or_else(PoisonError::into_inner);
-            match result {
-                Ok((digest, bytes)) => {
-                    info!(%image, registry = %host, %digest, bytes, "image pulled from its registry");
-                    pulls.remove(&image);
-                }
-                Err(error) => {
-                    warn!(%image, registry = %host, %error, "image pull failed");
-                    pulls.insert(
-                        image,
-                        PullState::Failed {
-                            message: error.to_string(),
-                        },
-                    );
-                }
-            }
-        });
-        state
     }
 
     /// Pulls manifest and blobs from `peer`; returns the bytes received.
@@ -259,12 +291,19 @@ impl ImagePuller {
                 source,
             })?;
         let mut received = bytes.len() as u64;
-        for descriptor in std::iter::once(manifest.config()).chain(manifest.layers()) {
+        for (i, descriptor) in std::iter::once(manifest.config())
+            .chain(manifest.layers())
+            .enumerate()
+        {
             let blob = descriptor.digest().to_string();
-            if self.images.has_blob(&blob) {
-                continue;
+            if !self.images.has_blob(&blob) {
+                received += self.fetch_blob(peer, &blob, descriptor.size()).await?;
             }
-            received += self.fetch_blob(peer, &blob, descriptor.size()).await?;
+            // The config first: an image for another platform is refused before its layers
+            // move (a peer may run another architecture).
+            if i == 0 {
+                self.images.check_platform(image, &blob)?;
+            }
         }
         // The manifest last: it is verified like any blob, then tagged.
         let mut file = self.images.incoming_blob()?;

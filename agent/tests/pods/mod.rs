@@ -795,6 +795,7 @@ spec:
         &crate::runtime::test_images().join("busybox-1.oci.tar"),
         "team/busybox:1",
     );
+    let image = format!("{}/team/busybox:1", registry.addr);
     let file = api.manifest(
         "registry.yaml",
         &format!(
@@ -812,6 +813,112 @@ spec:
             "--timeout=60s",
         ],
     );
+    let events = api.ok(0, &["events", "--for", "pod/from-registry"]);
+    assert!(
+        events.contains("Successfully pulled image") && events.contains("Image size:"),
+        "{events}"
+    );
+
+    // imagePullPolicy with the registry gone: Always asks the registry at every start (and
+    // fails, shown as ErrImagePull, then ImagePullBackOff), IfNotPresent runs what n1 has.
+    drop(registry);
+    let policy = |name: &str, policy: &str| {
+        api.manifest(
+            &format!("{name}.yaml"),
+            &format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  nodeSelector: {{kubernetes.io/hostname: n1}}\n  containers: [{{name: c, image: '{image}', imagePullPolicy: {policy}, command: [sleep, '3600']}}]\n",
+            ),
+        )
+    };
+    api.ok(0, &["apply", "-f", &policy("always", "Always")]);
+    api.ok(
+        0,
+        &["apply", "-f", &policy("if-not-present", "IfNotPresent")],
+    );
+    let always = wait_pod(&api, 0, "always", "Always backs off pulling", |p| {
+        container_status(p, "c")["state"]["waiting"]["reason"] == "ImagePullBackOff"
+    })
+    .await;
+    let message = container_status(&always, "c")["state"]["waiting"]["message"].to_string();
+    assert!(
+        message.contains("Back-off pulling image") && message.contains("connect"),
+        "{message}"
+    );
+    let events = api.ok(0, &["events", "--for", "pod/always"]);
+    assert!(
+        events.contains("Failed to pull image")
+            && events.contains("ErrImagePull")
+            && events.contains("BackOff"),
+        "{events}"
+    );
+    api.ok(
+        0,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "pod/if-not-present",
+            "--timeout=60s",
+        ],
+    );
+
+    // A private registry (token auth): refused anonymously, pulled with an imagePullSecret
+    // made by kubectl as users make it; the image pulled with credentials is not shared.
+    use crate::runtime::registry::{PASSWORD, USER};
+    let tokens = crate::runtime::TokenServer::start();
+    let private = crate::runtime::Registry::start_with_tokens(&tokens);
+    private.push_as(
+        &crate::runtime::test_images().join("busybox-1.oci.tar"),
+        "team/secret:1",
+        Some(&format!("{USER}:{PASSWORD}")),
+    );
+    api.ok(
+        0,
+        &[
+            "create",
+            "secret",
+            "docker-registry",
+            "regcred",
+            &format!("--docker-server={}", private.addr),
+            &format!("--docker-username={USER}"),
+            &format!("--docker-password={PASSWORD}"),
+        ],
+    );
+    let pod = |name: &str, secrets: &str| {
+        api.manifest(
+            &format!("{name}.yaml"),
+            &format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  nodeSelector: {{kubernetes.io/hostname: n1}}\n  imagePullSecrets: [{secrets}]\n  containers: [{{name: c, image: '{}/team/secret:1', command: [sleep, '3600']}}]\n",
+                private.addr
+            ),
+        )
+    };
+    api.ok(0, &["apply", "-f", &pod("no-secret", "")]);
+    let denied = wait_pod(&api, 0, "no-secret", "refused without a secret", |p| {
+        matches!(
+            container_status(p, "c")["state"]["waiting"]["reason"].as_str(),
+            Some("ErrImagePull" | "ImagePullBackOff")
+        )
+    })
+    .await;
+    let message = container_status(&denied, "c")["state"]["waiting"]["message"].to_string();
+    assert!(message.contains("unauthorized (anonymously)"), "{message}");
+    api.ok(0, &["apply", "-f", &pod("with-secret", "{name: regcred}")]);
+    api.ok(
+        0,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "pod/with-secret",
+            "--timeout=60s",
+        ],
+    );
+    let listed = Command::new(crate::shoal_binary())
+        .args(["image", "ls", "-o", "json", "--data-dir"])
+        .arg(api.agents[1].data_dir())
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("team/secret:1"));
+    assert!(tokens.issued.load(std::sync::atomic::Ordering::SeqCst) >= 2);
 }
 
 /// Issue #14, live overcommit: a pod bound straight to a node that lacks the room (here by

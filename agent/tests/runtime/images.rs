@@ -154,22 +154,34 @@ fn pulls_from_a_real_registry_and_refuses_a_corrupted_blob() {
     let dir = tempfile::tempdir().unwrap();
     let store = ImageStore::open(dir.path()).unwrap();
     let image = format!("{}/test/busybox:1", registry.addr);
-    let (digest, received) = rt
-        .block_on(registry::pull(&store, &image, &Registries::default()))
+    let registry::Pulled {
+        digest,
+        bytes: received,
+        authenticated,
+        ..
+    } = rt
+        .block_on(registry::pull(&store, &image, &Registries::default(), &[]))
         .unwrap();
+    assert!(!authenticated);
     assert!(received > 100_000, "{received} bytes");
     let resolved = store.resolve(&image).unwrap();
     assert!(resolved.layers[0].join("bin/sh").exists());
     // Again: only the manifest moves.
-    let (again, received) = rt
-        .block_on(registry::pull(&store, &image, &Registries::default()))
+    let again = rt
+        .block_on(registry::pull(&store, &image, &Registries::default(), &[]))
         .unwrap();
-    assert_eq!(again, digest);
+    assert_eq!(again.digest, digest);
+    let received = again.bytes;
     assert!(received < 10_000, "{received} bytes the second time");
     // By digest.
     let by_digest = format!("{}/test/busybox@{digest}", registry.addr);
-    rt.block_on(registry::pull(&store, &by_digest, &Registries::default()))
-        .unwrap();
+    rt.block_on(registry::pull(
+        &store,
+        &by_digest,
+        &Registries::default(),
+        &[],
+    ))
+    .unwrap();
     assert!(store.contains(&by_digest));
 
     // A layer corrupted in the registry's storage: refused, nothing stored.
@@ -191,7 +203,7 @@ fn pulls_from_a_real_registry_and_refuses_a_corrupted_blob() {
     let fresh_dir = tempfile::tempdir().unwrap();
     let fresh = ImageStore::open(fresh_dir.path()).unwrap();
     let err = rt
-        .block_on(registry::pull(&fresh, &image, &Registries::default()))
+        .block_on(registry::pull(&fresh, &image, &Registries::default(), &[]))
         .unwrap_err();
     assert!(
         matches!(&err, RegistryError::Digest { url, expected, .. } if url.contains(hex) && *expected == layer),
@@ -209,14 +221,14 @@ fn pulls_from_a_real_registry_and_refuses_a_corrupted_blob() {
         tls_registry.addr.rsplit_once(':').unwrap().1
     );
     let err = rt
-        .block_on(registry::pull(&fresh, &secure, &Registries::default()))
+        .block_on(registry::pull(&fresh, &secure, &Registries::default(), &[]))
         .unwrap_err();
     assert!(matches!(&err, RegistryError::Tls { .. }), "{err}");
     let with_ca = Registries {
         ca_files: vec![ca],
         ..Default::default()
     };
-    rt.block_on(registry::pull(&fresh, &secure, &with_ca))
+    rt.block_on(registry::pull(&fresh, &secure, &with_ca, &[]))
         .unwrap();
     assert!(
         fresh.resolve(&secure).unwrap().layers[0]
@@ -229,11 +241,143 @@ fn pulls_from_a_real_registry_and_refuses_a_corrupted_blob() {
             &fresh,
             &format!("{}/test/busybox:nope", registry.addr),
             &Registries::default(),
+            &[],
         ))
         .unwrap_err()
         .to_string();
     assert!(
         err.contains("manifests/nope") && err.contains("404"),
         "{err}"
+    );
+}
+
+/// Issue #38: a registry that admits only tokens (distribution's token auth, as Docker Hub and
+/// most private registries run it). Refused anonymously and with a wrong password, each error
+/// naming who was refused; pulled with a docker config entry as an imagePullSecret holds it
+/// (one token per pull); an image pulled with credentials is private: this node does not offer
+/// it to peers. A mirror named in the registry config is asked first; the registry itself
+/// when the mirror lacks the image.
+#[test]
+fn pulls_with_credentials_from_a_token_auth_registry_and_through_mirrors() {
+    use crate::runtime::registry::{PASSWORD, USER};
+    use crate::runtime::{Registry, TokenServer};
+    use base64::Engine as _;
+    use shoal_agent::images::auth::{ConfigFormat, parse_docker_config};
+    use shoal_agent::images::registry::{self, HostConfig, Registries, RegistryError};
+    use std::sync::atomic::Ordering;
+
+    let tokens = TokenServer::start();
+    let private = Registry::start_with_tokens(&tokens);
+    private.push_as(
+        &test_images().join("busybox-1.oci.tar"),
+        "team/busybox:1",
+        Some(&format!("{USER}:{PASSWORD}")),
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = ImageStore::open(dir.path()).unwrap();
+    let image = format!("{}/team/busybox:1", private.addr);
+    let secret = |user: &str, password: &str| {
+        let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+        let json = format!(
+            r#"{{"auths": {{"{}": {{"auth": "{auth}"}}}}}}"#,
+            private.addr
+        );
+        parse_docker_config(json.as_bytes(), ConfigFormat::Json).unwrap()
+    };
+    let pull = |secrets: &[shoal_agent::images::auth::Entry]| {
+        rt.block_on(registry::pull(
+            &store,
+            &image,
+            &Registries::default(),
+            secrets,
+        ))
+    };
+
+    let anonymous = pull(&[]).unwrap_err();
+    assert!(
+        matches!(&anonymous, RegistryError::Unauthorized { who, detail, .. }
+            if who == "anonymously" && detail.contains("401")),
+        "{anonymous}"
+    );
+    let wrong = pull(&secret(USER, "guess")).unwrap_err().to_string();
+    assert!(
+        wrong.contains(&format!("as \"{USER}\"")) && wrong.contains("incorrect username"),
+        "{wrong}"
+    );
+    assert!(!store.contains(&image));
+    assert_eq!(tokens.refused.load(Ordering::SeqCst), 2);
+
+    let before = tokens.issued.load(Ordering::SeqCst);
+    let pulled = pull(&secret(USER, PASSWORD)).unwrap();
+    assert!(pulled.authenticated && pulled.bytes > 100_000, "{pulled:?}");
+    assert_eq!(
+        tokens.issued.load(Ordering::SeqCst) - before,
+        1,
+        "one token per pull"
+    );
+    assert!(
+        store.resolve(&image).unwrap().layers[0]
+            .join("bin/sh")
+            .exists()
+    );
+    // Private: not in what the node gossips, not served to a peer.
+    assert!(store.is_private(&pulled.digest));
+    assert!(
+        !store
+            .tags_map()
+            .unwrap()
+            .values()
+            .any(|d| *d == pulled.digest)
+    );
+    assert!(store.manifest_bytes(&image).is_err());
+
+    // A mirror: asked first (the registry named in the image is not even listening); a
+    // mirror that lacks the image falls back to the registry, whose error is the answer.
+    let mirror = Registry::start();
+    mirror.push(&test_images().join("busybox-1.oci.tar"), "team/busybox:1");
+    let upstream = {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        format!("127.0.0.1:{port}")
+    };
+    let mut with_mirror = Registries::default();
+    with_mirror.hosts.insert(
+        upstream.clone(),
+        HostConfig {
+            mirrors: vec!["127.0.0.1:1".into(), mirror.addr.clone()],
+            ..Default::default()
+        },
+    );
+    let fresh_dir = tempfile::tempdir().unwrap();
+    let fresh = ImageStore::open(fresh_dir.path()).unwrap();
+    let through = rt
+        .block_on(registry::pull(
+            &fresh,
+            &format!("{upstream}/team/busybox:1"),
+            &with_mirror,
+            &[],
+        ))
+        .unwrap();
+    assert_eq!(through.host, mirror.addr);
+    assert!(!through.authenticated && !fresh.is_private(&through.digest));
+    let missing = rt
+        .block_on(registry::pull(
+            &fresh,
+            &format!("{upstream}/team/other:1"),
+            &with_mirror,
+            &[],
+        ))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        missing.contains(&upstream) && missing.contains("connect"),
+        "{missing}"
     );
 }

@@ -2,6 +2,9 @@
 //! (needs root, runc and busybox-static: CI installs them).
 
 mod images;
+pub mod registry;
+
+pub use registry::{Registry, TokenServer};
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -28,111 +31,6 @@ pub fn test_images() -> &'static Path {
         assert!(status.success(), "examples/images/build.sh failed");
         out
     })
-}
-
-/// A real registry (Debian's `docker-registry`) on a loopback port, its storage in a temp
-/// directory; killed on drop.
-pub struct Registry {
-    child: std::process::Child,
-    pub dir: tempfile::TempDir,
-    /// `127.0.0.1:<port>`.
-    pub addr: String,
-}
-
-impl Registry {
-    pub fn start() -> Self {
-        Self::start_in(tempfile::tempdir().unwrap(), None)
-    }
-
-    /// A registry serving HTTPS with a certificate for `localhost` and 127.0.0.1 from a CA of
-    /// its own; returns it and the CA's PEM file.
-    pub fn start_tls() -> (Self, PathBuf) {
-        let ca_key = rcgen::KeyPair::generate().unwrap();
-        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        let ca = ca_params.self_signed(&ca_key).unwrap();
-        let issuer = rcgen::Issuer::new(ca_params, ca_key);
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert =
-            rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-                .unwrap()
-                .signed_by(&key, &issuer)
-                .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let write = |name: &str, pem: String| {
-            let path = dir.path().join(name);
-            std::fs::write(&path, pem).unwrap();
-            path
-        };
-        let tls = (
-            write("cert.pem", cert.pem()),
-            write("key.pem", key.serialize_pem()),
-        );
-        let ca = write("ca.pem", ca.pem());
-        (Self::start_in(dir, Some(tls)), ca)
-    }
-
-    /// Starts the registry with its config and storage in `dir` (HTTPS with `tls`'s
-    /// certificate and key files).
-    fn start_in(dir: tempfile::TempDir, tls: Option<(PathBuf, PathBuf)>) -> Self {
-        // A free port: bound, then released for the registry.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr = format!("127.0.0.1:{port}");
-        let config = dir.path().join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n{}",
-                dir.path().join("data").display(),
-                tls.map(|(cert, key)| format!(
-                    "  tls:\n    certificate: {}\n    key: {}\n",
-                    cert.display(),
-                    key.display()
-                ))
-                .unwrap_or_default()
-            ),
-        )
-        .unwrap();
-        let child = std::process::Command::new("docker-registry")
-            .arg("serve")
-            .arg(&config)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("docker-registry (apt-get install docker-registry; .ci/run does)");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while std::net::TcpStream::connect(&addr).is_err() {
-            assert!(std::time::Instant::now() < deadline, "registry not up");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        Registry { child, dir, addr }
-    }
-
-    /// Pushes an OCI archive with skopeo as `name`.
-    pub fn push(&self, archive: &std::path::Path, name: &str) {
-        let out = std::process::Command::new("skopeo")
-            .args(["copy", "--quiet", "--dest-tls-verify=false"])
-            .arg(format!("oci-archive:{}", archive.display()))
-            .arg(format!("docker://{}/{name}", self.addr))
-            .output()
-            .expect("skopeo (apt-get install skopeo; .ci/run does)");
-        assert!(
-            out.status.success(),
-            "skopeo: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 pub fn busybox_archive() -> PathBuf {

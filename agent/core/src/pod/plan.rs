@@ -150,6 +150,9 @@ pub struct Probe {
 pub struct ContainerPlan {
     pub name: String,
     pub image: String,
+    /// `imagePullPolicy` (the apiserver's default when absent: Always for `:latest` or no
+    /// tag, else IfNotPresent).
+    pub image_pull_policy: PullPolicy,
     pub command: Option<Vec<String>>,
     pub args: Option<Vec<String>>,
     pub working_dir: Option<String>,
@@ -184,6 +187,31 @@ pub struct ContainerPlan {
     pub stdin: bool,
     pub stdin_once: bool,
     pub tty: bool,
+}
+
+/// `imagePullPolicy`: when the kubelet asks a registry for the image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PullPolicy {
+    /// At every container start (the tag is resolved again; blobs present are not fetched).
+    Always,
+    /// Only when the node does not have it.
+    IfNotPresent,
+    /// Never: the image must be in this node's store already (not fetched from a peer
+    /// either).
+    Never,
+}
+
+impl PullPolicy {
+    /// The policy a container spec states, defaulted as the apiserver does.
+    fn of(container: &Value, image: &str) -> Self {
+        match container["imagePullPolicy"].as_str() {
+            Some("Always") => Self::Always,
+            Some("Never") => Self::Never,
+            Some(_) => Self::IfNotPresent,
+            None if shoal_model::validation::default_pull_policy(image) == "Always" => Self::Always,
+            None => Self::IfNotPresent,
+        }
+    }
 }
 
 /// `seccompProfile.type`.
@@ -248,6 +276,8 @@ pub struct PodPlan {
     pub sysctls: BTreeMap<String, String>,
     pub host_pid: bool,
     pub host_ipc: bool,
+    /// `imagePullSecrets[].name`: Secrets of this namespace with registry credentials.
+    pub image_pull_secrets: Vec<String>,
     /// `hostNetwork`: the pod uses the node's network namespace.
     pub host_network: bool,
     /// `dnsPolicy` and `dnsConfig`.
@@ -419,6 +449,7 @@ fn container(value: &Value, field: &str) -> Result<ContainerPlan, FieldError> {
     let id = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
     Ok(ContainerPlan {
         name,
+        image_pull_policy: PullPolicy::of(value, &image),
         image,
         command: strings(&value["command"]),
         args: strings(&value["args"]),
@@ -647,6 +678,13 @@ impl PodPlan {
                 })
                 .collect(),
             host_pid: spec["hostPID"].as_bool().unwrap_or(false),
+            image_pull_secrets: spec["imagePullSecrets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s["name"].as_str().filter(|n| !n.is_empty()))
+                .map(str::to_owned)
+                .collect(),
             host_ipc: spec["hostIPC"].as_bool().unwrap_or(false),
             host_network: spec["hostNetwork"].as_bool().unwrap_or(false),
             dns: DnsConfig {
@@ -724,6 +762,34 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn pull_policies_default_as_the_apiserver_and_pull_secrets_are_named() {
+        let pod = json!({"metadata": {"name": "p", "uid": "u"}, "spec": {
+        "imagePullSecrets": [{"name": "regcred"}, {"name": ""}],
+        "containers": [
+            {"name": "a", "image": "busybox"},
+            {"name": "b", "image": "reg:5000/app:1"},
+            {"name": "c", "image": "reg:5000/app:1", "imagePullPolicy": "Never"},
+            {"name": "d", "image": "reg:5000/app:1", "imagePullPolicy": "Always"},
+        ]}});
+        let plan = PodPlan::parse(&pod).unwrap();
+        let policies: Vec<PullPolicy> = plan
+            .containers
+            .iter()
+            .map(|c| c.image_pull_policy)
+            .collect();
+        assert_eq!(
+            policies,
+            [
+                PullPolicy::Always,
+                PullPolicy::IfNotPresent,
+                PullPolicy::Never,
+                PullPolicy::Always
+            ]
+        );
+        assert_eq!(plan.image_pull_secrets, ["regcred"]);
+    }
 
     #[test]
     fn parses_containers_env_resources_and_probes() {

@@ -119,7 +119,17 @@ struct StartError {
     message: String,
     at_ms: u64,
     failures: u32,
+    /// The failure's own reason was shown in a status (an image pull's failure is shown as
+    /// `ErrImagePull` once, then as `ImagePullBackOff` while the back-off lasts).
+    shown: bool,
+    /// Its BackOff event was recorded.
+    backoff_reported: bool,
 }
+
+/// A start that failed because the image could not be pulled (the kubelet's reason).
+pub const ERR_IMAGE_PULL: &str = "ErrImagePull";
+/// What an image pull's failure is shown as while its back-off lasts.
+pub const IMAGE_PULL_BACK_OFF: &str = "ImagePullBackOff";
 
 #[derive(Debug, Clone, Default)]
 struct ProbeState {
@@ -250,7 +260,13 @@ impl PodWorker {
 
     /// The shell could not start a container (image missing, bad config, …).
     pub fn start_failed(&mut self, name: &str, reason: &str, message: &str, now_ms: u64) {
-        self.event(name, true, "Failed", format!("Error: {message}"));
+        if reason == ERR_IMAGE_PULL {
+            // As the kubelet writes them: the pull's error, then the reason.
+            self.event(name, true, "Failed", message.to_owned());
+            self.event(name, true, "Failed", format!("Error: {ERR_IMAGE_PULL}"));
+        } else {
+            self.event(name, true, "Failed", format!("Error: {message}"));
+        }
         let failures = self.start_errors.get(name).map_or(0, |e| e.failures) + 1;
         self.start_errors.insert(
             name.to_owned(),
@@ -259,6 +275,8 @@ impl PodWorker {
                 message: message.to_owned(),
                 at_ms: now_ms,
                 failures,
+                shown: false,
+                backoff_reported: false,
             },
         );
     }
@@ -281,6 +299,8 @@ impl PodWorker {
                 message: message.to_owned(),
                 at_ms: 0,
                 failures: 0,
+                shown: false,
+                backoff_reported: false,
             },
         );
     }
@@ -597,14 +617,34 @@ impl PodWorker {
         let name = view.plan.name.clone();
         match view.latest.map(|c| (c, &c.state)) {
             None => {
-                if let Some(error) = self.start_errors.get(&name)
+                let backoff = self
+                    .start_errors
+                    .get(&name)
+                    .map_or(0, |e| self.backoff_ms(e.failures.saturating_sub(1)));
+                if let Some(error) = self.start_errors.get_mut(&name)
                     && error.failures > 0
-                    && now_ms
-                        < error
-                            .at_ms
-                            .saturating_add(self.backoff_ms(error.failures - 1))
+                    && now_ms < error.at_ms.saturating_add(backoff)
                 {
-                    view.waiting = Some((error.reason.clone(), error.message.clone()));
+                    // A failed pull is shown once as ErrImagePull, then as ImagePullBackOff
+                    // (with one BackOff event per failure) until the back-off ends.
+                    let mut event = None;
+                    if error.reason == ERR_IMAGE_PULL && error.shown {
+                        let message = format!(
+                            "Back-off pulling image {:?}: {}",
+                            view.plan.image, error.message
+                        );
+                        view.waiting = Some((IMAGE_PULL_BACK_OFF.into(), message));
+                        if !error.backoff_reported {
+                            error.backoff_reported = true;
+                            event = Some(format!("Back-off pulling image {:?}", view.plan.image));
+                        }
+                    } else {
+                        error.shown = true;
+                        view.waiting = Some((error.reason.clone(), error.message.clone()));
+                    }
+                    if let Some(message) = event {
+                        self.event(&name, false, "BackOff", message);
+                    }
                     return;
                 }
                 // A pending start (pulling) keeps its reason while it is tried again.
@@ -1607,6 +1647,71 @@ mod tests {
         assert_eq!(status["phase"], "Pending");
         assert_eq!(
             starts(&w.decide(BASE, Some(&p), true, &[])),
+            [("a".to_owned(), 0)]
+        );
+    }
+
+    #[test]
+    fn a_failed_pull_is_err_image_pull_then_image_pull_back_off_with_a_doubling_back_off() {
+        let p = plan(json!({"containers": [{"name": "a", "image": "reg:5000/app:1"}]}));
+        let mut w = worker();
+        let waiting = |d: &Decision| {
+            let s = d.status.clone().unwrap();
+            let w = &s["containerStatuses"][0]["state"]["waiting"];
+            (
+                w["reason"].as_str().unwrap_or_default().to_owned(),
+                w["message"].as_str().unwrap_or_default().to_owned(),
+            )
+        };
+        let mut at = 0;
+        for failure in 0..3u32 {
+            assert_eq!(
+                starts(&w.decide(at, Some(&p), true, &[])),
+                [("a".to_owned(), 0)]
+            );
+            w.take_events();
+            w.start_failed("a", ERR_IMAGE_PULL, "Failed to pull image: refused", at);
+            let events: Vec<_> = w
+                .take_events()
+                .into_iter()
+                .map(|e| (e.reason, e.message))
+                .collect();
+            assert_eq!(
+                events,
+                [
+                    ("Failed", "Failed to pull image: refused".to_owned()),
+                    ("Failed", "Error: ErrImagePull".to_owned())
+                ]
+            );
+            // Shown once as ErrImagePull, then ImagePullBackOff with one BackOff event.
+            assert_eq!(
+                waiting(&w.decide(at + 1, Some(&p), true, &[])).0,
+                ERR_IMAGE_PULL
+            );
+            let d = w.decide(at + 2, Some(&p), true, &[]);
+            assert_eq!(
+                waiting(&d),
+                (
+                    IMAGE_PULL_BACK_OFF.to_owned(),
+                    "Back-off pulling image \"reg:5000/app:1\": Failed to pull image: refused"
+                        .to_owned()
+                )
+            );
+            assert!(starts(&d).is_empty());
+            w.decide(at + 3, Some(&p), true, &[]);
+            let backoffs = w
+                .take_events()
+                .into_iter()
+                .filter(|e| e.reason == "BackOff")
+                .count();
+            assert_eq!(backoffs, 1);
+            // The back-off doubles: base, 2 × base, 4 × base.
+            let backoff = BASE << failure;
+            assert!(starts(&w.decide(at + backoff - 1, Some(&p), true, &[])).is_empty());
+            at += backoff;
+        }
+        assert_eq!(
+            starts(&w.decide(at, Some(&p), true, &[])),
             [("a".to_owned(), 0)]
         );
     }

@@ -128,6 +128,16 @@ fn validate_pod_spec(spec: &Value, path: &str) -> Result<(), FieldError> {
             if c["image"].as_str().is_none_or(str::is_empty) {
                 return Err(err(format!("{at}.image"), "Required value"));
             }
+            if let Some(policy) = c["imagePullPolicy"].as_str()
+                && !matches!(policy, "Always" | "IfNotPresent" | "Never")
+            {
+                return Err(err(
+                    format!("{at}.imagePullPolicy"),
+                    format!(
+                        "Unsupported value: {policy:?}: supported values: \"Always\", \"IfNotPresent\", \"Never\""
+                    ),
+                ));
+            }
             for (j, p) in c["ports"].as_array().into_iter().flatten().enumerate() {
                 validate_port(
                     p,
@@ -137,6 +147,20 @@ fn validate_pod_spec(spec: &Value, path: &str) -> Result<(), FieldError> {
                 )?;
             }
         }
+    }
+    for (i, secret) in spec["imagePullSecrets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let name = secret["name"].as_str().unwrap_or_default();
+        shoal_state::labels::check_dns_subdomain(name).map_err(|r| {
+            err(
+                format!("{path}.imagePullSecrets[{i}].name"),
+                format!("Invalid value: {name:?}: {r}"),
+            )
+        })?;
     }
     if let Some(policy) = spec["restartPolicy"].as_str()
         && !matches!(policy, "Always" | "OnFailure" | "Never")
@@ -509,6 +533,16 @@ pub fn default_pod_template(template: &mut Value) {
     }
 }
 
+/// The `imagePullPolicy` the apiserver gives a container of `image` that names none: Always
+/// for the tag `latest`, written or implied, IfNotPresent otherwise (a digest included).
+pub fn default_pull_policy(image: &str) -> &'static str {
+    if image_tag(image) == Some("latest") {
+        "Always"
+    } else {
+        "IfNotPresent"
+    }
+}
+
 /// The tag the apiserver's defaulting reads from an image reference (upstream's
 /// `parsers.ParseImageName`): what follows a `:` in the last path component, `latest` when
 /// there is neither a tag nor a digest, none for a digest alone. A registry's `host:port`
@@ -536,12 +570,8 @@ fn default_pod_spec(spec: &mut Value) {
     default_field(spec, "securityContext", json!({}));
     for field in ["containers", "initContainers"] {
         for c in items_mut(spec, field) {
-            let latest = c["image"].as_str().and_then(image_tag) == Some("latest");
-            default_field(
-                c,
-                "imagePullPolicy",
-                json!(if latest { "Always" } else { "IfNotPresent" }),
-            );
+            let policy = default_pull_policy(c["image"].as_str().unwrap_or_default());
+            default_field(c, "imagePullPolicy", json!(policy));
             default_field(c, "terminationMessagePath", json!("/dev/termination-log"));
             default_field(c, "terminationMessagePolicy", json!("File"));
             default_field(c, "resources", json!({}));
@@ -799,6 +829,43 @@ mod tests {
         ] {
             let e = validate("Deployment", &d).unwrap_err();
             assert_eq!(e.field, field, "{e:?}");
+        }
+    }
+
+    /// `imagePullPolicy` and `imagePullSecrets` with upstream's words (issue #38).
+    #[test]
+    fn pull_policies_and_pull_secrets_are_validated() {
+        let refused = |spec: Value| {
+            let e = validate("Pod", &json!({"spec": spec})).unwrap_err();
+            format!("{}: {}", e.field, e.detail)
+        };
+        assert_eq!(
+            refused(
+                json!({"containers": [{"name": "a", "image": "i", "imagePullPolicy": "Sometimes"}]})
+            ),
+            "spec.containers[0].imagePullPolicy: Unsupported value: \"Sometimes\": supported values: \"Always\", \"IfNotPresent\", \"Never\""
+        );
+        assert!(
+            refused(json!({"imagePullSecrets": [{"name": "Bad_Name"}],
+                           "containers": [{"name": "a", "image": "i"}]}))
+            .starts_with("spec.imagePullSecrets[0].name: Invalid value: \"Bad_Name\"")
+        );
+        for policy in ["Always", "IfNotPresent", "Never"] {
+            let spec = json!({"imagePullSecrets": [{"name": "regcred"}],
+                              "containers": [{"name": "a", "image": "i", "imagePullPolicy": policy}]});
+            assert!(validate("Pod", &json!({"spec": spec})).is_ok());
+        }
+        for (image, policy) in [
+            ("busybox", "Always"),
+            ("busybox:latest", "Always"),
+            ("reg:5000/app", "Always"),
+            ("reg:5000/app:1", "IfNotPresent"),
+            (
+                "app@sha256:0000000000000000000000000000000000000000000000000000000000000000",
+                "IfNotPresent",
+            ),
+        ] {
+            assert_eq!(default_pull_policy(image), policy, "{image}");
         }
     }
 

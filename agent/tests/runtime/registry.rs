@@ -1,0 +1,285 @@
+//! A real registry (Debian's `docker-registry`) and a token server for it, for the image
+//! tests.
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use base64::Engine as _;
+
+/// The token server's `service` and `issuer`, as the registry's config names them.
+const SERVICE: &str = "shoal-test-registry";
+const ISSUER: &str = "shoal-test-tokens";
+
+/// A real registry (Debian's `docker-registry`) on a loopback port, its storage in a temp
+/// directory; killed on drop.
+pub struct Registry {
+    child: std::process::Child,
+    pub dir: tempfile::TempDir,
+    /// `127.0.0.1:<port>`.
+    pub addr: String,
+}
+
+impl Registry {
+    pub fn start() -> Self {
+        Self::start_in(tempfile::tempdir().unwrap(), None, "")
+    }
+
+    /// A registry that admits only bearer tokens from `tokens` (distribution's token auth, as
+    /// Docker Hub and most private registries run it).
+    pub fn start_with_tokens(tokens: &TokenServer) -> Self {
+        let auth = format!(
+            "auth:\n  token:\n    realm: http://{}/token\n    service: {SERVICE}\n    issuer: {ISSUER}\n    rootcertbundle: {}\n",
+            tokens.addr,
+            tokens.cert.display()
+        );
+        Self::start_in(tempfile::tempdir().unwrap(), None, &auth)
+    }
+
+    /// A registry serving HTTPS with a certificate for `localhost` and 127.0.0.1 from a CA of
+    /// its own; returns it and the CA's PEM file.
+    pub fn start_tls() -> (Self, PathBuf) {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert =
+            rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+                .unwrap()
+                .signed_by(&key, &issuer)
+                .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, pem: String| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, pem).unwrap();
+            path
+        };
+        let tls = (
+            write("cert.pem", cert.pem()),
+            write("key.pem", key.serialize_pem()),
+        );
+        let ca = write("ca.pem", ca.pem());
+        (Self::start_in(dir, Some(tls), ""), ca)
+    }
+
+    /// Starts the registry with its config and storage in `dir` (HTTPS with `tls`'s
+    /// certificate and key files; `extra`: more of its YAML config).
+    fn start_in(dir: tempfile::TempDir, tls: Option<(PathBuf, PathBuf)>, extra: &str) -> Self {
+        // A free port: bound, then released for the registry.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let config = dir.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n{extra}http:\n  addr: {addr}\n{}",
+                dir.path().join("data").display(),
+                tls.map(|(cert, key)| format!(
+                    "  tls:\n    certificate: {}\n    key: {}\n",
+                    cert.display(),
+                    key.display()
+                ))
+                .unwrap_or_default()
+            ),
+        )
+        .unwrap();
+        let child = std::process::Command::new("docker-registry")
+            .arg("serve")
+            .arg(&config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("docker-registry (apt-get install docker-registry; .ci/run does)");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(std::time::Instant::now() < deadline, "registry not up");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Registry { child, dir, addr }
+    }
+
+    /// Pushes an OCI archive with skopeo as `name`.
+    pub fn push(&self, archive: &std::path::Path, name: &str) {
+        self.push_as(archive, name, None);
+    }
+
+    /// Pushes with credentials `user:password`.
+    pub fn push_as(&self, archive: &std::path::Path, name: &str, creds: Option<&str>) {
+        let mut command = std::process::Command::new("skopeo");
+        command.args(["copy", "--quiet", "--dest-tls-verify=false"]);
+        if let Some(creds) = creds {
+            command.arg(format!("--dest-creds={creds}"));
+        }
+        let out = command
+            .arg(format!("oci-archive:{}", archive.display()))
+            .arg(format!("docker://{}/{name}", self.addr))
+            .output()
+            .expect("skopeo (apt-get install skopeo; .ci/run does)");
+        assert!(
+            out.status.success(),
+            "skopeo: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A token server speaking distribution's token protocol, as Docker Hub's `auth.docker.io`
+/// does: `GET /token?service=…&scope=repository:NAME:ACTIONS` with Basic credentials
+/// `USER:PASSWORD` is answered with a JWT (ES256, its certificate in the `x5c` header, which
+/// the registry checks against `cert`) granting what the scopes ask; anything else with a 401.
+pub struct TokenServer {
+    pub addr: String,
+    /// The signing certificate (PEM): the registry's `rootcertbundle`.
+    pub cert: PathBuf,
+    /// Tokens issued so far.
+    pub issued: Arc<AtomicUsize>,
+    /// Requests refused so far.
+    pub refused: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    _dir: tempfile::TempDir,
+}
+
+pub const USER: &str = "puller";
+pub const PASSWORD: &str = "s3cret";
+
+impl TokenServer {
+    pub fn start() -> Self {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let cert = params.self_signed(&key).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let cert_path = dir.path().join("token-ca.pem");
+        std::fs::write(&cert_path, cert.pem()).unwrap();
+        let rng = ring::rand::SystemRandom::new();
+        let signer = ring::signature::EcdsaKeyPair::from_pkcs8(
+            &ring::signature::ECDSA_P256_SHA256_FIXED_SIGNING,
+            &key.serialize_der(),
+            &rng,
+        )
+        .unwrap();
+        let x5c = base64::engine::general_purpose::STANDARD.encode(cert.der());
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (issued, refused, stop) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (i, r, s) = (issued.clone(), refused.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                if s.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(stream) = stream else { continue };
+                let _ = serve(stream, &signer, &rng, &x5c, &i, &r);
+            }
+        });
+        TokenServer {
+            addr,
+            cert: cert_path,
+            issued,
+            refused,
+            stop,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for TokenServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = std::net::TcpStream::connect(&self.addr);
+    }
+}
+
+/// Answers one request.
+fn serve(
+    stream: std::net::TcpStream,
+    signer: &ring::signature::EcdsaKeyPair,
+    rng: &ring::rand::SystemRandom,
+    x5c: &str,
+    issued: &AtomicUsize,
+    refused: &AtomicUsize,
+) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut request_line = String::new();
+    reader.read_line(&mut request_line)?;
+    let mut authorization = String::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 || line.trim().is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':')
+            && name.eq_ignore_ascii_case("authorization")
+        {
+            authorization = value.trim().to_owned();
+        }
+    }
+    let target = request_line.split_whitespace().nth(1).unwrap_or_default();
+    let query = target.split_once('?').map_or("", |(_, q)| q);
+    let expected = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"))
+    );
+    let mut out = stream;
+    if authorization != expected {
+        refused.fetch_add(1, Ordering::SeqCst);
+        let body = r#"{"details":"incorrect username or password"}"#;
+        return write!(
+            out,
+            "HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+    }
+    let access: Vec<serde_json::Value> = form_urlencoded::parse(query.as_bytes())
+        .filter(|(k, _)| k == "scope")
+        .filter_map(|(_, scope)| {
+            let mut parts = scope.splitn(3, ':');
+            let (kind, name, actions) = (parts.next()?, parts.next()?, parts.next()?);
+            Some(serde_json::json!({"type": kind, "name": name,
+                                    "actions": actions.split(',').collect::<Vec<_>>()}))
+        })
+        .collect();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let header = serde_json::json!({"typ": "JWT", "alg": "ES256", "x5c": [x5c]});
+    let claims = serde_json::json!({
+        "iss": ISSUER, "sub": USER, "aud": SERVICE, "exp": now + 300, "nbf": now - 10,
+        "iat": now, "jti": format!("{now}-{}", issued.load(Ordering::SeqCst)), "access": access,
+    });
+    let signing_input = format!(
+        "{}.{}",
+        b64.encode(header.to_string()),
+        b64.encode(claims.to_string())
+    );
+    let signature = signer.sign(rng, signing_input.as_bytes()).unwrap();
+    let token = format!("{signing_input}.{}", b64.encode(signature.as_ref()));
+    issued.fetch_add(1, Ordering::SeqCst);
+    let body = serde_json::json!({"token": token, "expires_in": 300}).to_string();
+    write!(
+        out,
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
