@@ -30,6 +30,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -525,6 +526,8 @@ struct Session<'a> {
     credentials: Option<&'a Credentials>,
     /// The authority that asked, and the `Authorization` value it is sent.
     authorization: Option<(String, String)>,
+    /// Counts blob bytes as they arrive (peers waiting for this node's fetch read it).
+    progress: Option<&'a AtomicU64>,
 }
 
 /// The most bytes of a token server's answer read.
@@ -818,6 +821,9 @@ async fn blob(
             }
             hash.update(data);
             file.write_all(data)?;
+            if let Some(progress) = session.progress {
+                progress.fetch_add(data.len() as u64, Ordering::Relaxed);
+            }
         }
     }
     if received != size {
@@ -847,43 +853,125 @@ async fn blob(
 pub struct Pulled {
     /// The digest of the manifest run (this platform's, when the tag named an index).
     pub digest: String,
-    /// Bytes received (manifests and the blobs the store lacked).
+    /// Bytes received from the registry (manifests and the blobs the store lacked).
     pub bytes: u64,
+    /// Bytes of blobs brought by [`BlobSource`] (the cluster's peers) instead.
+    pub from_peers: u64,
     /// The registry (or mirror) it came from.
     pub host: String,
     /// Whether credentials were needed and given: such an image is not shared with peers.
     pub authenticated: bool,
 }
 
+/// Where a pull gets a blob before asking the registry for it: the cluster (one node fetches
+/// each blob from the registry, the others copy it from there).
+pub trait BlobSource: Send + Sync {
+    /// Brings blob `digest` (`size` bytes) into the store, verified; the bytes it moved, or
+    /// `None` when the pull should fetch it from the registry itself.
+    fn fetch<'a>(
+        &'a self,
+        digest: &'a str,
+        size: u64,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<Moved>> + Send + 'a>>;
+}
+
+/// The bytes a [`BlobSource`] moved for one blob.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Moved {
+    /// By this node, from the registry (it owns the blob).
+    pub from_registry: u64,
+    /// From a peer that fetched it.
+    pub from_peers: u64,
+}
+
+/// What is asked of a registry.
+enum Op<'a> {
+    /// An image: its manifest (through an index), missing blobs (from `peers` first), tagged.
+    Image {
+        store: &'a ImageStore,
+        peers: Option<&'a dyn BlobSource>,
+    },
+    /// One blob into the store (for a peer waiting on this node), counted in `progress`.
+    Blob {
+        store: &'a ImageStore,
+        digest: &'a str,
+        size: u64,
+        progress: Option<&'a AtomicU64>,
+    },
+}
+
 /// Pulls `image` from its registry (its mirrors first) into `store` and tags it. Blobs the
-/// store has are not fetched again. `secrets`: the pod's `imagePullSecrets` entries.
+/// store has are not fetched again; `peers`, if given, are asked for each missing blob before
+/// the registry. `secrets`: the pod's `imagePullSecrets` entries.
 pub async fn pull(
     store: &ImageStore,
     image: &str,
     registries: &Registries,
     secrets: &[auth::Entry],
+    peers: Option<&dyn BlobSource>,
 ) -> Result<Pulled, RegistryError> {
     let reference = Reference::parse(image)?;
+    across_hosts(&Op::Image { store, peers }, &reference, registries, secrets).await
+}
+
+/// Fetches blob `digest` of `image` from its registry (its mirrors first) into `store`,
+/// counting the bytes into `progress` as they arrive; the bytes received.
+pub async fn fetch_blob(
+    store: &ImageStore,
+    image: &str,
+    (digest, size): (&str, u64),
+    registries: &Registries,
+    secrets: &[auth::Entry],
+    progress: Option<&AtomicU64>,
+) -> Result<u64, RegistryError> {
+    let reference = Reference::parse(image)?;
+    super::reference::parse_digest(digest)?;
+    let limit = store.layer_limits().max_image_bytes;
+    if size > limit {
+        return Err(RegistryError::TooLarge {
+            url: format!("{}/{}@{digest}", reference.domain, reference.path),
+            limit,
+        });
+    }
+    let op = Op::Blob {
+        store,
+        digest,
+        size,
+        progress,
+    };
+    Ok(across_hosts(&op, &reference, registries, secrets)
+        .await?
+        .bytes)
+}
+
+/// Runs `op` against each mirror of the image's registry in turn, then the registry itself.
+async fn across_hosts(
+    op: &Op<'_>,
+    reference: &Reference,
+    registries: &Registries,
+    secrets: &[auth::Entry],
+) -> Result<Pulled, RegistryError> {
     let mirrors = registries
         .hosts
         .get(&reference.domain)
         .map(|h| h.mirrors.clone())
         .unwrap_or_default();
     for mirror in &mirrors {
-        match pull_from(store, &reference, mirror, registries, secrets).await {
+        match at_host(op, reference, mirror, registries, secrets).await {
             Ok(pulled) => return Ok(pulled),
             Err(error) => {
                 tracing::warn!(image = %reference, %mirror, %error, "mirror failed; trying the next");
             }
         }
     }
-    pull_from(store, &reference, reference.api_host(), registries, secrets).await
+    at_host(op, reference, reference.api_host(), registries, secrets).await
 }
 
-/// Pulls from `host` (the registry or a mirror): each matching credential in turn while the
-/// registry refuses them, anonymously when none matches; HTTPS, then plain HTTP where allowed.
-async fn pull_from(
-    store: &ImageStore,
+/// Runs `op` against `host` (the registry or a mirror): with each matching credential in turn
+/// while the registry refuses them, anonymously when none matches; HTTPS, then plain HTTP
+/// where allowed.
+async fn at_host(
+    op: &Op<'_>,
     reference: &Reference,
     host: &str,
     registries: &Registries,
@@ -913,17 +1001,22 @@ async fn pull_from(
             tls: tls.clone(),
             credentials,
             authorization: None,
+            progress: match op {
+                Op::Blob { progress, .. } => *progress,
+                Op::Image { .. } => None,
+            },
         };
-        let attempt = match pull_over("https", host, reference, store, &mut session).await {
+        let attempt = match once(op, "https", host, reference, &mut session).await {
             Err(RegistryError::NotTls { .. }) if registries.plain_http(host) => {
-                pull_over("http", host, reference, store, &mut session).await
+                once(op, "http", host, reference, &mut session).await
             }
             other => other,
         };
         let done = !matches!(attempt, Err(RegistryError::Unauthorized { .. }));
-        result = Some(attempt.map(|(digest, bytes)| Pulled {
+        result = Some(attempt.map(|(digest, bytes, from_peers)| Pulled {
             digest,
             bytes,
+            from_peers,
             host: host.to_owned(),
             authenticated: credentials.is_some() && session.authorization.is_some(),
         }));
@@ -934,13 +1027,39 @@ async fn pull_from(
     result.expect("at least one attempt")
 }
 
+/// One attempt of `op` over `scheme`: the digest, bytes from the registry, bytes from peers.
+async fn once(
+    op: &Op<'_>,
+    scheme: &str,
+    host: &str,
+    reference: &Reference,
+    session: &mut Session<'_>,
+) -> Result<(String, u64, u64), RegistryError> {
+    match op {
+        Op::Image { store, peers } => {
+            pull_over(scheme, host, reference, store, *peers, session).await
+        }
+        Op::Blob {
+            store,
+            digest,
+            size,
+            ..
+        } => {
+            let base = format!("{scheme}://{host}/v2/{}", reference.path);
+            let bytes = blob(store, &base, digest, *size, session).await?;
+            Ok(((*digest).to_owned(), bytes, 0))
+        }
+    }
+}
+
 async fn pull_over(
     scheme: &str,
     host: &str,
     reference: &Reference,
     store: &ImageStore,
+    peers: Option<&dyn BlobSource>,
     session: &mut Session<'_>,
-) -> Result<(String, u64), RegistryError> {
+) -> Result<(String, u64, u64), RegistryError> {
     let base = format!("{scheme}://{host}/v2/{}", reference.path);
     let (mut digest, mut bytes, mut value) = manifest(
         &base,
@@ -950,6 +1069,7 @@ async fn pull_over(
     )
     .await?;
     let mut received = bytes.len() as u64;
+    let mut from_peers = 0;
     // An index (nested at most twice): the entry for this node's platform.
     for _ in 0..3 {
         if !is_index(&value) {
@@ -989,7 +1109,18 @@ async fn pull_over(
     {
         let blob_digest = descriptor.digest().to_string();
         if !store.has_blob(&blob_digest) {
-            received += blob(store, &base, &blob_digest, descriptor.size(), session).await?;
+            let size = descriptor.size();
+            let moved = match peers {
+                Some(peers) => peers.fetch(&blob_digest, size).await,
+                None => None,
+            };
+            match moved {
+                Some(moved) => {
+                    received += moved.from_registry;
+                    from_peers += moved.from_peers;
+                }
+                None => received += blob(store, &base, &blob_digest, size, session).await?,
+            }
         }
         // The config first: an image for another platform is refused before its layers move.
         if i == 0 {
@@ -1012,7 +1143,7 @@ async fn pull_over(
     })
     .await
     .map_err(|e| std::io::Error::other(e.to_string()))??;
-    Ok((digest, received))
+    Ok((digest, received, from_peers))
 }
 
 /// What a manifest may ask this node to download, checked before anything is: at most
@@ -1152,6 +1283,7 @@ mod tests {
             tls: r.tls(&[]).unwrap(),
             credentials: None,
             authorization: None,
+            progress: None,
         };
         // Refused before anything is sent (nothing listens there).
         let err = rt

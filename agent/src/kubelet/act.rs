@@ -280,11 +280,13 @@ impl Kubelet {
                 .then(|| self.puller.take_done(&c.image, &secrets_key))
                 .flatten());
         }
-        let secrets = self.pull_secrets(plan);
+        let secrets = self.pull_secrets(&plan.namespace, &plan.image_pull_secrets, &plan.name);
         let request = image_puller::PullRequest {
             image: &c.image,
             refresh,
             secrets: &secrets,
+            namespace: &plan.namespace,
+            secret_names: &plan.image_pull_secrets,
             secrets_key: &secrets_key,
         };
         let handle = self.handle.get().expect("set when the kubelet starts");
@@ -311,23 +313,29 @@ impl Kubelet {
         }
     }
 
-    /// The registry credentials of the pod's `imagePullSecrets` (Secrets of type
-    /// `kubernetes.io/dockerconfigjson` or `kubernetes.io/dockercfg` in its namespace); one
-    /// missing or unreadable is skipped with a warning, as the kubelet does.
-    fn pull_secrets(&self, plan: &pod::PodPlan) -> Vec<crate::images::auth::Entry> {
+    /// The registry credentials of the pull secrets `names` (Secrets of type
+    /// `kubernetes.io/dockerconfigjson` or `kubernetes.io/dockercfg` in `namespace`, a pod's
+    /// `imagePullSecrets`); one missing or unreadable is skipped with a warning naming `pod`,
+    /// as the kubelet does.
+    pub(super) fn pull_secrets(
+        &self,
+        namespace: &str,
+        names: &[String],
+        pod: &str,
+    ) -> Vec<crate::images::auth::Entry> {
         use crate::images::auth::{ConfigFormat, parse_docker_config};
         use base64::Engine as _;
         let mut entries = Vec::new();
-        for name in &plan.image_pull_secrets {
-            let Some(secret) = self.lookup(&plan.namespace, "Secret", name) else {
-                warn!(pod = %plan.name, secret = %name, "image pull secret not found");
+        for name in names {
+            let Some(secret) = self.lookup(namespace, "Secret", name) else {
+                warn!(%pod, secret = %name, "image pull secret not found");
                 continue;
             };
             let (field, format) = match secret["type"].as_str() {
                 Some("kubernetes.io/dockerconfigjson") => (".dockerconfigjson", ConfigFormat::Json),
                 Some("kubernetes.io/dockercfg") => (".dockercfg", ConfigFormat::Cfg),
                 other => {
-                    warn!(pod = %plan.name, secret = %name, kind = ?other, "an image pull secret must be of type kubernetes.io/dockerconfigjson or kubernetes.io/dockercfg");
+                    warn!(%pod, secret = %name, kind = ?other, "an image pull secret must be of type kubernetes.io/dockerconfigjson or kubernetes.io/dockercfg");
                     continue;
                 }
             };
@@ -343,7 +351,7 @@ impl Kubelet {
             match parsed {
                 Ok(found) => entries.extend(found),
                 Err(error) => {
-                    warn!(pod = %plan.name, secret = %name, %error, "image pull secret not read");
+                    warn!(%pod, secret = %name, %error, "image pull secret not read");
                 }
             }
         }

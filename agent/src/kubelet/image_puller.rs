@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::sync::PoisonError;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -92,7 +93,51 @@ pub struct PullRequest<'a> {
     /// The entries of the pod's `imagePullSecrets`, and a key naming them: pulls of one
     /// image with different credentials are kept apart.
     pub secrets: &'a [auth::Entry],
+    /// The pod's namespace and pull secrets' names, for the peer that fetches a blob for it.
+    pub namespace: &'a str,
+    pub secret_names: &'a [String],
     pub secrets_key: &'a str,
+}
+
+/// How long the owner of a blob holds a peer's request while it fetches the blob.
+pub const LONG_POLL: Duration = Duration::from_secs(10);
+/// The most blobs one node fetches from registries for peers at once.
+const MAX_BLOB_FETCHES: usize = 32;
+
+/// The owner's answer to a peer waiting for a blob from the registry.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum BlobAnswer {
+    /// In the owner's store: fetch it from there.
+    Ready,
+    /// Still coming; `received` bytes so far (a waiting peer gives up when it stops growing).
+    Pending { received: u64 },
+    /// The owner could not fetch it (the peer fetches it itself).
+    Failed(String),
+}
+
+/// One blob being fetched from its registry for the cluster.
+struct BlobFetch {
+    received: AtomicU64,
+    done: tokio::sync::watch::Sender<Option<Result<(), String>>>,
+}
+
+/// The node that fetches blob `digest` from its registry for the cluster: the highest
+/// rendezvous hash of (node id, digest) among `nodes` (those that run pods), so that every
+/// node that sees the same members picks the same one, and a node's departure moves only its
+/// own blobs.
+pub fn blob_owner<'a>(nodes: &[&'a str], digest: &str) -> Option<&'a str> {
+    use sha2::Digest as _;
+    nodes.iter().copied().max_by_key(|node| {
+        let mut hash = sha2::Sha256::new();
+        hash.update(node.as_bytes());
+        hash.update([0]);
+        hash.update(digest.as_bytes());
+        let out = hash.finalize();
+        (
+            u64::from_be_bytes(out[..8].try_into().expect("8 bytes")),
+            *node,
+        )
+    })
 }
 
 /// Pulls images from peers and registries, and advertises this node's.
@@ -104,6 +149,8 @@ pub struct ImagePuller {
     registries: Registries,
     /// By image and pull-secret key.
     pulls: Mutex<HashMap<String, PullState>>,
+    /// Blobs being fetched from registries for the cluster, by digest.
+    blob_fetches: Mutex<HashMap<String, Arc<BlobFetch>>>,
 }
 
 impl ImagePuller {
@@ -119,6 +166,7 @@ impl ImagePuller {
             endpoint,
             registries,
             pulls: Mutex::new(HashMap::new()),
+            blob_fetches: Mutex::new(HashMap::new()),
         })
     }
 
@@ -204,13 +252,26 @@ impl ImagePuller {
                 let host = self.registry_of(request.image)?;
                 let puller = self.clone();
                 let (image, secrets) = (normal.clone(), request.secrets.to_vec());
+                let cluster = ClusterBlobs {
+                    puller: self.clone(),
+                    image: normal.clone(),
+                    namespace: request.namespace.to_owned(),
+                    secret_names: request.secret_names.to_vec(),
+                    secrets: request.secrets.to_vec(),
+                };
                 (
                     format!("registry {host}"),
                     Box::pin(async move {
-                        registry::pull(&puller.images, &image, &puller.registries, &secrets)
-                            .await
-                            .map(|p| p.bytes)
-                            .map_err(|e| e.to_string())
+                        registry::pull(
+                            &puller.images,
+                            &image,
+                            &puller.registries,
+                            &secrets,
+                            Some(&cluster),
+                        )
+                        .await
+                        .map(|p| p.bytes + p.from_peers)
+                        .map_err(|e| e.to_string())
                     }),
                 )
             }
@@ -242,6 +303,85 @@ impl ImagePuller {
                 .insert(key, state);
         });
         Some(state)
+    }
+
+    /// Fetches blob `digest` of `image` from its registry for the cluster unless a fetch of it
+    /// runs (at most [`MAX_BLOB_FETCHES`] at once), and waits up to [`LONG_POLL`] for it.
+    pub async fn serve_registry_blob(
+        self: &Arc<Self>,
+        image: &str,
+        digest: &str,
+        size: u64,
+        secrets: Vec<auth::Entry>,
+    ) -> BlobAnswer {
+        if self.images.has_blob(digest) {
+            return BlobAnswer::Ready;
+        }
+        let fetch = {
+            let mut fetches = self
+                .blob_fetches
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            match fetches.get(digest) {
+                Some(fetch) => fetch.clone(),
+                None => {
+                    if fetches.len() >= MAX_BLOB_FETCHES {
+                        return BlobAnswer::Failed(format!(
+                            "{MAX_BLOB_FETCHES} blobs are being fetched already"
+                        ));
+                    }
+                    if self.registry_of(image).is_none() {
+                        return BlobAnswer::Failed(format!(
+                            "this node does not pull {image} from a registry (--registry-pulls)"
+                        ));
+                    }
+                    let fetch = Arc::new(BlobFetch {
+                        received: AtomicU64::new(0),
+                        done: tokio::sync::watch::channel(None).0,
+                    });
+                    fetches.insert(digest.to_owned(), fetch.clone());
+                    let (puller, running) = (self.clone(), fetch.clone());
+                    let (image, digest) = (image.to_owned(), digest.to_owned());
+                    tokio::spawn(async move {
+                        let result = registry::fetch_blob(
+                            &puller.images,
+                            &image,
+                            (&digest, size),
+                            &puller.registries,
+                            &secrets,
+                            Some(&running.received),
+                        )
+                        .await;
+                        match &result {
+                            Ok(bytes) => {
+                                info!(%image, %digest, bytes, "blob fetched for the cluster")
+                            }
+                            Err(error) => {
+                                warn!(%image, %digest, %error, "blob fetch for the cluster failed")
+                            }
+                        }
+                        puller
+                            .blob_fetches
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .remove(&digest);
+                        running
+                            .done
+                            .send_replace(Some(result.map(|_| ()).map_err(|e| e.to_string())));
+                    });
+                    fetch
+                }
+            }
+        };
+        let mut done = fetch.done.subscribe();
+        let _ = tokio::time::timeout(LONG_POLL, done.wait_for(Option::is_some)).await;
+        match &*done.borrow() {
+            Some(Ok(())) => BlobAnswer::Ready,
+            Some(Err(message)) => BlobAnswer::Failed(message.clone()),
+            None => BlobAnswer::Pending {
+                received: fetch.received.load(Ordering::Relaxed),
+            },
+        }
     }
 
     /// The pull of `image` (with the pull-secret key `secrets_key`) that finished, if one did
@@ -355,5 +495,142 @@ impl ImagePuller {
         let digest = digest.to_owned();
         tokio::task::spawn_blocking(move || images.commit_blob(&digest, file)).await??;
         Ok(offset)
+    }
+}
+
+/// The cluster as a source of a registry image's blobs: each blob is fetched from the
+/// registry by its owner ([`blob_owner`]) and copied from there; this node waits while the
+/// owner's download grows, and fetches the blob itself when the owner fails, dies, or stalls
+/// for [`registry::IDLE`].
+struct ClusterBlobs {
+    puller: Arc<ImagePuller>,
+    image: String,
+    namespace: String,
+    secret_names: Vec<String>,
+    secrets: Vec<auth::Entry>,
+}
+
+impl registry::BlobSource for ClusterBlobs {
+    fn fetch<'a>(
+        &'a self,
+        digest: &'a str,
+        size: u64,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<registry::Moved>> + Send + 'a>>
+    {
+        Box::pin(self.fetch_blob(digest, size))
+    }
+}
+
+impl ClusterBlobs {
+    async fn fetch_blob(&self, digest: &str, size: u64) -> Option<registry::Moved> {
+        let puller = &self.puller;
+        let peers = puller.membership.peer_values(keys::IMAGES).await;
+        let me = puller.membership.node_id().to_owned();
+        let nodes: Vec<&str> = peers
+            .iter()
+            .filter(|p| p.value.is_some())
+            .map(|p| p.node_id.as_str())
+            .chain([me.as_str()])
+            .collect();
+        let owner = blob_owner(&nodes, digest)?;
+        if owner == me {
+            // This node fetches it, through the same single flight its peers wait on.
+            loop {
+                match puller
+                    .serve_registry_blob(&self.image, digest, size, self.secrets.clone())
+                    .await
+                {
+                    BlobAnswer::Ready => {
+                        return Some(registry::Moved {
+                            from_registry: size,
+                            from_peers: 0,
+                        });
+                    }
+                    BlobAnswer::Pending { .. } => continue,
+                    BlobAnswer::Failed(_) => return None,
+                }
+            }
+        }
+        let addr = peers.iter().find(|p| p.node_id == owner)?.addr;
+        let request = NodeRequest::RegistryBlob(super::node_service::RegistryBlobRequest {
+            image: self.image.clone(),
+            digest: digest.to_owned(),
+            size,
+            namespace: self.namespace.clone(),
+            secrets: self.secret_names.clone(),
+        });
+        let (mut seen, mut since) = (0, std::time::Instant::now());
+        loop {
+            match ask(&puller.endpoint, addr, &request).await {
+                Ok(NodeResponse::RegistryBlob(BlobAnswer::Ready)) => {
+                    return match puller.fetch_blob(addr, digest, size).await {
+                        Ok(bytes) => Some(registry::Moved {
+                            from_registry: 0,
+                            from_peers: bytes,
+                        }),
+                        Err(error) => {
+                            warn!(%digest, %owner, %error, "blob from its owner failed; fetching it from the registry");
+                            None
+                        }
+                    };
+                }
+                Ok(NodeResponse::RegistryBlob(BlobAnswer::Pending { received })) => {
+                    if received > seen {
+                        (seen, since) = (received, std::time::Instant::now());
+                    } else if since.elapsed() > registry::IDLE {
+                        warn!(%digest, %owner, received, "the blob's owner stalled; fetching it from the registry");
+                        return None;
+                    }
+                }
+                Ok(NodeResponse::RegistryBlob(BlobAnswer::Failed(error))) => {
+                    warn!(%digest, %owner, %error, "the blob's owner could not fetch it; fetching it from the registry");
+                    return None;
+                }
+                Ok(other) => {
+                    warn!(%digest, %owner, error = %answered_out_of_turn(other), "fetching the blob from the registry");
+                    return None;
+                }
+                Err(error) => {
+                    warn!(%digest, %owner, %error, "the blob's owner did not answer; fetching it from the registry");
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_blob_has_one_owner_that_moves_only_when_it_leaves() {
+        let nodes = ["n0", "n1", "n2", "n3", "n4"];
+        let digests: Vec<String> = (0..200).map(|i| format!("sha256:{i:064x}")).collect();
+        let owners: Vec<&str> = digests
+            .iter()
+            .map(|d| blob_owner(&nodes, d).unwrap())
+            .collect();
+        // Order does not matter; every node owns some.
+        let mut reversed = nodes;
+        reversed.reverse();
+        for (d, owner) in digests.iter().zip(&owners) {
+            assert_eq!(blob_owner(&reversed, d), Some(*owner));
+        }
+        for n in nodes {
+            let owned = owners.iter().filter(|o| **o == n).count();
+            assert!((15..=65).contains(&owned), "{n} owns {owned} of 200");
+        }
+        // n2 leaves: only its blobs move.
+        let without: Vec<&str> = nodes.iter().copied().filter(|n| *n != "n2").collect();
+        for (d, owner) in digests.iter().zip(&owners) {
+            let now = blob_owner(&without, d).unwrap();
+            if *owner != "n2" {
+                assert_eq!(now, *owner);
+            } else {
+                assert_ne!(now, "n2");
+            }
+        }
+        assert_eq!(blob_owner(&[], "sha256:0"), None);
     }
 }

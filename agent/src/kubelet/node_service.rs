@@ -47,6 +47,42 @@ pub(super) enum NodeRequest {
     Usage,
     /// The events this node keeps.
     Events,
+    /// Fetch a blob from its registry, once for the cluster: this node is the blob's owner.
+    RegistryBlob(RegistryBlobRequest),
+}
+
+/// A peer asks the owner of a blob (by rendezvous hashing of the blob's digest over the
+/// nodes that run pods) to fetch it from the registry, with its pod's pull secrets, so that
+/// the cluster fetches each blob once. Every field is checked before use.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct RegistryBlobRequest {
+    pub image: String,
+    pub digest: String,
+    pub size: u64,
+    /// The pod's namespace and `imagePullSecrets` names: the owner reads the Secrets from
+    /// its own replica.
+    pub namespace: String,
+    pub secrets: Vec<String>,
+}
+
+/// The most pull secrets a peer's blob request may name.
+const MAX_PULL_SECRETS: usize = 64;
+
+impl RegistryBlobRequest {
+    fn check(&self) -> Result<(), String> {
+        crate::images::reference::Reference::parse(&self.image).map_err(|e| e.to_string())?;
+        crate::images::reference::parse_digest(&self.digest).map_err(|e| e.to_string())?;
+        shoal_state::labels::check_dns_label(&self.namespace)
+            .map_err(|r| format!("namespace {:?}: {r}", self.namespace))?;
+        if self.secrets.len() > MAX_PULL_SECRETS {
+            return Err(format!("more than {MAX_PULL_SECRETS} pull secrets"));
+        }
+        for name in &self.secrets {
+            shoal_state::labels::check_dns_subdomain(name)
+                .map_err(|r| format!("pull secret {name:?}: {r}"))?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -57,6 +93,7 @@ pub(super) enum NodeResponse {
     Usage(super::metrics::NodeUsage),
     Events(Vec<crate::observed::events::EventRecord>),
     Error(String),
+    RegistryBlob(super::image_puller::BlobAnswer),
 }
 
 /// Why a request to a node's service (this node's or a peer's) failed.
@@ -131,6 +168,7 @@ impl NodeService {
                 let service = service.clone();
                 tokio::spawn(async move {
                     let response = match rmp_serde::from_slice::<NodeRequest>(&request.payload) {
+                        Ok(NodeRequest::RegistryBlob(req)) => service.registry_blob(req).await,
                         Ok(req) => tokio::task::spawn_blocking(move || service.answer(req))
                             .await
                             .unwrap_or_else(|e| NodeResponse::Error(e.to_string())),
@@ -144,6 +182,27 @@ impl NodeService {
             }
         });
         Ok(())
+    }
+
+    /// A peer's request to fetch a blob from its registry (this node owns the blob): waits up
+    /// to [`super::image_puller::LONG_POLL`] for the fetch to end, then says where it stands.
+    async fn registry_blob(&self, request: RegistryBlobRequest) -> NodeResponse {
+        let Some(kubelet) = &self.kubelet else {
+            return NodeResponse::Error(format!(
+                "node {} runs no pods (--no-runtime)",
+                self.node_name
+            ));
+        };
+        if let Err(e) = request.check() {
+            return NodeResponse::Error(format!("bad request: {e}"));
+        }
+        let secrets = kubelet.pull_secrets(&request.namespace, &request.secrets, "a peer's pull");
+        NodeResponse::RegistryBlob(
+            kubelet
+                .puller
+                .serve_registry_blob(&request.image, &request.digest, request.size, secrets)
+                .await,
+        )
     }
 
     fn answer(&self, request: NodeRequest) -> NodeResponse {
@@ -167,6 +226,8 @@ impl NodeService {
                 None => no_runtime(),
             },
             NodeRequest::Events => NodeResponse::Events(self.events.snapshot()),
+            // Answered on the runtime (it waits for a download): `registry_blob`.
+            NodeRequest::RegistryBlob(_) => NodeResponse::Error("answered elsewhere".into()),
             NodeRequest::Usage => match &self.kubelet {
                 Some(kubelet) => NodeResponse::Usage(kubelet.usage()),
                 None => no_runtime(),

@@ -919,6 +919,37 @@ spec:
         .unwrap();
     assert!(String::from_utf8_lossy(&listed.stdout).contains("team/secret:1"));
     assert!(tokens.issued.load(std::sync::atomic::Ordering::SeqCst) >= 2);
+
+    // The registry once per cluster: one pod per node of an image none has, applied together.
+    // Each blob is downloaded from the registry once (by its owner); the others copy it.
+    let shared = crate::runtime::Registry::start();
+    shared.push_unique(
+        &crate::runtime::test_images().join("busybox-1.oci.tar"),
+        "team/shared:1",
+    );
+    let pods: Vec<String> = (0..3)
+        .map(|i| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: shared-{i}}}\nspec:\n  nodeSelector: {{kubernetes.io/hostname: n{i}}}\n  containers: [{{name: c, image: '{}/team/shared:1', command: [sleep, '3600']}}]\n",
+                shared.addr
+            )
+        })
+        .collect();
+    let file = api.manifest("shared.yaml", &pods.join("---\n"));
+    api.ok(0, &["apply", "-f", &file]);
+    for i in 0..3 {
+        wait_pod(&api, 0, &format!("shared-{i}"), "shared pods run", |p| {
+            p["status"]["phase"] == "Running"
+        })
+        .await;
+    }
+    let downloads = shared.blob_downloads("team/shared");
+    // The new config and top layer (the busybox layer below is on every node already).
+    assert!(downloads.len() >= 2, "config and layer: {downloads:?}");
+    assert!(
+        downloads.values().all(|n| *n == 1),
+        "each blob once for the cluster: {downloads:?}"
+    );
 }
 
 /// Issue #14, live overcommit: a pod bound straight to a node that lacks the room (here by

@@ -160,7 +160,13 @@ fn pulls_from_a_real_registry_and_refuses_a_corrupted_blob() {
         authenticated,
         ..
     } = rt
-        .block_on(registry::pull(&store, &image, &Registries::default(), &[]))
+        .block_on(registry::pull(
+            &store,
+            &image,
+            &Registries::default(),
+            &[],
+            None,
+        ))
         .unwrap();
     assert!(!authenticated);
     assert!(received > 100_000, "{received} bytes");
@@ -168,7 +174,13 @@ fn pulls_from_a_real_registry_and_refuses_a_corrupted_blob() {
     assert!(resolved.layers[0].join("bin/sh").exists());
     // Again: only the manifest moves.
     let again = rt
-        .block_on(registry::pull(&store, &image, &Registries::default(), &[]))
+        .block_on(registry::pull(
+            &store,
+            &image,
+            &Registries::default(),
+            &[],
+            None,
+        ))
         .unwrap();
     assert_eq!(again.digest, digest);
     let received = again.bytes;
@@ -180,6 +192,7 @@ fn pulls_from_a_real_registry_and_refuses_a_corrupted_blob() {
         &by_digest,
         &Registries::default(),
         &[],
+        None,
     ))
     .unwrap();
     assert!(store.contains(&by_digest));
@@ -203,7 +216,13 @@ fn pulls_from_a_real_registry_and_refuses_a_corrupted_blob() {
     let fresh_dir = tempfile::tempdir().unwrap();
     let fresh = ImageStore::open(fresh_dir.path()).unwrap();
     let err = rt
-        .block_on(registry::pull(&fresh, &image, &Registries::default(), &[]))
+        .block_on(registry::pull(
+            &fresh,
+            &image,
+            &Registries::default(),
+            &[],
+            None,
+        ))
         .unwrap_err();
     assert!(
         matches!(&err, RegistryError::Digest { url, expected, .. } if url.contains(hex) && *expected == layer),
@@ -221,14 +240,20 @@ fn pulls_from_a_real_registry_and_refuses_a_corrupted_blob() {
         tls_registry.addr.rsplit_once(':').unwrap().1
     );
     let err = rt
-        .block_on(registry::pull(&fresh, &secure, &Registries::default(), &[]))
+        .block_on(registry::pull(
+            &fresh,
+            &secure,
+            &Registries::default(),
+            &[],
+            None,
+        ))
         .unwrap_err();
     assert!(matches!(&err, RegistryError::Tls { .. }), "{err}");
     let with_ca = Registries {
         ca_files: vec![ca],
         ..Default::default()
     };
-    rt.block_on(registry::pull(&fresh, &secure, &with_ca, &[]))
+    rt.block_on(registry::pull(&fresh, &secure, &with_ca, &[], None))
         .unwrap();
     assert!(
         fresh.resolve(&secure).unwrap().layers[0]
@@ -242,6 +267,7 @@ fn pulls_from_a_real_registry_and_refuses_a_corrupted_blob() {
             &format!("{}/test/busybox:nope", registry.addr),
             &Registries::default(),
             &[],
+            None,
         ))
         .unwrap_err()
         .to_string();
@@ -294,6 +320,7 @@ fn pulls_with_credentials_from_a_token_auth_registry_and_through_mirrors() {
             &image,
             &Registries::default(),
             secrets,
+            None,
         ))
     };
 
@@ -363,6 +390,7 @@ fn pulls_with_credentials_from_a_token_auth_registry_and_through_mirrors() {
             &format!("{upstream}/team/busybox:1"),
             &with_mirror,
             &[],
+            None,
         ))
         .unwrap();
     assert_eq!(through.host, mirror.addr);
@@ -373,6 +401,7 @@ fn pulls_with_credentials_from_a_token_auth_registry_and_through_mirrors() {
             &format!("{upstream}/team/other:1"),
             &with_mirror,
             &[],
+            None,
         ))
         .unwrap_err()
         .to_string();

@@ -90,11 +90,13 @@ impl Registry {
             ),
         )
         .unwrap();
+        // Its log (the access log among it) goes to a file: tests count requests from it.
+        let log = std::fs::File::create(dir.path().join("registry.log")).unwrap();
         let child = std::process::Command::new("docker-registry")
             .arg("serve")
             .arg(&config)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
             .spawn()
             .expect("docker-registry (apt-get install docker-registry; .ci/run does)");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -105,9 +107,47 @@ impl Registry {
         Registry { child, dir, addr }
     }
 
+    /// How many times each blob of repository `name` was served (`GET …/blobs/<digest>`
+    /// answered 200), from the registry's access log.
+    pub fn blob_downloads(&self, name: &str) -> std::collections::BTreeMap<String, usize> {
+        let log = std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap();
+        let prefix = format!("\"GET /v2/{name}/blobs/");
+        let mut counts = std::collections::BTreeMap::new();
+        for line in log.lines() {
+            let Some(rest) = line.split_once(&prefix).map(|(_, r)| r) else {
+                continue;
+            };
+            let digest = rest.split_whitespace().next().unwrap_or_default();
+            let status = rest
+                .split('"')
+                .nth(1)
+                .and_then(|s| s.split_whitespace().next());
+            if status == Some("200") {
+                *counts.entry(digest.to_owned()).or_default() += 1;
+            }
+        }
+        counts
+    }
+
     /// Pushes an OCI archive with skopeo as `name`.
     pub fn push(&self, archive: &std::path::Path, name: &str) {
         self.push_as(archive, name, None);
+    }
+
+    /// Pushes an image no node has (see [`unique_image`]) as `name`.
+    pub fn push_unique(&self, base: &std::path::Path, name: &str) {
+        let layout = unique_image(base);
+        let out = std::process::Command::new("skopeo")
+            .args(["copy", "--quiet", "--dest-tls-verify=false"])
+            .arg(format!("oci:{}", layout.path().display()))
+            .arg(format!("docker://{}/{name}", self.addr))
+            .output()
+            .expect("skopeo");
+        assert!(
+            out.status.success(),
+            "skopeo: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// Pushes with credentials `user:password`.
@@ -282,4 +322,65 @@ fn serve(
         "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
+}
+
+/// An OCI layout (a directory) holding the image of the OCI archive `base` plus one more layer
+/// with a file of random bytes: an image whose config and top layer no node has.
+pub fn unique_image(base: &std::path::Path) -> tempfile::TempDir {
+    use sha2::Digest as _;
+    let dir = tempfile::tempdir().unwrap();
+    tar::Archive::new(std::fs::File::open(base).unwrap())
+        .unpack(dir.path())
+        .unwrap();
+    let blobs = dir.path().join("blobs/sha256");
+    let put = |bytes: &[u8]| -> (String, u64) {
+        let hex = hex::encode(sha2::Sha256::digest(bytes));
+        std::fs::write(blobs.join(&hex), bytes).unwrap();
+        (format!("sha256:{hex}"), bytes.len() as u64)
+    };
+    let read = |digest: &str| -> serde_json::Value {
+        let hex = digest.trim_start_matches("sha256:");
+        serde_json::from_slice(&std::fs::read(blobs.join(hex)).unwrap()).unwrap()
+    };
+    let mut index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("index.json")).unwrap()).unwrap();
+    let mut manifest = read(index["manifests"][0]["digest"].as_str().unwrap());
+    let mut config = read(manifest["config"]["digest"].as_str().unwrap());
+    // The layer: one file of random bytes, an uncompressed tar (its digest is its diff id).
+    let mut random = [0u8; 64];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut random).unwrap();
+    let mut layer = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(random.len() as u64);
+    header.set_mode(0o644);
+    header.set_uid(0);
+    header.set_gid(0);
+    header.set_mtime(0);
+    header.set_cksum();
+    layer
+        .append_data(&mut header, "unique", &random[..])
+        .unwrap();
+    let (layer_digest, layer_size) = put(&layer.into_inner().unwrap());
+    config["rootfs"]["diff_ids"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!(layer_digest));
+    manifest["layers"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({
+        "mediaType": "application/vnd.oci.image.layer.v1.tar",
+        "digest": layer_digest, "size": layer_size}));
+    let (config_digest, config_size) = put(&serde_json::to_vec(&config).unwrap());
+    manifest["config"]["digest"] = serde_json::json!(config_digest);
+    manifest["config"]["size"] = serde_json::json!(config_size);
+    let (manifest_digest, manifest_size) = put(&serde_json::to_vec(&manifest).unwrap());
+    index["manifests"][0]["digest"] = serde_json::json!(manifest_digest);
+    index["manifests"][0]["size"] = serde_json::json!(manifest_size);
+    std::fs::write(
+        dir.path().join("index.json"),
+        serde_json::to_vec(&index).unwrap(),
+    )
+    .unwrap();
+    dir
 }
