@@ -421,6 +421,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
                     meta.capacity.memory_bytes,
                     u64::from(meta.capacity.pods),
                 ),
+                image_gc: config.image_gc,
                 ..Default::default()
             },
         );

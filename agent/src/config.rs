@@ -116,6 +116,17 @@ pub struct AgentFlags {
     /// README's "Registries").
     #[arg(long, value_name = "FILE")]
     pub registry_config: Option<PathBuf>,
+    /// Percent of the image filesystem used at which unused images are removed (default 85;
+    /// 100 turns image garbage collection off).
+    #[arg(long, value_name = "PERCENT")]
+    pub image_gc_high_threshold: Option<u8>,
+    /// Percent of the image filesystem image garbage collection frees down to (default 80).
+    #[arg(long, value_name = "PERCENT")]
+    pub image_gc_low_threshold: Option<u8>,
+    /// An image younger than this is never collected (default 2m, as the kubelet's
+    /// --minimum-image-ttl-duration).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub image_minimum_gc_age: Option<Duration>,
     /// Pod networking: `bridge` (one IP per pod from this node's block of the cluster CIDR;
     /// the default) or `none` (pods have only loopback).
     #[arg(long, value_name = "bridge|none")]
@@ -239,6 +250,12 @@ pub struct KubeletFile {
     pub registry_ca: Option<Vec<PathBuf>>,
     #[serde(default)]
     pub registry_config: Option<PathBuf>,
+    #[serde(default)]
+    pub image_gc_high_threshold: Option<u8>,
+    #[serde(default)]
+    pub image_gc_low_threshold: Option<u8>,
+    #[serde(default, with = "humantime_serde")]
+    pub image_minimum_gc_age: Option<Duration>,
 }
 
 /// The `[scheduling]` table of the config file.
@@ -309,6 +326,8 @@ pub struct AgentConfig {
     pub registry_ca: Vec<PathBuf>,
     /// Default none.
     pub registry_config: Option<PathBuf>,
+    /// Default 85 %, 80 %, 2m.
+    pub image_gc: shoal_core::image_gc::Thresholds,
     /// Default bridge.
     pub pod_network: PodNetworkMode,
     /// Default false.
@@ -483,6 +502,23 @@ impl AgentConfig {
                 .registry_config
                 .clone()
                 .or_else(|| file.kubelet.registry_config.clone()),
+            image_gc: {
+                let default = shoal_core::image_gc::Thresholds::default();
+                shoal_core::image_gc::Thresholds {
+                    high_percent: flags
+                        .image_gc_high_threshold
+                        .or(file.kubelet.image_gc_high_threshold)
+                        .unwrap_or(default.high_percent),
+                    low_percent: flags
+                        .image_gc_low_threshold
+                        .or(file.kubelet.image_gc_low_threshold)
+                        .unwrap_or(default.low_percent),
+                    min_age_ms: flags
+                        .image_minimum_gc_age
+                        .or(file.kubelet.image_minimum_gc_age)
+                        .map_or(default.min_age_ms, |d| d.as_millis() as u64),
+                }
+            },
             cleanup: flags.cleanup,
             service_cidr: flags
                 .service_cidr
@@ -569,6 +605,9 @@ impl AgentConfig {
         if self.write_quorum == 0 {
             return Err(invalid("state.write-quorum", "must be at least 1"));
         }
+        self.image_gc
+            .check()
+            .map_err(|m| invalid("kubelet.image-gc-high-threshold", m))?;
         if self.anti_entropy_interval < Duration::from_millis(10) {
             return Err(invalid(
                 "state.anti-entropy-interval",

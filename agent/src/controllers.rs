@@ -609,9 +609,12 @@ impl Controllers {
         };
         match write_of(action).map(|w| self.graceful(w)) {
             None => {}
-            Some(Write::Create(object)) => {
+            Some(Write::Create(mut object)) => {
                 let what = describe(&object);
                 let namespace = namespace_of(&object).to_owned();
+                if object["kind"] == "Pod" && object["apiVersion"] == "v1" {
+                    crate::api::admission::admit_new_pod(&self.replication, &mut object);
+                }
                 match shoal_state::validate(object, &namespace) {
                     Ok(valid) => match self.replication.write(valid, WriteMode::Create).await {
                         Ok((written, _)) => {

@@ -17,5 +17,6 @@
 //!   of its containers, and the pod worker that decides what to start, probe, signal and remove.
 
 pub mod controllers;
+pub mod image_gc;
 pub mod placement;
 pub mod pod;

@@ -148,6 +148,20 @@ fn pod_cidr_block(kind: &str, object: &Value) -> Result<(), FieldError> {
     Ok(())
 }
 
+/// What admission does to a new pod with the store's help, whoever creates it (a client
+/// here, a controller in `controllers.rs`): its ServiceAccount's `imagePullSecrets`.
+pub fn admit_new_pod(replication: &Replication, pod: &mut Value) {
+    let Some(info) = shoal_state::kind::lookup("v1", "ServiceAccount") else {
+        return;
+    };
+    let namespace = pod["metadata"]["namespace"].as_str().unwrap_or("default");
+    let name = pod["spec"]["serviceAccountName"]
+        .as_str()
+        .unwrap_or("default");
+    let account = replication.read(|s| s.get(&ObjectKey::new(info, namespace, name)));
+    validation::admit_service_account(pod, account.as_ref());
+}
+
 impl Admission<'_> {
     /// Stores a prepared object (waiting for the write quorum); returns it as stored and
     /// whether this write created it.
@@ -172,6 +186,9 @@ impl Admission<'_> {
         use shoal_core::controllers::garbage;
         // Being deleted is not undone by an update (the apiserver keeps deletionTimestamp).
         let stored = self.replication.read(|s| s.get(&valid.key));
+        if stored.is_none() && valid.info.kind == "Pod" && valid.info.group.is_empty() {
+            admit_new_pod(self.replication, &mut valid.body);
+        }
         if let Some(stored) = stored.filter(garbage::deletion_requested)
             && valid.body["metadata"].is_object()
         {

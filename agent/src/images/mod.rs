@@ -71,6 +71,9 @@ pub enum ImageError {
     Layer(#[from] layer::LayerError),
 }
 
+/// How long a blob or layer no image needs is kept (see `collect_garbage`).
+const RECENT: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// The suffix of the file beside an unpacked layer (`layers/<hex>.size`) that records the
 /// apparent bytes its files hold (for `--max-image-bytes`).
 const SIZE_SUFFIX: &str = ".size";
@@ -305,7 +308,7 @@ impl ImageStore {
             }
         }
         self.write_tags(&tags)?;
-        self.collect_garbage(&tags)?;
+        self.collect_garbage(&tags, &BTreeSet::new())?;
         Ok(imported)
     }
 
@@ -474,10 +477,9 @@ impl ImageStore {
         used
     }
 
-    /// Removes blobs and unpacked layers no tagged image reaches and no mounted container
-    /// uses (a retagged image's old layers stay while its containers run).
-    fn collect_garbage(&self, tags: &BTreeMap<String, String>) -> Result<(), ImageError> {
-        let mut live: BTreeSet<String> = self.layers_in_use();
+    /// The blobs (hex digests) the images of `tags` need: manifests, configs, layers.
+    fn reachable(&self, tags: &BTreeMap<String, String>) -> BTreeSet<String> {
+        let mut live = BTreeSet::new();
         for digest in tags.values() {
             let Ok(hex) = reference::parse_digest(digest) else {
                 continue;
@@ -494,6 +496,21 @@ impl ImageStore {
                 }
             }
         }
+        live
+    }
+
+    /// Removes the blobs and unpacked layers no tagged image reaches and no mounted container
+    /// uses (a retagged image's old layers stay while its containers run): those of `doomed`
+    /// (an image just removed) at once, any other only once it is older than [`RECENT`] (a
+    /// pull in progress commits its blobs before it tags them, and a blob fetched for peers
+    /// waits there to be copied).
+    fn collect_garbage(
+        &self,
+        tags: &BTreeMap<String, String>,
+        doomed: &BTreeSet<String>,
+    ) -> Result<(), ImageError> {
+        let mut live: BTreeSet<String> = self.layers_in_use();
+        live.extend(self.reachable(tags));
         for dir in ["blobs/sha256", "layers"] {
             let path = self.root.join(dir);
             for entry in std::fs::read_dir(&path).map_err(self.store_err(&path))? {
@@ -502,6 +519,15 @@ impl ImageStore {
                 // A layer's recorded size lives and goes with it.
                 let owner = name.strip_suffix(SIZE_SUFFIX).unwrap_or(&name);
                 if live.contains(owner) {
+                    continue;
+                }
+                let recent = entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_none_or(|age| age < RECENT);
+                if recent && !doomed.contains(owner) {
                     continue;
                 }
                 let p = entry.path();
@@ -570,13 +596,27 @@ impl ImageStore {
             size_bytes: 0,
         };
         tags.remove(&normal);
+        let mut doomed = BTreeSet::new();
         if !tags.values().any(|d| *d == digest) {
             let manifest = self.manifest(&digest, &self.root)?;
+            for d in [digest.as_str(), manifest.config().digest().as_ref()]
+                .into_iter()
+                .chain(manifest.layers().iter().map(|l| l.digest().as_ref()))
+            {
+                if let Ok(hex) = reference::parse_digest(d) {
+                    doomed.insert(hex.to_owned());
+                }
+            }
+            // Only the layers that would go: another image's (a shared base) stay anyway.
+            let kept = self.reachable(&tags);
             let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
             for layer in manifest.layers() {
                 let hex = reference::parse_digest(layer.digest().as_ref())
                     .unwrap_or_default()
                     .to_owned();
+                if kept.contains(&hex) {
+                    continue;
+                }
                 let dir = self.root.join("layers").join(&hex);
                 let dir = dir.to_string_lossy();
                 if let Some(line) = mounts.lines().find(|l| l.contains(dir.as_ref())) {
@@ -589,8 +629,21 @@ impl ImageStore {
             }
         }
         self.write_tags(&tags)?;
-        self.collect_garbage(&tags)?;
+        self.collect_garbage(&tags, &doomed)?;
+        if let Ok(hex) = reference::parse_digest(&digest)
+            && doomed.contains(hex)
+        {
+            let _ = std::fs::remove_file(self.root.join("private").join(hex));
+        }
         Ok(summary)
+    }
+
+    /// Removes what no image needs any more and is not recent (see `collect_garbage`): the
+    /// image collector runs it each time.
+    pub fn sweep(&self) -> Result<(), ImageError> {
+        let _lock = self.lock()?;
+        let tags = self.tags()?;
+        self.collect_garbage(&tags, &BTreeSet::new())
     }
 
     /// What a container needs to run `reference`, unpacking its layers on first use.

@@ -195,6 +195,8 @@ impl Kubelet {
                 self.runtime
                     .remove_sandbox(uid)
                     .map_err(|e| e.to_string())?;
+                // Its images may be unused now.
+                self.image_gc.wake();
                 info!(pod = %uid, "pod sandbox removed");
             }
         }
@@ -259,6 +261,7 @@ impl Kubelet {
                 monotonic_ms: &crate::runtime::lease::monotonic_ms,
             },
         )?;
+        self.image_gc.used(&image.digest, now_ms());
         Ok(done)
     }
 

@@ -3,6 +3,7 @@ mod act;
 pub mod admission;
 pub mod container;
 pub mod exec;
+pub mod image_gc;
 pub mod image_puller;
 pub mod logs;
 pub mod metrics;
@@ -43,6 +44,8 @@ pub struct KubeletConfig {
     pub pod_pids_limit: Option<u64>,
     /// What pods may request in all on this node (its capacity, as gossiped to bidders).
     pub allocatable: shoal_model::placement::Resources,
+    /// When unused images are removed.
+    pub image_gc: shoal_core::image_gc::Thresholds,
 }
 
 impl Default for KubeletConfig {
@@ -53,6 +56,7 @@ impl Default for KubeletConfig {
             allow_privileged: false,
             pod_pids_limit: Some(4096),
             allocatable: shoal_model::placement::Resources::new(u64::MAX, u64::MAX, u64::MAX),
+            image_gc: shoal_core::image_gc::Thresholds::default(),
         }
     }
 }
@@ -81,6 +85,7 @@ pub struct Kubelet {
     scheduling: Arc<Scheduling>,
     statuses: Arc<crate::observed::pod_status::PodStatusCache>,
     puller: Arc<image_puller::ImagePuller>,
+    image_gc: image_gc::ImageGc,
     config: KubeletConfig,
     /// Pods bound to this node, by uid, parsed once per change.
     bound: Mutex<HashMap<String, Arc<BoundPod>>>,
@@ -190,6 +195,7 @@ impl Kubelet {
             scheduling,
             statuses,
             puller,
+            image_gc: image_gc::ImageGc::new(config.image_gc),
             config,
             bound: Mutex::new(HashMap::new()),
             wake: Mutex::new(None),
@@ -227,6 +233,8 @@ impl Kubelet {
         crate::supervise::spawn_receiving("kubelet-pods", changes, move |changes, restarted| {
             me.clone().follow(changes, restarted)
         });
+        let me = self.clone();
+        crate::supervise::spawn("image-gc", move || me.clone().collect_images());
         let handle = tokio::runtime::Handle::current();
         let _ = self.handle.set(handle.clone());
         let kubelet = self.clone();

@@ -919,6 +919,50 @@ spec:
         .unwrap();
     assert!(String::from_utf8_lossy(&listed.stdout).contains("team/secret:1"));
     assert!(tokens.issued.load(std::sync::atomic::Ordering::SeqCst) >= 2);
+    // The ServiceAccount's imagePullSecrets go into the pods created as it, a controller's too.
+    api.ok(
+        0,
+        &[
+            "patch",
+            "serviceaccount",
+            "default",
+            "-p",
+            r#"{"imagePullSecrets": [{"name": "regcred"}]}"#,
+        ],
+    );
+    api.ok(
+        0,
+        &[
+            "create",
+            "deployment",
+            "via-account",
+            &format!("--image={}/team/secret:1", private.addr),
+            "--",
+            "sleep",
+            "3600",
+        ],
+    );
+    api.ok(
+        0,
+        &[
+            "rollout",
+            "status",
+            "deployment/via-account",
+            "--timeout=90s",
+        ],
+    );
+    let secrets = api.ok(
+        0,
+        &[
+            "get",
+            "pods",
+            "-l",
+            "app=via-account",
+            "-o",
+            "jsonpath={.items[*].spec.imagePullSecrets[*].name}",
+        ],
+    );
+    assert_eq!(secrets.trim(), "regcred");
 
     // The registry once per cluster: one pod per node of an image none has, applied together.
     // Each blob is downloaded from the registry once (by its owner); the others copy it.
@@ -950,6 +994,63 @@ spec:
         downloads.values().all(|n| *n == 1),
         "each blob once for the cluster: {downloads:?}"
     );
+}
+
+/// Issue #38: image garbage collection. An agent told to keep its image filesystem under
+/// 1 % (so every run must free all it can): when a pod's sandbox goes, the images no container
+/// uses are removed — including one sharing its base layer with an image in use — and the
+/// image a running pod uses stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unused_images_are_collected_and_an_image_in_use_is_kept() {
+    let api = ApiLab::start_with(1, |_| {
+        [
+            "--image-gc-high-threshold",
+            "1",
+            "--image-gc-low-threshold",
+            "0",
+            "--image-minimum-gc-age",
+            "0s",
+        ]
+        .map(String::from)
+        .to_vec()
+    })
+    .await;
+    for archive in ["busybox-1.oci.tar", "httpd-1.oci.tar"] {
+        import_image(&api, 0, &crate::runtime::test_images().join(archive), None);
+    }
+    let pod = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers: [{{name: c, image: shoal.local/busybox:1, command: [sleep, '3600']}}]\n"
+        )
+    };
+    for name in ["keeper", "brief"] {
+        let file = api.manifest(&format!("{name}.yaml"), &pod(name));
+        api.ok(0, &["apply", "-f", &file]);
+        wait_pod(&api, 0, name, "running", |p| {
+            p["status"]["phase"] == "Running"
+        })
+        .await;
+    }
+    let images = || {
+        let out = Command::new(crate::shoal_binary())
+            .args(["image", "ls", "-o", "json", "--data-dir"])
+            .arg(api.agents[0].data_dir())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(images().contains("shoal.local/httpd:1"));
+    api.ok(0, &["delete", "pod", "brief", "--grace-period=0"]);
+    wait_until("httpd collected", LIMIT, || {
+        let gone = !images().contains("shoal.local/httpd:1");
+        async move { gone }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", images()));
+    assert!(images().contains("shoal.local/busybox:1"), "{}", images());
+    // The pod that uses it still runs.
+    let keeper = pod_json(&api, 0, "keeper");
+    assert_eq!(keeper["status"]["phase"], "Running");
 }
 
 /// Issue #14, live overcommit: a pod bound straight to a node that lacks the room (here by

@@ -607,6 +607,28 @@ pub fn admit(kind: &str, body: &mut Value) -> Result<(), FieldError> {
     Ok(())
 }
 
+/// The ServiceAccount admission plugin's part that needs the store: a new pod that names no
+/// `imagePullSecrets` gets its ServiceAccount's (`account`, the pod's
+/// `spec.serviceAccountName` in its namespace, if it exists).
+pub fn admit_service_account(pod: &mut Value, account: Option<&Value>) {
+    let has_own = pod["spec"]["imagePullSecrets"]
+        .as_array()
+        .is_some_and(|a| !a.is_empty());
+    let Some(secrets) = account.and_then(|a| a["imagePullSecrets"].as_array()) else {
+        return;
+    };
+    if has_own || secrets.is_empty() || !pod["spec"].is_object() {
+        return;
+    }
+    let names: Vec<Value> = secrets
+        .iter()
+        .filter_map(|s| s["name"].as_str())
+        .filter(|n| !n.is_empty())
+        .map(|n| json!({"name": n}))
+        .collect();
+    pod["spec"]["imagePullSecrets"] = Value::Array(names);
+}
+
 /// The apiserver's `SetDefaults_Pod`: a limit without a request requests the limit, and
 /// service links are on.
 fn set_defaults_pod(spec: &mut Value) {
@@ -830,6 +852,24 @@ mod tests {
             let e = validate("Deployment", &d).unwrap_err();
             assert_eq!(e.field, field, "{e:?}");
         }
+    }
+
+    #[test]
+    fn a_new_pod_gets_its_service_account_s_pull_secrets_unless_it_names_its_own() {
+        let account = json!({"imagePullSecrets": [{"name": "regcred"}, {"name": ""}]});
+        let mut pod = json!({"spec": {"containers": []}});
+        admit_service_account(&mut pod, Some(&account));
+        assert_eq!(
+            pod["spec"]["imagePullSecrets"],
+            json!([{"name": "regcred"}])
+        );
+        let mut own = json!({"spec": {"imagePullSecrets": [{"name": "mine"}]}});
+        admit_service_account(&mut own, Some(&account));
+        assert_eq!(own["spec"]["imagePullSecrets"], json!([{"name": "mine"}]));
+        let mut none = json!({"spec": {}});
+        admit_service_account(&mut none, None);
+        admit_service_account(&mut none, Some(&json!({})));
+        assert!(none["spec"]["imagePullSecrets"].is_null());
     }
 
     /// `imagePullPolicy` and `imagePullSecrets` with upstream's words (issue #38).
