@@ -812,6 +812,11 @@ impl ImageStore {
         Ok((bytes, total))
     }
 
+    /// The bytes of blob `digest`, at most `max`.
+    pub fn blob_bytes(&self, digest: &str, max: u64) -> io::Result<Vec<u8>> {
+        self.read_blob(digest, max)
+    }
+
     pub fn has_blob(&self, digest: &str) -> bool {
         reference::parse_digest(digest).is_ok_and(|hex| self.blob_path(hex).exists())
     }

@@ -430,11 +430,11 @@ impl Url {
     }
 }
 
-/// Sends a GET on an open connection.
+/// Sends a GET (a HEAD with `head`) on an open connection.
 async fn send<T>(
     io: T,
     url: &Url,
-    accept: Option<&str>,
+    (accept, head): (Option<&str>, bool),
     authorization: Option<&str>,
 ) -> Result<hyper::Response<hyper::body::Incoming>, RegistryError>
 where
@@ -449,7 +449,11 @@ where
         .map_err(|e| http(e.to_string()))?;
     tokio::spawn(conn);
     let mut request = hyper::Request::builder()
-        .method(hyper::Method::GET)
+        .method(if head {
+            hyper::Method::HEAD
+        } else {
+            hyper::Method::GET
+        })
         .uri(&url.path)
         .header(hyper::header::HOST, url.authority())
         .header(hyper::header::USER_AGENT, "shoal");
@@ -468,10 +472,10 @@ where
         .map_err(|e| http(e.to_string()))
 }
 
-/// Opens a connection to `url` (TLS for https) and sends a GET.
+/// Opens a connection to `url` (TLS for https) and sends a GET (HEAD with `head`).
 async fn open(
     url: &Url,
-    accept: Option<&str>,
+    accept: (Option<&str>, bool),
     authorization: Option<&str>,
     registries: &Registries,
     tls: &tokio_rustls::TlsConnector,
@@ -572,7 +576,7 @@ impl Session<'_> {
                 let basic = self.credentials.map(Credentials::basic);
                 let response = open(
                     &token_url,
-                    None,
+                    (None, false),
                     basic.as_deref(),
                     self.registries,
                     &self.tls,
@@ -605,7 +609,7 @@ fn snippet(body: &[u8]) -> String {
 /// URL and the response.
 async fn get(
     url: &str,
-    accept: Option<&str>,
+    accept: (Option<&str>, bool),
     session: &mut Session<'_>,
 ) -> Result<(String, hyper::Response<hyper::body::Incoming>), RegistryError> {
     let mut url = Url::parse(url)?;
@@ -738,7 +742,7 @@ async fn manifest(
     session: &mut Session<'_>,
 ) -> Result<(String, Vec<u8>, serde_json::Value), RegistryError> {
     let url = format!("{base}/manifests/{reference}");
-    let (url, response) = get(&url, Some(ACCEPT), session).await?;
+    let (url, response) = get(&url, (Some(ACCEPT), false), session).await?;
     let bytes = read_bounded(&url, response, MAX_MANIFEST_BYTES).await?;
     let digest = sha256(&bytes);
     if let Some(expected) = expected
@@ -756,6 +760,51 @@ async fn manifest(
             reason: e.to_string(),
         })?;
     Ok((digest, bytes, value))
+}
+
+/// The digest and size of `reference`'s manifest, from a HEAD; `None` when the registry does
+/// not say (no `Docker-Content-Digest`: the caller reads the manifest itself).
+async fn resolve(
+    base: &str,
+    reference: &str,
+    session: &mut Session<'_>,
+) -> Result<Option<(String, u64)>, RegistryError> {
+    let url = format!("{base}/manifests/{reference}");
+    let (_, response) = get(&url, (Some(ACCEPT), true), session).await?;
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let digest =
+        header("docker-content-digest").filter(|d| super::reference::parse_digest(d).is_ok());
+    let size = header("content-length")
+        .and_then(|l| l.parse::<u64>().ok())
+        .filter(|s| *s <= MAX_MANIFEST_BYTES as u64);
+    Ok(digest.zip(size))
+}
+
+/// The manifest `digest` (`size` bytes): through `peers` (its owner fetches it from the
+/// registry once for the cluster), else from the registry; with the bytes peers moved.
+async fn manifest_by_digest(
+    base: &str,
+    (digest, size): (&str, u64),
+    peers: Option<&dyn BlobSource>,
+    store: &ImageStore,
+    session: &mut Session<'_>,
+) -> Result<((String, Vec<u8>, serde_json::Value), u64), RegistryError> {
+    if let Some(peers) = peers
+        && size > 0
+        && size <= MAX_MANIFEST_BYTES as u64
+        && let Some(moved) = peers.fetch(digest, size, true).await
+        && let Ok(bytes) = store.blob_bytes(digest, MAX_MANIFEST_BYTES as u64)
+        && let Ok(value) = serde_json::from_slice::<serde_json::Value>(&bytes)
+    {
+        return Ok(((digest.to_owned(), bytes, value), moved.from_peers));
+    }
+    Ok((manifest(base, digest, Some(digest), session).await?, 0))
 }
 
 /// Whether a manifest body is an index (OCI) or a manifest list (Docker).
@@ -808,7 +857,7 @@ async fn blob(
     size: u64,
     session: &mut Session<'_>,
 ) -> Result<u64, RegistryError> {
-    let (url, response) = get(&format!("{base}/blobs/{digest}"), None, session).await?;
+    let (url, response) = get(&format!("{base}/blobs/{digest}"), (None, false), session).await?;
     let mut file = store.incoming_blob()?;
     let mut hash = sha2::Sha256::new();
     let mut received = 0u64;
@@ -868,10 +917,12 @@ pub struct Pulled {
 pub trait BlobSource: Send + Sync {
     /// Brings blob `digest` (`size` bytes) into the store, verified; the bytes it moved, or
     /// `None` when the pull should fetch it from the registry itself.
+    /// With `manifest`, the blob is a manifest or index (fetched from `/manifests/<digest>`).
     fn fetch<'a>(
         &'a self,
         digest: &'a str,
         size: u64,
+        manifest: bool,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<Moved>> + Send + 'a>>;
 }
 
@@ -891,11 +942,13 @@ enum Op<'a> {
         store: &'a ImageStore,
         peers: Option<&'a dyn BlobSource>,
     },
-    /// One blob into the store (for a peer waiting on this node), counted in `progress`.
+    /// One blob (a manifest with `manifest`) into the store, for a peer waiting on this
+    /// node, counted in `progress`.
     Blob {
         store: &'a ImageStore,
         digest: &'a str,
         size: u64,
+        manifest: bool,
         progress: Option<&'a AtomicU64>,
     },
 }
@@ -919,7 +972,7 @@ pub async fn pull(
 pub async fn fetch_blob(
     store: &ImageStore,
     image: &str,
-    (digest, size): (&str, u64),
+    (digest, size, manifest): (&str, u64, bool),
     registries: &Registries,
     secrets: &[auth::Entry],
     progress: Option<&AtomicU64>,
@@ -937,6 +990,7 @@ pub async fn fetch_blob(
         store,
         digest,
         size,
+        manifest,
         progress,
     };
     Ok(across_hosts(&op, &reference, registries, secrets)
@@ -1043,11 +1097,29 @@ async fn once(
             store,
             digest,
             size,
+            manifest: false,
             ..
         } => {
             let base = format!("{scheme}://{host}/v2/{}", reference.path);
             let bytes = blob(store, &base, digest, *size, session).await?;
             Ok(((*digest).to_owned(), bytes, 0))
+        }
+        Op::Blob {
+            store,
+            digest,
+            manifest: true,
+            ..
+        } => {
+            let base = format!("{scheme}://{host}/v2/{}", reference.path);
+            let (_, bytes, _) = manifest(&base, digest, Some(digest), session).await?;
+            let mut file = store.incoming_blob()?;
+            file.write_all(&bytes)?;
+            let (store, digest) = ((*store).clone(), (*digest).to_owned());
+            let received = bytes.len() as u64;
+            tokio::task::spawn_blocking(move || store.commit_blob(&digest, file))
+                .await
+                .map_err(|e| std::io::Error::other(e.to_string()))??;
+            Ok((String::new(), received, 0))
         }
     }
 }
@@ -1061,15 +1133,45 @@ async fn pull_over(
     session: &mut Session<'_>,
 ) -> Result<(String, u64, u64), RegistryError> {
     let base = format!("{scheme}://{host}/v2/{}", reference.path);
-    let (mut digest, mut bytes, mut value) = manifest(
-        &base,
-        reference.tag_or_digest(),
-        reference.digest.as_deref(),
-        session,
-    )
-    .await?;
-    let mut received = bytes.len() as u64;
     let mut from_peers = 0;
+    // With peers, the tag is resolved with a HEAD (which also proves this pod's access, and
+    // which Docker Hub does not count against its pull limit) and the manifest read by digest
+    // through the cluster, so the registry serves each manifest once.
+    let resolved = match peers {
+        Some(_) => resolve(&base, reference.tag_or_digest(), session).await?,
+        None => None,
+    };
+    let (mut digest, mut bytes, mut value) = match resolved {
+        Some((digest, size)) => {
+            if let Some(expected) = &reference.digest
+                && *expected != digest
+            {
+                return Err(RegistryError::Digest {
+                    url: format!("{base}/manifests/{expected}"),
+                    got: digest,
+                    expected: expected.clone(),
+                });
+            }
+            let (found, peer_bytes) =
+                manifest_by_digest(&base, (&digest, size), peers, store, session).await?;
+            from_peers += peer_bytes;
+            found
+        }
+        None => {
+            manifest(
+                &base,
+                reference.tag_or_digest(),
+                reference.digest.as_deref(),
+                session,
+            )
+            .await?
+        }
+    };
+    let mut received = if from_peers > 0 {
+        0
+    } else {
+        bytes.len() as u64
+    };
     // An index (nested at most twice): the entry for this node's platform.
     for _ in 0..3 {
         if !is_index(&value) {
@@ -1089,8 +1191,18 @@ async fn pull_over(
             }
         })?;
         super::reference::parse_digest(&entry)?;
-        (digest, bytes, value) = manifest(&base, &entry, Some(&entry), session).await?;
-        received += bytes.len() as u64;
+        let size = index
+            .manifests()
+            .iter()
+            .find(|m| m.digest().to_string() == entry)
+            .map_or(0, |m| m.size());
+        let peer_bytes;
+        ((digest, bytes, value), peer_bytes) =
+            manifest_by_digest(&base, (&entry, size), peers, store, session).await?;
+        from_peers += peer_bytes;
+        if peer_bytes == 0 {
+            received += bytes.len() as u64;
+        }
     }
     let manifest: ImageManifest =
         serde_json::from_value(value).map_err(|e| RegistryError::Manifest {
@@ -1111,7 +1223,7 @@ async fn pull_over(
         if !store.has_blob(&blob_digest) {
             let size = descriptor.size();
             let moved = match peers {
-                Some(peers) => peers.fetch(&blob_digest, size).await,
+                Some(peers) => peers.fetch(&blob_digest, size, false).await,
                 None => None,
             };
             match moved {
@@ -1287,7 +1399,11 @@ mod tests {
         };
         // Refused before anything is sent (nothing listens there).
         let err = rt
-            .block_on(get("http://reg.example:5000/v2/", None, &mut session))
+            .block_on(get(
+                "http://reg.example:5000/v2/",
+                (None, false),
+                &mut session,
+            ))
             .unwrap_err();
         assert!(
             matches!(&err, RegistryError::PlainHttp { host } if host == "reg.example:5000"),

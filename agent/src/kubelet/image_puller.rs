@@ -310,8 +310,7 @@ impl ImagePuller {
     pub async fn serve_registry_blob(
         self: &Arc<Self>,
         image: &str,
-        digest: &str,
-        size: u64,
+        (digest, size, manifest): (&str, u64, bool),
         secrets: Vec<auth::Entry>,
     ) -> BlobAnswer {
         if self.images.has_blob(digest) {
@@ -346,7 +345,7 @@ impl ImagePuller {
                         let result = registry::fetch_blob(
                             &puller.images,
                             &image,
-                            (&digest, size),
+                            (&digest, size, manifest),
                             &puller.registries,
                             &secrets,
                             Some(&running.received),
@@ -515,14 +514,15 @@ impl registry::BlobSource for ClusterBlobs {
         &'a self,
         digest: &'a str,
         size: u64,
+        manifest: bool,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<registry::Moved>> + Send + 'a>>
     {
-        Box::pin(self.fetch_blob(digest, size))
+        Box::pin(self.fetch_blob(digest, size, manifest))
     }
 }
 
 impl ClusterBlobs {
-    async fn fetch_blob(&self, digest: &str, size: u64) -> Option<registry::Moved> {
+    async fn fetch_blob(&self, digest: &str, size: u64, manifest: bool) -> Option<registry::Moved> {
         let puller = &self.puller;
         let peers = puller.membership.peer_values(keys::IMAGES).await;
         let me = puller.membership.node_id().to_owned();
@@ -537,7 +537,11 @@ impl ClusterBlobs {
             // This node fetches it, through the same single flight its peers wait on.
             loop {
                 match puller
-                    .serve_registry_blob(&self.image, digest, size, self.secrets.clone())
+                    .serve_registry_blob(
+                        &self.image,
+                        (digest, size, manifest),
+                        self.secrets.clone(),
+                    )
                     .await
                 {
                     BlobAnswer::Ready => {
@@ -556,6 +560,7 @@ impl ClusterBlobs {
             image: self.image.clone(),
             digest: digest.to_owned(),
             size,
+            manifest,
             namespace: self.namespace.clone(),
             secrets: self.secret_names.clone(),
         });

@@ -59,6 +59,9 @@ pub(super) struct RegistryBlobRequest {
     pub image: String,
     pub digest: String,
     pub size: u64,
+    /// A manifest or index (`/manifests/<digest>`), not a blob.
+    #[serde(default)]
+    pub manifest: bool,
     /// The pod's namespace and `imagePullSecrets` names: the owner reads the Secrets from
     /// its own replica.
     pub namespace: String,
@@ -200,7 +203,11 @@ impl NodeService {
         NodeResponse::RegistryBlob(
             kubelet
                 .puller
-                .serve_registry_blob(&request.image, &request.digest, request.size, secrets)
+                .serve_registry_blob(
+                    &request.image,
+                    (&request.digest, request.size, request.manifest),
+                    secrets,
+                )
                 .await,
         )
     }

@@ -994,6 +994,18 @@ spec:
         downloads.values().all(|n| *n == 1),
         "each blob once for the cluster: {downloads:?}"
     );
+    // The tag is resolved with a HEAD by each node (its own pull secret's proof), and its
+    // manifest read by digest, once.
+    let heads = shared.served("HEAD", "/v2/team/shared/manifests/");
+    let gets = shared.served("GET", "/v2/team/shared/manifests/");
+    assert_eq!(heads.get("1"), Some(&3), "{heads:?}");
+    assert!(
+        gets.len() == 1
+            && gets
+                .iter()
+                .all(|(m, n)| m.starts_with("sha256:") && *n == 1),
+        "the manifest once, by digest: {gets:?}"
+    );
 }
 
 /// Issue #38: image garbage collection. An agent told to keep its image filesystem under

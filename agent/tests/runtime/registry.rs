@@ -110,20 +110,26 @@ impl Registry {
     /// How many times each blob of repository `name` was served (`GET …/blobs/<digest>`
     /// answered 200), from the registry's access log.
     pub fn blob_downloads(&self, name: &str) -> std::collections::BTreeMap<String, usize> {
+        self.served("GET", &format!("/v2/{name}/blobs/"))
+    }
+
+    /// How many `method` requests for each path under `prefix` were answered 200, by the
+    /// rest of the path, from the registry's access log.
+    pub fn served(&self, method: &str, prefix: &str) -> std::collections::BTreeMap<String, usize> {
         let log = std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap();
-        let prefix = format!("\"GET /v2/{name}/blobs/");
+        let prefix = format!("\"{method} {prefix}");
         let mut counts = std::collections::BTreeMap::new();
         for line in log.lines() {
             let Some(rest) = line.split_once(&prefix).map(|(_, r)| r) else {
                 continue;
             };
-            let digest = rest.split_whitespace().next().unwrap_or_default();
+            let path = rest.split_whitespace().next().unwrap_or_default();
             let status = rest
                 .split('"')
                 .nth(1)
                 .and_then(|s| s.split_whitespace().next());
             if status == Some("200") {
-                *counts.entry(digest.to_owned()).or_default() += 1;
+                *counts.entry(path.to_owned()).or_default() += 1;
             }
         }
         counts
