@@ -319,6 +319,19 @@ impl Membership {
             .collect()
     }
 
+    /// The value of `key` this node published, if it did.
+    pub async fn own_value<T: Serialize + DeserializeOwned>(
+        &self,
+        key: Key<T>,
+    ) -> Option<Result<T, MetaError>> {
+        let chitchat = self.handle.chitchat();
+        let mut chitchat = chitchat.lock().await;
+        chitchat
+            .self_node_state()
+            .get(key.name())
+            .map(|raw| key.decode(raw))
+    }
+
     /// Stops gossiping. Peers will see this node dead after their detection delay.
     pub async fn shutdown(&self) {
         for task in &self.tasks {

@@ -225,6 +225,34 @@ fn observed_node(member: &Member, now_rfc3339: &str, pod_cidr: Option<ipnet::Ipv
     })
 }
 
+/// A Node's `status.images` from the tags it gossips: one entry per image (manifest
+/// digest), named by its tags and `repository@digest`, as the kubelet lists them (at most 50,
+/// the kubelet's `nodeStatusMaxImages`; sizes are not gossiped).
+pub fn node_images(tags: &std::collections::BTreeMap<String, String>) -> Value {
+    let mut by_digest: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
+    for (tag, digest) in tags {
+        let names = by_digest.entry(digest).or_default();
+        let repository = match (tag.split_once('@'), tag.rsplit_once(':')) {
+            (Some((repository, _)), _) => repository,
+            (None, Some((repository, t))) if !t.contains('/') => repository,
+            _ => tag.as_str(),
+        };
+        let pinned = format!("{repository}@{digest}");
+        for name in [pinned, tag.clone()] {
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    Value::Array(
+        by_digest
+            .into_values()
+            .take(50)
+            .map(|names| json!({"names": names}))
+            .collect(),
+    )
+}
+
 fn ms_rfc3339(ms: u64) -> String {
     humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
         .to_string()
@@ -289,4 +317,29 @@ pub fn node_metrics(usage: &[crate::kubelet::metrics::NodeUsage]) -> Vec<Value> 
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_images_are_named_by_their_tags_and_repository_digests() {
+        let d1 = format!("sha256:{}", "1".repeat(64));
+        let d2 = format!("sha256:{}", "2".repeat(64));
+        let tags = [
+            ("reg:5000/team/app:1".to_owned(), d1.clone()),
+            ("reg:5000/team/app:latest".to_owned(), d1.clone()),
+            (format!("docker.io/library/busybox@{d2}"), d2.clone()),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(
+            node_images(&tags),
+            json!([
+                {"names": [format!("reg:5000/team/app@{d1}"), "reg:5000/team/app:1", "reg:5000/team/app:latest"]},
+                {"names": [format!("docker.io/library/busybox@{d2}")]},
+            ])
+        );
+    }
 }

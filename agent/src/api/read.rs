@@ -38,16 +38,21 @@ pub async fn list_objects(
             let members = state.membership.members().await;
             let blocks = crate::network::blocks_by_node(&state.replication, None);
             let settings = state.replication.read(crate::node_settings::stored);
+            let images = node_images(&state.membership).await;
             (
                 members
                     .iter()
                     .map(|m| {
-                        observed::node(
+                        let mut node = observed::node(
                             m,
                             &now,
                             blocks.get(&m.node_id).copied(),
                             settings.get(m.name()),
-                        )
+                        );
+                        if let Some(list) = images.get(&m.node_id) {
+                            node["status"]["images"] = observed::node_images(list);
+                        }
+                        node
                     })
                     .collect(),
                 state.replication.read(|s| s.resource_version()),
@@ -183,4 +188,21 @@ pub async fn get(request: &Request<'_>, name: &str) -> Result<Response, ApiError
         ));
     }
     Ok(json_response(StatusCode::OK, &object))
+}
+
+/// The images each node gossips (`node.images`: tag → manifest digest), by node id.
+async fn node_images(
+    membership: &shoal_gossip::Membership,
+) -> std::collections::HashMap<String, std::collections::BTreeMap<String, String>> {
+    let key = shoal_gossip::keys::IMAGES;
+    let mut out: std::collections::HashMap<_, _> = membership
+        .peer_values(key)
+        .await
+        .into_iter()
+        .filter_map(|p| Some((p.node_id, p.value?.ok()?)))
+        .collect();
+    if let Some(Ok(own)) = membership.own_value(key).await {
+        out.insert(membership.node_id().to_owned(), own);
+    }
+    out
 }

@@ -1052,6 +1052,21 @@ async fn unused_images_are_collected_and_an_image_in_use_is_kept() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     assert!(images().contains("shoal.local/httpd:1"));
+    // The Node lists them (from its gossip).
+    let listed = api.ok(
+        0,
+        &[
+            "get",
+            "node",
+            "n0",
+            "-o",
+            "jsonpath={.status.images[*].names}",
+        ],
+    );
+    assert!(
+        listed.contains("shoal.local/busybox:1") && listed.contains("shoal.local/busybox@sha256:"),
+        "{listed}"
+    );
     api.ok(0, &["delete", "pod", "brief", "--grace-period=0"]);
     wait_until("httpd collected", LIMIT, || {
         let gone = !images().contains("shoal.local/httpd:1");
