@@ -51,6 +51,14 @@ pub const MAX_MANIFEST_BYTES: usize = 4 << 20;
 const MAX_REDIRECTS: usize = 5;
 /// The longest wait for a connection, a response or the next bytes of a body.
 pub const IDLE: Duration = Duration::from_secs(30);
+/// The slowest a body may come on average (a registry that drips a byte every few seconds
+/// would otherwise hold a pull forever): a body of N bytes gets `IDLE + N / MIN_RATE`.
+pub const MIN_RATE: u64 = 16 << 10;
+
+/// The time a body of `bytes` may take ([`MIN_RATE`]).
+fn body_deadline(bytes: u64) -> Duration {
+    IDLE + Duration::from_secs(bytes / MIN_RATE)
+}
 /// Where Linux distributions keep the system's CA bundle (the first that exists is read).
 const SYSTEM_ROOTS: [&str; 3] = [
     "/etc/ssl/certs/ca-certificates.crt",
@@ -708,6 +716,13 @@ async fn next_frame(
     }
 }
 
+fn too_slow(url: &str) -> RegistryError {
+    RegistryError::Http {
+        url: url.to_owned(),
+        message: format!("the body comes slower than {} KiB/s", MIN_RATE >> 10),
+    }
+}
+
 /// The body, at most `limit` bytes (an error past that).
 async fn read_bounded(
     url: &str,
@@ -716,7 +731,11 @@ async fn read_bounded(
 ) -> Result<Vec<u8>, RegistryError> {
     let mut body = response.into_body();
     let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + body_deadline(limit as u64);
     while let Some(frame) = next_frame(url, &mut body).await? {
+        if tokio::time::Instant::now() > deadline {
+            return Err(too_slow(url));
+        }
         if let Some(data) = frame.data_ref() {
             if out.len() + data.len() > limit {
                 return Err(RegistryError::TooLarge {
@@ -862,7 +881,11 @@ async fn blob(
     let mut hash = sha2::Sha256::new();
     let mut received = 0u64;
     let mut body = response.into_body();
+    let deadline = tokio::time::Instant::now() + body_deadline(size);
     while let Some(frame) = next_frame(&url, &mut body).await? {
+        if tokio::time::Instant::now() > deadline {
+            return Err(too_slow(&url));
+        }
         if let Some(data) = frame.data_ref() {
             received += data.len() as u64;
             if received > size {
@@ -1424,6 +1447,36 @@ mod tests {
             matches!(&err, RegistryError::Ca { path, .. } if *path == bad),
             "{err}"
         );
+    }
+
+    /// A registry that sends a byte every 10 s (never idle for 30 s) is cut off once the body
+    /// is slower than [`MIN_RATE`] on average (paused time: the drip takes no real time).
+    #[tokio::test(start_paused = true)]
+    async fn a_registry_that_drips_is_cut_off() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let (client, mut server) = tokio::io::duplex(1 << 16);
+        tokio::spawn(async move {
+            let mut request = [0u8; 4096];
+            let _ = server.read(&mut request).await;
+            let head = b"HTTP/1.1 200 OK\r\nContent-Length: 1048576\r\n\r\n";
+            let _ = server.write_all(head).await;
+            loop {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                if server.write_all(b"x").await.is_err() {
+                    break;
+                }
+            }
+        });
+        let url = Url::parse("http://127.0.0.1:5000/v2/a/blobs/b").unwrap();
+        let started = tokio::time::Instant::now();
+        let response = send(client, &url, (None, false), None).await.unwrap();
+        let err = read_bounded(&url.text(), response, 1 << 20)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("slower than 16 KiB/s"), "{err}");
+        let waited = started.elapsed();
+        assert!(waited >= body_deadline(1 << 20) && waited < body_deadline(1 << 20) + IDLE);
     }
 
     #[test]

@@ -362,6 +362,49 @@ fn pulls_with_credentials_from_a_token_auth_registry_and_through_mirrors() {
     );
     assert!(store.manifest_bytes(&image).is_err());
 
+    // Basic auth over TLS (distribution's htpasswd): refused anonymously with the registry's
+    // Basic challenge named, pulled with a docker config entry.
+    let (basic, ca) = Registry::start_tls_with_basic_auth();
+    basic.push_as(
+        &test_images().join("busybox-1.oci.tar"),
+        "team/basic:1",
+        Some(&format!("{USER}:{PASSWORD}")),
+    );
+    let with_ca = Registries {
+        ca_files: vec![ca],
+        ..Default::default()
+    };
+    let basic_image = format!("{}/team/basic:1", basic.addr);
+    let basic_secret = {
+        let auth = base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"));
+        let json = format!(
+            r#"{{"auths": {{"https://{}": {{"auth": "{auth}"}}}}}}"#,
+            basic.addr
+        );
+        parse_docker_config(json.as_bytes(), ConfigFormat::Json).unwrap()
+    };
+    let refused = rt
+        .block_on(registry::pull(&store, &basic_image, &with_ca, &[], None))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("asks for a user name and password"),
+        "{refused}"
+    );
+    let pulled = rt
+        .block_on(registry::pull(
+            &store,
+            &basic_image,
+            &with_ca,
+            &basic_secret,
+            None,
+        ))
+        .unwrap();
+    assert!(
+        pulled.authenticated && store.is_private(&pulled.digest),
+        "{pulled:?}"
+    );
+
     // A mirror: asked first (the registry named in the image is not even listening); a
     // mirror that lacks the image falls back to the registry, whose error is the answer.
     let mirror = Registry::start();

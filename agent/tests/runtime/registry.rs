@@ -40,6 +40,16 @@ impl Registry {
     /// A registry serving HTTPS with a certificate for `localhost` and 127.0.0.1 from a CA of
     /// its own; returns it and the CA's PEM file.
     pub fn start_tls() -> (Self, PathBuf) {
+        Self::start_tls_with(false)
+    }
+
+    /// An HTTPS registry (as [`Registry::start_tls`]) that asks for a user name and password
+    /// (`USER`, `PASSWORD`: distribution's htpasswd auth, a `Basic` challenge).
+    pub fn start_tls_with_basic_auth() -> (Self, PathBuf) {
+        Self::start_tls_with(true)
+    }
+
+    fn start_tls_with(basic_auth: bool) -> (Self, PathBuf) {
         let ca_key = rcgen::KeyPair::generate().unwrap();
         let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -62,7 +72,28 @@ impl Registry {
             write("key.pem", key.serialize_pem()),
         );
         let ca = write("ca.pem", ca.pem());
-        (Self::start_in(dir, Some(tls), ""), ca)
+        let mut auth = String::new();
+        if basic_auth {
+            // A bcrypt hash, as `htpasswd -B` writes it (glibc's crypt through Python).
+            let out = std::process::Command::new("python3")
+                .args([
+                    "-W",
+                    "ignore",
+                    "-c",
+                    "import crypt,sys; print(crypt.crypt(sys.argv[1], crypt.mksalt(crypt.METHOD_BLOWFISH)))",
+                    PASSWORD,
+                ])
+                .output()
+                .unwrap();
+            let hash = String::from_utf8(out.stdout).unwrap();
+            assert!(hash.starts_with("$2"), "bcrypt: {hash}");
+            let file = write("htpasswd", format!("{USER}:{}\n", hash.trim()));
+            auth = format!(
+                "auth:\n  htpasswd:\n    realm: shoal-test\n    path: {}\n",
+                file.display()
+            );
+        }
+        (Self::start_in(dir, Some(tls), &auth), ca)
     }
 
     /// Starts the registry with its config and storage in `dir` (HTTPS with `tls`'s
@@ -160,6 +191,7 @@ impl Registry {
     pub fn push_as(&self, archive: &std::path::Path, name: &str, creds: Option<&str>) {
         let mut command = std::process::Command::new("skopeo");
         command.args(["copy", "--quiet", "--dest-tls-verify=false"]);
+        // The archives name themselves shoal.local/…; the destination is what counts.
         if let Some(creds) = creds {
             command.arg(format!("--dest-creds={creds}"));
         }
