@@ -55,6 +55,11 @@ fn smoke(binary: &str, marker: &str) {
 }
 
 #[test]
+fn pull_bench() {
+    smoke(env!("CARGO_BIN_EXE_pull-bench"), "Peak RSS");
+}
+
+#[test]
 fn scheduling_bench() {
     smoke(
         env!("CARGO_BIN_EXE_scheduling-bench"),
