@@ -122,6 +122,22 @@ enum ImageCommand {
         #[arg(long, value_name = "NAME")]
         tag: Option<String>,
     },
+    /// Pull an image from its registry into the node's store, showing the bytes received
+    /// (credentials, mirrors, CAs and insecure registries from a registry config file).
+    Pull {
+        #[command(flatten)]
+        target: Target,
+        reference: String,
+        /// The registry config (TOML; README's "Registries").
+        #[arg(long, value_name = "FILE")]
+        registry_config: Option<PathBuf>,
+        /// A registry pulled from over plain HTTP besides loopback ones (repeatable).
+        #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
+        insecure_registry: Vec<String>,
+        /// A CA certificate (PEM) trusted for registries (repeatable).
+        #[arg(long = "registry-ca", value_name = "FILE")]
+        registry_ca: Vec<PathBuf>,
+    },
     /// List the node's images.
     Ls {
         #[command(flatten)]
@@ -291,6 +307,52 @@ fn image(command: ImageCommand) -> anyhow::Result<()> {
             for image in open(&target)?.import(&file, tag.as_deref())? {
                 println!("imported {} {}", image.reference, image.digest);
             }
+        }
+        ImageCommand::Pull {
+            target,
+            reference,
+            registry_config,
+            insecure_registry,
+            registry_ca,
+        } => {
+            use shoal_agent::images::registry;
+            let mut registries = registry::Registries {
+                insecure: insecure_registry,
+                ca_files: registry_ca,
+                ..Default::default()
+            };
+            if let Some(path) = &registry_config {
+                registries.load_config(path)?;
+            }
+            let store = open(&target)?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let progress = std::sync::atomic::AtomicU64::new(0);
+            let started = std::time::Instant::now();
+            let pulled = rt.block_on(async {
+                let pull = registry::pull_counting(&store, &reference, &registries, &progress);
+                tokio::pin!(pull);
+                let mut ticker = tokio::time::interval(std::time::Duration::from_millis(500));
+                loop {
+                    tokio::select! {
+                        result = &mut pull => break result,
+                        _ = ticker.tick() => {
+                            let bytes = progress.load(std::sync::atomic::Ordering::Relaxed);
+                            eprint!("\rpulling {reference}: {:.1} MB", bytes as f64 / 1e6);
+                        }
+                    }
+                }
+            });
+            eprintln!();
+            let pulled = pulled?;
+            println!(
+                "pulled {reference} {} from {} ({:.1} MB in {:.1} s)",
+                pulled.digest,
+                pulled.host,
+                pulled.bytes as f64 / 1e6,
+                started.elapsed().as_secs_f64()
+            );
         }
         ImageCommand::Ls { target, output } => {
             let images = open(&target)?.list()?;

@@ -438,11 +438,21 @@ impl Url {
     }
 }
 
+/// What a request asks beside its URL.
+#[derive(Debug, Clone, Copy, Default)]
+struct Ask<'a> {
+    accept: Option<&'a str>,
+    /// A HEAD, not a GET.
+    head: bool,
+    /// The body from this offset on (`Range: bytes=N-`).
+    from: Option<u64>,
+}
+
 /// Sends a GET (a HEAD with `head`) on an open connection.
 async fn send<T>(
     io: T,
     url: &Url,
-    (accept, head): (Option<&str>, bool),
+    ask: Ask<'_>,
     authorization: Option<&str>,
 ) -> Result<hyper::Response<hyper::body::Incoming>, RegistryError>
 where
@@ -457,7 +467,7 @@ where
         .map_err(|e| http(e.to_string()))?;
     tokio::spawn(conn);
     let mut request = hyper::Request::builder()
-        .method(if head {
+        .method(if ask.head {
             hyper::Method::HEAD
         } else {
             hyper::Method::GET
@@ -465,8 +475,11 @@ where
         .uri(&url.path)
         .header(hyper::header::HOST, url.authority())
         .header(hyper::header::USER_AGENT, "shoal");
-    if let Some(accept) = accept {
+    if let Some(accept) = ask.accept {
         request = request.header(hyper::header::ACCEPT, accept);
+    }
+    if let Some(from) = ask.from {
+        request = request.header(hyper::header::RANGE, format!("bytes={from}-"));
     }
     if let Some(authorization) = authorization {
         request = request.header(hyper::header::AUTHORIZATION, authorization);
@@ -483,7 +496,7 @@ where
 /// Opens a connection to `url` (TLS for https) and sends a GET (HEAD with `head`).
 async fn open(
     url: &Url,
-    accept: (Option<&str>, bool),
+    accept: Ask<'_>,
     authorization: Option<&str>,
     registries: &Registries,
     tls: &tokio_rustls::TlsConnector,
@@ -584,7 +597,7 @@ impl Session<'_> {
                 let basic = self.credentials.map(Credentials::basic);
                 let response = open(
                     &token_url,
-                    (None, false),
+                    Ask::default(),
                     basic.as_deref(),
                     self.registries,
                     &self.tls,
@@ -617,7 +630,7 @@ fn snippet(body: &[u8]) -> String {
 /// URL and the response.
 async fn get(
     url: &str,
-    accept: (Option<&str>, bool),
+    accept: Ask<'_>,
     session: &mut Session<'_>,
 ) -> Result<(String, hyper::Response<hyper::body::Incoming>), RegistryError> {
     let mut url = Url::parse(url)?;
@@ -761,7 +774,11 @@ async fn manifest(
     session: &mut Session<'_>,
 ) -> Result<(String, Vec<u8>, serde_json::Value), RegistryError> {
     let url = format!("{base}/manifests/{reference}");
-    let (url, response) = get(&url, (Some(ACCEPT), false), session).await?;
+    let ask = Ask {
+        accept: Some(ACCEPT),
+        ..Ask::default()
+    };
+    let (url, response) = get(&url, ask, session).await?;
     let bytes = read_bounded(&url, response, MAX_MANIFEST_BYTES).await?;
     let digest = sha256(&bytes);
     if let Some(expected) = expected
@@ -789,7 +806,12 @@ async fn resolve(
     session: &mut Session<'_>,
 ) -> Result<Option<(String, u64)>, RegistryError> {
     let url = format!("{base}/manifests/{reference}");
-    let (_, response) = get(&url, (Some(ACCEPT), true), session).await?;
+    let ask = Ask {
+        accept: Some(ACCEPT),
+        head: true,
+        ..Ask::default()
+    };
+    let (_, response) = get(&url, ask, session).await?;
     let header = |name: &str| {
         response
             .headers()
@@ -867,6 +889,47 @@ fn platform_entry(index: &ImageIndex, arch: &str, variant: Option<&str>) -> Resu
     }
 }
 
+/// Times one blob download resumes after its connection broke (each time after progress).
+const MAX_RESUMES: usize = 3;
+
+/// Streams a body into `file`, hashing it and counting `received`, refusing more than `size`
+/// bytes in all and a pace under [`MIN_RATE`].
+async fn stream_body(
+    url: &str,
+    response: hyper::Response<hyper::body::Incoming>,
+    size: u64,
+    (file, hash, received): (&mut tempfile::NamedTempFile, &mut sha2::Sha256, &mut u64),
+    session: &Session<'_>,
+) -> Result<(), RegistryError> {
+    let mut body = response.into_body();
+    let deadline = tokio::time::Instant::now() + body_deadline(size - *received);
+    while let Some(frame) = next_frame(url, &mut body).await? {
+        if tokio::time::Instant::now() > deadline {
+            return Err(too_slow(url));
+        }
+        if let Some(data) = frame.data_ref() {
+            *received += data.len() as u64;
+            if *received > size {
+                return Err(RegistryError::TooLarge {
+                    url: url.to_owned(),
+                    limit: size,
+                });
+            }
+            hash.update(data);
+            file.write_all(data)?;
+            if let Some(progress) = session.progress {
+                progress.fetch_add(data.len() as u64, Ordering::Relaxed);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Blob downloads one node runs at once, over every pull (the kubelet's serialized pulls are
+/// coarser: one image at a time); the others wait their turn.
+pub const MAX_DOWNLOADS: usize = 4;
+static DOWNLOADS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_DOWNLOADS);
+
 /// Streams a blob into the store, hashing as it comes, refusing more bytes than `size` and a
 /// digest other than `digest`; nothing enters the store unverified.
 async fn blob(
@@ -876,28 +939,47 @@ async fn blob(
     size: u64,
     session: &mut Session<'_>,
 ) -> Result<u64, RegistryError> {
-    let (url, response) = get(&format!("{base}/blobs/{digest}"), (None, false), session).await?;
+    let _turn = DOWNLOADS
+        .acquire()
+        .await
+        .expect("the semaphore is never closed");
     let mut file = store.incoming_blob()?;
     let mut hash = sha2::Sha256::new();
     let mut received = 0u64;
-    let mut body = response.into_body();
-    let deadline = tokio::time::Instant::now() + body_deadline(size);
-    while let Some(frame) = next_frame(&url, &mut body).await? {
-        if tokio::time::Instant::now() > deadline {
-            return Err(too_slow(&url));
+    let mut resumed = 0;
+    let url = loop {
+        let ask = Ask {
+            from: (received > 0).then_some(received),
+            ..Ask::default()
+        };
+        let (url, response) = get(&format!("{base}/blobs/{digest}"), ask, session).await?;
+        if received > 0 && response.status() != hyper::StatusCode::PARTIAL_CONTENT {
+            // The server sends the whole blob again: start over.
+            file = store.incoming_blob()?;
+            hash = sha2::Sha256::new();
+            received = 0;
         }
-        if let Some(data) = frame.data_ref() {
-            received += data.len() as u64;
-            if received > size {
-                return Err(RegistryError::TooLarge { url, limit: size });
+        let before = received;
+        let streamed = stream_body(
+            &url,
+            response,
+            size,
+            (&mut file, &mut hash, &mut received),
+            session,
+        )
+        .await;
+        match streamed {
+            Ok(()) => break url,
+            // A connection lost midway, after progress: the rest, from where it broke.
+            Err(error @ RegistryError::Http { .. })
+                if received > before && resumed < MAX_RESUMES =>
+            {
+                resumed += 1;
+                tracing::info!(%url, received, %error, "blob download interrupted; resuming");
             }
-            hash.update(data);
-            file.write_all(data)?;
-            if let Some(progress) = session.progress {
-                progress.fetch_add(data.len() as u64, Ordering::Relaxed);
-            }
+            Err(error) => return Err(error),
         }
-    }
+    };
     if received != size {
         return Err(RegistryError::Size {
             url,
@@ -964,6 +1046,7 @@ enum Op<'a> {
     Image {
         store: &'a ImageStore,
         peers: Option<&'a dyn BlobSource>,
+        progress: Option<&'a AtomicU64>,
     },
     /// One blob (a manifest with `manifest`) into the store, for a peer waiting on this
     /// node, counted in `progress`.
@@ -987,7 +1070,29 @@ pub async fn pull(
     peers: Option<&dyn BlobSource>,
 ) -> Result<Pulled, RegistryError> {
     let reference = Reference::parse(image)?;
-    across_hosts(&Op::Image { store, peers }, &reference, registries, secrets).await
+    let op = Op::Image {
+        store,
+        peers,
+        progress: None,
+    };
+    across_hosts(&op, &reference, registries, secrets).await
+}
+
+/// [`pull`], counting the blob bytes received from the registry into `progress` as they come
+/// (`shoal image pull` shows it).
+pub async fn pull_counting(
+    store: &ImageStore,
+    image: &str,
+    registries: &Registries,
+    progress: &AtomicU64,
+) -> Result<Pulled, RegistryError> {
+    let reference = Reference::parse(image)?;
+    let op = Op::Image {
+        store,
+        peers: None,
+        progress: Some(progress),
+    };
+    across_hosts(&op, &reference, registries, &[]).await
 }
 
 /// Fetches blob `digest` of `image` from its registry (its mirrors first) into `store`,
@@ -1079,8 +1184,7 @@ async fn at_host(
             credentials,
             authorization: None,
             progress: match op {
-                Op::Blob { progress, .. } => *progress,
-                Op::Image { .. } => None,
+                Op::Blob { progress, .. } | Op::Image { progress, .. } => *progress,
             },
         };
         let attempt = match once(op, "https", host, reference, &mut session).await {
@@ -1113,7 +1217,7 @@ async fn once(
     session: &mut Session<'_>,
 ) -> Result<(String, u64, u64), RegistryError> {
     match op {
-        Op::Image { store, peers } => {
+        Op::Image { store, peers, .. } => {
             pull_over(scheme, host, reference, store, *peers, session).await
         }
         Op::Blob {
@@ -1424,7 +1528,7 @@ mod tests {
         let err = rt
             .block_on(get(
                 "http://reg.example:5000/v2/",
-                (None, false),
+                Ask::default(),
                 &mut session,
             ))
             .unwrap_err();
@@ -1449,6 +1553,86 @@ mod tests {
         );
     }
 
+    /// A blob whose connection breaks midway is resumed with a Range request from where it
+    /// broke, and verified whole; a server that ignores the Range is read again from the start.
+    #[tokio::test]
+    async fn a_broken_blob_download_resumes_where_it_broke() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let content: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        let digest = sha256(&content);
+        for honour_range in [true, false] {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let body = content.clone();
+            let ranges = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+            let seen = ranges.clone();
+            tokio::spawn(async move {
+                for n in 0.. {
+                    let (mut conn, _) = listener.accept().await.unwrap();
+                    let mut request = vec![0u8; 4096];
+                    let len = conn.read(&mut request).await.unwrap();
+                    let request = String::from_utf8_lossy(&request[..len]).to_lowercase();
+                    let from = request
+                        .lines()
+                        .find_map(|l| l.strip_prefix("range: bytes="))
+                        .and_then(|r| r.trim_end_matches('-').parse::<usize>().ok());
+                    seen.lock().unwrap().push(from);
+                    match (n, from) {
+                        // The first answer breaks after half the body.
+                        (0, _) => {
+                            let head = format!(
+                                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+                                body.len()
+                            );
+                            conn.write_all(head.as_bytes()).await.unwrap();
+                            conn.write_all(&body[..body.len() / 2]).await.unwrap();
+                        }
+                        (_, Some(from)) if honour_range => {
+                            let rest = &body[from..];
+                            let head = format!(
+                                "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {from}-{}/{}\r\n\r\n",
+                                rest.len(),
+                                body.len() - 1,
+                                body.len()
+                            );
+                            conn.write_all(head.as_bytes()).await.unwrap();
+                            conn.write_all(rest).await.unwrap();
+                        }
+                        _ => {
+                            let head = format!(
+                                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+                                body.len()
+                            );
+                            conn.write_all(head.as_bytes()).await.unwrap();
+                            conn.write_all(&body).await.unwrap();
+                        }
+                    }
+                }
+            });
+            let dir = tempfile::tempdir().unwrap();
+            let store = ImageStore::open(dir.path()).unwrap();
+            let registries = Registries::default();
+            let mut session = Session {
+                registries: &registries,
+                tls: registries.tls(&[]).unwrap(),
+                credentials: None,
+                authorization: None,
+                progress: None,
+            };
+            let base = format!("http://{addr}/v2/a");
+            let size = content.len() as u64;
+            let got = blob(&store, &base, &digest, size, &mut session)
+                .await
+                .unwrap();
+            assert_eq!(got, size);
+            assert!(store.has_blob(&digest));
+            assert_eq!(
+                ranges.lock().unwrap().as_slice(),
+                [None, Some(content.len() / 2)]
+            );
+        }
+    }
+
     /// A registry that sends a byte every 10 s (never idle for 30 s) is cut off once the body
     /// is slower than [`MIN_RATE`] on average (paused time: the drip takes no real time).
     #[tokio::test(start_paused = true)]
@@ -1469,7 +1653,7 @@ mod tests {
         });
         let url = Url::parse("http://127.0.0.1:5000/v2/a/blobs/b").unwrap();
         let started = tokio::time::Instant::now();
-        let response = send(client, &url, (None, false), None).await.unwrap();
+        let response = send(client, &url, Ask::default(), None).await.unwrap();
         let err = read_bounded(&url.text(), response, 1 << 20)
             .await
             .unwrap_err()

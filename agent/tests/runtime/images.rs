@@ -197,6 +197,23 @@ fn pulls_from_a_real_registry_and_refuses_a_corrupted_blob() {
     .unwrap();
     assert!(store.contains(&by_digest));
 
+    // The CLI: `shoal image pull` into a node's store.
+    let node_dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(crate::shoal_binary())
+        .args(["image", "pull", "--data-dir"])
+        .arg(node_dir.path())
+        .arg(&image)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains(&format!("pulled {image} {digest}")),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let node_store = ImageStore::open(shoal_agent::paths::images(node_dir.path())).unwrap();
+    assert!(node_store.contains(&image));
+
     // A layer corrupted in the registry's storage: refused, nothing stored.
     let (_, manifest) = store.manifest_bytes(&image).unwrap();
     let manifest: serde_json::Value = serde_json::from_slice(&manifest).unwrap();
