@@ -470,3 +470,60 @@ fn pulls_with_credentials_from_a_token_auth_registry_and_through_mirrors() {
         "{missing}"
     );
 }
+
+/// Issue #38: a multi-arch image (an index of linux/amd64 and linux/arm64 and s390x
+/// manifests, pushed with `skopeo copy --all`) is pulled as this node's platform; an index
+/// without it is refused, naming what it has.
+#[test]
+fn a_multi_arch_index_gives_this_node_s_platform() {
+    use crate::runtime::registry::multi_arch_image;
+    use shoal_agent::images::registry::{self, Registries, RegistryError};
+    let registry = crate::runtime::Registry::start();
+    let here = shoal_agent::images::go_arch();
+    let others: Vec<&str> = ["amd64", "arm64", "s390x"]
+        .into_iter()
+        .filter(|a| *a != here)
+        .collect();
+    let all: Vec<&str> = others.iter().copied().chain([here]).collect();
+    let (layout, digests) = multi_arch_image(&test_images().join("busybox-1.oci.tar"), &all);
+    registry.push_layout(layout.path(), "team/multi:1");
+    let (foreign, _) = multi_arch_image(&test_images().join("busybox-1.oci.tar"), &others);
+    registry.push_layout(foreign.path(), "team/foreign:1");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = ImageStore::open(dir.path()).unwrap();
+    let image = format!("{}/team/multi:1", registry.addr);
+    let pulled = rt
+        .block_on(registry::pull(
+            &store,
+            &image,
+            &Registries::default(),
+            &[],
+            None,
+        ))
+        .unwrap();
+    let mine = digests.iter().find(|(a, _)| a == here).unwrap();
+    assert_eq!(pulled.digest, mine.1);
+    assert!(
+        store.resolve(&image).unwrap().layers[0]
+            .join("bin/sh")
+            .exists()
+    );
+    let err = rt
+        .block_on(registry::pull(
+            &store,
+            &format!("{}/team/foreign:1", registry.addr),
+            &Registries::default(),
+            &[],
+            None,
+        ))
+        .unwrap_err();
+    assert!(
+        matches!(&err, RegistryError::Platform { available, .. }
+            if others.iter().all(|a| available.contains(&format!("linux/{a}")))),
+        "{err}"
+    );
+}

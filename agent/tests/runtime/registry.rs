@@ -171,6 +171,21 @@ impl Registry {
         self.push_as(archive, name, None);
     }
 
+    /// Pushes an OCI layout (every platform of its index) as `name`.
+    pub fn push_layout(&self, layout: &std::path::Path, name: &str) {
+        let out = std::process::Command::new("skopeo")
+            .args(["copy", "--all", "--quiet", "--dest-tls-verify=false"])
+            .arg(format!("oci:{}", layout.display()))
+            .arg(format!("docker://{}/{name}", self.addr))
+            .output()
+            .expect("skopeo");
+        assert!(
+            out.status.success(),
+            "skopeo: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// Pushes an image no node has (see [`unique_image`]) as `name`.
     pub fn push_unique(&self, base: &std::path::Path, name: &str) {
         let layout = unique_image(base);
@@ -421,4 +436,63 @@ pub fn unique_image(base: &std::path::Path) -> tempfile::TempDir {
     )
     .unwrap();
     dir
+}
+
+/// An OCI layout whose index lists the image of the OCI archive `base` once per platform of
+/// `arches` (linux; the same layers, a config naming each architecture): a multi-arch image
+/// as `docker buildx` pushes one. Returns the layout and each platform's manifest digest.
+pub fn multi_arch_image(
+    base: &std::path::Path,
+    arches: &[&str],
+) -> (tempfile::TempDir, Vec<(String, String)>) {
+    use sha2::Digest as _;
+    let dir = tempfile::tempdir().unwrap();
+    tar::Archive::new(std::fs::File::open(base).unwrap())
+        .unpack(dir.path())
+        .unwrap();
+    let blobs = dir.path().join("blobs/sha256");
+    let put = |bytes: &[u8]| -> (String, u64) {
+        let hex = hex::encode(sha2::Sha256::digest(bytes));
+        std::fs::write(blobs.join(&hex), bytes).unwrap();
+        (format!("sha256:{hex}"), bytes.len() as u64)
+    };
+    let read = |digest: &str| -> serde_json::Value {
+        let hex = digest.trim_start_matches("sha256:");
+        serde_json::from_slice(&std::fs::read(blobs.join(hex)).unwrap()).unwrap()
+    };
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("index.json")).unwrap()).unwrap();
+    let manifest = read(index["manifests"][0]["digest"].as_str().unwrap());
+    let config = read(manifest["config"]["digest"].as_str().unwrap());
+    let mut entries = Vec::new();
+    let mut digests = Vec::new();
+    for arch in arches {
+        let mut config = config.clone();
+        config["architecture"] = serde_json::json!(arch);
+        let (config_digest, config_size) = put(&serde_json::to_vec(&config).unwrap());
+        let mut manifest = manifest.clone();
+        manifest["config"]["digest"] = serde_json::json!(config_digest);
+        manifest["config"]["size"] = serde_json::json!(config_size);
+        let (digest, size) = put(&serde_json::to_vec(&manifest).unwrap());
+        entries.push(serde_json::json!({
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": digest, "size": size,
+            "platform": {"os": "linux", "architecture": arch}}));
+        digests.push((arch.to_string(), digest));
+    }
+    let inner = serde_json::json!({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": entries});
+    let (inner_digest, inner_size) = put(&serde_json::to_vec(&inner).unwrap());
+    // The layout's own index points at the multi-arch index (as `skopeo copy --all` reads it).
+    let top = serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{"mediaType": "application/vnd.oci.image.index.v1+json",
+                       "digest": inner_digest, "size": inner_size}]});
+    std::fs::write(
+        dir.path().join("index.json"),
+        serde_json::to_vec(&top).unwrap(),
+    )
+    .unwrap();
+    (dir, digests)
 }
