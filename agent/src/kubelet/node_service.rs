@@ -30,6 +30,40 @@ pub struct LogRequest {
     pub query: LogQuery,
 }
 
+/// Bytes as MessagePack's `bin` (serde's default for a `Vec<u8>` is an array of integers: up to
+/// two bytes each, so an 8 MiB chunk of random bytes would not fit the channel's 9 MiB frame).
+mod binary {
+    use serde::{Deserializer, Serializer, de};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(bytes)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
+        struct Visitor;
+        impl<'de> de::Visitor<'de> for Visitor {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("bytes")
+            }
+            fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+                Ok(v.to_vec())
+            }
+            fn visit_byte_buf<E: de::Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+                Ok(v)
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 20));
+                while let Some(b) = seq.next_element::<u8>()? {
+                    out.push(b);
+                }
+                Ok(out)
+            }
+        }
+        deserializer.deserialize_byte_buf(Visitor)
+    }
+}
+
 /// A request on the `Node` channel.
 #[derive(Debug, Serialize, Deserialize)]
 pub(super) enum NodeRequest {
@@ -90,9 +124,20 @@ impl RegistryBlobRequest {
 
 #[derive(Debug, Serialize, Deserialize)]
 pub(super) enum NodeResponse {
-    Logs { chunk: LogChunk, running: bool },
-    Manifest { digest: String, bytes: Vec<u8> },
-    Blob { bytes: Vec<u8>, total: u64 },
+    Logs {
+        chunk: LogChunk,
+        running: bool,
+    },
+    Manifest {
+        digest: String,
+        #[serde(with = "binary")]
+        bytes: Vec<u8>,
+    },
+    Blob {
+        #[serde(with = "binary")]
+        bytes: Vec<u8>,
+        total: u64,
+    },
     Usage(super::metrics::NodeUsage),
     Events(Vec<crate::observed::events::EventRecord>),
     Error(String),
@@ -537,6 +582,26 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(err.contains(named), "{uid} {container}: {err}");
+        }
+    }
+
+    /// A full chunk of incompressible bytes fits the Node channel's frame (as `bin`; an
+    /// array of integers would take up to twice as much and be refused).
+    #[test]
+    fn a_full_blob_chunk_of_random_bytes_fits_the_channel() {
+        let bytes: Vec<u8> = (0..BLOB_CHUNK as u64)
+            .map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8 | 0x80)
+            .collect();
+        let response = NodeResponse::Blob { bytes, total: 1 };
+        let encoded = rmp_serde::to_vec(&response).unwrap();
+        assert!(
+            encoded.len() <= shoal_gossip::Channel::Node.max_payload_bytes(),
+            "{} bytes",
+            encoded.len()
+        );
+        match rmp_serde::from_slice::<NodeResponse>(&encoded).unwrap() {
+            NodeResponse::Blob { bytes, .. } => assert_eq!(bytes.len(), BLOB_CHUNK),
+            other => panic!("{other:?}"),
         }
     }
 }

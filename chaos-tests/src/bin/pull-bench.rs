@@ -13,6 +13,12 @@
 //!    a single `--big-mb` MiB layer by Shoal's client (streaming, not buffering: the peak
 //!    should not grow with the layer).
 //!
+//! 3. A cluster starting one new image at once: for 1, 3 and 5 agents on loopback, one pod
+//!    per node of an image no node has (the busybox test image plus `--layers` random layers
+//!    of `--layer-mb` MiB), applied together; the registry's egress (bytes it served for the
+//!    image, from its access log) against the image's size, and the time until every pod runs
+//!    against the single node's.
+//!
 //! Usage: cargo run --release -p shoal-chaos --bin pull-bench -- --runs 5
 
 use std::io::Write as _;
@@ -51,6 +57,7 @@ fn median(values: &mut [f64]) -> f64 {
 struct Registry {
     child: std::process::Child,
     addr: String,
+    log: PathBuf,
 }
 
 impl Registry {
@@ -64,14 +71,16 @@ impl Registry {
         std::fs::write(
             &config,
             format!(
-                "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n",
+                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n",
                 dir.join("data").display()
             ),
         )?;
+        // The access log (on stdout) counts the cluster section's egress.
+        let log = std::fs::File::create(dir.join("access.log"))?;
         let child = Command::new("docker-registry")
             .arg("serve")
             .arg(&config)
-            .stdout(Stdio::null())
+            .stdout(log)
             .stderr(Stdio::null())
             .spawn()
             .context("docker-registry (apt-get install docker-registry)")?;
@@ -82,7 +91,26 @@ impl Registry {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Ok(Self { child, addr })
+        Ok(Self {
+            child,
+            addr,
+            log: dir.join("access.log"),
+        })
+    }
+
+    /// Bytes served with 200 for repository `name` (manifests and blobs), from the access log.
+    fn egress(&self, name: &str) -> u64 {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let prefix = format!("\"GET /v2/{name}/");
+        log.lines()
+            .filter(|l| l.contains(&prefix))
+            .filter_map(|l| {
+                let after = l.rsplit_once("HTTP/1.1\" ")?.1;
+                let mut fields = after.split_whitespace();
+                (fields.next()? == "200").then_some(())?;
+                fields.next()?.parse::<u64>().ok()
+            })
+            .sum()
     }
 }
 
@@ -96,19 +124,50 @@ impl Drop for Registry {
 /// Writes an OCI layout at `dir` with `layers` uncompressed tar layers of `mb` MiB of random
 /// bytes each, streamed to disk (this process's memory stays small).
 fn build_image(dir: &Path, layers: usize, mb: u64) -> anyhow::Result<()> {
+    build_image_on(dir, layers, mb, None, 0)
+}
+
+/// [`build_image`] over the layers of the OCI archive `base` (a runnable image), with `seed`
+/// choosing the random bytes.
+fn build_image_on(
+    dir: &Path,
+    layers: usize,
+    mb: u64,
+    base: Option<&Path>,
+    seed: u64,
+) -> anyhow::Result<()> {
     use rand::{Rng as _, SeedableRng as _};
     let blobs = dir.join("blobs/sha256");
     std::fs::create_dir_all(&blobs)?;
+    let mut base_layers: Vec<serde_json::Value> = Vec::new();
+    let mut base_diff_ids: Vec<serde_json::Value> = Vec::new();
+    let mut base_config = serde_json::json!({"config": {"Cmd": ["sh"]}});
+    if let Some(base) = base {
+        tar::Archive::new(std::fs::File::open(base)?).unpack(dir)?;
+        let read = |digest: &str| -> anyhow::Result<serde_json::Value> {
+            let hex = digest.trim_start_matches("sha256:");
+            Ok(serde_json::from_slice(&std::fs::read(blobs.join(hex))?)?)
+        };
+        let index: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("index.json"))?)?;
+        let manifest = read(index["manifests"][0]["digest"].as_str().unwrap_or_default())?;
+        base_config = read(manifest["config"]["digest"].as_str().unwrap_or_default())?;
+        base_layers = manifest["layers"].as_array().cloned().unwrap_or_default();
+        base_diff_ids = base_config["rootfs"]["diff_ids"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+    }
     let put = |bytes: &[u8]| -> anyhow::Result<(String, u64)> {
         let hex = hex::encode(sha2::Sha256::digest(bytes));
         std::fs::write(blobs.join(&hex), bytes)?;
         Ok((format!("sha256:{hex}"), bytes.len() as u64))
     };
-    let mut descriptors = Vec::new();
-    let mut diff_ids = Vec::new();
+    let mut descriptors = base_layers;
+    let mut diff_ids = base_diff_ids;
     // Seeded per layer and size: a new image each time the sizes change, the same bytes
     // across runs (not that it matters to the figures).
-    let mut rng = rand::rngs::Xoshiro256PlusPlus::seed_from_u64(mb ^ (layers as u64) << 32);
+    let mut rng = rand::rngs::Xoshiro256PlusPlus::seed_from_u64(seed ^ mb ^ (layers as u64) << 32);
     for i in 0..layers {
         // A tar of one file, written and hashed in chunks.
         let size = mb << 20;
@@ -146,12 +205,12 @@ fn build_image(dir: &Path, layers: usize, mb: u64) -> anyhow::Result<()> {
         descriptors.push(serde_json::json!({
             "mediaType": "application/vnd.oci.image.layer.v1.tar",
             "digest": digest, "size": total}));
-        diff_ids.push(digest);
+        diff_ids.push(serde_json::json!(digest));
     }
-    let config = serde_json::json!({
-        "architecture": shoal_agent::images::go_arch(), "os": "linux",
-        "config": {"Cmd": ["sh"]},
-        "rootfs": {"type": "layers", "diff_ids": diff_ids}});
+    let mut config = base_config;
+    config["architecture"] = serde_json::json!(shoal_agent::images::go_arch());
+    config["os"] = serde_json::json!("linux");
+    config["rootfs"] = serde_json::json!({"type": "layers", "diff_ids": diff_ids});
     let (config_digest, config_size) = put(&serde_json::to_vec(&config)?)?;
     let manifest = serde_json::json!({
         "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
@@ -168,6 +227,91 @@ fn build_image(dir: &Path, layers: usize, mb: u64) -> anyhow::Result<()> {
     )?;
     std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#)?;
     Ok(())
+}
+
+/// The project's test images (`examples/images/build.sh`), built if needed.
+fn test_images() -> anyhow::Result<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = root.join("target/images");
+    let status = Command::new("bash")
+        .arg(root.join("examples/images/build.sh"))
+        .arg(&out)
+        .stdout(Stdio::null())
+        .status()?;
+    if !status.success() {
+        bail!("examples/images/build.sh failed");
+    }
+    Ok(out)
+}
+
+/// Section 3 for `n` agents: a fresh cluster, one pod per node of `image` (pushed already),
+/// all applied at once; the seconds until every pod runs.
+async fn cluster_run(root: &Path, n: usize, image: &str) -> anyhow::Result<f64> {
+    use shoal_chaos::testkit::{AgentProcess, AgentSpec, alive_count, init_secret, wait_until};
+    let binary = shoal_chaos::shoal_binary()?;
+    std::fs::create_dir_all(root)?;
+    let secret = root.join("secret");
+    init_secret(&binary, &secret)?;
+    let mut agents: Vec<AgentProcess> = Vec::new();
+    for i in 0..n {
+        let mut spec = AgentSpec::new(&binary, root, &format!("n{i}"), &secret);
+        if let Some(seed) = agents.first() {
+            spec = spec.join(seed.gossip_addr());
+        }
+        agents.push(AgentProcess::start(spec).await?);
+    }
+    for a in &agents {
+        wait_until("all alive", Duration::from_secs(60), || async {
+            alive_count(a).await == n
+        })
+        .await?;
+    }
+    // Every node has published its images (none yet): they agree on the owners.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let start = Instant::now();
+    for i in 0..n {
+        let pod = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("pull-{i}"), "namespace": "default"},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": format!("n{i}")},
+                     "containers": [{"name": "c", "image": image, "command": ["sleep", "3600"]}]}});
+        let (status, body) = agents[0].apply(&pod).await?;
+        if status >= 300 {
+            bail!("apply: {status} {body}");
+        }
+    }
+    wait_until("every pod Running", Duration::from_secs(600), || async {
+        let Ok((_, list)) = agents[0]
+            .call(
+                hyper::Method::GET,
+                "/v1/objects/pods?namespace=default",
+                None,
+            )
+            .await
+        else {
+            return false;
+        };
+        let items = list["items"].as_array().cloned().unwrap_or_default();
+        items.len() == n && items.iter().all(|p| p["status"]["phase"] == "Running")
+    })
+    .await?;
+    let took = start.elapsed().as_secs_f64();
+    if std::env::var_os("PULL_BENCH_LOGS").is_some() {
+        for agent in &agents {
+            for line in agent
+                .log()
+                .lines()
+                .filter(|l| l.contains("blob") || l.contains("pull"))
+            {
+                eprintln!("{}: {line}", agent.name());
+            }
+        }
+    }
+    for agent in &mut agents {
+        let _ = agent.terminate();
+        let _ = agent.reset_node();
+    }
+    Ok(took)
 }
 
 fn push(layout: &Path, registry: &Registry, name: &str) -> anyhow::Result<()> {
@@ -383,5 +527,54 @@ fn main() -> anyhow::Result<()> {
         args.big_mb,
         took
     );
+
+    println!();
+    println!(
+        "3. A cluster starting one new image at once (busybox + {} x {} MiB random layers), one pod per node",
+        args.layers, args.layer_mb
+    );
+    let base = test_images()?.join("busybox-1.oci.tar");
+    let sizes: &[usize] = if args.smoke { &[1, 2] } else { &[1, 3, 5] };
+    let mut single = None;
+    for (k, &n) in sizes.iter().enumerate() {
+        let name = format!("bench/cluster{n}");
+        let layout = work.path().join(format!("cluster-layout-{n}"));
+        build_image_on(
+            &layout,
+            args.layers,
+            args.layer_mb,
+            Some(&base),
+            1000 + k as u64,
+        )?;
+        push(&layout, &registry, &format!("{name}:1"))?;
+        let image_bytes = walk_size(&layout.join("blobs/sha256"))?;
+        std::fs::remove_dir_all(&layout)?;
+        let before = registry.egress(&name);
+        let root = work.path().join(format!("cluster-{n}"));
+        let took = rt.block_on(cluster_run(
+            &root,
+            n,
+            &format!("{}/{name}:1", registry.addr),
+        ))?;
+        let egress = registry.egress(&name) - before;
+        let single_took = *single.get_or_insert(took);
+        println!(
+            "{n} node(s): every pod Running after {took:.2} s ({:.2}x one node's), registry egress {:.1} MiB = {:.2}x the image ({:.1} MiB)",
+            took / single_took,
+            egress as f64 / 1048576.0,
+            egress as f64 / image_bytes as f64,
+            image_bytes as f64 / 1048576.0
+        );
+        let _ = std::fs::remove_dir_all(&root);
+    }
     Ok(())
+}
+
+/// The bytes of the files in `dir` (one level).
+fn walk_size(dir: &Path) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        total += entry?.metadata()?.len();
+    }
+    Ok(total)
 }
