@@ -719,7 +719,7 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_without_the_image_pulls_it_from_a_peer() {
-    let api = ApiLab::start_with(3, |_| vec!["--restart-backoff".into(), "1s".into()]).await;
+    let mut api = ApiLab::start_with(3, |_| vec!["--restart-backoff".into(), "1s".into()]).await;
     // Only n0 holds the image.
     import_image(
         &api,
@@ -1006,6 +1006,73 @@ spec:
                 .all(|(m, n)| m.starts_with("sha256:") && *n == 1),
         "the manifest once, by digest: {gets:?}"
     );
+
+    // The owner of a blob killed while it fetches it (a slow registry: ~1 MiB/s through a
+    // proxy, an 8 MiB layer): the nodes waiting for it fetch the blob themselves and run.
+    let slow = crate::runtime::Registry::start();
+    let layer = slow.push_unique_sized(
+        &crate::runtime::test_images().join("busybox-1.oci.tar"),
+        "team/slow:1",
+        8 << 20,
+    );
+    let proxy = crate::runtime::registry::SlowProxy::start(&slow.addr);
+    let ids: Vec<String> = (0..3)
+        .map(|i| {
+            api.ok(
+                0,
+                &[
+                    "get",
+                    "node",
+                    &format!("n{i}"),
+                    "-o",
+                    r"jsonpath={.metadata.annotations.shoal\.io/node-id}",
+                ],
+            )
+            .trim()
+            .to_owned()
+        })
+        .collect();
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let owner_id = shoal_agent::kubelet::image_puller::blob_owner(&refs, &layer).unwrap();
+    let owner = ids.iter().position(|id| id == owner_id).unwrap();
+    let others: Vec<usize> = (0..3).filter(|i| *i != owner).collect();
+    let pods: Vec<String> = others
+        .iter()
+        .map(|i| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: slow-{i}}}\nspec:\n  nodeSelector: {{kubernetes.io/hostname: n{i}}}\n  containers: [{{name: c, image: '{}/team/slow:1', command: [sleep, '3600']}}]\n",
+                proxy.addr
+            )
+        })
+        .collect();
+    let file = api.manifest("slow.yaml", &pods.join("---\n"));
+    let reader = others[0];
+    api.ok(reader, &["apply", "-f", &file]);
+    // Mid-fetch: the owner needs ~8 s for the layer.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    api.agents[owner].kill().unwrap();
+    for i in &others {
+        wait_pod(
+            &api,
+            reader,
+            &format!("slow-{i}"),
+            "slow pods run without the owner",
+            |p| p["status"]["phase"] == "Running",
+        )
+        .await;
+    }
+    // The owner's download never finished: the others took it over (the first of them to
+    // fetch it from the registry, its peer copying from it: once, still).
+    let owner_store = shoal_agent::images::ImageStore::open(shoal_agent::paths::images(
+        api.agents[owner].data_dir(),
+    ))
+    .unwrap();
+    assert!(
+        !owner_store.has_blob(&layer),
+        "the owner finished before it was killed"
+    );
+    let fetched = slow.blob_downloads("team/slow");
+    assert!(fetched.get(&layer).is_some_and(|n| *n >= 1), "{fetched:?}");
 }
 
 /// Issue #38: image garbage collection. An agent told to keep its image filesystem under
@@ -1052,21 +1119,25 @@ async fn unused_images_are_collected_and_an_image_in_use_is_kept() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     assert!(images().contains("shoal.local/httpd:1"));
-    // The Node lists them (from its gossip).
-    let listed = api.ok(
-        0,
-        &[
-            "get",
-            "node",
-            "n0",
-            "-o",
-            "jsonpath={.status.images[*].names}",
-        ],
-    );
-    assert!(
-        listed.contains("shoal.local/busybox:1") && listed.contains("shoal.local/busybox@sha256:"),
-        "{listed}"
-    );
+    // The Node lists them (from its gossip, published within a second of a change).
+    let mut listed = String::new();
+    wait_until("the Node lists its images", LIMIT, || {
+        listed = api.ok(
+            0,
+            &[
+                "get",
+                "node",
+                "n0",
+                "-o",
+                "jsonpath={.status.images[*].names}",
+            ],
+        );
+        let ok = listed.contains("shoal.local/busybox:1")
+            && listed.contains("shoal.local/busybox@sha256:");
+        async move { ok }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {listed}"));
     api.ok(0, &["delete", "pod", "brief", "--grace-period=0"]);
     wait_until("httpd collected", LIMIT, || {
         let gone = !images().contains("shoal.local/httpd:1");

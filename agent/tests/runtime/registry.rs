@@ -188,10 +188,35 @@ impl Registry {
 
     /// Pushes an image no node has (see [`unique_image`]) as `name`.
     pub fn push_unique(&self, base: &std::path::Path, name: &str) {
-        let layout = unique_image(base);
+        let layout = unique_image(base, 64);
+        self.push_oci(layout.path(), name);
+    }
+
+    /// Pushes an image no node has whose own layer holds `bytes` random bytes; returns that
+    /// layer's digest as the registry serves it (skopeo compresses an uncompressed layer on
+    /// its way: the manifest's, read with `skopeo inspect`, which counts as a manifest GET).
+    pub fn push_unique_sized(&self, base: &std::path::Path, name: &str, bytes: usize) -> String {
+        let layout = unique_image(base, bytes);
+        self.push_oci(layout.path(), name);
+        let out = std::process::Command::new("skopeo")
+            .args(["inspect", "--raw", "--tls-verify=false"])
+            .arg(format!("docker://{}/{name}", self.addr))
+            .output()
+            .expect("skopeo");
+        let manifest: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        manifest["layers"]
+            .as_array()
+            .and_then(|l| l.last())
+            .and_then(|l| l["digest"].as_str())
+            .unwrap()
+            .to_owned()
+    }
+
+    /// Pushes the OCI layout at `layout` as `name`.
+    fn push_oci(&self, layout: &std::path::Path, name: &str) {
         let out = std::process::Command::new("skopeo")
             .args(["copy", "--quiet", "--dest-tls-verify=false"])
-            .arg(format!("oci:{}", layout.path().display()))
+            .arg(format!("oci:{}", layout.display()))
             .arg(format!("docker://{}/{name}", self.addr))
             .output()
             .expect("skopeo");
@@ -378,8 +403,8 @@ fn serve(
 }
 
 /// An OCI layout (a directory) holding the image of the OCI archive `base` plus one more layer
-/// with a file of random bytes: an image whose config and top layer no node has.
-pub fn unique_image(base: &std::path::Path) -> tempfile::TempDir {
+/// with a file of `bytes` random bytes: an image whose config and top layer no node has.
+pub fn unique_image(base: &std::path::Path, bytes: usize) -> tempfile::TempDir {
     use sha2::Digest as _;
     let dir = tempfile::tempdir().unwrap();
     tar::Archive::new(std::fs::File::open(base).unwrap())
@@ -400,7 +425,7 @@ pub fn unique_image(base: &std::path::Path) -> tempfile::TempDir {
     let mut manifest = read(index["manifests"][0]["digest"].as_str().unwrap());
     let mut config = read(manifest["config"]["digest"].as_str().unwrap());
     // The layer: one file of random bytes, an uncompressed tar (its digest is its diff id).
-    let mut random = [0u8; 64];
+    let mut random = vec![0u8; bytes];
     ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut random).unwrap();
     let mut layer = tar::Builder::new(Vec::new());
     let mut header = tar::Header::new_gnu();
@@ -495,4 +520,51 @@ pub fn multi_arch_image(
     )
     .unwrap();
     (dir, digests)
+}
+
+/// A TCP proxy on loopback to `upstream` that passes what the upstream sends at about
+/// 1 MiB/s (64 KiB every 60 ms): a slow registry, for pulls that must still be running when
+/// a test acts. Its threads end with their connections.
+pub struct SlowProxy {
+    pub addr: String,
+}
+
+impl SlowProxy {
+    pub fn start(upstream: &str) -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let upstream = upstream.to_owned();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                let Ok(server) = std::net::TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                let (mut c_read, mut s_write) =
+                    (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut c_read, &mut s_write);
+                    let _ = s_write.shutdown(std::net::Shutdown::Write);
+                });
+                let (mut s_read, mut c_write) = (server, client);
+                std::thread::spawn(move || {
+                    use std::io::{Read as _, Write as _};
+                    let mut buf = vec![0u8; 64 << 10];
+                    loop {
+                        match s_read.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                if c_write.write_all(&buf[..n]).is_err() {
+                                    break;
+                                }
+                                std::thread::sleep(std::time::Duration::from_millis(60));
+                            }
+                        }
+                    }
+                    let _ = c_write.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        });
+        SlowProxy { addr }
+    }
 }
