@@ -393,6 +393,35 @@ impl Drop for AgentProcess {
     }
 }
 
+/// `n` agents named `n0`… under `root` with a new cluster secret, each joining the first,
+/// every one seeing all `n` alive. `configure` gets each agent's spec (and its index) before it
+/// starts: extra flags, or work in its data dir.
+pub async fn start_cluster(
+    root: &Path,
+    n: usize,
+    configure: impl Fn(AgentSpec, usize) -> anyhow::Result<AgentSpec>,
+) -> anyhow::Result<Vec<AgentProcess>> {
+    let binary = crate::shoal_binary()?;
+    std::fs::create_dir_all(root)?;
+    let secret = root.join("secret");
+    init_secret(&binary, &secret)?;
+    let mut agents: Vec<AgentProcess> = Vec::new();
+    for i in 0..n {
+        let mut spec = AgentSpec::new(&binary, root, &format!("n{i}"), &secret);
+        if let Some(seed) = agents.first() {
+            spec = spec.join(seed.gossip_addr());
+        }
+        agents.push(AgentProcess::start(configure(spec, i)?).await?);
+    }
+    for a in &agents {
+        wait_until("all alive", Duration::from_secs(60), || async {
+            alive_count(a).await == n
+        })
+        .await?;
+    }
+    Ok(agents)
+}
+
 /// VmRSS of a process, in bytes.
 pub fn rss_bytes_of(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

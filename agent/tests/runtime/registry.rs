@@ -173,23 +173,13 @@ impl Registry {
 
     /// Pushes an OCI layout (every platform of its index) as `name`.
     pub fn push_layout(&self, layout: &std::path::Path, name: &str) {
-        let out = std::process::Command::new("skopeo")
-            .args(["copy", "--all", "--quiet", "--dest-tls-verify=false"])
-            .arg(format!("oci:{}", layout.display()))
-            .arg(format!("docker://{}/{name}", self.addr))
-            .output()
-            .expect("skopeo");
-        assert!(
-            out.status.success(),
-            "skopeo: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        self.copy(format!("oci:{}", layout.display()), name, &["--all"]);
     }
 
     /// Pushes an image no node has (see [`unique_image`]) as `name`.
     pub fn push_unique(&self, base: &std::path::Path, name: &str) {
         let layout = unique_image(base, 64);
-        self.push_oci(layout.path(), name);
+        self.copy(format!("oci:{}", layout.path().display()), name, &[]);
     }
 
     /// Pushes an image no node has whose own layer holds `bytes` random bytes; returns that
@@ -197,7 +187,7 @@ impl Registry {
     /// its way: the manifest's, read with `skopeo inspect`, which counts as a manifest GET).
     pub fn push_unique_sized(&self, base: &std::path::Path, name: &str, bytes: usize) -> String {
         let layout = unique_image(base, bytes);
-        self.push_oci(layout.path(), name);
+        self.copy(format!("oci:{}", layout.path().display()), name, &[]);
         let out = std::process::Command::new("skopeo")
             .args(["inspect", "--raw", "--tls-verify=false"])
             .arg(format!("docker://{}/{name}", self.addr))
@@ -212,31 +202,20 @@ impl Registry {
             .to_owned()
     }
 
-    /// Pushes the OCI layout at `layout` as `name`.
-    fn push_oci(&self, layout: &std::path::Path, name: &str) {
-        let out = std::process::Command::new("skopeo")
-            .args(["copy", "--quiet", "--dest-tls-verify=false"])
-            .arg(format!("oci:{}", layout.display()))
-            .arg(format!("docker://{}/{name}", self.addr))
-            .output()
-            .expect("skopeo");
-        assert!(
-            out.status.success(),
-            "skopeo: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
     /// Pushes with credentials `user:password`.
     pub fn push_as(&self, archive: &std::path::Path, name: &str, creds: Option<&str>) {
-        let mut command = std::process::Command::new("skopeo");
-        command.args(["copy", "--quiet", "--dest-tls-verify=false"]);
-        // The archives name themselves shoal.local/…; the destination is what counts.
-        if let Some(creds) = creds {
-            command.arg(format!("--dest-creds={creds}"));
-        }
-        let out = command
-            .arg(format!("oci-archive:{}", archive.display()))
+        let creds = creds.map(|c| format!("--dest-creds={c}"));
+        let extra: Vec<&str> = creds.iter().map(String::as_str).collect();
+        self.copy(format!("oci-archive:{}", archive.display()), name, &extra);
+    }
+
+    /// `skopeo copy` of `source` to `name` in this registry (the archives name themselves
+    /// shoal.local/…; the destination is what counts).
+    fn copy(&self, source: String, name: &str, extra: &[&str]) {
+        let out = std::process::Command::new("skopeo")
+            .args(["copy", "--quiet", "--dest-tls-verify=false"])
+            .args(extra)
+            .arg(source)
             .arg(format!("docker://{}/{name}", self.addr))
             .output()
             .expect("skopeo (apt-get install skopeo; .ci/run does)");
@@ -402,28 +381,63 @@ fn serve(
     )
 }
 
+/// An OCI archive unpacked into a directory, to build test images from: its blobs, read and
+/// written by digest, and its image (the first of its index).
+struct Layout {
+    dir: tempfile::TempDir,
+}
+
+impl Layout {
+    fn unpack(base: &std::path::Path) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        tar::Archive::new(std::fs::File::open(base).unwrap())
+            .unpack(dir.path())
+            .unwrap();
+        Layout { dir }
+    }
+
+    fn blob(&self, digest: &str) -> PathBuf {
+        let hex = digest.trim_start_matches("sha256:");
+        self.dir.path().join("blobs/sha256").join(hex)
+    }
+
+    /// Stores `bytes` as a blob; its digest and size.
+    fn put(&self, bytes: &[u8]) -> (String, u64) {
+        use sha2::Digest as _;
+        let digest = format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)));
+        std::fs::write(self.blob(&digest), bytes).unwrap();
+        (digest, bytes.len() as u64)
+    }
+
+    fn read(&self, digest: &str) -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(self.blob(digest)).unwrap()).unwrap()
+    }
+
+    /// The layout's index, and the manifest and config of its (first) image.
+    fn image(&self) -> (serde_json::Value, serde_json::Value, serde_json::Value) {
+        let index: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(self.dir.path().join("index.json")).unwrap())
+                .unwrap();
+        let manifest = self.read(index["manifests"][0]["digest"].as_str().unwrap());
+        let config = self.read(manifest["config"]["digest"].as_str().unwrap());
+        (index, manifest, config)
+    }
+
+    fn write_index(self, index: &serde_json::Value) -> tempfile::TempDir {
+        std::fs::write(
+            self.dir.path().join("index.json"),
+            serde_json::to_vec(index).unwrap(),
+        )
+        .unwrap();
+        self.dir
+    }
+}
+
 /// An OCI layout (a directory) holding the image of the OCI archive `base` plus one more layer
 /// with a file of `bytes` random bytes: an image whose config and top layer no node has.
 pub fn unique_image(base: &std::path::Path, bytes: usize) -> tempfile::TempDir {
-    use sha2::Digest as _;
-    let dir = tempfile::tempdir().unwrap();
-    tar::Archive::new(std::fs::File::open(base).unwrap())
-        .unpack(dir.path())
-        .unwrap();
-    let blobs = dir.path().join("blobs/sha256");
-    let put = |bytes: &[u8]| -> (String, u64) {
-        let hex = hex::encode(sha2::Sha256::digest(bytes));
-        std::fs::write(blobs.join(&hex), bytes).unwrap();
-        (format!("sha256:{hex}"), bytes.len() as u64)
-    };
-    let read = |digest: &str| -> serde_json::Value {
-        let hex = digest.trim_start_matches("sha256:");
-        serde_json::from_slice(&std::fs::read(blobs.join(hex)).unwrap()).unwrap()
-    };
-    let mut index: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("index.json")).unwrap()).unwrap();
-    let mut manifest = read(index["manifests"][0]["digest"].as_str().unwrap());
-    let mut config = read(manifest["config"]["digest"].as_str().unwrap());
+    let layout = Layout::unpack(base);
+    let (mut index, mut manifest, mut config) = layout.image();
     // The layer: one file of random bytes, an uncompressed tar (its digest is its diff id).
     let mut random = vec![0u8; bytes];
     ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut random).unwrap();
@@ -438,7 +452,7 @@ pub fn unique_image(base: &std::path::Path, bytes: usize) -> tempfile::TempDir {
     layer
         .append_data(&mut header, "unique", &random[..])
         .unwrap();
-    let (layer_digest, layer_size) = put(&layer.into_inner().unwrap());
+    let (layer_digest, layer_size) = layout.put(&layer.into_inner().unwrap());
     config["rootfs"]["diff_ids"]
         .as_array_mut()
         .unwrap()
@@ -449,18 +463,13 @@ pub fn unique_image(base: &std::path::Path, bytes: usize) -> tempfile::TempDir {
         .push(serde_json::json!({
         "mediaType": "application/vnd.oci.image.layer.v1.tar",
         "digest": layer_digest, "size": layer_size}));
-    let (config_digest, config_size) = put(&serde_json::to_vec(&config).unwrap());
+    let (config_digest, config_size) = layout.put(&serde_json::to_vec(&config).unwrap());
     manifest["config"]["digest"] = serde_json::json!(config_digest);
     manifest["config"]["size"] = serde_json::json!(config_size);
-    let (manifest_digest, manifest_size) = put(&serde_json::to_vec(&manifest).unwrap());
+    let (manifest_digest, manifest_size) = layout.put(&serde_json::to_vec(&manifest).unwrap());
     index["manifests"][0]["digest"] = serde_json::json!(manifest_digest);
     index["manifests"][0]["size"] = serde_json::json!(manifest_size);
-    std::fs::write(
-        dir.path().join("index.json"),
-        serde_json::to_vec(&index).unwrap(),
-    )
-    .unwrap();
-    dir
+    layout.write_index(&index)
 }
 
 /// An OCI layout whose index lists the image of the OCI archive `base` once per platform of
@@ -470,35 +479,18 @@ pub fn multi_arch_image(
     base: &std::path::Path,
     arches: &[&str],
 ) -> (tempfile::TempDir, Vec<(String, String)>) {
-    use sha2::Digest as _;
-    let dir = tempfile::tempdir().unwrap();
-    tar::Archive::new(std::fs::File::open(base).unwrap())
-        .unpack(dir.path())
-        .unwrap();
-    let blobs = dir.path().join("blobs/sha256");
-    let put = |bytes: &[u8]| -> (String, u64) {
-        let hex = hex::encode(sha2::Sha256::digest(bytes));
-        std::fs::write(blobs.join(&hex), bytes).unwrap();
-        (format!("sha256:{hex}"), bytes.len() as u64)
-    };
-    let read = |digest: &str| -> serde_json::Value {
-        let hex = digest.trim_start_matches("sha256:");
-        serde_json::from_slice(&std::fs::read(blobs.join(hex)).unwrap()).unwrap()
-    };
-    let index: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("index.json")).unwrap()).unwrap();
-    let manifest = read(index["manifests"][0]["digest"].as_str().unwrap());
-    let config = read(manifest["config"]["digest"].as_str().unwrap());
+    let layout = Layout::unpack(base);
+    let (_, manifest, config) = layout.image();
     let mut entries = Vec::new();
     let mut digests = Vec::new();
     for arch in arches {
         let mut config = config.clone();
         config["architecture"] = serde_json::json!(arch);
-        let (config_digest, config_size) = put(&serde_json::to_vec(&config).unwrap());
+        let (config_digest, config_size) = layout.put(&serde_json::to_vec(&config).unwrap());
         let mut manifest = manifest.clone();
         manifest["config"]["digest"] = serde_json::json!(config_digest);
         manifest["config"]["size"] = serde_json::json!(config_size);
-        let (digest, size) = put(&serde_json::to_vec(&manifest).unwrap());
+        let (digest, size) = layout.put(&serde_json::to_vec(&manifest).unwrap());
         entries.push(serde_json::json!({
             "mediaType": "application/vnd.oci.image.manifest.v1+json",
             "digest": digest, "size": size,
@@ -508,18 +500,13 @@ pub fn multi_arch_image(
     let inner = serde_json::json!({
         "schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
         "manifests": entries});
-    let (inner_digest, inner_size) = put(&serde_json::to_vec(&inner).unwrap());
+    let (inner_digest, inner_size) = layout.put(&serde_json::to_vec(&inner).unwrap());
     // The layout's own index points at the multi-arch index (as `skopeo copy --all` reads it).
     let top = serde_json::json!({
         "schemaVersion": 2,
         "manifests": [{"mediaType": "application/vnd.oci.image.index.v1+json",
                        "digest": inner_digest, "size": inner_size}]});
-    std::fs::write(
-        dir.path().join("index.json"),
-        serde_json::to_vec(&top).unwrap(),
-    )
-    .unwrap();
-    (dir, digests)
+    (layout.write_index(&top), digests)
 }
 
 /// A TCP proxy on loopback to `upstream` that passes what the upstream sends at about

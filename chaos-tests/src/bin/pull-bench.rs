@@ -229,43 +229,11 @@ fn build_image_on(
     Ok(())
 }
 
-/// The project's test images (`examples/images/build.sh`), built if needed.
-fn test_images() -> anyhow::Result<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let out = root.join("target/images");
-    let status = Command::new("bash")
-        .arg(root.join("examples/images/build.sh"))
-        .arg(&out)
-        .stdout(Stdio::null())
-        .status()?;
-    if !status.success() {
-        bail!("examples/images/build.sh failed");
-    }
-    Ok(out)
-}
-
 /// Section 3 for `n` agents: a fresh cluster, one pod per node of `image` (pushed already),
 /// all applied at once; the seconds until every pod runs.
 async fn cluster_run(root: &Path, n: usize, image: &str) -> anyhow::Result<f64> {
-    use shoal_chaos::testkit::{AgentProcess, AgentSpec, alive_count, init_secret, wait_until};
-    let binary = shoal_chaos::shoal_binary()?;
-    std::fs::create_dir_all(root)?;
-    let secret = root.join("secret");
-    init_secret(&binary, &secret)?;
-    let mut agents: Vec<AgentProcess> = Vec::new();
-    for i in 0..n {
-        let mut spec = AgentSpec::new(&binary, root, &format!("n{i}"), &secret);
-        if let Some(seed) = agents.first() {
-            spec = spec.join(seed.gossip_addr());
-        }
-        agents.push(AgentProcess::start(spec).await?);
-    }
-    for a in &agents {
-        wait_until("all alive", Duration::from_secs(60), || async {
-            alive_count(a).await == n
-        })
-        .await?;
-    }
+    use shoal_chaos::testkit::{start_cluster, wait_until};
+    let mut agents = start_cluster(root, n, |spec, _| Ok(spec)).await?;
     // Every node has published its images (none yet): they agree on the owners.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let start = Instant::now();
@@ -533,7 +501,7 @@ fn main() -> anyhow::Result<()> {
         "3. A cluster starting one new image at once (busybox + {} x {} MiB random layers), one pod per node",
         args.layers, args.layer_mb
     );
-    let base = test_images()?.join("busybox-1.oci.tar");
+    let base = shoal_chaos::test_images()?.join("busybox-1.oci.tar");
     let sizes: &[usize] = if args.smoke { &[1, 2] } else { &[1, 3, 5] };
     let mut single = None;
     for (k, &n) in sizes.iter().enumerate() {

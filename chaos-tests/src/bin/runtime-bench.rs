@@ -27,9 +27,7 @@ use shoal_agent::images::ImageStore;
 use shoal_agent::runtime::{
     ContainerMeta, ContainerRequest, Limits, ObservedState, Runtime, SandboxSpec,
 };
-use shoal_chaos::testkit::{
-    AgentProcess, AgentSpec, alive_count, init_secret, rss_bytes_of, wait_until,
-};
+use shoal_chaos::testkit::{AgentProcess, rss_bytes_of, wait_until};
 
 #[derive(Parser)]
 struct Args {
@@ -63,20 +61,6 @@ fn percentile(values: &mut [f64], p: f64) -> f64 {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
-}
-
-fn images_dir() -> anyhow::Result<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let out = root.join("target/images");
-    let status = Command::new("bash")
-        .arg(root.join("examples/images/build.sh"))
-        .arg(&out)
-        .stdout(Stdio::null())
-        .status()?;
-    if !status.success() {
-        bail!("examples/images/build.sh failed");
-    }
-    Ok(out)
 }
 
 fn request(id: &str, layers: Vec<PathBuf>, log: PathBuf) -> ContainerRequest {
@@ -377,34 +361,20 @@ async fn state(agent: &AgentProcess, name: &str) -> (Option<String>, Option<Stri
 
 async fn cluster(root: &Path, n: usize, images: &Path) -> anyhow::Result<Vec<AgentProcess>> {
     let binary = shoal_chaos::shoal_binary()?;
-    let secret = root.join("secret");
-    init_secret(&binary, &secret)?;
-    let mut agents: Vec<AgentProcess> = Vec::new();
-    for i in 0..n {
-        let name = format!("n{i}");
+    shoal_chaos::testkit::start_cluster(root, n, |spec, i| {
         for image in ["busybox-1.oci.tar", "httpd-1.oci.tar"] {
             let out = Command::new(&binary)
                 .args(["image", "import", "--data-dir"])
-                .arg(root.join(&name))
+                .arg(root.join(format!("n{i}")))
                 .arg(images.join(image))
                 .output()?;
             if !out.status.success() {
                 bail!("image import: {}", String::from_utf8_lossy(&out.stderr));
             }
         }
-        let mut spec = AgentSpec::new(&binary, root, &name, &secret);
-        if let Some(seed) = agents.first() {
-            spec = spec.join(seed.gossip_addr());
-        }
-        agents.push(AgentProcess::start(spec).await?);
-    }
-    for a in &agents {
-        wait_until("all alive", Duration::from_secs(60), || async {
-            alive_count(a).await == n
-        })
-        .await?;
-    }
-    Ok(agents)
+        Ok(spec)
+    })
+    .await
 }
 
 fn shim_pss_bytes() -> (usize, u64) {
@@ -443,7 +413,7 @@ async fn main() -> anyhow::Result<()> {
         args.pods = 3;
         args.replicas = 3;
     }
-    let images = images_dir().context("building the test images")?;
+    let images = shoal_chaos::test_images().context("building the test images")?;
     println!(
         "# runtime-bench: cycles={} pods={} replicas={}",
         args.cycles, args.pods, args.replicas
