@@ -813,11 +813,15 @@ spec:
             "--timeout=60s",
         ],
     );
-    let events = api.ok(0, &["events", "--for", "pod/from-registry"]);
-    assert!(
-        events.contains("Successfully pulled image") && events.contains("Image size:"),
-        "{events}"
-    );
+    // n1's events reach agent 0's listing when it next asks n1: waited for.
+    let mut events = String::new();
+    wait_until("the Pulled event", LIMIT, || {
+        events = api.ok(0, &["events", "--for", "pod/from-registry"]);
+        let ok = events.contains("Successfully pulled image") && events.contains("Image size:");
+        async move { ok }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {events}"));
 
     // imagePullPolicy with the registry gone: Always asks the registry at every start (and
     // fails, shown as ErrImagePull, then ImagePullBackOff), IfNotPresent runs what n1 has.
@@ -844,13 +848,15 @@ spec:
         message.contains("Back-off pulling image") && message.contains("connect"),
         "{message}"
     );
-    let events = api.ok(0, &["events", "--for", "pod/always"]);
-    assert!(
-        events.contains("Failed to pull image")
+    wait_until("the pull's events", LIMIT, || {
+        events = api.ok(0, &["events", "--for", "pod/always"]);
+        let ok = events.contains("Failed to pull image")
             && events.contains("ErrImagePull")
-            && events.contains("BackOff"),
-        "{events}"
-    );
+            && events.contains("BackOff");
+        async move { ok }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {events}"));
     api.ok(
         0,
         &[
