@@ -299,6 +299,50 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// A pull's progress on stderr, a line per layer and a summary: redrawn in place on a
+/// terminal; on anything else (a log), the summary line each time it changes, at most every
+/// 5 s.
+#[derive(Default)]
+struct ProgressView {
+    /// Lines drawn last time (a terminal).
+    drawn: usize,
+    /// The last summary written, and when (not a terminal).
+    last: Option<(String, std::time::Instant)>,
+}
+
+impl ProgressView {
+    fn draw(&mut self, progress: &shoal_agent::images::progress::Progress, last: bool) {
+        use shoal_agent::images::progress;
+        use std::io::IsTerminal as _;
+        let blobs = progress.snapshot();
+        let summary = progress::summary(&blobs);
+        if !std::io::stderr().is_terminal() {
+            let due = match &self.last {
+                None => true,
+                Some((line, at)) => {
+                    *line != summary && (last || at.elapsed() >= std::time::Duration::from_secs(5))
+                }
+            };
+            if due {
+                eprintln!("{summary}");
+                self.last = Some((summary, std::time::Instant::now()));
+            }
+            return;
+        }
+        let mut out = String::new();
+        if self.drawn > 0 {
+            // Back to the first line drawn last time.
+            out.push_str(&format!("\x1b[{}A", self.drawn));
+        }
+        let lines = progress::lines(&blobs);
+        for line in lines.iter().chain([&summary]) {
+            out.push_str(&format!("\r\x1b[2K{line}\n"));
+        }
+        eprint!("{out}");
+        self.drawn = lines.len() + 1;
+    }
+}
+
 fn image(command: ImageCommand) -> anyhow::Result<()> {
     use shoal_agent::images::ImageStore;
     let open = |target: &Target| ImageStore::open(shoal_agent::paths::images(&target.data_dir));
@@ -328,23 +372,28 @@ fn image(command: ImageCommand) -> anyhow::Result<()> {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            let progress = std::sync::atomic::AtomicU64::new(0);
+            let progress = shoal_agent::images::progress::Progress::default();
             let started = std::time::Instant::now();
+            let mut view = ProgressView::default();
             let pulled = rt.block_on(async {
-                let pull = registry::pull_counting(&store, &reference, &registries, &progress);
+                let pull = registry::pull_tracked(
+                    &store,
+                    &reference,
+                    &registries,
+                    &[],
+                    None,
+                    Some(&progress),
+                );
                 tokio::pin!(pull);
-                let mut ticker = tokio::time::interval(std::time::Duration::from_millis(500));
+                let mut ticker = tokio::time::interval(std::time::Duration::from_millis(250));
                 loop {
                     tokio::select! {
                         result = &mut pull => break result,
-                        _ = ticker.tick() => {
-                            let bytes = progress.load(std::sync::atomic::Ordering::Relaxed);
-                            eprint!("\rpulling {reference}: {:.1} MB", bytes as f64 / 1e6);
-                        }
+                        _ = ticker.tick() => view.draw(&progress, false),
                     }
                 }
             });
-            eprintln!();
+            view.draw(&progress, true);
             let pulled = pulled?;
             println!(
                 "pulled {reference} {} from {} ({:.1} MB in {:.1} s)",

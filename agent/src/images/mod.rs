@@ -11,6 +11,7 @@
 mod archive;
 pub mod auth;
 pub mod layer;
+pub mod progress;
 pub mod reference;
 pub mod registry;
 

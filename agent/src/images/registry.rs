@@ -42,6 +42,7 @@ use sha2::Digest as _;
 use std::io::Write as _;
 
 use super::auth::{self, Challenge, Credentials};
+use super::progress::Progress;
 use super::reference::{Reference, ReferenceError};
 use super::{ImageError, ImageStore};
 
@@ -553,6 +554,8 @@ struct Session<'a> {
     authorization: Option<(String, String)>,
     /// Counts blob bytes as they arrive (peers waiting for this node's fetch read it).
     progress: Option<&'a AtomicU64>,
+    /// An image pull's progress, blob by blob.
+    layers: Option<&'a Progress>,
 }
 
 /// The most bytes of a token server's answer read.
@@ -839,7 +842,7 @@ async fn manifest_by_digest(
     if let Some(peers) = peers
         && size > 0
         && size <= MAX_MANIFEST_BYTES as u64
-        && let Some(moved) = peers.fetch(digest, size, true).await
+        && let Some(moved) = peers.fetch(digest, size, true, None).await
         && let Ok(bytes) = store.blob_bytes(digest, MAX_MANIFEST_BYTES as u64)
         && let Ok(value) = serde_json::from_slice::<serde_json::Value>(&bytes)
     {
@@ -895,7 +898,7 @@ const MAX_RESUMES: usize = 3;
 /// Streams a body into `file`, hashing it and counting `received`, refusing more than `size`
 /// bytes in all and a pace under [`MIN_RATE`].
 async fn stream_body(
-    url: &str,
+    (url, digest): (&str, &str),
     response: hyper::Response<hyper::body::Incoming>,
     size: u64,
     (file, hash, received): (&mut tempfile::NamedTempFile, &mut sha2::Sha256, &mut u64),
@@ -919,6 +922,9 @@ async fn stream_body(
             file.write_all(data)?;
             if let Some(progress) = session.progress {
                 progress.fetch_add(data.len() as u64, Ordering::Relaxed);
+            }
+            if let Some(layers) = session.layers {
+                layers.set(digest, *received);
             }
         }
     }
@@ -961,7 +967,7 @@ async fn blob(
         }
         let before = received;
         let streamed = stream_body(
-            &url,
+            (&url, digest),
             response,
             size,
             (&mut file, &mut hash, &mut received),
@@ -1023,11 +1029,13 @@ pub trait BlobSource: Send + Sync {
     /// Brings blob `digest` (`size` bytes) into the store, verified; the bytes it moved, or
     /// `None` when the pull should fetch it from the registry itself.
     /// With `manifest`, the blob is a manifest or index (fetched from `/manifests/<digest>`).
+    /// The bytes in so far are reported into `progress` as they come.
     fn fetch<'a>(
         &'a self,
         digest: &'a str,
         size: u64,
         manifest: bool,
+        progress: Option<&'a Progress>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<Moved>> + Send + 'a>>;
 }
 
@@ -1046,7 +1054,7 @@ enum Op<'a> {
     Image {
         store: &'a ImageStore,
         peers: Option<&'a dyn BlobSource>,
-        progress: Option<&'a AtomicU64>,
+        progress: Option<&'a Progress>,
     },
     /// One blob (a manifest with `manifest`) into the store, for a peer waiting on this
     /// node, counted in `progress`.
@@ -1069,30 +1077,26 @@ pub async fn pull(
     secrets: &[auth::Entry],
     peers: Option<&dyn BlobSource>,
 ) -> Result<Pulled, RegistryError> {
-    let reference = Reference::parse(image)?;
-    let op = Op::Image {
-        store,
-        peers,
-        progress: None,
-    };
-    across_hosts(&op, &reference, registries, secrets).await
+    pull_tracked(store, image, registries, secrets, peers, None).await
 }
 
-/// [`pull`], counting the blob bytes received from the registry into `progress` as they come
-/// (`shoal image pull` shows it).
-pub async fn pull_counting(
+/// [`pull`], reporting each blob's bytes into `progress` as they come (`shoal image pull`
+/// draws it; the kubelet's `Pulling` event reports it).
+pub async fn pull_tracked(
     store: &ImageStore,
     image: &str,
     registries: &Registries,
-    progress: &AtomicU64,
+    secrets: &[auth::Entry],
+    peers: Option<&dyn BlobSource>,
+    progress: Option<&Progress>,
 ) -> Result<Pulled, RegistryError> {
     let reference = Reference::parse(image)?;
     let op = Op::Image {
         store,
-        peers: None,
-        progress: Some(progress),
+        peers,
+        progress,
     };
-    across_hosts(&op, &reference, registries, &[]).await
+    across_hosts(&op, &reference, registries, secrets).await
 }
 
 /// Fetches blob `digest` of `image` from its registry (its mirrors first) into `store`,
@@ -1184,7 +1188,12 @@ async fn at_host(
             credentials,
             authorization: None,
             progress: match op {
-                Op::Blob { progress, .. } | Op::Image { progress, .. } => *progress,
+                Op::Blob { progress, .. } => *progress,
+                Op::Image { .. } => None,
+            },
+            layers: match op {
+                Op::Image { progress, .. } => *progress,
+                Op::Blob { .. } => None,
             },
         };
         let attempt = match once(op, "https", host, reference, &mut session).await {
@@ -1342,6 +1351,17 @@ async fn pull_over(
             reason,
         }
     })?;
+    if let Some(layers) = session.layers {
+        layers.plan(
+            std::iter::once(manifest.config())
+                .chain(manifest.layers())
+                .map(|d| {
+                    let digest = d.digest().to_string();
+                    let present = store.has_blob(&digest);
+                    (digest, d.size(), present)
+                }),
+        );
+    }
     for (i, descriptor) in std::iter::once(manifest.config())
         .chain(manifest.layers())
         .enumerate()
@@ -1350,7 +1370,7 @@ async fn pull_over(
         if !store.has_blob(&blob_digest) {
             let size = descriptor.size();
             let moved = match peers {
-                Some(peers) => peers.fetch(&blob_digest, size, false).await,
+                Some(peers) => peers.fetch(&blob_digest, size, false, session.layers).await,
                 None => None,
             };
             match moved {
@@ -1359,6 +1379,9 @@ async fn pull_over(
                     from_peers += moved.from_peers;
                 }
                 None => received += blob(store, &base, &blob_digest, size, session).await?,
+            }
+            if let Some(layers) = session.layers {
+                layers.done(&blob_digest);
             }
         }
         // The config first: an image for another platform is refused before its layers move.
@@ -1523,6 +1546,7 @@ mod tests {
             credentials: None,
             authorization: None,
             progress: None,
+            layers: None,
         };
         // Refused before anything is sent (nothing listens there).
         let err = rt
@@ -1612,19 +1636,27 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let store = ImageStore::open(dir.path()).unwrap();
             let registries = Registries::default();
+            let layers = Progress::default();
+            let size = content.len() as u64;
+            layers.plan([
+                ("sha256:config".into(), 10, true),
+                (digest.clone(), size, false),
+            ]);
             let mut session = Session {
                 registries: &registries,
                 tls: registries.tls(&[]).unwrap(),
                 credentials: None,
                 authorization: None,
                 progress: None,
+                layers: Some(&layers),
             };
             let base = format!("http://{addr}/v2/a");
-            let size = content.len() as u64;
             let got = blob(&store, &base, &digest, size, &mut session)
                 .await
                 .unwrap();
             assert_eq!(got, size);
+            // The progress counted every byte, once (the resumed part from where it broke).
+            assert_eq!(layers.snapshot()[1].received, size);
             assert!(store.has_blob(&digest));
             assert_eq!(
                 ranges.lock().unwrap().as_slice(),

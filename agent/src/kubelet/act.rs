@@ -295,10 +295,25 @@ impl Kubelet {
         let handle = self.handle.get().expect("set when the kubelet starts");
         match self.puller.pull(&request, handle) {
             Some(image_puller::PullState::Done(done)) => Ok(Some(done)),
-            Some(image_puller::PullState::Pulling { from }) => Err(container::ConfigError {
-                reason: PULLING,
-                message: format!("Pulling image {:?} from {from}", c.image),
-            }),
+            Some(image_puller::PullState::Pulling { from, progress }) => {
+                // The worker records `message` once as the `Pulling` event; its text is
+                // revised here with the bytes in so far (the kubelet's ticks while it waits).
+                let message = format!("Pulling image {:?} from {from}", c.image);
+                let init = plan.init_containers.iter().any(|i| i.name == c.name);
+                let event = NewEvent::new(
+                    ObjectRef::pod(&plan.namespace, &plan.name, &plan.uid).container(&c.name, init),
+                    EventType::Normal,
+                    PULLING,
+                    message.clone(),
+                    events::KUBELET,
+                );
+                let so_far = crate::images::progress::summary(&progress.snapshot());
+                self.events.revise(event, format!("{message}: {so_far}"));
+                Err(container::ConfigError {
+                    reason: PULLING,
+                    message,
+                })
+            }
             Some(image_puller::PullState::Failed { message }) => Err(container::ConfigError {
                 reason: shoal_core::pod::worker::ERR_IMAGE_PULL,
                 message: format!("Failed to pull image {:?}: {message}", c.image),

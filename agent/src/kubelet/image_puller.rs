@@ -17,6 +17,7 @@ use tracing::{info, warn};
 
 use super::node_service::{NodeRequest, NodeResponse, ask};
 use crate::images::auth;
+use crate::images::progress::Progress;
 use crate::images::reference::{self, Reference};
 use crate::images::registry::{self, Registries};
 use crate::images::{ImageError, ImageStore};
@@ -63,15 +64,15 @@ fn answered_out_of_turn(response: NodeResponse) -> PullError {
 }
 
 /// Where a pull stands.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum PullState {
     Pulling {
         from: String,
+        /// Its blobs' bytes as they come.
+        progress: Arc<Progress>,
     },
     /// It failed (reported once: the next ask starts a new pull).
-    Failed {
-        message: String,
-    },
+    Failed { message: String },
     /// It finished: the image is in the store (reported once).
     Done(Done),
 }
@@ -234,15 +235,17 @@ impl ImagePuller {
                     .map(|digest| (p.node_id, p.addr, digest.clone()))
             })
         };
+        let progress = Arc::new(Progress::default());
         let (from, task): (String, BoxedPull) = match source {
             Some((node_id, addr, digest)) => {
                 let puller = self.clone();
                 let image = normal.clone();
+                let progress = progress.clone();
                 (
                     format!("node {node_id}"),
                     Box::pin(async move {
                         puller
-                            .fetch(addr, &image, &digest)
+                            .fetch(addr, &image, &digest, &progress)
                             .await
                             .map_err(|e| e.to_string())
                     }),
@@ -252,6 +255,7 @@ impl ImagePuller {
                 let host = self.registry_of(request.image)?;
                 let puller = self.clone();
                 let (image, secrets) = (normal.clone(), request.secrets.to_vec());
+                let progress = progress.clone();
                 let cluster = ClusterBlobs {
                     puller: self.clone(),
                     image: normal.clone(),
@@ -262,12 +266,13 @@ impl ImagePuller {
                 (
                     format!("registry {host}"),
                     Box::pin(async move {
-                        registry::pull(
+                        registry::pull_tracked(
                             &puller.images,
                             &image,
                             &puller.registries,
                             &secrets,
                             Some(&cluster),
+                            Some(&progress),
                         )
                         .await
                         .map(|p| p.bytes + p.from_peers)
@@ -276,7 +281,10 @@ impl ImagePuller {
                 )
             }
         };
-        let state = PullState::Pulling { from: from.clone() };
+        let state = PullState::Pulling {
+            from: from.clone(),
+            progress,
+        };
         self.pulls
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -403,6 +411,7 @@ impl ImagePuller {
         peer: std::net::SocketAddr,
         image: &str,
         expected: &str,
+        progress: &Progress,
     ) -> Result<u64, PullError> {
         let response = ask(
             &self.endpoint,
@@ -430,13 +439,24 @@ impl ImagePuller {
                 source,
             })?;
         let mut received = bytes.len() as u64;
+        progress.plan(
+            std::iter::once(manifest.config())
+                .chain(manifest.layers())
+                .map(|d| {
+                    let digest = d.digest().to_string();
+                    let present = self.images.has_blob(&digest);
+                    (digest, d.size(), present)
+                }),
+        );
         for (i, descriptor) in std::iter::once(manifest.config())
             .chain(manifest.layers())
             .enumerate()
         {
             let blob = descriptor.digest().to_string();
             if !self.images.has_blob(&blob) {
-                received += self.fetch_blob(peer, &blob, descriptor.size()).await?;
+                received += self
+                    .fetch_blob(peer, &blob, descriptor.size(), Some(progress))
+                    .await?;
             }
             // The config first: an image for another platform is refused before its layers
             // move (a peer may run another architecture).
@@ -459,6 +479,7 @@ impl ImagePuller {
         peer: std::net::SocketAddr,
         digest: &str,
         size: u64,
+        progress: Option<&Progress>,
     ) -> Result<u64, PullError> {
         let mut file = self.images.incoming_blob()?;
         let mut offset = 0u64;
@@ -486,6 +507,9 @@ impl ImagePuller {
             }
             file.write_all(&bytes)?;
             offset += bytes.len() as u64;
+            if let Some(progress) = progress {
+                progress.set(digest, offset);
+            }
             if offset >= total || bytes.is_empty() {
                 break;
             }
@@ -515,14 +539,28 @@ impl registry::BlobSource for ClusterBlobs {
         digest: &'a str,
         size: u64,
         manifest: bool,
+        progress: Option<&'a Progress>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<registry::Moved>> + Send + 'a>>
     {
-        Box::pin(self.fetch_blob(digest, size, manifest))
+        Box::pin(self.fetch_blob(digest, size, manifest, progress))
     }
 }
 
 impl ClusterBlobs {
-    async fn fetch_blob(&self, digest: &str, size: u64, manifest: bool) -> Option<registry::Moved> {
+    /// The owner's download counts into `progress` while this node waits for it, then the
+    /// copy from the owner.
+    async fn fetch_blob(
+        &self,
+        digest: &str,
+        size: u64,
+        manifest: bool,
+        progress: Option<&Progress>,
+    ) -> Option<registry::Moved> {
+        let report = |received| {
+            if let Some(progress) = progress {
+                progress.set(digest, received);
+            }
+        };
         let puller = &self.puller;
         let peers = puller.membership.peer_values(keys::IMAGES).await;
         let me = puller.membership.node_id().to_owned();
@@ -550,7 +588,7 @@ impl ClusterBlobs {
                             from_peers: 0,
                         });
                     }
-                    BlobAnswer::Pending { .. } => continue,
+                    BlobAnswer::Pending { received } => report(received),
                     BlobAnswer::Failed(_) => return None,
                 }
             }
@@ -568,7 +606,7 @@ impl ClusterBlobs {
         loop {
             match ask(&puller.endpoint, addr, &request).await {
                 Ok(NodeResponse::RegistryBlob(BlobAnswer::Ready)) => {
-                    return match puller.fetch_blob(addr, digest, size).await {
+                    return match puller.fetch_blob(addr, digest, size, progress).await {
                         Ok(bytes) => Some(registry::Moved {
                             from_registry: 0,
                             from_peers: bytes,
@@ -580,6 +618,7 @@ impl ClusterBlobs {
                     };
                 }
                 Ok(NodeResponse::RegistryBlob(BlobAnswer::Pending { received })) => {
+                    report(received);
                     if received > seen {
                         (seen, since) = (received, std::time::Instant::now());
                     } else if since.elapsed() > registry::IDLE {

@@ -183,6 +183,28 @@ impl EventLog {
         record
     }
 
+    /// Revises the text of an event already recorded (found by what it was recorded with, as
+    /// `event`) without counting an occurrence: a progress report, whose newest text stands
+    /// (the kubelet's `Pulling` event as the bytes come). Nothing when no such event is kept.
+    pub fn revise(&mut self, event: NewEvent, message: String, now_ms: u64) -> Option<EventRecord> {
+        let key = Key {
+            regarding: event.regarding,
+            event_type: event.event_type,
+            reason: truncate(event.reason, 128),
+            message: truncate(event.message, MAX_MESSAGE_BYTES),
+            component: event.component,
+        };
+        let record = self.entries.get_mut(&key)?;
+        let message = truncate(message, MAX_MESSAGE_BYTES);
+        if record.message != message {
+            self.seq += 1;
+            record.message = message;
+            record.seq = self.seq;
+            record.last_ms = record.last_ms.max(now_ms);
+        }
+        Some(record.clone())
+    }
+
     /// Drops what is older than the TTL.
     fn expire(&mut self, now_ms: u64) {
         self.expired_at_ms = now_ms;
@@ -321,6 +343,15 @@ impl Recorder {
             .record(event, now)
     }
 
+    /// [`EventLog::revise`] at the wall clock's time.
+    pub fn revise(&self, event: NewEvent, message: String) -> Option<EventRecord> {
+        let now = now_ms();
+        self.log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .revise(event, message, now)
+    }
+
     pub fn snapshot(&self) -> Vec<EventRecord> {
         let now = now_ms();
         self.log
@@ -424,6 +455,42 @@ mod tests {
             format!("Successfully assigned default/{pod} to n1"),
             SCHEDULER,
         )
+    }
+
+    #[test]
+    fn a_progress_report_revises_its_event_without_counting_an_occurrence() {
+        let mut log = EventLog::new("n1", Duration::from_secs(3600), 100);
+        let pulling = NewEvent::new(
+            ObjectRef::pod("default", "web", "uid-1").container("web", false),
+            EventType::Normal,
+            "Pulling",
+            "Pulling image \"a\" from registry r",
+            KUBELET,
+        );
+        // Not recorded yet: nothing to revise.
+        assert_eq!(log.revise(pulling.clone(), "early".into(), 500), None);
+        let first = log.record(pulling.clone(), 1_000);
+        let revised = log
+            .revise(
+                pulling.clone(),
+                "Pulling image \"a\" from registry r: 1.0 MB of 4.0 MB".into(),
+                2_000,
+            )
+            .unwrap();
+        assert_eq!((revised.count, revised.last_ms), (1, 2_000));
+        assert!(revised.seq > first.seq, "a watcher sees the change");
+        let events = log.snapshot(2_000);
+        assert_eq!(events.len(), 1);
+        assert!(events[0].message.ends_with("1.0 MB of 4.0 MB"));
+        // The same text again is no change.
+        let again = log
+            .revise(
+                pulling,
+                "Pulling image \"a\" from registry r: 1.0 MB of 4.0 MB".into(),
+                3_000,
+            )
+            .unwrap();
+        assert_eq!((again.seq, again.last_ms), (revised.seq, 2_000));
     }
 
     #[test]

@@ -1054,8 +1054,22 @@ spec:
     let file = api.manifest("slow.yaml", &pods.join("---\n"));
     let reader = others[0];
     api.ok(reader, &["apply", "-f", &file]);
+    let applied = std::time::Instant::now();
+    // Meanwhile the pod's `Pulling` event is revised with how far its pull has come.
+    let mut events = String::new();
+    wait_until(
+        "a Pulling event with progress",
+        Duration::from_secs(5),
+        || {
+            events = api.ok(reader, &["events", "--for", &format!("pod/slow-{reader}")]);
+            let ok = events.contains("Pulling image") && events.contains("layers complete");
+            async move { ok }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {events}"));
     // Mid-fetch: the owner needs ~8 s for the layer.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_secs(2).saturating_sub(applied.elapsed())).await;
     api.agents[owner].kill().unwrap();
     for i in &others {
         wait_pod(

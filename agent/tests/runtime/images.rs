@@ -213,6 +213,14 @@ fn pulls_from_a_real_registry_and_refuses_a_corrupted_blob() {
     );
     let node_store = ImageStore::open(shoal_agent::paths::images(node_dir.path())).unwrap();
     assert!(node_store.contains(&image));
+    // Its progress (stderr is no terminal here: summary lines), ending with every layer in.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.lines().last().unwrap_or_default();
+    let layers = manifest_layers(&node_store, &image);
+    assert!(
+        last.ends_with(&format!("{layers} of {layers} layers complete")),
+        "{stderr}"
+    );
 
     // A layer corrupted in the registry's storage: refused, nothing stored.
     let (_, manifest) = store.manifest_bytes(&image).unwrap();
@@ -526,4 +534,11 @@ fn a_multi_arch_index_gives_this_node_s_platform() {
             if others.iter().all(|a| available.contains(&format!("linux/{a}")))),
         "{err}"
     );
+}
+
+/// How many layers the stored image's manifest lists.
+fn manifest_layers(store: &ImageStore, image: &str) -> usize {
+    let (_, manifest) = store.manifest_bytes(image).unwrap();
+    let manifest: serde_json::Value = serde_json::from_slice(&manifest).unwrap();
+    manifest["layers"].as_array().unwrap().len()
 }
