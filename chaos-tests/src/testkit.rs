@@ -209,6 +209,10 @@ impl AgentProcess {
         &self.spec.data_dir
     }
 
+    pub fn secret_file(&self) -> &Path {
+        &self.spec.secret_file
+    }
+
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }

@@ -149,6 +149,9 @@ pub struct Registries {
     /// The entries of a docker config file (`docker-config` in the registry config): tried
     /// for any registry their keys match, after the pod's `imagePullSecrets`.
     pub docker_config: Vec<auth::Entry>,
+    /// The files credentials were read from (the registry config, its docker config): no pod
+    /// may mount them.
+    pub credential_files: Vec<PathBuf>,
 }
 
 /// What the registry config says about one registry.
@@ -267,7 +270,9 @@ impl Registries {
                 },
             );
         }
+        self.credential_files.push(path.to_owned());
         if let Some(docker) = file.docker_config {
+            self.credential_files.push(docker.clone());
             let bytes = read_bounded_file(&docker)
                 .map_err(|e| err(format!("docker-config {}: {e}", docker.display())))?;
             self.docker_config = auth::parse_docker_config(&bytes, auth::ConfigFormat::Json)

@@ -88,10 +88,15 @@ pub use shoal_model::node_inputs::HostPathType;
 
 /// Which host paths pods may mount with `hostPath` (`--host-path-allow`): below one of
 /// `allow` (any path when empty), and never the agent's own data dir, anything in it, or
-/// anything containing it. Checked on the path as resolved on the host, after symlinks.
+/// anything containing it; nor a `protected` file or anything containing it. Checked on the
+/// path as resolved on the host, after symlinks.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HostPathPolicy {
     pub allow: Vec<PathBuf>,
+    /// The agent's secrets outside its data dir, as resolved at its start: the cluster secret
+    /// (from which the node CA's key and the admin token derive: a pod that read it could
+    /// mint node certificates) and the registry credentials it was given.
+    pub protected: Vec<PathBuf>,
 }
 
 pub use shoal_core::pod::observed::is_safe_id;

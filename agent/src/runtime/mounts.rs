@@ -136,6 +136,13 @@ impl Runtime {
                     data.display()
                 )));
             }
+            if let Some(secret) = policy.protected.iter().find(|p| p.starts_with(resolved)) {
+                return Err(refuse(format!(
+                    "resolves to {}, which is or holds {}, a secret of this agent",
+                    resolved.display(),
+                    secret.display()
+                )));
+            }
             if !policy.allow.is_empty() && !policy.allow.iter().any(|a| resolved.starts_with(a)) {
                 return Err(refuse(format!(
                     "resolves to {}, outside the node's --host-path-allow prefixes",

@@ -534,7 +534,8 @@ fn walk_find(dir: &Path, name: &str) -> Option<std::path::PathBuf> {
 /// hostPath volumes (the upstream fluentd DaemonSet's shape): types checked as the kubelet
 /// does, `readOnly` read-only also in submounts, directories created for DirectoryOrCreate,
 /// and the node's own data dir never reachable — not directly, not from a parent, not
-/// through a symlink.
+/// through a symlink — nor the cluster secret (issue #40: a pod that read it could mint node
+/// certificates).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_paths_are_typed_read_only_when_asked_and_never_the_data_dir() {
     let api = ApiLab::start_with(1, |_| Vec::new()).await;
@@ -566,6 +567,8 @@ async fn host_paths_are_typed_read_only_when_asked_and_never_the_data_dir() {
     let _unmount = Unmount(varlog.join("sub"));
     let data_dir = std::fs::canonicalize(api.agents[0].data_dir()).unwrap();
     std::os::unix::fs::symlink(&data_dir, host.path().join("link")).unwrap();
+    let secret = std::fs::canonicalize(api.agents[0].secret_file()).unwrap();
+    std::os::unix::fs::symlink(&secret, host.path().join("secret-link")).unwrap();
     let created = host.path().join("new/dir");
     let file = api.manifest(
         "hostpath.yaml",
@@ -621,6 +624,8 @@ spec:
         refused("parent", data_dir.parent().unwrap(), ""),
         refused("through-link", &host.path().join("link"), "Directory"),
         refused("wrong-type", &varlog, "File"),
+        refused("secret", &secret, "File"),
+        refused("secret-link", &host.path().join("secret-link"), ""),
     ]
     .concat();
     api.ok(
@@ -636,6 +641,8 @@ spec:
         ("parent", "data dir"),
         ("through-link", "data dir"),
         ("wrong-type", "is not a file"),
+        ("secret", "a secret of this agent"),
+        ("secret-link", "a secret of this agent"),
     ] {
         let pod = wait_pod(&api, 0, name, "refused", |p| {
             container_status(p, "c")["state"]["waiting"]["reason"] == "CreateContainerConfigError"
