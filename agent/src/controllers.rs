@@ -121,6 +121,8 @@ impl Controllers {
                 change.key.kind.as_str(),
                 "Pod"
                     | "ReplicaSet"
+                    | "StatefulSet"
+                    | "ControllerRevision"
                     | "Deployment"
                     | "Job"
                     | "CronJob"
@@ -363,6 +365,7 @@ impl Controllers {
             let targets = match reference["kind"].as_str() {
                 Some("Deployment") => &snapshot.deployments,
                 Some("ReplicaSet") => &snapshot.replica_sets,
+                Some("StatefulSet") => &snapshot.stateful_sets,
                 _ => &Vec::new(),
             };
             let target = targets

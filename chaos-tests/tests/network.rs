@@ -1291,3 +1291,217 @@ async fn blocks_leased_on_both_sides_of_a_partition_are_made_unique_after_the_he
         let _ = agents[i].terminate();
     }
 }
+
+const STATEFUL_SET: &str = r#"apiVersion: v1
+kind: Service
+metadata: {name: nginx, labels: {app: nginx}}
+spec:
+  clusterIP: None
+  selector: {app: nginx}
+  ports: [{port: 8080, name: web}]
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: web}
+spec:
+  serviceName: nginx
+  replicas: 3
+  selector: {matchLabels: {app: nginx}}
+  template:
+    metadata: {labels: {app: nginx}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: web
+        image: shoal.local/busybox:1
+        command: [sh, -c, 'mkdir -p /w && echo hello from $(hostname) > /w/index.html && exec httpd -f -p 8080 -h /w']
+        ports: [{containerPort: 8080, name: web}]
+        # Ready 2 s after it starts: long enough that a pod made before its predecessor was
+        # ready shows in their times (OrderedReady is checked below).
+        readinessProbe: {tcpSocket: {port: 8080}, initialDelaySeconds: 2, periodSeconds: 1}
+"#;
+
+/// Issue #39: a StatefulSet through kubectl in the netns lab. Its pods are made one at a time
+/// in ordinal order (each only once the one before is Ready), are named `web-0..2` with their
+/// own hostnames, and each is found by `web-k.nginx.default.svc.cluster.local` on every node's
+/// DNS; `kubectl exec` reaches them by name. A new image rolls from the highest ordinal down;
+/// `rollout history` lists the two revisions and `rollout undo` brings the first template back;
+/// scaling down removes the highest ordinals first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stateful_set_keeps_its_pods_names_order_and_dns_names() {
+    let (lab, root, mut agents) = service_lab(&["--api", "0.0.0.0:6443"]).await;
+    let ns_kubectl = NsKubectl::new(&lab, 0, &agents[0], root.path());
+    let kubectl = |args: &[&str]| ns_kubectl.run(args);
+    let ok = |args: &[&str]| kubectl(args).unwrap_or_else(|e| panic!("kubectl {args:?}: {e}"));
+    let file = root.path().join("web.yaml");
+    std::fs::write(&file, STATEFUL_SET).unwrap();
+    ok(&["apply", "-f", file.to_str().unwrap()]);
+    if let Err(e) = kubectl(&["rollout", "status", "statefulset/web", "--timeout=120s"]) {
+        panic!(
+            "rollout status: {e}\npods: {:?}",
+            kubectl(&["get", "pods", "-o", "wide"])
+        );
+    }
+    let pods = || -> Vec<Value> {
+        let list: Value = serde_json::from_str(
+            &kubectl(&["get", "pods", "-l", "app=nginx", "-o", "json"]).unwrap_or_default(),
+        )
+        .unwrap_or(Value::Null);
+        list["items"].as_array().cloned().unwrap_or_default()
+    };
+    let by_name = |name: &str| pods().into_iter().find(|p| p["metadata"]["name"] == name);
+    let now = pods();
+    let mut names: Vec<&str> = now
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["web-0", "web-1", "web-2"]);
+    // OrderedReady: web-k+1 was made no earlier than web-k turned Ready (times to the second;
+    // with a 2 s readiness delay, pods made together would be seconds apart the other way).
+    let time = |v: &Value| humantime::parse_rfc3339(v.as_str().unwrap_or_default()).unwrap();
+    for k in 0..2 {
+        let this = by_name(&format!("web-{k}")).unwrap();
+        let next = by_name(&format!("web-{}", k + 1)).unwrap();
+        let ready_at = this["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .map(|c| time(&c["lastTransitionTime"]))
+            .unwrap();
+        let made = time(&next["metadata"]["creationTimestamp"]);
+        assert!(
+            made >= ready_at,
+            "web-{} made at {made:?}, before web-{k} was ready at {ready_at:?}",
+            k + 1
+        );
+        assert_eq!(
+            this["metadata"]["annotations"]["shoal.io/partition-policy"], "fenced",
+            "{this}"
+        );
+    }
+    let sts: Value = serde_json::from_str(&ok(&["get", "sts", "web", "-o", "json"])).unwrap();
+    assert_eq!(sts["status"]["readyReplicas"], 3, "{sts}");
+    assert_eq!(
+        sts["status"]["currentRevision"], sts["status"]["updateRevision"],
+        "{sts}"
+    );
+    assert_eq!(ok(&["exec", "web-1", "--", "hostname"]).trim(), "web-1");
+
+    // Each pod's own name on every node's DNS.
+    let servers: Vec<String> = (0..3)
+        .map(|i| {
+            ip_in(&lab.host(i), &["-4", "-o", "addr", "show"])
+                .lines()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>())
+                .find(|f| f.len() > 3 && f[1].starts_with("shoal"))
+                .and_then(|f| f[3].split('/').next().map(str::to_owned))
+                .unwrap_or_else(|| panic!("no bridge address on n{i}"))
+        })
+        .collect();
+    for k in 0..3 {
+        let name = format!("web-{k}");
+        let ip = by_name(&name).unwrap()["status"]["podIP"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let fqdn = format!("{name}.nginx.default.svc.cluster.local");
+        let mut answers = Vec::new();
+        let found = wait_until("each node's DNS to know the pod's name", LIMIT, || {
+            answers = servers
+                .iter()
+                .map(|server| {
+                    exec_in(&lab.host(0), "busybox", &["nslookup", &fqdn, server])
+                        .map(|o| resolved(&o))
+                        .unwrap_or_default()
+                })
+                .collect();
+            let done = answers.iter().all(|a| *a == BTreeSet::from([ip.clone()]));
+            async move { done }
+        })
+        .await;
+        assert!(found.is_ok(), "{fqdn} (pod IP {ip}): {answers:?}");
+    }
+
+    // A new template (an environment variable: the lab has only busybox): the pods are
+    // replaced from web-2 down; two revisions; undo goes back.
+    let has_version = |p: &Value| {
+        p["spec"]["containers"][0]["env"]
+            .as_array()
+            .is_some_and(|env| env.iter().any(|e| e["name"] == "VERSION"))
+    };
+    let replaced_order = || -> Vec<String> {
+        // The order the pods came back with the new template (their creation times).
+        let mut made: Vec<(std::time::SystemTime, String)> = pods()
+            .iter()
+            .filter(|p| has_version(p))
+            .map(|p| {
+                (
+                    time(&p["metadata"]["creationTimestamp"]),
+                    p["metadata"]["name"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        made.sort();
+        made.into_iter().map(|(_, n)| n).collect()
+    };
+    ok(&["set", "env", "statefulset/web", "VERSION=2"]);
+    if let Err(e) = kubectl(&["rollout", "status", "statefulset/web", "--timeout=120s"]) {
+        panic!(
+            "rollout status: {e}\npods: {:?}",
+            kubectl(&["get", "pods", "-o", "wide"])
+        );
+    }
+    assert_eq!(replaced_order(), ["web-2", "web-1", "web-0"]);
+    let history = ok(&["rollout", "history", "statefulset/web"]);
+    let revisions: Vec<&str> = history
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|w| w.parse::<u32>().is_ok())
+        .collect();
+    assert_eq!(revisions, ["1", "2"], "{history}");
+    ok(&["rollout", "undo", "statefulset/web"]);
+    let back = wait_until("the first template back on every pod", LIMIT, || {
+        let now = pods();
+        let done = now.len() == 3
+            && now
+                .iter()
+                .all(|p| !has_version(p) && p["metadata"]["deletionTimestamp"].is_null());
+        async move { done }
+    })
+    .await;
+    assert!(
+        back.is_ok(),
+        "{:?}",
+        kubectl(&["get", "pods", "-o", "wide"])
+    );
+    let history = ok(&["rollout", "history", "statefulset/web"]);
+    assert!(
+        history.lines().any(|l| l.trim_start().starts_with('3')),
+        "the first template is revision 3 now: {history}"
+    );
+
+    // Scaling down: the highest ordinal goes first, and web-1 only after web-2 is gone.
+    ok(&["scale", "statefulset/web", "--replicas=1"]);
+    let mut seen = Vec::new();
+    let scaled = wait_until("one pod left", LIMIT, || {
+        let names: BTreeSet<String> = pods()
+            .iter()
+            .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+            .collect();
+        seen.push(names.clone());
+        let done = names == BTreeSet::from(["web-0".to_owned()]);
+        async move { done }
+    })
+    .await;
+    assert!(scaled.is_ok(), "{seen:?}");
+    assert!(
+        seen.iter()
+            .all(|names| !names.contains("web-2") || names.contains("web-1")),
+        "web-1 went before web-2: {seen:?}"
+    );
+    for agent in &mut agents {
+        let _ = agent.terminate();
+    }
+}

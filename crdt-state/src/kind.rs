@@ -57,6 +57,16 @@ pub const KINDS: &[KindInfo] = &[
     kind("apps", "v1", "Deployment", "deployments", true, &["deploy"]),
     kind("apps", "v1", "ReplicaSet", "replicasets", true, &["rs"]),
     kind("apps", "v1", "DaemonSet", "daemonsets", true, &["ds"]),
+    kind("apps", "v1", "StatefulSet", "statefulsets", true, &["sts"]),
+    // The StatefulSets' template history (`kubectl rollout history|undo`).
+    kind(
+        "apps",
+        "v1",
+        "ControllerRevision",
+        "controllerrevisions",
+        true,
+        &[],
+    ),
     kind("batch", "v1", "Job", "jobs", true, &[]),
     kind("batch", "v1", "CronJob", "cronjobs", true, &["cj"]),
     kind(

@@ -82,6 +82,16 @@ pub fn with_status(state: &ApiState, kind: &str, mut object: Value) -> Value {
             let (_, pods) = workload_world(state, &object);
             shoal_core::controllers::replica_set::status(&object, &pods, now_ms())
         }
+        "StatefulSet" => {
+            let (_, pods) = workload_world(state, &object);
+            let namespace = object["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default");
+            let revisions = state
+                .replication
+                .read(|s| s.list("apps", "ControllerRevision", Some(namespace)));
+            shoal_core::controllers::stateful_set::status(&object, &pods, &revisions, now_ms())
+        }
         "DaemonSet" => {
             let (_, pods) = workload_world(state, &object);
             state.scheduling.daemon_set_status(&object, &pods)

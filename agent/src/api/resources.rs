@@ -107,9 +107,8 @@ impl ApiResource {
     /// kubectl's `get all` shows these.
     pub fn categories(&self) -> &'static [&'static str] {
         match self.kind {
-            "Pod" | "Service" | "Deployment" | "ReplicaSet" | "DaemonSet" | "Job" | "CronJob" => {
-                &["all"]
-            }
+            "Pod" | "Service" | "Deployment" | "ReplicaSet" | "DaemonSet" | "StatefulSet"
+            | "Job" | "CronJob" => &["all"],
             _ => &[],
         }
     }
@@ -139,7 +138,7 @@ impl ApiResource {
                 ),
                 ("eviction", ("policy", "v1", "Eviction"), &["create"][..]),
             ],
-            "Deployment" | "ReplicaSet" => vec![
+            "Deployment" | "ReplicaSet" | "StatefulSet" => vec![
                 status,
                 (
                     "scale",

@@ -179,6 +179,42 @@ fn columns(kind: &str) -> Vec<Column> {
             col("Images", "string", 1, template_images),
             col("Selector", "string", 1, selector),
         ],
+        "StatefulSet" => vec![
+            col("Name", "string", 0, name),
+            col("Ready", "string", 0, |o| {
+                json!(format!(
+                    "{}/{}",
+                    o["status"]["readyReplicas"].as_i64().unwrap_or(0),
+                    o["spec"]["replicas"].as_i64().unwrap_or(1)
+                ))
+            }),
+            col("Age", "string", 0, age),
+            col("Containers", "string", 1, template_containers),
+            col("Images", "string", 1, template_images),
+        ],
+        "ControllerRevision" => vec![
+            col("Name", "string", 0, name),
+            col("Controller", "string", 0, |o| {
+                let owner = o["metadata"]["ownerReferences"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|r| r["controller"] == true);
+                json!(owner.map_or("<none>".to_owned(), |r| {
+                    let group = r["apiVersion"]
+                        .as_str()
+                        .and_then(|v| v.split_once('/'))
+                        .map_or(String::new(), |(g, _)| format!(".{g}"));
+                    format!(
+                        "{}{group}/{}",
+                        r["kind"].as_str().unwrap_or("").to_lowercase(),
+                        r["name"].as_str().unwrap_or("")
+                    )
+                }))
+            }),
+            col("Revision", "integer", 0, |o| int(&o["revision"])),
+            col("Age", "string", 0, age),
+        ],
         "DaemonSet" => vec![
             col("Name", "string", 0, name),
             col("Desired", "integer", 0, |o| {

@@ -168,7 +168,7 @@ pub(super) async fn watch(request: &Request<'_>) -> Result<Response, ApiError> {
     // for each watched object whose status changed (what `kubectl rollout status` waits on).
     let workloads = matches!(
         info.kind,
-        "Deployment" | "ReplicaSet" | "DaemonSet" | "Job" | "CronJob"
+        "Deployment" | "ReplicaSet" | "DaemonSet" | "StatefulSet" | "Job" | "CronJob"
     )
     .then(WorkloadWatch::new);
     // `allowWatchBookmarks`: a BOOKMARK every BOOKMARK_INTERVAL with the last version seen.

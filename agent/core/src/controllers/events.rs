@@ -30,6 +30,7 @@ fn component(kind: &str) -> &'static str {
         "Deployment" => "deployment-controller",
         "ReplicaSet" => "replicaset-controller",
         "DaemonSet" => "daemonset-controller",
+        "StatefulSet" => "statefulset-controller",
         "Job" => "job-controller",
         "CronJob" => "cronjob-controller",
         _ => "shoal-controller",
@@ -69,6 +70,9 @@ pub fn created(object: &Value) -> Option<NewEvent> {
                 "deployment-controller",
             ));
         }
+        ("StatefulSet", "Pod") => {
+            format!("create Pod {name} in StatefulSet {} successful", owner.name)
+        }
         (_, "Pod") => format!("Created pod: {name}"),
         ("CronJob", "Job") => format!("Created job {name}"),
         _ => return None,
@@ -107,6 +111,9 @@ pub fn deleted(object: &Value) -> Option<NewEvent> {
     let owner = owner(object)?;
     let name = object["metadata"]["name"].as_str()?;
     let message = match object["kind"].as_str()? {
+        "Pod" if owner.kind == "StatefulSet" => {
+            format!("delete Pod {name} in StatefulSet {} successful", owner.name)
+        }
         "Pod" => format!("Deleted pod: {name}"),
         "Job" => format!("Deleted job {name}"),
         _ => return None,

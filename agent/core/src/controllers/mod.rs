@@ -5,8 +5,8 @@
 //! (`chaos-tests/src/sim/partition.rs`) drives the same functions — [`decide`], [`write_of`],
 //! [`overlay`], [`garbage_plan`], [`garbage_writes`] — on both sides of a cut over real stores.
 //!
-//! One file per kind ([`replica_set`], [`deployment`], [`daemon_set`], [`job`], [`cron_job`],
-//! [`hpa`], [`namespace`], [`service_ip`]), each `reconcile → actions`; [`garbage`] is the only
+//! One file per kind ([`replica_set`], [`deployment`], [`daemon_set`], [`stateful_set`],
+//! [`job`], [`cron_job`], [`hpa`], [`namespace`], [`service_ip`]), each `reconcile → actions`; [`garbage`] is the only
 //! garbage collector (the API's delete does not cascade); [`quarantine`] keeps a panicking
 //! reconcile from stopping the others; [`workload`] is what they share (pod views, actions).
 //!
@@ -25,6 +25,7 @@ pub mod namespace;
 pub mod quarantine;
 pub mod replica_set;
 pub mod service_ip;
+pub mod stateful_set;
 pub mod workload;
 
 use std::collections::{BTreeMap, HashSet};
@@ -41,6 +42,9 @@ use workload::PodView;
 pub struct Snapshot {
     pub deployments: Vec<Value>,
     pub replica_sets: Vec<Value>,
+    pub stateful_sets: Vec<Value>,
+    /// Every ControllerRevision (the StatefulSets' history).
+    pub controller_revisions: Vec<Value>,
     pub jobs: Vec<Value>,
     pub cron_jobs: Vec<Value>,
     pub autoscalers: Vec<Value>,
@@ -151,6 +155,8 @@ pub fn release_replaced_owners(views: &mut [PodView], owners: &[(&str, &[Value])
 pub struct Listed {
     pub deployments: Vec<Value>,
     pub replica_sets: Vec<Value>,
+    pub stateful_sets: Vec<Value>,
+    pub controller_revisions: Vec<Value>,
     pub jobs: Vec<Value>,
     pub cron_jobs: Vec<Value>,
     pub autoscalers: Vec<Value>,
@@ -162,12 +168,19 @@ impl Snapshot {
     pub fn list(store: &shoal_state::Store) -> Listed {
         let deployments = store.list("apps", "Deployment", None);
         let replica_sets = store.list("apps", "ReplicaSet", None);
+        let stateful_sets = store.list("apps", "StatefulSet", None);
+        let controller_revisions = if stateful_sets.is_empty() {
+            Vec::new()
+        } else {
+            store.list("apps", "ControllerRevision", None)
+        };
         let jobs = store.list("batch", "Job", None);
         let cron_jobs = store.list("batch", "CronJob", None);
         let autoscalers = store.list("autoscaling", "HorizontalPodAutoscaler", None);
         // Without a workload no pod is anyone's to reconcile: none is read.
         let idle = deployments.is_empty()
             && replica_sets.is_empty()
+            && stateful_sets.is_empty()
             && jobs.is_empty()
             && cron_jobs.is_empty();
         let pods = if idle {
@@ -178,6 +191,8 @@ impl Snapshot {
         Listed {
             deployments,
             replica_sets,
+            stateful_sets,
+            controller_revisions,
             jobs,
             cron_jobs,
             autoscalers,
@@ -190,6 +205,8 @@ impl Snapshot {
         let Listed {
             mut deployments,
             mut replica_sets,
+            mut stateful_sets,
+            controller_revisions,
             mut jobs,
             mut cron_jobs,
             autoscalers,
@@ -199,6 +216,7 @@ impl Snapshot {
         for object in deployments
             .iter_mut()
             .chain(replica_sets.iter_mut())
+            .chain(stateful_sets.iter_mut())
             .chain(jobs.iter_mut())
             .chain(cron_jobs.iter_mut())
             .chain(pods.iter_mut())
@@ -212,11 +230,20 @@ impl Snapshot {
                 PodView::from_object(pod, status.as_ref())
             })
             .collect();
-        release_replaced_owners(&mut views, &[("ReplicaSet", &replica_sets), ("Job", &jobs)]);
+        release_replaced_owners(
+            &mut views,
+            &[
+                ("ReplicaSet", &replica_sets),
+                ("StatefulSet", &stateful_sets),
+                ("Job", &jobs),
+            ],
+        );
         let by_namespace = Self::group(views);
         Self {
             deployments,
             replica_sets,
+            stateful_sets,
+            controller_revisions,
             jobs,
             cron_jobs,
             autoscalers,
@@ -275,6 +302,14 @@ impl Snapshot {
             .collect()
     }
 
+    pub fn controller_revisions_in(&self, namespace: &str) -> Vec<Value> {
+        self.controller_revisions
+            .iter()
+            .filter(|r| namespace_of(r) == namespace)
+            .cloned()
+            .collect()
+    }
+
     pub fn replica_sets_in(&self, namespace: &str) -> Vec<Value> {
         self.replica_sets
             .iter()
@@ -311,6 +346,16 @@ pub fn decide(
             replica_set::reconcile(rs, snapshot.replica_set_candidates(rs), random)
         }));
     }
+    for sts in snapshot.stateful_sets.iter().filter(|s| owns(s)) {
+        actions.extend(quarantine.guard(sts, now_ms, || {
+            stateful_set::reconcile(
+                sts,
+                snapshot.replica_set_candidates(sts),
+                &snapshot.controller_revisions_in(namespace_of(sts)),
+                now_ms,
+            )
+        }));
+    }
     for job in snapshot.jobs.iter().filter(|j| owns(j)) {
         actions.extend(quarantine.guard(job, now_ms, || {
             job::reconcile(
@@ -342,6 +387,7 @@ pub fn decide(
         .deployments
         .iter()
         .chain(&snapshot.replica_sets)
+        .chain(&snapshot.stateful_sets)
         .chain(&snapshot.jobs)
         .chain(&snapshot.cron_jobs)
         .filter(|o| owns(o))
@@ -390,6 +436,8 @@ pub enum Lay {
     Update(Value),
     /// `spec.replicas` (what the `/scale` subresource changes).
     Replicas(i64),
+    /// A ControllerRevision's `revision` number.
+    Revision(i64),
     /// These annotations added (existing keys kept: each is a register of its own).
     Annotations(BTreeMap<String, String>),
     /// The references to these owner uids removed (the garbage collector's orphaning).
@@ -439,6 +487,12 @@ impl Lay {
                 }
             }
             Lay::Replicas(replicas) => current["spec"]["replicas"] = serde_json::json!(replicas),
+            Lay::Revision(number) => {
+                if current["revision"] == serde_json::json!(number) {
+                    return false;
+                }
+                current["revision"] = serde_json::json!(number);
+            }
             Lay::Annotations(annotations) => {
                 if !current["metadata"]["annotations"].is_object() {
                     current["metadata"]["annotations"] = serde_json::json!({});
@@ -481,6 +535,7 @@ impl Lay {
         match self {
             Lay::Update(_) => "an update",
             Lay::Replicas(_) => "a scale",
+            Lay::Revision(_) => "a revision number",
             Lay::Annotations(_) => "a record",
             Lay::DropOwners(_) => "owner references",
             Lay::MarkForeground(_) => "a foreground deletion",
@@ -527,6 +582,16 @@ pub fn write_of(action: Action) -> Option<Write> {
             key: key_of(kind, &namespace, &name)?,
             uid,
             lay: Lay::Replicas(replicas),
+        }),
+        Action::Renumber {
+            namespace,
+            name,
+            uid,
+            revision,
+        } => Some(Write::Over {
+            key: key_of("ControllerRevision", &namespace, &name)?,
+            uid,
+            lay: Lay::Revision(revision),
         }),
         Action::Annotate {
             kind,
@@ -726,7 +791,7 @@ pub fn has_finalizers(object: &Value) -> bool {
 /// The store key of a kind controllers write.
 pub fn key_of(kind_name: &str, namespace: &str, name: &str) -> Option<ObjectKey> {
     let group_version = match kind_name {
-        "ReplicaSet" | "Deployment" => "apps/v1",
+        "ReplicaSet" | "Deployment" | "StatefulSet" | "ControllerRevision" => "apps/v1",
         "HorizontalPodAutoscaler" => "autoscaling/v2",
         "Job" | "CronJob" => "batch/v1",
         _ => "v1",
@@ -798,6 +863,8 @@ mod tests {
         let snapshot = Snapshot {
             deployments: vec![],
             replica_sets: vec![],
+            stateful_sets: vec![],
+            controller_revisions: vec![],
             jobs: vec![],
             cron_jobs: vec![],
             autoscalers: vec![],

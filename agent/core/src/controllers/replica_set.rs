@@ -90,7 +90,7 @@ pub fn reconcile<'a>(
 }
 
 /// `pod` with its controller reference set to `owner` (adoption) or removed (release).
-fn with_owner(pod: &Value, owner: Option<&Value>) -> Value {
+pub(crate) fn with_owner(pod: &Value, owner: Option<&Value>) -> Value {
     let mut pod = pod.clone();
     let mut refs: Vec<Value> = pod["metadata"]["ownerReferences"]
         .as_array()

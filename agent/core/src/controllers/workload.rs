@@ -200,6 +200,14 @@ pub enum Action {
         uid: String,
         annotations: BTreeMap<String, String>,
     },
+    /// A ControllerRevision's `revision` number set (a StatefulSet's template went back to an
+    /// older revision, which becomes the newest, as upstream renumbers it).
+    Renumber {
+        namespace: String,
+        name: String,
+        uid: String,
+        revision: i64,
+    },
     /// The target's `spec.replicas` set (what the `/scale` subresource changes), by the
     /// HorizontalPodAutoscaler `autoscaler`, for the reason `message`.
     Scale {

@@ -31,8 +31,140 @@ fn known_top_level(kind: &str) -> &'static [&'static str] {
             "type",
             "immutable",
         ],
+        "ControllerRevision" => &["apiVersion", "kind", "metadata", "data", "revision"],
         _ => &["apiVersion", "kind", "metadata", "spec", "status"],
     }
+}
+
+/// The most claim templates a StatefulSet may have (each is a volume of every pod).
+pub const MAX_CLAIM_TEMPLATES: usize = 16;
+
+/// A StatefulSet's own fields (its template is checked as every workload's).
+fn validate_stateful_set(object: &Value) -> Result<(), FieldError> {
+    let spec = &object["spec"];
+    let one_of = |path: &str, value: &Value, allowed: &[&str]| -> Result<(), FieldError> {
+        match value {
+            Value::Null => Ok(()),
+            Value::String(s) if allowed.contains(&s.as_str()) => Ok(()),
+            other => Err(err(
+                path,
+                format!(
+                    "Unsupported value: {other}: supported values: {}",
+                    allowed
+                        .iter()
+                        .map(|a| format!("{a:?}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )),
+        }
+    };
+    one_of(
+        "spec.podManagementPolicy",
+        &spec["podManagementPolicy"],
+        &["OrderedReady", "Parallel"],
+    )?;
+    let strategy = &spec["updateStrategy"];
+    type_check(strategy, "spec.updateStrategy", "object")?;
+    one_of(
+        "spec.updateStrategy.type",
+        &strategy["type"],
+        &["RollingUpdate", "OnDelete"],
+    )?;
+    let rolling = &strategy["rollingUpdate"];
+    if !rolling.is_null() && strategy["type"] == "OnDelete" {
+        return Err(err(
+            "spec.updateStrategy.rollingUpdate",
+            "Invalid value: only allowed for updateStrategy 'RollingUpdate'",
+        ));
+    }
+    type_check(rolling, "spec.updateStrategy.rollingUpdate", "object")?;
+    int32_fields(rolling, "spec.updateStrategy.rollingUpdate", &["partition"])?;
+    match &rolling["maxUnavailable"] {
+        Value::Null => {}
+        Value::Number(n)
+            if n.as_u64()
+                .is_some_and(|n| (1..=i32::MAX as u64).contains(&n)) => {}
+        Value::String(p)
+            if p.strip_suffix('%')
+                .and_then(|p| p.parse::<u64>().ok())
+                .is_some_and(|p| (1..=100).contains(&p)) => {}
+        other => {
+            return Err(err(
+                "spec.updateStrategy.rollingUpdate.maxUnavailable",
+                format!(
+                    "Invalid value: {other}: must be a positive integer or a percentage of 1% to 100%"
+                ),
+            ));
+        }
+    }
+    type_check(&spec["ordinals"], "spec.ordinals", "object")?;
+    int32_fields(&spec["ordinals"], "spec.ordinals", &["start"])?;
+    type_check(&spec["serviceName"], "spec.serviceName", "string")?;
+    if let Some(service) = spec["serviceName"].as_str().filter(|s| !s.is_empty()) {
+        shoal_state::labels::check_dns_label(service).map_err(|r| {
+            err(
+                "spec.serviceName",
+                format!("Invalid value: {service:?}: {r}"),
+            )
+        })?;
+    }
+    let retention = &spec["persistentVolumeClaimRetentionPolicy"];
+    type_check(
+        retention,
+        "spec.persistentVolumeClaimRetentionPolicy",
+        "object",
+    )?;
+    for field in ["whenDeleted", "whenScaled"] {
+        one_of(
+            &format!("spec.persistentVolumeClaimRetentionPolicy.{field}"),
+            &retention[field],
+            &["Retain", "Delete"],
+        )?;
+    }
+    let templates = &spec["volumeClaimTemplates"];
+    type_check(templates, "spec.volumeClaimTemplates", "array")?;
+    let templates = templates.as_array().map_or(&[][..], Vec::as_slice);
+    if templates.len() > MAX_CLAIM_TEMPLATES {
+        return Err(err(
+            "spec.volumeClaimTemplates",
+            format!(
+                "Too many: {}: must have at most {MAX_CLAIM_TEMPLATES} items",
+                templates.len()
+            ),
+        ));
+    }
+    for (i, claim) in templates.iter().enumerate() {
+        let path = format!("spec.volumeClaimTemplates[{i}].metadata.name");
+        let name = claim["metadata"]["name"].as_str().unwrap_or_default();
+        shoal_state::labels::check_dns_label(name)
+            .map_err(|r| err(&path, format!("Invalid value: {name:?}: {r}")))?;
+    }
+    // Its pods restart in place (an ended StatefulSet pod is replaced under its name).
+    let policy = &spec["template"]["spec"]["restartPolicy"];
+    if !policy.is_null() && policy != "Always" {
+        return Err(err(
+            "spec.template.spec.restartPolicy",
+            format!("Unsupported value: {policy}: supported values: \"Always\""),
+        ));
+    }
+    // Each pod's name `NAME-k` must be a label value (`statefulset.kubernetes.io/pod-name`).
+    let name = object["metadata"]["name"].as_str().unwrap_or_default();
+    let start = spec["ordinals"]["start"].as_u64().unwrap_or(0);
+    let replicas = spec["replicas"].as_u64().unwrap_or(1);
+    let last = format!(
+        "{name}-{}",
+        start.saturating_add(replicas.saturating_sub(1))
+    );
+    if last.len() > 63 {
+        return Err(err(
+            "metadata.name",
+            format!(
+                "Invalid value: {name:?}: the name of its last pod, {last:?}, must be no more than 63 characters"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 const KNOWN_METADATA: &[&str] = &[
@@ -428,6 +560,23 @@ pub fn validate(kind: &str, object: &Value) -> Result<(), FieldError> {
     match kind {
         "Pod" => validate_pod_spec(&object["spec"], "spec"),
         "Deployment" | "ReplicaSet" | "DaemonSet" => validate_template(object, true),
+        "StatefulSet" => {
+            validate_template(object, true)?;
+            validate_stateful_set(object)
+        }
+        "ControllerRevision" => {
+            let revision = &object["revision"];
+            if revision.is_null() {
+                return Err(err("revision", "Required value"));
+            }
+            if revision.as_i64().is_none_or(|n| n < 0) {
+                return Err(err(
+                    "revision",
+                    format!("Invalid value: {revision}: must be greater than or equal to 0"),
+                ));
+            }
+            type_check(&object["data"], "data", "object")
+        }
         "Job" => {
             validate_template(object, false)?;
             validate_job_spec(&object["spec"], "spec")?;
@@ -772,6 +921,40 @@ pub fn default(kind: &str, object: &mut Value) {
                 if let Some(m) = spec.as_object_mut() {
                     m.remove("revisionHistoryLimit");
                 }
+            }
+            if spec["template"].is_object() && spec["template"]["spec"].is_object() {
+                default_pod_spec(&mut spec["template"]["spec"]);
+            }
+        }
+        "StatefulSet" => {
+            let spec = &mut object["spec"];
+            default_field(spec, "replicas", json!(1));
+            default_field(spec, "revisionHistoryLimit", json!(10));
+            default_field(spec, "podManagementPolicy", json!("OrderedReady"));
+            default_field(spec, "updateStrategy", json!({"type": "RollingUpdate"}));
+            if spec["updateStrategy"]["type"] == "RollingUpdate" {
+                default_field(
+                    &mut spec["updateStrategy"],
+                    "rollingUpdate",
+                    json!({"partition": 0}),
+                );
+                default_field(
+                    &mut spec["updateStrategy"]["rollingUpdate"],
+                    "partition",
+                    json!(0),
+                );
+            }
+            default_field(
+                spec,
+                "persistentVolumeClaimRetentionPolicy",
+                json!({"whenDeleted": "Retain", "whenScaled": "Retain"}),
+            );
+            for field in ["whenDeleted", "whenScaled"] {
+                default_field(
+                    &mut spec["persistentVolumeClaimRetentionPolicy"],
+                    field,
+                    json!("Retain"),
+                );
             }
             if spec["template"].is_object() && spec["template"]["spec"].is_object() {
                 default_pod_spec(&mut spec["template"]["spec"]);
