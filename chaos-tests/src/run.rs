@@ -246,6 +246,33 @@ fn fenced_name(i: usize) -> String {
     format!("chaos-fenced-{i}")
 }
 
+/// The workload's StatefulSet (issue #39): its pods are fenced by their controller, each
+/// identity `chaos-db-k` one pod to fence (checker 4), with the fenced pods' heartbeats.
+const STATEFUL: &str = "chaos-db";
+const STATEFUL_REPLICAS: usize = 2;
+
+fn stateful_set(heartbeats: &Path) -> Value {
+    let mut pod = fenced_pod("template", "", true, heartbeats);
+    // The pod's own name, whichever incarnation writes it.
+    pod["spec"]["containers"][0]["env"][0] =
+        json!({"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}});
+    json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+           "metadata": {"name": STATEFUL, "namespace": "default"},
+           "spec": {"replicas": STATEFUL_REPLICAS, "serviceName": STATEFUL,
+                    "podManagementPolicy": "Parallel",
+                    "selector": {"matchLabels": {"app": STATEFUL}},
+                    "template": {"metadata": {"labels": {"app": STATEFUL}},
+                                 "spec": pod["spec"]}}})
+}
+
+/// The fenced pods there are before the faults: the bare ones and the StatefulSet's.
+fn steady_fenced_names() -> Vec<String> {
+    (0..FENCED_PODS)
+        .map(fenced_name)
+        .chain((0..STATEFUL_REPLICAS).map(|k| format!("{STATEFUL}-{k}")))
+        .collect()
+}
+
 /// The fenced pods created inside the first fault.
 fn late_fenced_name(i: usize) -> String {
     format!("chaos-fenced-late-{i}")
@@ -937,7 +964,8 @@ impl FaultDriver<'_> {
     }
 
     /// Points a node fault at a node that runs a fenced pod now, if the scenario wants that:
-    /// the schedule's node if it runs one, else the next that does.
+    /// one that runs a StatefulSet's pod if any does (an identity must move, never run
+    /// twice), else the schedule's node if it runs a fenced pod, else the next that does.
     fn retarget(&mut self, fault: &mut Fault) -> anyhow::Result<()> {
         if !self.targets_fenced {
             return Ok(());
@@ -948,9 +976,15 @@ impl FaultDriver<'_> {
         let now_ms = uptime_ms()?.saturating_sub(self.start_uptime_ms);
         let runs = fenced_runs(&self.heartbeats, self.start_uptime_ms)?;
         let n = self.agents.len();
+        let running = |i: &usize| checker::running_on(&runs, self.agents[*i].name(), now_ms);
         let chosen = (0..n)
             .map(|k| (*node + k) % n)
-            .find(|i| !checker::running_on(&runs, self.agents[*i].name(), now_ms).is_empty());
+            .find(|i| running(i).iter().any(|pod| pod.starts_with(STATEFUL)))
+            .or_else(|| {
+                (0..n)
+                    .map(|k| (*node + k) % n)
+                    .find(|i| !running(i).is_empty())
+            });
         match chosen {
             Some(i) => {
                 if i != *node {
@@ -1336,9 +1370,15 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
     let fenced_pods: Vec<Value> = (0..FENCED_PODS)
         .map(|i| fenced_pod(&fenced_name(i), &fenced_name(i), true, &heartbeats))
         .collect();
-    for object in [deployment(2), daemon_set(), heavy_deployment(), job()]
-        .iter()
-        .chain(&fenced_pods)
+    for object in [
+        deployment(2),
+        daemon_set(),
+        heavy_deployment(),
+        job(),
+        stateful_set(&heartbeats),
+    ]
+    .iter()
+    .chain(&fenced_pods)
     {
         // A 503 says no write quorum was reachable from that node at that moment (a loaded host
         // may suspect a peer for a moment): a client tries again, as the answer asks.
@@ -1368,7 +1408,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
             .filter(|run| run.beats > 0)
             .map(|run| run.pod)
             .collect();
-        if (0..FENCED_PODS).all(|i| running.contains(&fenced_name(i))) {
+        if steady_fenced_names().iter().all(|n| running.contains(n)) {
             break;
         }
         anyhow::ensure!(
@@ -1625,8 +1665,8 @@ pub async fn run(config: RunConfig) -> anyhow::Result<RunReport> {
 
     // Checker 4, from the fenced containers' own heartbeats (they have run all along; the
     // self-test's twin has run for the replica checker's wait at least).
-    let names: Vec<String> = (0..FENCED_PODS)
-        .map(fenced_name)
+    let names: Vec<String> = steady_fenced_names()
+        .into_iter()
         .chain(late_fenced.iter().cloned())
         .collect();
     // Those created during the faults may still be waiting for their node's run lease: each
