@@ -436,6 +436,7 @@ pub fn target_kind(kind: &str) -> Option<&'static str> {
     match kind {
         "Deployment" => Some("Deployment"),
         "ReplicaSet" => Some("ReplicaSet"),
+        "StatefulSet" => Some("StatefulSet"),
         _ => None,
     }
 }
