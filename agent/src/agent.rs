@@ -430,6 +430,13 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             },
         );
         kubelet.start();
+        crate::storage::Binder::new(
+            config.name.clone(),
+            config.data_dir.clone(),
+            replication.clone(),
+            events.clone(),
+        )
+        .start();
         Some(kubelet)
     } else {
         info!("--no-runtime: this node runs no pods");

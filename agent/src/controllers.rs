@@ -394,6 +394,7 @@ impl Controllers {
             live.iter().copied(),
         ) == Some(self.node_id);
         if bootstrap {
+            self.built_in_storage_class().await;
             for object in namespace::missing_built_ins(&names) {
                 if let Ok(valid) = shoal_state::validate(object, "") {
                     match self.replication.write(valid, WriteMode::Create).await {
@@ -443,6 +444,33 @@ impl Controllers {
                 if !self.finalize_namespace(info, ns).await {
                     break;
                 }
+            }
+        }
+    }
+
+    /// The StorageClass every cluster starts with (`local-path`, the built-in provisioner's),
+    /// made while the cluster has no StorageClass and its tombstone does not say a user
+    /// deleted it (a class the user changed or replaced is theirs).
+    async fn built_in_storage_class(&self) {
+        let Some(info) = kind::lookup("storage.k8s.io/v1", "StorageClass") else {
+            return;
+        };
+        let key = ObjectKey::new(info, "", shoal_model::storage::DEFAULT_CLASS);
+        let (any, seen) = self.replication.read(|s| {
+            (
+                !s.list("storage.k8s.io", "StorageClass", None).is_empty(),
+                s.get(&key).is_some() || s.deleted(&key).is_some(),
+            )
+        });
+        if any || seen {
+            return;
+        }
+        if let Ok(valid) = shoal_state::validate(shoal_model::storage::built_in_class(), "") {
+            let mut valid = valid;
+            shoal_model::validation::default("StorageClass", &mut valid.body);
+            match self.replication.write(valid, WriteMode::Create).await {
+                Ok(_) => info!("built-in StorageClass local-path created"),
+                Err(e) => debug!(error = %e, "built-in StorageClass not created"),
             }
         }
     }
@@ -617,6 +645,9 @@ impl Controllers {
                 let namespace = namespace_of(&object).to_owned();
                 if object["kind"] == "Pod" && object["apiVersion"] == "v1" {
                     crate::api::admission::admit_new_pod(&self.replication, &mut object);
+                }
+                if object["kind"] == "PersistentVolumeClaim" && object["apiVersion"] == "v1" {
+                    crate::api::admission::admit_new_claim(&self.replication, &mut object);
                 }
                 match shoal_state::validate(object, &namespace) {
                     Ok(valid) => match self.replication.write(valid, WriteMode::Create).await {

@@ -39,6 +39,7 @@ pub mod runtime;
 pub mod scheduling;
 pub mod services;
 pub mod session;
+pub mod storage;
 pub mod supervise;
 
 /// Version reported in gossip and by `shoal --version`.
@@ -71,6 +72,12 @@ pub mod paths {
     /// Per-pod runtime state: bundles, overlay mounts, container logs.
     pub fn pods(data_dir: &Path) -> PathBuf {
         data_dir.join("pods")
+    }
+
+    /// The volumes the built-in provisioner makes (`shoal.io/local-path`), one directory each,
+    /// named after its PersistentVolume.
+    pub fn volumes(data_dir: &Path) -> PathBuf {
+        data_dir.join("volumes")
     }
 
     /// Held (flock) while an agent runs on this data dir.

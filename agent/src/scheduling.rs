@@ -95,10 +95,39 @@ struct PodEntry {
     preempted_by: Option<String>,
 }
 
+/// What `pod`'s PersistentVolumeClaims allow, from the store now (none read when it names
+/// none).
+fn volume_placement(replication: &Replication, pod: &Value) -> shoal_model::storage::Placement {
+    use shoal_model::storage;
+    if storage::claims_of(pod).is_empty() {
+        return Default::default();
+    }
+    let namespace = pod["metadata"]["namespace"].as_str().unwrap_or("default");
+    let (Some(claims), Some(volumes), Some(classes)) = (
+        kind::lookup("v1", "PersistentVolumeClaim"),
+        kind::lookup("v1", "PersistentVolume"),
+        kind::lookup("storage.k8s.io/v1", "StorageClass"),
+    ) else {
+        return Default::default();
+    };
+    replication.read(|s| {
+        let claim = |name: &str| s.get(&ObjectKey::new(claims, namespace, name));
+        let volume = |name: &str| s.get(&ObjectKey::new(volumes, "", name));
+        let class = |name: &str| s.get(&ObjectKey::new(classes, "", name));
+        storage::placement(pod, &claim, &volume, &class)
+    })
+}
+
 impl PodEntry {
-    fn parse(key: ObjectKey, pod: &Value) -> Result<Self, shoal_model::placement::RequestError> {
+    fn parse(
+        key: ObjectKey,
+        pod: &Value,
+        volumes: shoal_model::storage::Placement,
+    ) -> Result<Self, shoal_model::placement::RequestError> {
+        let mut request = PodRequest::from_pod(pod)?;
+        request.volumes = volumes;
         Ok(Self {
-            request: Arc::new(PodRequest::from_pod(pod)?),
+            request: Arc::new(request),
             policy: Policy::parse(pod["metadata"]["annotations"][partition::ANNOTATION].as_str()),
             daemon: shoal_core::controllers::daemon_set::daemon_set_of(pod).map(str::to_owned),
             key,
@@ -254,7 +283,8 @@ impl Scheduling {
                 pod["metadata"]["namespace"].as_str().unwrap_or("default"),
                 pod["metadata"]["name"].as_str().unwrap_or(""),
             );
-            if let Ok(entry) = PodEntry::parse(key, pod) {
+            let volumes = volume_placement(&self.replication, pod);
+            if let Ok(entry) = PodEntry::parse(key, pod, volumes) {
                 entries.insert(entry.request.uid.clone(), entry);
             }
         }
@@ -283,12 +313,13 @@ impl Scheduling {
                         .as_str()
                         .unwrap_or_default()
                         .to_owned();
+                    let volumes = volume_placement(&self.replication, &change.object);
                     let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
                     if change.event == shoal_state::EventType::Deleted {
                         state.pods.remove(&uid);
                         continue;
                     }
-                    match PodEntry::parse(change.key.clone(), &change.object) {
+                    match PodEntry::parse(change.key.clone(), &change.object, volumes) {
                         Ok(entry) => {
                             let unbound = entry.node_name.is_none();
                             state.pods.insert(uid, entry);
@@ -301,6 +332,16 @@ impl Scheduling {
                             state.pods.remove(&uid);
                         }
                     }
+                }
+                // A claim bound or made, a volume made or gone: where pods may go changes.
+                Ok(change)
+                    if matches!(
+                        change.key.kind.as_str(),
+                        "PersistentVolumeClaim" | "PersistentVolume" | "StorageClass"
+                    ) =>
+                {
+                    self.reload_pods();
+                    self.wake.notify_one();
                 }
                 Ok(_) => {}
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => self.reload_pods(),

@@ -52,6 +52,31 @@ pub const KINDS: &[KindInfo] = &[
     kind("", "v1", "ConfigMap", "configmaps", true, &["cm"]),
     kind("", "v1", "Secret", "secrets", true, &[]),
     kind("", "v1", "ServiceAccount", "serviceaccounts", true, &["sa"]),
+    // Storage (issue #39): claims, the volumes that satisfy them, and how volumes are made.
+    kind(
+        "",
+        "v1",
+        "PersistentVolumeClaim",
+        "persistentvolumeclaims",
+        true,
+        &["pvc"],
+    ),
+    kind(
+        "",
+        "v1",
+        "PersistentVolume",
+        "persistentvolumes",
+        false,
+        &["pv"],
+    ),
+    kind(
+        "storage.k8s.io",
+        "v1",
+        "StorageClass",
+        "storageclasses",
+        false,
+        &["sc"],
+    ),
     // Leases as client-go's leader election takes them (optimistic concurrency on update).
     kind("coordination.k8s.io", "v1", "Lease", "leases", true, &[]),
     kind("apps", "v1", "Deployment", "deployments", true, &["deploy"]),

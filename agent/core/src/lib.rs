@@ -20,3 +20,4 @@ pub mod controllers;
 pub mod image_gc;
 pub mod placement;
 pub mod pod;
+pub mod storage;

@@ -33,6 +33,7 @@ pub mod placement;
 pub mod quantity;
 pub mod selector;
 pub mod service_ip;
+pub mod storage;
 pub mod validation;
 
 /// A field and what is wrong with it, as the apiserver words it

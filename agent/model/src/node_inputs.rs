@@ -191,6 +191,17 @@ pub fn check(spec: &Value, path: &str) -> Result<(), FieldError> {
         for source in ["configMap", "secret"] {
             items(&v[source], &format!("{at}.{source}"))?;
         }
+        if let Some(claim) = v.get("persistentVolumeClaim") {
+            let name = claim["claimName"].as_str().unwrap_or_default();
+            if name.is_empty() {
+                return Err(problem(
+                    format!("{at}.persistentVolumeClaim.claimName"),
+                    "Required value",
+                ));
+            }
+            labels::check_dns_subdomain(name)
+                .map_err(|r| invalid(format!("{at}.persistentVolumeClaim.claimName"), name, r))?;
+        }
         if let Some(host) = v.get("hostPath") {
             let path = host["path"].as_str().unwrap_or_default();
             if path.is_empty() {

@@ -342,6 +342,10 @@ pub struct PodRequest {
     /// The node ports its containers ask for (`hostPort`): exclusive on a node.
     #[serde(default)]
     pub host_ports: Vec<HostPort>,
+    /// What its PersistentVolumeClaims allow ([`crate::storage::placement`]; the scheduler
+    /// fills it in from the store: a pod spec alone cannot say it).
+    #[serde(default)]
+    pub volumes: crate::storage::Placement,
 }
 
 fn string_map(v: &Value) -> BTreeMap<String, String> {
@@ -637,6 +641,7 @@ impl PodRequest {
                 .filter(|n| !n.is_empty())
                 .map(str::to_owned),
             host_ports: host_ports(spec)?,
+            volumes: Default::default(),
         })
     }
 }

@@ -162,6 +162,13 @@ pub fn admit_new_pod(replication: &Replication, pod: &mut Value) {
     validation::admit_service_account(pod, account.as_ref());
 }
 
+/// The DefaultStorageClass admission, whoever creates the claim (a client, the StatefulSet
+/// controller): a claim naming no class gets the default one.
+pub fn admit_new_claim(replication: &Replication, claim: &mut Value) {
+    let classes = replication.read(|s| s.list("storage.k8s.io", "StorageClass", None));
+    shoal_model::storage::default_class_for(claim, &classes);
+}
+
 impl Admission<'_> {
     /// Stores a prepared object (waiting for the write quorum); returns it as stored and
     /// whether this write created it.
@@ -188,6 +195,9 @@ impl Admission<'_> {
         let stored = self.replication.read(|s| s.get(&valid.key));
         if stored.is_none() && valid.info.kind == "Pod" && valid.info.group.is_empty() {
             admit_new_pod(self.replication, &mut valid.body);
+        }
+        if stored.is_none() && valid.info.kind == "PersistentVolumeClaim" {
+            admit_new_claim(self.replication, &mut valid.body);
         }
         if let Some(stored) = stored.filter(garbage::deletion_requested)
             && valid.body["metadata"].is_object()

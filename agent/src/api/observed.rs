@@ -118,6 +118,29 @@ pub fn with_status(state: &ApiState, kind: &str, mut object: Value) -> Value {
         }
         "Namespace" => json!({"phase": "Active"}),
         "Service" => json!({"loadBalancer": {}}),
+        "PersistentVolumeClaim" => {
+            let volume = object["spec"]["volumeName"]
+                .as_str()
+                .filter(|v| !v.is_empty())
+                .and_then(|v| {
+                    let info = shoal_state::kind::lookup("v1", "PersistentVolume")?;
+                    state
+                        .replication
+                        .read(|s| s.get(&shoal_state::ObjectKey::new(info, "", v)))
+                });
+            shoal_model::storage::claim_status(&object, volume.as_ref())
+        }
+        "PersistentVolume" => {
+            let reference = &object["spec"]["claimRef"];
+            let claim = reference["name"].as_str().and_then(|name| {
+                let info = shoal_state::kind::lookup("v1", "PersistentVolumeClaim")?;
+                let namespace = reference["namespace"].as_str().unwrap_or("default");
+                state
+                    .replication
+                    .read(|s| s.get(&shoal_state::ObjectKey::new(info, namespace, name)))
+            });
+            shoal_model::storage::volume_status(&object, claim.as_ref())
+        }
         "HorizontalPodAutoscaler" => shoal_core::controllers::hpa::status(&object),
         _ => return object,
     };

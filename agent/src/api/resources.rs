@@ -146,7 +146,13 @@ impl ApiResource {
                     &["get", "patch", "update"][..],
                 ),
             ],
-            "DaemonSet" | "Job" | "CronJob" | "Service" | "HorizontalPodAutoscaler" => {
+            "DaemonSet"
+            | "Job"
+            | "CronJob"
+            | "Service"
+            | "HorizontalPodAutoscaler"
+            | "PersistentVolumeClaim"
+            | "PersistentVolume" => {
                 vec![status]
             }
             _ => vec![],

@@ -106,6 +106,24 @@ fn template_images(o: &Value) -> Value {
     ))
 }
 
+/// Access modes as kubectl abbreviates them (`RWO,ROX`).
+fn access_modes(modes: &Value) -> Value {
+    let modes = modes.as_array().map_or(&[][..], Vec::as_slice);
+    if modes.is_empty() {
+        return json!("");
+    }
+    json!(join(modes.iter().map(|m| {
+        match m.as_str().unwrap_or("") {
+            "ReadWriteOnce" => "RWO",
+            "ReadOnlyMany" => "ROX",
+            "ReadWriteMany" => "RWX",
+            "ReadWriteOncePod" => "RWOP",
+            other => other,
+        }
+        .to_owned()
+    })))
+}
+
 fn columns(kind: &str) -> Vec<Column> {
     match kind {
         "Pod" => vec![
@@ -178,6 +196,83 @@ fn columns(kind: &str) -> Vec<Column> {
             col("Containers", "string", 1, template_containers),
             col("Images", "string", 1, template_images),
             col("Selector", "string", 1, selector),
+        ],
+        "PersistentVolumeClaim" => vec![
+            col("Name", "string", 0, name),
+            col("Status", "string", 0, |o| o["status"]["phase"].clone()),
+            col("Volume", "string", 0, |o| {
+                json!(o["spec"]["volumeName"].as_str().unwrap_or(""))
+            }),
+            col("Capacity", "string", 0, |o| {
+                json!(o["status"]["capacity"]["storage"].as_str().unwrap_or(""))
+            }),
+            col("Access Modes", "string", 0, |o| {
+                access_modes(&o["status"]["accessModes"])
+            }),
+            col("StorageClass", "string", 0, |o| {
+                json!(o["spec"]["storageClassName"].as_str().unwrap_or("<unset>"))
+            }),
+            col("VolumeAttributesClass", "string", 0, |_| json!("<unset>")),
+            col("Age", "string", 0, age),
+            col("VolumeMode", "string", 1, |o| {
+                o["spec"]["volumeMode"].clone()
+            }),
+        ],
+        "PersistentVolume" => vec![
+            col("Name", "string", 0, name),
+            col("Capacity", "string", 0, |o| {
+                json!(o["spec"]["capacity"]["storage"].as_str().unwrap_or(""))
+            }),
+            col("Access Modes", "string", 0, |o| {
+                access_modes(&o["spec"]["accessModes"])
+            }),
+            col("Reclaim Policy", "string", 0, |o| {
+                o["spec"]["persistentVolumeReclaimPolicy"].clone()
+            }),
+            col("Status", "string", 0, |o| o["status"]["phase"].clone()),
+            col("Claim", "string", 0, |o| {
+                let r = &o["spec"]["claimRef"];
+                json!(match (r["namespace"].as_str(), r["name"].as_str()) {
+                    (Some(ns), Some(n)) => format!("{ns}/{n}"),
+                    _ => String::new(),
+                })
+            }),
+            col("StorageClass", "string", 0, |o| {
+                json!(o["spec"]["storageClassName"].as_str().unwrap_or(""))
+            }),
+            col("VolumeAttributesClass", "string", 0, |_| json!("<unset>")),
+            col("Reason", "string", 0, |_| json!("")),
+            col("Age", "string", 0, age),
+            col("VolumeMode", "string", 1, |o| {
+                o["spec"]["volumeMode"].clone()
+            }),
+        ],
+        "StorageClass" => vec![
+            col("Name", "string", 0, |o| {
+                let n = o["metadata"]["name"].as_str().unwrap_or("");
+                let default = o["metadata"]["annotations"]
+                    [shoal_model::storage::DEFAULT_CLASS_ANNOTATION]
+                    == "true";
+                json!(if default {
+                    format!("{n} (default)")
+                } else {
+                    n.to_owned()
+                })
+            }),
+            col("Provisioner", "string", 0, |o| o["provisioner"].clone()),
+            col("ReclaimPolicy", "string", 0, |o| o["reclaimPolicy"].clone()),
+            col("VolumeBindingMode", "string", 0, |o| {
+                o["volumeBindingMode"].clone()
+            }),
+            col("AllowVolumeExpansion", "string", 0, |o| {
+                json!(
+                    o["allowVolumeExpansion"]
+                        .as_bool()
+                        .unwrap_or(false)
+                        .to_string()
+                )
+            }),
+            col("Age", "string", 0, age),
         ],
         "StatefulSet" => vec![
             col("Name", "string", 0, name),

@@ -95,6 +95,14 @@ impl Kubelet {
                     Err(error) if error.reason == PULLING => {
                         worker.start_pending(&name, "Pulling", "ContainerCreating", &error.message);
                     }
+                    Err(error) if error.reason == VOLUMES_PENDING => {
+                        worker.start_pending(
+                            &name,
+                            "FailedMount",
+                            "ContainerCreating",
+                            &error.message,
+                        );
+                    }
                     Err(error) if error.reason == start::RUN_LEASE_ENDED => {
                         // Tried again once the node holds the lease again, with no back-off.
                         worker.start_pending(
@@ -209,6 +217,46 @@ impl Kubelet {
             .read(|s| s.get(&ObjectKey::new(info, namespace, name)))
     }
 
+    /// `plan` with each claim resolved to the volume this node mounts for it
+    /// (`shoal_model::storage::claim_mount`); a claim not mountable yet (not bound, its volume
+    /// not made) is a start that waits.
+    fn resolve_claims(&self, plan: &pod::PodPlan) -> Result<pod::PodPlan, container::ConfigError> {
+        use shoal_model::storage::{ClaimMount, claim_mount};
+        let mut plan = plan.clone();
+        for volume in &mut plan.volumes {
+            let pod::VolumeSource::Claim { claim, read_only } = &volume.source else {
+                continue;
+            };
+            let stored = self.lookup(&plan.namespace, "PersistentVolumeClaim", claim);
+            let bound = stored
+                .as_ref()
+                .and_then(|c| c["spec"]["volumeName"].as_str())
+                .filter(|v| !v.is_empty())
+                .and_then(|v| self.lookup("", "PersistentVolume", v));
+            volume.source =
+                match claim_mount(claim, stored.as_ref(), bound.as_ref(), &self.node_name) {
+                    ClaimMount::Provisioned(name) => pod::VolumeSource::Persistent {
+                        volume: name,
+                        read_only: *read_only,
+                    },
+                    ClaimMount::HostPath(path) => pod::VolumeSource::HostPath {
+                        path,
+                        kind: pod::HostPathType::Unchecked,
+                    },
+                    ClaimMount::Pending(why) => {
+                        return Err(container::ConfigError {
+                            reason: VOLUMES_PENDING,
+                            message: format!(
+                                "Unable to attach or mount volumes: unmounted volumes=[{}]: {why}",
+                                volume.name
+                            ),
+                        });
+                    }
+                };
+        }
+        Ok(plan)
+    }
+
     fn start_container(
         &self,
         plan: &pod::PodPlan,
@@ -223,6 +271,17 @@ impl Kubelet {
             .chain(&plan.init_containers)
             .find(|c| c.name == name)
             .expect("the worker starts containers of the plan");
+        let resolved;
+        let plan = if plan
+            .volumes
+            .iter()
+            .any(|v| matches!(v.source, pod::VolumeSource::Claim { .. }))
+        {
+            resolved = self.resolve_claims(plan)?;
+            &resolved
+        } else {
+            plan
+        };
         let done = self.ensure_image(plan, c)?;
         let image = self.images.resolve(&c.image).map_err(|error| match error {
             ImageError::NotFound { .. } if c.image_pull_policy == pod::PullPolicy::Never => {

@@ -582,6 +582,19 @@ pub fn build(
                 m.read_only,
                 m.read_only,
             ),
+            VolumeSource::Persistent { volume, read_only } => (
+                MountSource::Persistent {
+                    volume: volume.clone(),
+                    sub_path: m.sub_path.clone(),
+                },
+                m.read_only || *read_only,
+                false,
+            ),
+            VolumeSource::Claim { claim, .. } => {
+                return Err(config_error(format!(
+                    "{field}: persistentvolumeclaim {claim:?} is not resolved to a volume"
+                )));
+            }
             other => (
                 MountSource::Volume {
                     volume: volume.name.clone(),

@@ -44,8 +44,14 @@ pub fn start(runtime: &dyn ContainerRuntime, s: &Start<'_>) -> Result<(), Config
     // Every directory and file is made beneath the pod's directory without following a
     // symlink (crate::beneath).
     for volume in &plan.volumes {
-        if matches!(volume.source, VolumeSource::HostPath { .. }) {
-            // Checked, made and mounted by the runtime, per container mount.
+        if matches!(
+            volume.source,
+            VolumeSource::HostPath { .. }
+                | VolumeSource::Claim { .. }
+                | VolumeSource::Persistent { .. }
+        ) {
+            // Checked, made and mounted by the runtime, per container mount (a claim is
+            // resolved to its volume before the start).
             continue;
         }
         let volume_error = |message: String| ConfigError {

@@ -21,6 +21,7 @@ mod container;
 pub mod exec;
 pub mod lease;
 mod mounts;
+pub mod persistent;
 mod sandbox;
 pub mod seccomp;
 pub mod shim;

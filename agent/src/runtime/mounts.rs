@@ -98,6 +98,49 @@ impl Runtime {
         self.stage_bind(uid, container, attempt, index, &fd, is_dir, false)
     }
 
+    /// Makes provisioned volume `volume` (or `sub_path` beneath it) available to one container
+    /// attempt: opened beneath the node's volumes directory, every component a real directory,
+    /// and bind-mounted through that descriptor at the attempt's staging path.
+    pub fn bind_persistent(
+        &self,
+        uid: &str,
+        volume: &str,
+        sub_path: Option<&str>,
+        container: &str,
+        attempt: u32,
+        index: usize,
+    ) -> Result<PathBuf, RuntimeError> {
+        check_id("pod uid", uid)?;
+        check_id("container name", container)?;
+        let refuse = |reason: String| RuntimeError::SubPath {
+            volume: volume.to_owned(),
+            sub_path: sub_path.unwrap_or_default().to_owned(),
+            reason,
+        };
+        let root = persistent::open(&self.data_dir, volume)?;
+        let (fd, is_dir) = match sub_path {
+            None => (
+                root.fd()
+                    .try_clone_to_owned()
+                    .map_err(|e| refuse(e.to_string()))?,
+                true,
+            ),
+            Some(sub) => {
+                let rel = crate::beneath::normal_components(Path::new(sub))
+                    .ok_or_else(|| refuse("must be a relative path without '..'".into()))?;
+                root.open_or_make_dir(&rel)
+                    .map_err(|err| match err.raw_os_error() {
+                        Some(libc::ELOOP) => {
+                            refuse("a symlink is on its path; it is refused, never followed".into())
+                        }
+                        Some(libc::EXDEV) => refuse("it leaves its volume".into()),
+                        _ => refuse(err.to_string()),
+                    })?
+            }
+        };
+        self.stage_bind(uid, container, attempt, index, &fd, is_dir, false)
+    }
+
     /// Makes host path `path` (a `hostPath` volume, optionally with `sub_path`) available to
     /// one container attempt: created if its type says so, opened (host symlinks followed:
     /// the host's layout is the administrator's), checked against `policy` on the path the
@@ -305,6 +348,14 @@ impl Runtime {
                     volume,
                     sub_path: Some(sub),
                 } => self.bind_sub_path(pod_uid, volume, sub, &meta.name, meta.attempt, index),
+                spec::MountSource::Persistent { volume, sub_path } => self.bind_persistent(
+                    pod_uid,
+                    volume,
+                    sub_path.as_deref(),
+                    &meta.name,
+                    meta.attempt,
+                    index,
+                ),
                 spec::MountSource::HostPath {
                     path,
                     kind,

@@ -29,6 +29,13 @@ pub enum MountSource {
         kind: HostPathType,
         sub_path: Option<String>,
     },
+    /// A volume the built-in provisioner made (`volume`, its PersistentVolume's name), or
+    /// `sub_path` beneath it: its directory under the node's volumes directory, opened beneath
+    /// it without following a symlink, and bind-mounted for this container alone.
+    Persistent {
+        volume: String,
+        sub_path: Option<String>,
+    },
 }
 
 /// A mount the kubelet asks for.

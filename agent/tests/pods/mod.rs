@@ -15,6 +15,7 @@ use crate::api::ApiLab;
 
 mod exec;
 mod hardening;
+mod storage;
 mod workloads;
 
 const LIMIT: Duration = Duration::from_secs(60);

@@ -45,6 +45,8 @@ pub struct Snapshot {
     pub stateful_sets: Vec<Value>,
     /// Every ControllerRevision (the StatefulSets' history).
     pub controller_revisions: Vec<Value>,
+    /// Every PersistentVolumeClaim (the StatefulSets' claims), when there is a StatefulSet.
+    pub claims: Vec<Value>,
     pub jobs: Vec<Value>,
     pub cron_jobs: Vec<Value>,
     pub autoscalers: Vec<Value>,
@@ -157,6 +159,7 @@ pub struct Listed {
     pub replica_sets: Vec<Value>,
     pub stateful_sets: Vec<Value>,
     pub controller_revisions: Vec<Value>,
+    pub claims: Vec<Value>,
     pub jobs: Vec<Value>,
     pub cron_jobs: Vec<Value>,
     pub autoscalers: Vec<Value>,
@@ -169,10 +172,13 @@ impl Snapshot {
         let deployments = store.list("apps", "Deployment", None);
         let replica_sets = store.list("apps", "ReplicaSet", None);
         let stateful_sets = store.list("apps", "StatefulSet", None);
-        let controller_revisions = if stateful_sets.is_empty() {
-            Vec::new()
+        let (controller_revisions, claims) = if stateful_sets.is_empty() {
+            (Vec::new(), Vec::new())
         } else {
-            store.list("apps", "ControllerRevision", None)
+            (
+                store.list("apps", "ControllerRevision", None),
+                store.list("", "PersistentVolumeClaim", None),
+            )
         };
         let jobs = store.list("batch", "Job", None);
         let cron_jobs = store.list("batch", "CronJob", None);
@@ -193,6 +199,7 @@ impl Snapshot {
             replica_sets,
             stateful_sets,
             controller_revisions,
+            claims,
             jobs,
             cron_jobs,
             autoscalers,
@@ -207,6 +214,7 @@ impl Snapshot {
             mut replica_sets,
             mut stateful_sets,
             controller_revisions,
+            claims,
             mut jobs,
             mut cron_jobs,
             autoscalers,
@@ -244,6 +252,7 @@ impl Snapshot {
             replica_sets,
             stateful_sets,
             controller_revisions,
+            claims,
             jobs,
             cron_jobs,
             autoscalers,
@@ -302,6 +311,15 @@ impl Snapshot {
             .collect()
     }
 
+    /// The claims of `namespace`: (name, uid).
+    pub fn claims_in(&self, namespace: &str) -> Vec<(&str, &str)> {
+        self.claims
+            .iter()
+            .filter(|c| namespace_of(c) == namespace)
+            .map(|c| (name_of(c), uid_of(c)))
+            .collect()
+    }
+
     pub fn controller_revisions_in(&self, namespace: &str) -> Vec<Value> {
         self.controller_revisions
             .iter()
@@ -352,6 +370,7 @@ pub fn decide(
                 sts,
                 snapshot.replica_set_candidates(sts),
                 &snapshot.controller_revisions_in(namespace_of(sts)),
+                &snapshot.claims_in(namespace_of(sts)),
                 now_ms,
             )
         }));
@@ -865,6 +884,7 @@ mod tests {
             replica_sets: vec![],
             stateful_sets: vec![],
             controller_revisions: vec![],
+            claims: vec![],
             jobs: vec![],
             cron_jobs: vec![],
             autoscalers: vec![],

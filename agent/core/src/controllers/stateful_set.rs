@@ -135,6 +135,55 @@ pub fn new_revision(sts: &Value, template: &Value, number: i64) -> Value {
     })
 }
 
+/// The claims ordinal `k` of `sts` needs (`CLAIM-NAME-k`), from its claim templates: labelled
+/// with the set's selector, and owned by it when `whenDeleted: Delete` (so they go with it).
+pub fn claims_for(sts: &Value, k: u64) -> Vec<Value> {
+    let set = name(sts);
+    let labels = sts["spec"]["selector"]["matchLabels"].clone();
+    let owned = sts["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Delete";
+    sts["spec"]["volumeClaimTemplates"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|template| {
+            let claim_name = template["metadata"]["name"].as_str()?;
+            let mut metadata = json!({
+                "name": format!("{claim_name}-{set}-{k}"),
+                "namespace": sts["metadata"]["namespace"].as_str().unwrap_or("default"),
+                "labels": labels,
+            });
+            if let Some(template_labels) = template["metadata"]["labels"].as_object()
+                && let Some(l) = metadata["labels"].as_object_mut()
+            {
+                for (key, value) in template_labels {
+                    l.insert(key.clone(), value.clone());
+                }
+            }
+            if owned {
+                let mut reference = controller_ref(sts);
+                reference["controller"] = json!(false);
+                metadata["ownerReferences"] = json!([reference]);
+            }
+            Some(json!({
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": metadata,
+                "spec": template["spec"],
+            }))
+        })
+        .collect()
+}
+
+/// The ordinal a claim named `CLAIM-NAME-k` of `sts` is for, if it is one of its templates'.
+fn claim_ordinal(sts: &Value, claim: &str) -> Option<u64> {
+    let set = name(sts);
+    sts["spec"]["volumeClaimTemplates"]
+        .as_array()?
+        .iter()
+        .filter_map(|t| t["metadata"]["name"].as_str())
+        .find_map(|template| ordinal(&format!("{template}-{set}"), claim))
+}
+
 /// The update strategy, read once.
 struct Strategy {
     rolling: bool,
@@ -284,6 +333,7 @@ pub fn reconcile<'a>(
     sts: &Value,
     pods: impl IntoIterator<Item = &'a PodView>,
     revision_objects: &[Value],
+    claims: &[(&str, &str)],
     now_ms: u64,
 ) -> Vec<Action> {
     let mut actions = Vec::new();
@@ -341,6 +391,32 @@ pub fn reconcile<'a>(
         }
     };
 
+    // Each ordinal's claims first (its pod waits for them): made from the claim templates
+    // where missing; those of ordinals scaled away go with `whenScaled: Delete` once their pod
+    // has.
+    for k in first..end {
+        for claim in claims_for(sts, k) {
+            let claim_name = claim["metadata"]["name"].as_str().unwrap_or_default();
+            if !claims.iter().any(|(n, _)| *n == claim_name) {
+                actions.push(Action::Create(claim));
+            }
+        }
+    }
+    if sts["spec"]["persistentVolumeClaimRetentionPolicy"]["whenScaled"] == "Delete" {
+        for (name, claim_uid) in claims {
+            let Some(k) = claim_ordinal(sts, name) else {
+                continue;
+            };
+            if (k < first || k >= end) && !v.pods.contains_key(&k) {
+                actions.push(Action::Delete {
+                    kind: "PersistentVolumeClaim",
+                    namespace: namespace.to_owned(),
+                    name: (*name).to_owned(),
+                    uid: (*claim_uid).to_owned(),
+                });
+            }
+        }
+    }
     // Pods that cannot be one of the set's identities go.
     for pod in v.unnamed.iter().filter(|p| !p.deleting) {
         actions.push(Action::delete_pod(pod));
@@ -607,7 +683,7 @@ mod tests {
     #[test]
     fn ordered_ready_makes_one_pod_at_a_time_in_order() {
         let s = sts(3, json!({}));
-        let actions = reconcile(&s, &[], &[], T0);
+        let actions = reconcile(&s, &[], &[], &[], T0);
         assert_eq!(names(created(&actions)), ["web-0"]);
         let web0 = created(&actions)
             .into_iter()
@@ -633,17 +709,17 @@ mod tests {
         );
         assert!(actions.iter().any(|a| matches!(a, Action::Annotate { .. })));
         // web-0 not ready yet: nothing more.
-        let actions = reconcile(&s, &[pod(&s, 0, "Running", false)], &[], T0);
+        let actions = reconcile(&s, &[pod(&s, 0, "Running", false)], &[], &[], T0);
         assert!(names(created(&actions)).is_empty(), "{actions:?}");
         // Ready: web-1, not web-2.
-        let actions = reconcile(&s, &[running(&s, 0)], &[], T0);
+        let actions = reconcile(&s, &[running(&s, 0)], &[], &[], T0);
         assert_eq!(names(created(&actions)), ["web-1"]);
     }
 
     #[test]
     fn parallel_makes_every_pod_at_once() {
         let s = sts(3, json!({"spec": {"podManagementPolicy": "Parallel"}}));
-        let actions = reconcile(&s, &[pod(&s, 1, "Pending", false)], &[], T0);
+        let actions = reconcile(&s, &[pod(&s, 1, "Pending", false)], &[], &[], T0);
         assert_eq!(names(created(&actions)), ["web-0", "web-2"]);
     }
 
@@ -653,12 +729,13 @@ mod tests {
             2,
             json!({"spec": {"ordinals": {"start": 5}, "podManagementPolicy": "Parallel"}}),
         );
-        let actions = reconcile(&s, &[], &[], T0);
+        let actions = reconcile(&s, &[], &[], &[], T0);
         assert_eq!(names(created(&actions)), ["web-5", "web-6"]);
         // web-0 is outside the range now: it goes.
         let actions = reconcile(
             &s,
             &[running(&s, 0), running(&s, 5), running(&s, 6)],
+            &[],
             &[],
             T0,
         );
@@ -669,21 +746,28 @@ mod tests {
     fn scale_down_removes_the_highest_first_one_at_a_time_while_all_are_healthy() {
         let s = sts(1, json!({}));
         let pods = [running(&s, 0), running(&s, 1), running(&s, 2)];
-        let actions = reconcile(&s, &pods, &[], T0);
+        let actions = reconcile(&s, &pods, &[], &[], T0);
         assert_eq!(deleted(&actions, Some("Pod")), ["web-2"]);
         // web-2 terminating: wait for it before web-1.
         let mut going = running(&s, 2);
         going.deleting = true;
-        let actions = reconcile(&s, &[running(&s, 0), running(&s, 1), going], &[], T0);
+        let actions = reconcile(&s, &[running(&s, 0), running(&s, 1), going], &[], &[], T0);
         assert!(deleted(&actions, Some("Pod")).is_empty(), "{actions:?}");
         // web-0 unhealthy: nothing is removed.
-        let actions = reconcile(&s, &[pod(&s, 0, "Running", false), running(&s, 1)], &[], T0);
+        let actions = reconcile(
+            &s,
+            &[pod(&s, 0, "Running", false), running(&s, 1)],
+            &[],
+            &[],
+            T0,
+        );
         assert!(deleted(&actions, Some("Pod")).is_empty(), "{actions:?}");
         // Parallel: all surplus at once.
         let p = sts(1, json!({"spec": {"podManagementPolicy": "Parallel"}}));
         let actions = reconcile(
             &p,
             &[running(&p, 0), running(&p, 1), running(&p, 2)],
+            &[],
             &[],
             T0,
         );
@@ -693,17 +777,23 @@ mod tests {
     #[test]
     fn an_ended_pod_is_replaced_under_its_name() {
         let s = sts(2, json!({}));
-        let actions = reconcile(&s, &[running(&s, 0), pod(&s, 1, "Failed", false)], &[], T0);
+        let actions = reconcile(
+            &s,
+            &[running(&s, 0), pod(&s, 1, "Failed", false)],
+            &[],
+            &[],
+            T0,
+        );
         assert_eq!(deleted(&actions, Some("Pod")), ["web-1"]);
         // Gone: made again.
-        let actions = reconcile(&s, &[running(&s, 0)], &[], T0);
+        let actions = reconcile(&s, &[running(&s, 0)], &[], &[], T0);
         assert_eq!(names(created(&actions)), ["web-1"]);
     }
 
     /// The objects a reconcile of `s` creates, kept as stored objects (uids given).
     fn stored_revisions(s: &Value, previous: &[Value]) -> Vec<Value> {
         let mut out = previous.to_vec();
-        for (i, object) in created(&reconcile(s, &[], previous, T0))
+        for (i, object) in created(&reconcile(s, &[], previous, &[], T0))
             .into_iter()
             .filter(|o| o["kind"] == "ControllerRevision")
             .enumerate()
@@ -727,7 +817,7 @@ mod tests {
         assert_eq!(revisions.len(), 2);
         assert_eq!(revisions[1]["revision"], 2);
         let pods = [running(&old, 0), running(&old, 1), running(&old, 2)];
-        let actions = reconcile(&new, &pods, &revisions, T0);
+        let actions = reconcile(&new, &pods, &revisions, &[], T0);
         assert_eq!(deleted(&actions, Some("Pod")), ["web-2"]);
         // web-2 back at the new revision but not ready: wait.
         let pods = [
@@ -735,10 +825,10 @@ mod tests {
             running(&old, 1),
             pod(&new, 2, "Running", false),
         ];
-        assert!(deleted(&reconcile(&new, &pods, &revisions, T0), Some("Pod")).is_empty());
+        assert!(deleted(&reconcile(&new, &pods, &revisions, &[], T0), Some("Pod")).is_empty());
         let pods = [running(&old, 0), running(&old, 1), running(&new, 2)];
         assert_eq!(
-            deleted(&reconcile(&new, &pods, &revisions, T0), Some("Pod")),
+            deleted(&reconcile(&new, &pods, &revisions, &[], T0), Some("Pod")),
             ["web-1"]
         );
         // A partition of 1: web-0 stays at the old revision, and the update is not complete.
@@ -746,12 +836,12 @@ mod tests {
         partitioned["spec"]["updateStrategy"] =
             json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 1}});
         let pods = [running(&old, 0), running(&new, 1), running(&new, 2)];
-        let actions = reconcile(&partitioned, &pods, &revisions, T0);
+        let actions = reconcile(&partitioned, &pods, &revisions, &[], T0);
         assert!(deleted(&actions, Some("Pod")).is_empty(), "{actions:?}");
         assert!(!actions.iter().any(|a| matches!(a, Action::Annotate { .. })));
         // web-0 deleted by hand: made again from the current (old) revision.
         let pods = [running(&new, 1), running(&new, 2)];
-        let actions = reconcile(&partitioned, &pods, &revisions, T0);
+        let actions = reconcile(&partitioned, &pods, &revisions, &[], T0);
         let made = created(&actions);
         let web0 = made.iter().find(|o| o["kind"] == "Pod").unwrap();
         assert_eq!(
@@ -761,7 +851,7 @@ mod tests {
         assert_eq!(web0["spec"]["containers"][0]["image"], "i:1");
         // Every pod updated and ready: the update revision becomes the current one.
         let pods = [running(&new, 0), running(&new, 1), running(&new, 2)];
-        let actions = reconcile(&new, &pods, &revisions, T0);
+        let actions = reconcile(&new, &pods, &revisions, &[], T0);
         let update = revision_name(&new, &new["spec"]["template"]);
         assert!(
             actions
@@ -784,9 +874,9 @@ mod tests {
         new["spec"]["updateStrategy"] = json!({"type": "OnDelete"});
         with_revision(&mut new, &revision_name(&old, &old["spec"]["template"]));
         let pods = [running(&old, 0), running(&old, 1)];
-        assert!(deleted(&reconcile(&new, &pods, &revisions, T0), Some("Pod")).is_empty());
+        assert!(deleted(&reconcile(&new, &pods, &revisions, &[], T0), Some("Pod")).is_empty());
         // A pod deleted by the user comes back from the new template.
-        let actions = reconcile(&new, &[running(&old, 0)], &revisions, T0);
+        let actions = reconcile(&new, &[running(&old, 0)], &revisions, &[], T0);
         let made = created(&actions);
         let web1 = made.iter().find(|o| o["kind"] == "Pod").unwrap();
         assert_eq!(web1["spec"]["containers"][0]["image"], "i:2");
@@ -800,7 +890,7 @@ mod tests {
         two["spec"]["template"]["spec"]["containers"][0]["image"] = json!("i:2");
         revisions = stored_revisions(&two, &revisions);
         // Back to the first template (kubectl rollout undo): revision 1 becomes 3.
-        let actions = reconcile(&one, &[running(&one, 0)], &revisions, T0);
+        let actions = reconcile(&one, &[running(&one, 0)], &revisions, &[], T0);
         assert!(
             actions
                 .iter()
@@ -823,7 +913,7 @@ mod tests {
             &revision_name(&three, &three["spec"]["template"]),
         );
         let revisions = stored_revisions(&three, &revisions);
-        let actions = reconcile(&current, &[running(&three, 0)], &revisions, T0);
+        let actions = reconcile(&current, &[running(&three, 0)], &revisions, &[], T0);
         let gone: Vec<&str> = actions
             .iter()
             .filter_map(|a| match a {
@@ -843,7 +933,7 @@ mod tests {
         let s = sts(1, json!({}));
         let mut orphan = running(&s, 0);
         orphan.controller_uid = None;
-        let actions = reconcile(&s, &[orphan], &[], T0);
+        let actions = reconcile(&s, &[orphan], &[], &[], T0);
         assert!(actions.iter().any(|a| matches!(a, Action::Update(o)
             if o["metadata"]["ownerReferences"][0]["uid"] == "s1")));
         assert!(names(created(&actions)).is_empty());
@@ -851,15 +941,69 @@ mod tests {
         let mut stranger = running(&s, 0);
         stranger.controller_uid = None;
         stranger.name = "web-x".into();
-        let actions = reconcile(&s, &[stranger], &[], T0);
+        let actions = reconcile(&s, &[stranger], &[], &[], T0);
         assert_eq!(names(created(&actions)), ["web-0"]);
         // An owned pod whose labels changed is released (and replaced).
         let mut relabeled = running(&s, 0);
         relabeled.labels.insert("app".into(), "other".into());
-        let actions = reconcile(&s, &[relabeled], &[], T0);
+        let actions = reconcile(&s, &[relabeled], &[], &[], T0);
         assert!(actions.iter().any(|a| matches!(a, Action::Update(o)
             if o["metadata"]["ownerReferences"] == json!([]))));
         assert_eq!(names(created(&actions)), ["web-0"]);
+    }
+
+    #[test]
+    fn each_ordinal_gets_its_claims_before_its_pod_and_scaled_away_ones_go_when_asked() {
+        let s = sts(
+            2,
+            json!({"spec": {"volumeClaimTemplates": [{"metadata": {"name": "www"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}]}}),
+        );
+        let actions = reconcile(&s, &[], &[], &[], T0);
+        let claims: Vec<&str> = created(&actions)
+            .into_iter()
+            .filter(|o| o["kind"] == "PersistentVolumeClaim")
+            .map(|o| o["metadata"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(claims, ["www-web-0", "www-web-1"]);
+        let claim = &claims_for(&s, 0)[0];
+        assert_eq!(claim["metadata"]["labels"]["app"], "nginx");
+        assert!(
+            claim["metadata"]["ownerReferences"].is_null(),
+            "Retain by default"
+        );
+        // Existing claims are not made again.
+        let have = [
+            ("www-web-0", "c0"),
+            ("www-web-1", "c1"),
+            ("www-web-2", "c2"),
+        ];
+        let actions = reconcile(&s, &[running(&s, 0)], &[], &have, T0);
+        assert!(
+            created(&actions)
+                .iter()
+                .all(|o| o["kind"] != "PersistentVolumeClaim")
+        );
+        // Retained when scaled away, by default; deleted with `whenScaled: Delete` once the
+        // pod has gone.
+        assert!(deleted(&actions, Some("PersistentVolumeClaim")).is_empty());
+        let mut scaled = s.clone();
+        scaled["spec"]["persistentVolumeClaimRetentionPolicy"] =
+            json!({"whenDeleted": "Delete", "whenScaled": "Delete"});
+        let actions = reconcile(&scaled, &[running(&s, 0), running(&s, 2)], &[], &have, T0);
+        assert!(
+            deleted(&actions, Some("PersistentVolumeClaim")).is_empty(),
+            "web-2 still there"
+        );
+        let actions = reconcile(&scaled, &[running(&s, 0), running(&s, 1)], &[], &have, T0);
+        assert_eq!(
+            deleted(&actions, Some("PersistentVolumeClaim")),
+            ["www-web-2"]
+        );
+        assert_eq!(
+            claims_for(&scaled, 0)[0]["metadata"]["ownerReferences"][0]["uid"],
+            "s1"
+        );
     }
 
     #[test]

@@ -15,7 +15,10 @@ use shoal_model::placement::{NodeView, PodRequest, Resources, TaintEffect, term_
 )]
 pub enum Decline {
     NodeAffinity,
-    Taint { key: String, value: String },
+    Taint {
+        key: String,
+        value: String,
+    },
     InsufficientCpu,
     InsufficientMemory,
     TooManyPods,
@@ -23,6 +26,10 @@ pub enum Decline {
     Affinity,
     Spread,
     HostPorts,
+    /// Its claim's volume is pinned to another node.
+    VolumeNodeAffinity,
+    /// Its claims let it run nowhere yet (kube-scheduler's words for why).
+    Volume(String),
 }
 
 impl std::fmt::Display for Decline {
@@ -43,6 +50,8 @@ impl std::fmt::Display for Decline {
             Decline::HostPorts => {
                 f.write_str("node(s) didn't have free ports for the requested pod ports")
             }
+            Decline::VolumeNodeAffinity => f.write_str("node(s) had volume node affinity conflict"),
+            Decline::Volume(reason) => f.write_str(reason),
         }
     }
 }
@@ -71,6 +80,12 @@ pub fn check(
     used: Resources,
     cluster: &ClusterView,
 ) -> Result<(), Decline> {
+    if let Some(reason) = &pod.volumes.blocked {
+        return Err(Decline::Volume(reason.clone()));
+    }
+    if pod.volumes.node.as_ref().is_some_and(|n| *n != node.name) {
+        return Err(Decline::VolumeNodeAffinity);
+    }
     if !admits_by_affinity(pod, node) {
         return Err(Decline::NodeAffinity);
     }

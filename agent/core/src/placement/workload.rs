@@ -181,6 +181,7 @@ fn plain(i: usize, cpu: u64, mem: u64) -> PodRequest {
         preferred_pod_terms: vec![],
         node_name: None,
         host_ports: vec![],
+        volumes: Default::default(),
     }
 }
 

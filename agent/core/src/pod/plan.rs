@@ -91,6 +91,17 @@ pub enum VolumeSource {
         path: String,
         kind: HostPathType,
     },
+    /// A PersistentVolumeClaim of the pod's namespace; the node resolves it to its volume at
+    /// each start ([`VolumeSource::Persistent`] or [`VolumeSource::HostPath`]).
+    Claim {
+        claim: String,
+        read_only: bool,
+    },
+    /// A volume the built-in provisioner made on this node, by its PersistentVolume's name.
+    Persistent {
+        volume: String,
+        read_only: bool,
+    },
 }
 
 pub use shoal_model::node_inputs::HostPathType;
@@ -581,6 +592,11 @@ impl PodPlan {
                         optional: s["optional"].as_bool().unwrap_or(false),
                         items: key_to_paths(s),
                     }
+                } else if let Some(c) = v.get("persistentVolumeClaim") {
+                    VolumeSource::Claim {
+                        claim: text(&c["claimName"]),
+                        read_only: c["readOnly"].as_bool().unwrap_or(false),
+                    }
                 } else if let Some(h) = v.get("hostPath") {
                     let kind = h["type"].as_str().unwrap_or_default();
                     VolumeSource::HostPath {
@@ -595,7 +611,7 @@ impl PodPlan {
                 } else {
                     return Err(FieldError::new(
                         format!("spec.volumes[{i}]"),
-                        "only emptyDir, configMap, secret and hostPath volumes are supported",
+                        "only emptyDir, configMap, secret, hostPath and persistentVolumeClaim volumes are supported",
                     ));
                 };
                 Ok(Volume { name, source })

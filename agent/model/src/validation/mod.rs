@@ -32,6 +32,18 @@ fn known_top_level(kind: &str) -> &'static [&'static str] {
             "immutable",
         ],
         "ControllerRevision" => &["apiVersion", "kind", "metadata", "data", "revision"],
+        "StorageClass" => &[
+            "apiVersion",
+            "kind",
+            "metadata",
+            "provisioner",
+            "parameters",
+            "reclaimPolicy",
+            "mountOptions",
+            "allowVolumeExpansion",
+            "volumeBindingMode",
+            "allowedTopologies",
+        ],
         _ => &["apiVersion", "kind", "metadata", "spec", "status"],
     }
 }
@@ -139,6 +151,13 @@ fn validate_stateful_set(object: &Value) -> Result<(), FieldError> {
         let name = claim["metadata"]["name"].as_str().unwrap_or_default();
         shoal_state::labels::check_dns_label(name)
             .map_err(|r| err(&path, format!("Invalid value: {name:?}: {r}")))?;
+        // Each becomes a claim as written: checked as one.
+        crate::storage::validate_claim(claim).map_err(|e| {
+            err(
+                format!("spec.volumeClaimTemplates[{i}].{}", e.field),
+                e.detail,
+            )
+        })?;
     }
     // Its pods restart in place (an ended StatefulSet pod is replaced under its name).
     let policy = &spec["template"]["spec"]["restartPolicy"];
@@ -561,9 +580,29 @@ pub fn validate(kind: &str, object: &Value) -> Result<(), FieldError> {
         "Pod" => validate_pod_spec(&object["spec"], "spec"),
         "Deployment" | "ReplicaSet" | "DaemonSet" => validate_template(object, true),
         "StatefulSet" => {
-            validate_template(object, true)?;
+            // Its pods get a volume per claim template (as its controller makes them): the
+            // template's mounts may name those.
+            let mut with_claims = object.clone();
+            let claims: Vec<Value> = object["spec"]["volumeClaimTemplates"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t["metadata"]["name"].as_str())
+                .map(|name| json!({"name": name, "persistentVolumeClaim": {"claimName": name}}))
+                .collect();
+            let spec = &mut with_claims["spec"]["template"]["spec"];
+            if !claims.is_empty() && spec.is_object() {
+                let mut volumes = spec["volumes"].as_array().cloned().unwrap_or_default();
+                volumes.retain(|v| !claims.iter().any(|c| c["name"] == v["name"]));
+                volumes.extend(claims);
+                spec["volumes"] = Value::Array(volumes);
+            }
+            validate_template(&with_claims, true)?;
             validate_stateful_set(object)
         }
+        "PersistentVolumeClaim" => crate::storage::validate_claim(object),
+        "PersistentVolume" => crate::storage::validate_volume(object),
+        "StorageClass" => crate::storage::validate_class(object),
         "ControllerRevision" => {
             let revision = &object["revision"];
             if revision.is_null() {
@@ -925,6 +964,9 @@ pub fn default(kind: &str, object: &mut Value) {
             if spec["template"].is_object() && spec["template"]["spec"].is_object() {
                 default_pod_spec(&mut spec["template"]["spec"]);
             }
+        }
+        "PersistentVolumeClaim" | "PersistentVolume" | "StorageClass" => {
+            crate::storage::default(kind, object)
         }
         "StatefulSet" => {
             let spec = &mut object["spec"];

@@ -1,0 +1,380 @@
+//! A node's volume binder (pure; issue #39): what a node does for the claims of the pods bound
+//! to it, and for the volumes pinned to it. The auction places a pod whose claims wait for
+//! their first consumer (`WaitForFirstConsumer`) anywhere it fits; the node that won it then
+//! binds each claim — to a static volume of its own that satisfies it, else to a volume the
+//! built-in provisioner makes in its data dir — and from then on the pod (and any later pod of
+//! the claim) can only run there (`shoal_model::storage::placement`). A claim is bound only by
+//! the node its pod runs on, so no claim is bound to a node that lost the pod's auction; two
+//! nodes that both thought they won (a binding conflict the merge resolves) both write the
+//! claim, the merge keeps one binding, and the loser's volume, bound to nothing, is reclaimed.
+//!
+//! The node also reclaims: a volume its provisioner made whose claim is gone (or bound to
+//! another volume), with `reclaimPolicy: Delete`, has its directory removed and is deleted —
+//! never while a pod of this node still names its claim (upstream's `pvc-protection`, seen
+//! from the one node that can be using a local volume).
+
+use std::collections::BTreeSet;
+
+use serde_json::Value;
+use shoal_model::storage::{
+    self, LOCAL_PATH, PROVISIONED_BY, claims_of, node_of, provisioned_volume, satisfies,
+};
+
+/// One thing the node does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Make the volume's directory and store it (the built-in provisioner).
+    Provision { volume: Value },
+    /// Claim the static volume `volume` for the claim: its `claimRef` set.
+    Take {
+        volume: String,
+        volume_uid: String,
+        claim_ref: Value,
+    },
+    /// Bind the claim to `volume` (`spec.volumeName`, selected on this node).
+    Bind {
+        namespace: String,
+        claim: String,
+        claim_uid: String,
+        volume: String,
+    },
+    /// Remove the directory of the provisioned volume and delete it.
+    Reclaim { volume: String, uid: String },
+}
+
+fn text(v: &Value) -> &str {
+    v.as_str().unwrap_or_default()
+}
+
+fn claim_ref(claim: &Value) -> Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "namespace": claim["metadata"]["namespace"], "name": claim["metadata"]["name"],
+        "uid": claim["metadata"]["uid"],
+    })
+}
+
+/// What node `node` does, given the pods bound to it (`pods`, those being deleted too), every
+/// claim, volume and class, and where its provisioner makes volumes (`root`, the directory
+/// each volume's name is joined to).
+pub fn plan(
+    node: &str,
+    pods: &[Value],
+    claims: &[Value],
+    volumes: &[Value],
+    classes: &[Value],
+    root: &str,
+) -> Vec<Step> {
+    let mut steps = Vec::new();
+    let claim = |ns: &str, name: &str| {
+        claims.iter().find(|c| {
+            text(&c["metadata"]["namespace"]) == ns && text(&c["metadata"]["name"]) == name
+        })
+    };
+    let class = |name: &str| {
+        classes
+            .iter()
+            .find(|c| text(&c["metadata"]["name"]) == name)
+    };
+    // The claims this node's pods name: (namespace, claim name).
+    let mut used: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut handled: BTreeSet<String> = BTreeSet::new();
+    let mut taken: BTreeSet<String> = BTreeSet::new();
+    for pod in pods {
+        let ns = pod["metadata"]["namespace"].as_str().unwrap_or("default");
+        let deleting = !pod["metadata"]["annotations"]["shoal.io/deletion-requested"].is_null();
+        for (_, name) in claims_of(pod) {
+            used.insert((ns.to_owned(), name.clone()));
+            if deleting {
+                continue;
+            }
+            let Some(c) = claim(ns, &name) else { continue };
+            let uid = text(&c["metadata"]["uid"]).to_owned();
+            if !text(&c["spec"]["volumeName"]).is_empty()
+                || !c["metadata"]["annotations"]["shoal.io/deletion-requested"].is_null()
+                || !handled.insert(uid.clone())
+            {
+                continue;
+            }
+            let bind = |volume: &str| Step::Bind {
+                namespace: ns.to_owned(),
+                claim: name.clone(),
+                claim_uid: uid.clone(),
+                volume: volume.to_owned(),
+            };
+            // A volume already made or taken for it (the bind did not happen yet).
+            if let Some(v) = volumes
+                .iter()
+                .find(|v| text(&v["spec"]["claimRef"]["uid"]) == uid)
+            {
+                if node_of(v).is_none_or(|n| n == node) {
+                    steps.push(bind(text(&v["metadata"]["name"])));
+                }
+                continue;
+            }
+            // A static volume of this node that satisfies it, the smallest.
+            let fitting = volumes
+                .iter()
+                .filter(|v| v["spec"]["claimRef"].is_null())
+                .filter(|v| v["metadata"]["annotations"][PROVISIONED_BY].is_null())
+                .filter(|v| node_of(v).is_none_or(|n| n == node))
+                .filter(|v| !taken.contains(text(&v["metadata"]["name"])))
+                .filter(|v| satisfies(v, c))
+                .min_by_key(|v| {
+                    (
+                        storage::capacity_bytes(v),
+                        text(&v["metadata"]["name"]).to_owned(),
+                    )
+                });
+            if let Some(v) = fitting {
+                let name = text(&v["metadata"]["name"]).to_owned();
+                taken.insert(name.clone());
+                steps.push(Step::Take {
+                    volume: name.clone(),
+                    volume_uid: text(&v["metadata"]["uid"]).to_owned(),
+                    claim_ref: claim_ref(c),
+                });
+                steps.push(bind(&name));
+                continue;
+            }
+            // Else the built-in provisioner, if the claim's class is its.
+            if let Some(k) = class(text(&c["spec"]["storageClassName"]))
+                .filter(|k| k["provisioner"] == LOCAL_PATH)
+            {
+                let name = format!("pvc-{uid}");
+                let volume = provisioned_volume(c, k, node, &format!("{root}/{name}"));
+                steps.push(Step::Provision { volume });
+                steps.push(bind(&name));
+            }
+        }
+    }
+    // Reclaim what this node's provisioner made and nothing uses any more.
+    for v in volumes {
+        if v["metadata"]["annotations"][PROVISIONED_BY] != LOCAL_PATH
+            || node_of(v).as_deref() != Some(node)
+            || v["spec"]["persistentVolumeReclaimPolicy"] != "Delete"
+        {
+            continue;
+        }
+        let reference = &v["spec"]["claimRef"];
+        let (ns, name) = (text(&reference["namespace"]), text(&reference["name"]));
+        if used.contains(&(ns.to_owned(), name.to_owned())) {
+            continue;
+        }
+        let volume = text(&v["metadata"]["name"]);
+        let current = claim(ns, name).filter(|c| c["metadata"]["uid"] == reference["uid"]);
+        let orphaned = match current {
+            None => true,
+            // Bound to another volume (the merge kept another node's binding).
+            Some(c) => {
+                let bound_to = text(&c["spec"]["volumeName"]);
+                !bound_to.is_empty() && bound_to != volume
+            }
+        };
+        if orphaned {
+            steps.push(Step::Reclaim {
+                volume: volume.to_owned(),
+                uid: text(&v["metadata"]["uid"]).to_owned(),
+            });
+        }
+    }
+    steps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use shoal_model::storage::{DEFAULT_CLASS, built_in_class};
+
+    fn claim(name: &str, extra: Value) -> Value {
+        let mut c = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "namespace": "default", "uid": format!("u-{name}")},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": DEFAULT_CLASS,
+                "resources": {"requests": {"storage": "1Gi"}}}});
+        if let (Some(spec), Value::Object(more)) = (c["spec"].as_object_mut(), extra) {
+            spec.extend(more);
+        }
+        c
+    }
+
+    fn pod(claims: &[&str]) -> Value {
+        let volumes: Vec<Value> = claims
+            .iter()
+            .map(|c| json!({"name": c, "persistentVolumeClaim": {"claimName": c}}))
+            .collect();
+        json!({"metadata": {"name": "p", "namespace": "default"}, "spec": {"nodeName": "n1", "volumes": volumes}})
+    }
+
+    fn static_volume(name: &str, size: &str, node: Option<&str>) -> Value {
+        let mut v = json!({"apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": name, "uid": format!("uv-{name}")},
+            "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"],
+                "storageClassName": DEFAULT_CLASS, "hostPath": {"path": "/mnt/x"}}});
+        if let Some(node) = node {
+            v["spec"]["nodeAffinity"] = json!({"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}});
+        }
+        v
+    }
+
+    #[test]
+    fn a_pods_waiting_claim_is_provisioned_on_its_node_and_bound_once() {
+        let classes = [built_in_class()];
+        let steps = plan(
+            "n1",
+            &[pod(&["www"]), pod(&["www"])],
+            &[claim("www", json!({}))],
+            &[],
+            &classes,
+            "/d/volumes",
+        );
+        assert_eq!(steps.len(), 2, "{steps:?}");
+        let Step::Provision { volume } = &steps[0] else {
+            panic!("{steps:?}")
+        };
+        assert_eq!(volume["metadata"]["name"], "pvc-u-www");
+        assert_eq!(volume["spec"]["local"]["path"], "/d/volumes/pvc-u-www");
+        assert_eq!(node_of(volume).as_deref(), Some("n1"));
+        assert_eq!(
+            steps[1],
+            Step::Bind {
+                namespace: "default".into(),
+                claim: "www".into(),
+                claim_uid: "u-www".into(),
+                volume: "pvc-u-www".into()
+            }
+        );
+        // Made already, the bind not yet done: bound now, nothing made again.
+        let made = volume.clone();
+        let steps = plan(
+            "n1",
+            &[pod(&["www"])],
+            &[claim("www", json!({}))],
+            std::slice::from_ref(&made),
+            &classes,
+            "/d/volumes",
+        );
+        assert!(matches!(steps.as_slice(), [Step::Bind { .. }]), "{steps:?}");
+        // Bound: nothing to do. A claim of a class without this provisioner waits.
+        let bound = claim("www", json!({"volumeName": "pvc-u-www"}));
+        assert_eq!(
+            plan("n1", &[pod(&["www"])], &[bound], &[made], &classes, "/d"),
+            vec![]
+        );
+        let other = claim("www", json!({"storageClassName": "nfs"}));
+        assert_eq!(
+            plan("n1", &[pod(&["www"])], &[other], &[], &classes, "/d"),
+            vec![]
+        );
+    }
+
+    #[test]
+    fn a_fitting_static_volume_of_the_node_is_taken_before_anything_is_made() {
+        let classes = [built_in_class()];
+        let volumes = [
+            static_volume("big", "10Gi", Some("n1")),
+            static_volume("small", "2Gi", Some("n1")),
+            static_volume("elsewhere", "1Gi", Some("n2")),
+            static_volume("tiny", "100Mi", None),
+        ];
+        let steps = plan(
+            "n1",
+            &[pod(&["a"])],
+            &[claim("a", json!({}))],
+            &volumes,
+            &classes,
+            "/d",
+        );
+        assert!(
+            matches!(&steps[0], Step::Take { volume, .. } if volume == "small"),
+            "{steps:?}"
+        );
+        assert!(matches!(&steps[1], Step::Bind { volume, .. } if volume == "small"));
+        // Two claims never take one volume.
+        let steps = plan(
+            "n1",
+            &[pod(&["a", "b"])],
+            &[claim("a", json!({})), claim("b", json!({}))],
+            &volumes,
+            &classes,
+            "/d",
+        );
+        let took: Vec<&str> = steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Take { volume, .. } => Some(volume.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(took, ["small", "big"]);
+    }
+
+    #[test]
+    fn a_provisioned_volume_is_reclaimed_once_nothing_uses_its_claim() {
+        let classes = [built_in_class()];
+        let c = claim("www", json!({}));
+        let volume = provisioned_volume(&c, &built_in_class(), "n1", "/d/pvc-u-www");
+        let gone = |v: &Value| {
+            let mut v = v.clone();
+            v["metadata"]["uid"] = json!("pv-1");
+            v
+        };
+        let v = gone(&volume);
+        // The claim deleted, but a pod of this node still names it: kept.
+        assert_eq!(
+            plan(
+                "n1",
+                &[pod(&["www"])],
+                &[],
+                std::slice::from_ref(&v),
+                &classes,
+                "/d"
+            ),
+            vec![]
+        );
+        // No pod names it: reclaimed; on another node, not this one's to reclaim.
+        assert_eq!(
+            plan("n1", &[], &[], std::slice::from_ref(&v), &classes, "/d"),
+            vec![Step::Reclaim {
+                volume: "pvc-u-www".into(),
+                uid: "pv-1".into()
+            }]
+        );
+        assert_eq!(
+            plan("n2", &[], &[], std::slice::from_ref(&v), &classes, "/d"),
+            vec![]
+        );
+        // The claim lives and is bound to it: kept.
+        let bound = claim("www", json!({"volumeName": "pvc-u-www"}));
+        assert_eq!(
+            plan(
+                "n1",
+                &[],
+                &[bound],
+                std::slice::from_ref(&v),
+                &classes,
+                "/d"
+            ),
+            vec![]
+        );
+        // The claim was bound to another node's volume (the merge kept that one): reclaimed.
+        let elsewhere = claim("www", json!({"volumeName": "pvc-other"}));
+        assert_eq!(
+            plan(
+                "n1",
+                &[],
+                &[elsewhere],
+                std::slice::from_ref(&v),
+                &classes,
+                "/d"
+            )
+            .len(),
+            1
+        );
+        // Retain: kept, Released.
+        let mut retained = v.clone();
+        retained["spec"]["persistentVolumeReclaimPolicy"] = json!("Retain");
+        assert_eq!(plan("n1", &[], &[], &[retained], &classes, "/d"), vec![]);
+    }
+}

@@ -1,0 +1,170 @@
+//! Issue #39's storage on real agents with real kubectl: the built-in StorageClass, a
+//! StatefulSet's claims provisioned as directories on the node its pod won, data that outlives
+//! the pod (the pod comes back on the volume's node), retained claims, and a deleted claim's
+//! volume reclaimed; a pod whose claim does not exist says so in PodScheduled.
+
+use serde_json::Value;
+use shoal_chaos::testkit::wait_until;
+
+use super::{LIMIT, lab, wait_pod};
+
+const DB: &str = r#"apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: db}
+spec:
+  serviceName: db
+  replicas: 2
+  podManagementPolicy: Parallel
+  selector: {matchLabels: {app: db}}
+  template:
+    metadata: {labels: {app: db}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: c
+        image: shoal.local/busybox:1
+        command: [sh, -c, 'echo started $(hostname) >> /data/log; trap "exit 0" TERM; while :; do sleep 1; done']
+        volumeMounts: [{name: data, mountPath: /data}]
+  volumeClaimTemplates:
+  - metadata: {name: data}
+    spec:
+      accessModes: [ReadWriteOnce]
+      resources: {requests: {storage: 16Mi}}
+"#;
+
+fn json_of(api: &crate::api::ApiLab, agent: usize, args: &[&str]) -> Value {
+    let (ok, out, _) = api.kubectl(agent, args);
+    if !ok {
+        return Value::Null;
+    }
+    serde_json::from_str(&out).unwrap_or(Value::Null)
+}
+
+fn items(v: &Value) -> Vec<Value> {
+    v["items"].as_array().cloned().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stateful_sets_claims_are_provisioned_on_its_pods_nodes_and_keep_their_data() {
+    let api = lab().await;
+    // The cluster's default class, made at its start.
+    let mut classes = String::new();
+    wait_until("the built-in StorageClass", LIMIT, || {
+        classes = api.kubectl(0, &["get", "storageclass"]).1;
+        let ok = classes.contains("local-path (default)")
+            && classes.contains("shoal.io/local-path")
+            && classes.contains("WaitForFirstConsumer");
+        async move { ok }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {classes}"));
+
+    // A pod whose claim does not exist: unschedulable, saying why.
+    let orphan = api.manifest(
+        "orphan.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: orphan}\nspec:\n  containers: [{name: c, image: shoal.local/busybox:1, command: [sleep, '60'], volumeMounts: [{name: v, mountPath: /v}]}]\n  volumes: [{name: v, persistentVolumeClaim: {claimName: nope}}]\n",
+    );
+    api.ok(0, &["apply", "-f", &orphan]);
+    wait_pod(&api, 1, "orphan", "the missing claim named", |p| {
+        p["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c["type"] == "PodScheduled"
+                    && c["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("persistentvolumeclaim \"nope\" not found"))
+            })
+    })
+    .await;
+    api.ok(0, &["delete", "pod", "orphan", "--wait=false"]);
+
+    let file = api.manifest("db.yaml", DB);
+    api.ok(0, &["apply", "-f", &file]);
+    api.ok(1, &["rollout", "status", "statefulset/db", "--timeout=90s"]);
+    let claims = items(&json_of(&api, 2, &["get", "pvc", "-o", "json"]));
+    let mut names: Vec<&str> = claims
+        .iter()
+        .filter_map(|c| c["metadata"]["name"].as_str())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["data-db-0", "data-db-1"]);
+    for c in &claims {
+        assert_eq!(c["status"]["phase"], "Bound", "{c}");
+        assert_eq!(c["spec"]["storageClassName"], "local-path", "{c}");
+        assert_eq!(c["status"]["capacity"]["storage"], "16Mi", "{c}");
+    }
+    let table = api.ok(0, &["get", "pv"]);
+    assert!(
+        table.contains("default/data-db-0") && table.contains("Bound"),
+        "{table}"
+    );
+    // Each volume is a directory on the node its pod runs on, pinned there.
+    let node_of = |pod: &str| {
+        json_of(&api, 0, &["get", "pod", pod, "-o", "json"])["spec"]["nodeName"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let volume_of = |claim: &str| {
+        json_of(&api, 0, &["get", "pvc", claim, "-o", "json"])["spec"]["volumeName"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let agent_of = |node: &str| api.agents.iter().position(|a| a.name() == node).unwrap();
+    let node0 = node_of("db-0");
+    let volume0 = volume_of("data-db-0");
+    let dir0 = shoal_agent::paths::volumes(api.agents[agent_of(&node0)].data_dir()).join(&volume0);
+    let log = std::fs::read_to_string(dir0.join("log")).unwrap_or_default();
+    assert_eq!(log, "started db-0\n", "{}", dir0.display());
+    let pv = json_of(&api, 0, &["get", "pv", &volume0, "-o", "json"]);
+    assert_eq!(
+        pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"]
+            [0],
+        node0.as_str(),
+        "{pv}"
+    );
+
+    // The pod goes; its replacement comes back on the volume's node and finds the data.
+    api.ok(0, &["delete", "pod", "db-0", "--wait=true"]);
+    let mut seen = String::new();
+    wait_until("db-0 back with its data", LIMIT, || {
+        let (_, out, _) = api.kubectl(1, &["exec", "db-0", "--", "cat", "/data/log"]);
+        seen = out.clone();
+        async move { out == "started db-0\nstarted db-0\n" }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {seen:?}"));
+    assert_eq!(node_of("db-0"), node0);
+
+    // Scaled down: the claim stays (Retain, the default), bound.
+    api.ok(0, &["scale", "statefulset/db", "--replicas=1"]);
+    wait_until("db-1 gone", LIMIT, || {
+        let gone = json_of(&api, 0, &["get", "pod", "db-1", "-o", "json"]).is_null();
+        async move { gone }
+    })
+    .await
+    .unwrap();
+    let claim1 = json_of(&api, 0, &["get", "pvc", "data-db-1", "-o", "json"]);
+    assert_eq!(claim1["status"]["phase"], "Bound", "{claim1}");
+    // Its claim deleted, the volume (reclaimPolicy Delete) goes, and its directory.
+    let volume1 = volume_of("data-db-1");
+    let node1 = json_of(&api, 0, &["get", "pv", &volume1, "-o", "json"])["spec"]["nodeAffinity"]
+        ["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"][0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let dir1 = shoal_agent::paths::volumes(api.agents[agent_of(&node1)].data_dir()).join(&volume1);
+    assert!(dir1.is_dir());
+    api.ok(0, &["delete", "pvc", "data-db-1"]);
+    wait_until("the released volume reclaimed", LIMIT, || {
+        let gone =
+            json_of(&api, 0, &["get", "pv", &volume1, "-o", "json"]).is_null() && !dir1.exists();
+        async move { gone }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", api.ok(0, &["get", "pv"])));
+    api.ok(0, &["delete", "statefulset", "db"]);
+}
