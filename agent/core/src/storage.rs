@@ -8,6 +8,11 @@
 //! nodes that both thought they won (a binding conflict the merge resolves) both write the
 //! claim, the merge keeps one binding, and the loser's volume, bound to nothing, is reclaimed.
 //!
+//! A claim of an `Immediate` class (or of no class) is bound without waiting for a pod, to the
+//! smallest static volume that satisfies it, claims taken in name order: every node computes
+//! the same assignment from the same store, and the node the volume is pinned to writes it
+//! (volumes without node affinity are left to claims whose pods place them).
+//!
 //! The node also reclaims: a volume its provisioner made whose claim is gone (or bound to
 //! another volume), with `reclaimPolicy: Delete`, has its directory removed and is deleted —
 //! never while a pod of this node still names its claim (upstream's `pvc-protection`, seen
@@ -146,6 +151,76 @@ pub fn plan(
                 steps.push(Step::Provision { volume });
                 steps.push(bind(&name));
             }
+        }
+    }
+    // Immediate claims: the same assignment on every node; the volume's node writes it.
+    let mut waiting: Vec<&Value> = claims
+        .iter()
+        .filter(|c| text(&c["spec"]["volumeName"]).is_empty())
+        .filter(|c| c["metadata"]["annotations"]["shoal.io/deletion-requested"].is_null())
+        .filter(|c| {
+            let name = text(&c["spec"]["storageClassName"]);
+            match class(name) {
+                Some(k) => k["volumeBindingMode"] != "WaitForFirstConsumer",
+                None => name.is_empty(),
+            }
+        })
+        .collect();
+    waiting.sort_by_key(|c| {
+        (
+            text(&c["metadata"]["namespace"]).to_owned(),
+            text(&c["metadata"]["name"]).to_owned(),
+        )
+    });
+    let mut assigned: BTreeSet<String> = volumes
+        .iter()
+        .filter(|v| !v["spec"]["claimRef"].is_null())
+        .map(|v| text(&v["metadata"]["name"]).to_owned())
+        .collect();
+    for c in waiting {
+        let uid = text(&c["metadata"]["uid"]);
+        // Taken already (the bind not done yet).
+        if let Some(v) = volumes
+            .iter()
+            .find(|v| text(&v["spec"]["claimRef"]["uid"]) == uid)
+        {
+            if node_of(v).as_deref() == Some(node) {
+                steps.push(Step::Bind {
+                    namespace: text(&c["metadata"]["namespace"]).to_owned(),
+                    claim: text(&c["metadata"]["name"]).to_owned(),
+                    claim_uid: uid.to_owned(),
+                    volume: text(&v["metadata"]["name"]).to_owned(),
+                });
+            }
+            continue;
+        }
+        let fitting = volumes
+            .iter()
+            .filter(|v| v["metadata"]["annotations"][PROVISIONED_BY].is_null())
+            .filter(|v| node_of(v).is_some())
+            .filter(|v| !assigned.contains(text(&v["metadata"]["name"])))
+            .filter(|v| satisfies(v, c))
+            .min_by_key(|v| {
+                (
+                    storage::capacity_bytes(v),
+                    text(&v["metadata"]["name"]).to_owned(),
+                )
+            });
+        let Some(v) = fitting else { continue };
+        let name = text(&v["metadata"]["name"]).to_owned();
+        assigned.insert(name.clone());
+        if node_of(v).as_deref() == Some(node) && handled.insert(uid.to_owned()) {
+            steps.push(Step::Take {
+                volume: name.clone(),
+                volume_uid: text(&v["metadata"]["uid"]).to_owned(),
+                claim_ref: claim_ref(c),
+            });
+            steps.push(Step::Bind {
+                namespace: text(&c["metadata"]["namespace"]).to_owned(),
+                claim: text(&c["metadata"]["name"]).to_owned(),
+                claim_uid: uid.to_owned(),
+                volume: name,
+            });
         }
     }
     // Reclaim what this node's provisioner made and nothing uses any more.
@@ -308,6 +383,48 @@ mod tests {
             })
             .collect();
         assert_eq!(took, ["small", "big"]);
+    }
+
+    #[test]
+    fn immediate_claims_are_bound_by_the_node_of_the_volume_every_node_assigns_them() {
+        let classes = [
+            built_in_class(),
+            json!({"metadata": {"name": "manual"}, "provisioner": "kubernetes.io/no-provisioner",
+                "volumeBindingMode": "Immediate"}),
+        ];
+        let manual = |name: &str| claim(name, json!({"storageClassName": "manual"}));
+        let mut volumes = vec![
+            static_volume("on-n1", "1Gi", Some("n1")),
+            static_volume("on-n2", "1Gi", Some("n2")),
+        ];
+        for v in &mut volumes {
+            v["spec"]["storageClassName"] = json!("manual");
+        }
+        let claims = [manual("a"), manual("b"), manual("c")];
+        // a gets on-n1, b gets on-n2 (same capacity: by name), c nothing; each node writes
+        // its own, with no pod anywhere.
+        let n1 = plan("n1", &[], &claims, &volumes, &classes, "/d");
+        let n2 = plan("n2", &[], &claims, &volumes, &classes, "/d");
+        assert!(
+            matches!(&n1[..], [Step::Take { volume, .. }, Step::Bind { claim, .. }] if volume == "on-n1" && claim == "a"),
+            "{n1:?}"
+        );
+        assert!(
+            matches!(&n2[..], [Step::Take { volume, .. }, Step::Bind { claim, .. }] if volume == "on-n2" && claim == "b"),
+            "{n2:?}"
+        );
+        // A waiting (WaitForFirstConsumer) claim is not bound without its pod.
+        assert_eq!(
+            plan(
+                "n1",
+                &[],
+                &[claim("w", json!({}))],
+                &volumes,
+                &classes,
+                "/d"
+            ),
+            vec![]
+        );
     }
 
     #[test]

@@ -140,6 +140,38 @@ fn items(source: &Value, at: &str) -> Result<(), FieldError> {
     Ok(())
 }
 
+/// The most items one downwardAPI source may list, and the most sources a projected volume.
+pub const MAX_VOLUME_ITEMS: usize = 256;
+
+/// A `downwardAPI` source's items: each a path that descends and one value.
+fn downward(source: &Value, at: &str) -> Result<(), FieldError> {
+    let list = source["items"].as_array().map_or(&[][..], Vec::as_slice);
+    if list.len() > MAX_VOLUME_ITEMS {
+        return Err(problem(
+            format!("{at}.items"),
+            format!(
+                "Too many: {}: must have at most {MAX_VOLUME_ITEMS} items",
+                list.len()
+            ),
+        ));
+    }
+    for (j, item) in list.iter().enumerate() {
+        let path = item["path"].as_str().unwrap_or_default();
+        if path.is_empty() {
+            return Err(problem(format!("{at}.items[{j}].path"), "Required value"));
+        }
+        labels::check_descending_path(path, true)
+            .map_err(|r| invalid(format!("{at}.items[{j}].path"), path, r))?;
+        if item["fieldRef"].is_null() == item["resourceFieldRef"].is_null() {
+            return Err(problem(
+                format!("{at}.items[{j}]"),
+                "Invalid value: exactly one of fieldRef and resourceFieldRef",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Checks what of pod spec `spec` (at field path `path`, e.g. `spec.template.spec`) reaches
 /// the node.
 /// The `$(VAR)` expansion of container `c` (at `at`) as far as the spec alone decides it:
@@ -190,6 +222,30 @@ pub fn check(spec: &Value, path: &str) -> Result<(), FieldError> {
         }
         for source in ["configMap", "secret"] {
             items(&v[source], &format!("{at}.{source}"))?;
+        }
+        if let Some(d) = v.get("downwardAPI") {
+            downward(d, &format!("{at}.downwardAPI"))?;
+        }
+        let sources = v["projected"]["sources"]
+            .as_array()
+            .map_or(&[][..], Vec::as_slice);
+        if sources.len() > MAX_VOLUME_ITEMS {
+            return Err(problem(
+                format!("{at}.projected.sources"),
+                format!(
+                    "Too many: {}: must have at most {MAX_VOLUME_ITEMS} items",
+                    sources.len()
+                ),
+            ));
+        }
+        for (j, s) in sources.iter().enumerate() {
+            let sat = format!("{at}.projected.sources[{j}]");
+            for source in ["configMap", "secret"] {
+                items(&s[source], &format!("{sat}.{source}"))?;
+            }
+            if let Some(d) = s.get("downwardAPI") {
+                downward(d, &format!("{sat}.downwardAPI"))?;
+            }
         }
         if let Some(claim) = v.get("persistentVolumeClaim") {
             let name = claim["claimName"].as_str().unwrap_or_default();
@@ -250,6 +306,18 @@ pub fn check(spec: &Value, path: &str) -> Result<(), FieldError> {
                         format!("Duplicate value: {name:?}"),
                     ));
                 }
+            }
+            // A container's own restartPolicy makes an init container a sidecar; nothing else.
+            let policy = &c["restartPolicy"];
+            if !policy.is_null() && (field == "containers" || policy != "Always") {
+                return Err(problem(
+                    format!("{at}.restartPolicy"),
+                    if field == "containers" {
+                        "Forbidden: may not be set for non-init containers".to_owned()
+                    } else {
+                        format!("Unsupported value: {policy}: supported values: \"Always\"")
+                    },
+                ));
             }
             quantities(&c["resources"], &at)?;
             expansion(c, &at)?;

@@ -284,6 +284,70 @@ pub fn projection(
     Ok(files)
 }
 
+/// A label or annotation map as the kubelet writes it in a downwardAPI file: `key="value"`
+/// lines, sorted by key.
+fn format_map(map: &BTreeMap<String, String>) -> String {
+    map.iter()
+        .map(|(k, v)| format!("{k}={v:?}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The files of a `downwardAPI` source: each item's path (checked to descend) holding the
+/// pod's field or a container's resource.
+pub fn downward_files(
+    plan: &PodPlan,
+    items: &[super::pod::DownwardFile],
+) -> Result<BTreeMap<PathBuf, Vec<u8>>, ConfigError> {
+    use super::pod::DownwardValue;
+    let mut files = BTreeMap::new();
+    for item in items {
+        shoal_state::labels::check_descending_path(&item.path, true)
+            .map_err(|reason| config_error(format!("downwardAPI path {:?} {reason}", item.path)))?;
+        let path = crate::beneath::normal_components(std::path::Path::new(&item.path))
+            .filter(|p| p.file_name().is_some())
+            .ok_or_else(|| {
+                config_error(format!("downwardAPI path {:?} names no file", item.path))
+            })?;
+        let value = match &item.value {
+            DownwardValue::Field(field) if field == "metadata.labels" => format_map(&plan.labels),
+            DownwardValue::Field(field) if field == "metadata.annotations" => {
+                format_map(&plan.annotations)
+            }
+            DownwardValue::Field(field) => {
+                let indexed = |prefix: &str, map: &BTreeMap<String, String>| {
+                    field
+                        .strip_prefix(prefix)
+                        .and_then(|r| r.strip_suffix("']"))
+                        .map(|k| map.get(k).cloned().unwrap_or_default())
+                };
+                match field.as_str() {
+                    "metadata.name" => plan.name.clone(),
+                    "metadata.namespace" => plan.namespace.clone(),
+                    "metadata.uid" => plan.uid.clone(),
+                    _ => indexed("metadata.labels['", &plan.labels)
+                        .or_else(|| indexed("metadata.annotations['", &plan.annotations))
+                        .ok_or_else(|| {
+                            config_error(format!("downwardAPI: unsupported fieldPath {field:?}"))
+                        })?,
+                }
+            }
+            DownwardValue::Resource {
+                container,
+                resource,
+                divisor,
+            } => {
+                let first = plan.containers.first().ok_or_else(|| {
+                    config_error("downwardAPI resourceFieldRef: the pod has no container".into())
+                })?;
+                resource_value(plan, first, container, resource, divisor)?
+            }
+        };
+        files.insert(path, value.into_bytes());
+    }
+    Ok(files)
+}
+
 /// Writes `files` into the volume directory `dir` (replacing what was there), every path
 /// resolved beneath it without following a symlink.
 pub fn project(
@@ -600,7 +664,11 @@ pub fn build(
                     volume: volume.name.clone(),
                     sub_path: m.sub_path.clone(),
                 },
-                m.read_only || matches!(other, VolumeSource::Projected { .. }),
+                m.read_only
+                    || matches!(
+                        other,
+                        VolumeSource::Projected { .. } | VolumeSource::Files { .. }
+                    ),
                 false,
             ),
         };

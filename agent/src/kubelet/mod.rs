@@ -101,7 +101,23 @@ pub struct Kubelet {
     /// When this loop last renewed its fenced pods' fence leases, and how often in all.
     fence_renewed: Mutex<Option<std::time::Instant>>,
     fence_renewals: std::sync::atomic::AtomicU64,
+    /// The file volumes (configMap, secret, downwardAPI, projected) of running pods as last
+    /// written, by pod uid then volume (a hash of their files), and when they were last
+    /// looked at ([`FILES_REFRESH`]).
+    files_written: Mutex<FilesWritten>,
 }
+
+/// When the file volumes were last looked at, and each running pod's (by uid) as last
+/// written: a hash of each volume's files, by volume name.
+type FilesWritten = (
+    Option<std::time::Instant>,
+    HashMap<String, std::collections::BTreeMap<String, u64>>,
+);
+
+/// How often the file volumes of running pods are compared with what they should hold now
+/// (Kubernetes' kubelet: its sync period, a minute, plus its caches' lag; here a pass at most
+/// every 2 s rewrites those that changed).
+const FILES_REFRESH: Duration = Duration::from_secs(2);
 
 /// How often the kubelet renews the fence leases of the fenced pods it may run (each pass,
 /// at most this often).
@@ -208,6 +224,7 @@ impl Kubelet {
             exited: Default::default(),
             fence_renewed: Mutex::new(None),
             fence_renewals: Default::default(),
+            files_written: Default::default(),
         })
     }
 

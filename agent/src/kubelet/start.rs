@@ -7,9 +7,10 @@
 use serde_json::Value;
 
 use super::container::{self, ConfigError};
-use super::pod::{ContainerPlan, PodPlan, VolumeSource};
+use super::pod::{self, ContainerPlan, PodPlan, VolumeSource};
 use crate::images::ResolvedImage;
 use crate::runtime::{ContainerMeta, ContainerRuntime, SandboxSpec};
+use std::collections::BTreeMap;
 
 /// A fenced pod's container whose start came after the node's run lease on the pod ended.
 pub const RUN_LEASE_ENDED: &str = "RunLeaseEnded";
@@ -34,6 +35,96 @@ pub struct Start<'a> {
     pub fence_deadline_ms: Option<u64>,
     /// The clock of that deadline.
     pub monotonic_ms: &'a dyn Fn() -> u64,
+}
+
+/// The files of a configMap, secret, downwardAPI or projected volume as they are now (`None`
+/// for a volume of another kind): what a start writes, and what [`refresh_files`] compares.
+pub fn volume_files(
+    plan: &PodPlan,
+    volume: &pod::Volume,
+    lookup: &dyn Fn(&str, &str) -> Option<Value>,
+) -> Result<Option<BTreeMap<std::path::PathBuf, Vec<u8>>>, ConfigError> {
+    let object = |kind: &str, name: &str, optional: bool, items: Option<&[pod::KeyToPath]>| {
+        let data = match lookup(kind, name) {
+            Some(object) => container::object_data(kind, &object),
+            None if optional => Default::default(),
+            None => {
+                return Err(ConfigError {
+                    reason: "CreateContainerConfigError",
+                    message: format!("{} {:?} not found", kind.to_lowercase(), name),
+                });
+            }
+        };
+        container::projection(&data, items, optional).map_err(|message| ConfigError {
+            reason: "CreateContainerConfigError",
+            message: format!(
+                "volume {}: {} {name:?} {message}",
+                volume.name,
+                kind.to_lowercase()
+            ),
+        })
+    };
+    Ok(Some(match &volume.source {
+        VolumeSource::Projected {
+            kind,
+            name,
+            optional,
+            items,
+        } => object(kind, name, *optional, items.as_deref())?,
+        VolumeSource::Files { sources } => {
+            let mut files = BTreeMap::new();
+            for source in sources {
+                match source {
+                    pod::FileSource::Object {
+                        kind,
+                        name,
+                        optional,
+                        items,
+                    } => files.extend(object(kind, name, *optional, items.as_deref())?),
+                    pod::FileSource::Downward(items) => {
+                        files.extend(container::downward_files(plan, items)?);
+                    }
+                }
+            }
+            files
+        }
+        _ => return Ok(None),
+    }))
+}
+
+/// Rewrites the configMap, secret, downwardAPI and projected volumes of a running pod whose
+/// content changed since `written` (their last content's hash, by volume name), as the
+/// kubelet's periodic sync does: a label added to the pod, a ConfigMap edited, show in its
+/// files without a restart.
+pub fn refresh_files(
+    runtime: &dyn ContainerRuntime,
+    plan: &PodPlan,
+    lookup: &dyn Fn(&str, &str) -> Option<Value>,
+    written: &mut BTreeMap<String, u64>,
+) {
+    use std::hash::{Hash, Hasher};
+    for volume in &plan.volumes {
+        let Ok(Some(files)) = volume_files(plan, volume, lookup) else {
+            continue;
+        };
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        files.hash(&mut hasher);
+        let hash = hasher.finish();
+        if written.get(&volume.name) == Some(&hash) {
+            continue;
+        }
+        let Ok(dir) = runtime.ensure_volume(&plan.uid, &volume.name) else {
+            continue;
+        };
+        match container::project(&dir, &files) {
+            Ok(()) => {
+                written.insert(volume.name.clone(), hash);
+            }
+            Err(error) => {
+                tracing::warn!(pod = %plan.name, volume = %volume.name, %error, "volume not refreshed");
+            }
+        }
+    }
 }
 
 /// Starts `s.container` of `s.plan` on `runtime`; the error says why not, as Kubernetes
@@ -76,34 +167,7 @@ pub fn start(runtime: &dyn ContainerRuntime, s: &Start<'_>) -> Result<(), Config
                 })
                 .map_err(|e| volume_error(e.to_string()))?;
         }
-        if let VolumeSource::Projected {
-            kind,
-            name,
-            optional,
-            items,
-        } = &volume.source
-        {
-            let data = match (s.lookup)(kind, name) {
-                Some(object) => container::object_data(kind, &object),
-                None if *optional => Default::default(),
-                None => {
-                    return Err(ConfigError {
-                        reason: "CreateContainerConfigError",
-                        message: format!("{} {:?} not found", kind.to_lowercase(), name),
-                    });
-                }
-            };
-            let files =
-                container::projection(&data, items.as_deref(), *optional).map_err(|message| {
-                    ConfigError {
-                        reason: "CreateContainerConfigError",
-                        message: format!(
-                            "volume {}: {} {name:?} {message}",
-                            volume.name,
-                            kind.to_lowercase()
-                        ),
-                    }
-                })?;
+        if let Some(files) = volume_files(plan, volume, s.lookup)? {
             container::project(&dir, &files).map_err(|e| volume_error(e.to_string()))?;
         }
     }

@@ -221,7 +221,46 @@ impl Kubelet {
                 None => published.remove(&key),
             };
         }
+        self.refresh_file_volumes(&bound, &observed);
         busy
+    }
+
+    /// [`start::refresh_files`] for each pod with a running container, at most every
+    /// [`FILES_REFRESH`]: a label added, a ConfigMap edited, reach the files.
+    fn refresh_file_volumes(
+        &self,
+        bound: &HashMap<String, Arc<BoundPod>>,
+        observed: &HashMap<String, ObservedPod>,
+    ) {
+        let mut state = self
+            .files_written
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if state.0.is_some_and(|at| at.elapsed() < FILES_REFRESH) {
+            return;
+        }
+        state.0 = Some(std::time::Instant::now());
+        state.1.retain(|uid, _| observed.contains_key(uid));
+        for (uid, pod) in bound {
+            let Ok(plan) = &pod.plan else { continue };
+            let has_files = plan.volumes.iter().any(|v| {
+                matches!(
+                    v.source,
+                    pod::VolumeSource::Projected { .. } | pod::VolumeSource::Files { .. }
+                )
+            });
+            let running = observed.get(uid).is_some_and(|p| {
+                p.containers
+                    .iter()
+                    .any(|c| matches!(c.state, crate::runtime::ObservedState::Running(_)))
+            });
+            if !has_files || !running {
+                continue;
+            }
+            let lookup = |kind: &str, name: &str| self.lookup(&plan.namespace, kind, name);
+            let written = state.1.entry(uid.clone()).or_default();
+            start::refresh_files(self.runtime.as_ref(), plan, &lookup, written);
+        }
     }
 
     /// Deletes the object of a pod being deleted once it stopped here, unless finalizers

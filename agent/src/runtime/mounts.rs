@@ -195,10 +195,14 @@ impl Runtime {
             Ok(())
         };
         let exists = std::fs::symlink_metadata(lexical).is_ok();
+        // A missing path with no type (`""`) is made a directory, as containerd's CRI does
+        // (the fluentd DaemonSet's `/var/lib/docker/containers` on a host without Docker).
         if !exists
             && matches!(
                 kind,
-                HostPathType::DirectoryOrCreate | HostPathType::FileOrCreate
+                HostPathType::DirectoryOrCreate
+                    | HostPathType::FileOrCreate
+                    | HostPathType::Unchecked
             )
         {
             // Check where it would land before making it: the deepest existing ancestor,
@@ -216,7 +220,7 @@ impl Runtime {
                 would_be.push(part);
             }
             allowed(&would_be)?;
-            if kind == HostPathType::DirectoryOrCreate {
+            if kind != HostPathType::FileOrCreate {
                 std::fs::DirBuilder::new()
                     .recursive(true)
                     .mode(0o755)

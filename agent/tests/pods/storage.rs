@@ -168,3 +168,125 @@ async fn a_stateful_sets_claims_are_provisioned_on_its_pods_nodes_and_keep_their
     .unwrap_or_else(|e| panic!("{e}: {}", api.ok(0, &["get", "pv"])));
     api.ok(0, &["delete", "statefulset", "db"]);
 }
+
+const META: &str = r#"apiVersion: v1
+kind: ConfigMap
+metadata: {name: greet}
+data: {greeting: hello}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: meta
+  labels: {app: meta, tier: one}
+  annotations: {note: first}
+spec:
+  nodeName: NODE
+  initContainers:
+  - name: side
+    image: shoal.local/busybox:1
+    restartPolicy: Always
+    command: [sh, -c, 'trap "exit 0" TERM; while :; do sleep 1; done']
+  containers:
+  - name: app
+    image: shoal.local/busybox:1
+    command: [sh, -c, 'cat /meta/name; sleep 2; exit 1']
+    resources: {limits: {memory: 64Mi}}
+    volumeMounts:
+    - {name: meta, mountPath: /meta}
+    - {name: info, mountPath: /info}
+  volumes:
+  - name: meta
+    projected:
+      sources:
+      - downwardAPI:
+          items:
+          - {path: labels, fieldRef: {fieldPath: metadata.labels}}
+          - {path: name, fieldRef: {fieldPath: metadata.name}}
+          - {path: mem, resourceFieldRef: {containerName: app, resource: limits.memory, divisor: 1Mi}}
+      - configMap: {name: greet, items: [{key: greeting, path: cfg/greeting}]}
+  - name: info
+    downwardAPI:
+      items: [{path: annotations, fieldRef: {fieldPath: metadata.annotations}}]
+"#;
+
+/// Issue #39: a projected volume (downward API and a ConfigMap) and a downwardAPI volume hold
+/// the pod's fields, and follow a label and an annotation changed on the running pod; a native
+/// sidecar keeps running while the main container crashes and restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downward_api_volumes_follow_the_pod_and_a_sidecar_outlives_app_restarts() {
+    let api = lab().await;
+    let node = api.agents[1].name().to_owned();
+    let file = api.manifest("meta.yaml", &META.replace("NODE", &node));
+    api.ok(0, &["apply", "-f", &file]);
+    let pod = wait_pod(&api, 0, "meta", "the app started", |p| {
+        super::container_status(p, "app")["restartCount"]
+            .as_u64()
+            .is_some_and(|n| n >= 1)
+    })
+    .await;
+    let uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
+    let volumes = api.agents[1]
+        .data_dir()
+        .join("pods")
+        .join(&uid)
+        .join("volumes");
+    let read = |rel: &str| std::fs::read_to_string(volumes.join(rel)).unwrap_or_default();
+    assert_eq!(read("meta/labels"), "app=\"meta\"\ntier=\"one\"");
+    assert_eq!(read("meta/name"), "meta");
+    assert_eq!(read("meta/mem"), "64");
+    assert_eq!(read("meta/cfg/greeting"), "hello");
+    // kubectl apply's own annotation is there too, as on Kubernetes.
+    let has_line = |text: &str, line: &str| text.lines().any(|l| l == line);
+    assert!(
+        has_line(&read("info/annotations"), "note=\"first\""),
+        "{}",
+        read("info/annotations")
+    );
+    // The container reads them (its log: the name it read; the attempt that runs now may
+    // not have printed yet, so waited for).
+    let mut logs = String::new();
+    wait_until("the app's log", LIMIT, || {
+        logs = api.kubectl(0, &["logs", "meta", "-c", "app"]).1;
+        let ok = logs.contains("meta");
+        async move { ok }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {logs:?}"));
+
+    // Changed on the running pod: the files follow (no restart needed).
+    api.ok(0, &["label", "pod", "meta", "tier=two", "--overwrite"]);
+    api.ok(
+        0,
+        &["annotate", "pod", "meta", "note=second", "--overwrite"],
+    );
+    let mut seen = (String::new(), String::new());
+    wait_until("the files to follow the pod", LIMIT, || {
+        seen = (read("meta/labels"), read("info/annotations"));
+        let ok = seen.0 == "app=\"meta\"\ntier=\"two\"" && has_line(&seen.1, "note=\"second\"");
+        async move { ok }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {seen:?}"));
+
+    // The app keeps crashing and restarting; the sidecar runs on, never restarted.
+    let pod = wait_pod(&api, 0, "meta", "the app restarted twice", |p| {
+        super::container_status(p, "app")["restartCount"]
+            .as_u64()
+            .is_some_and(|n| n >= 2)
+    })
+    .await;
+    let side = super::container_status(&pod, "side");
+    assert_eq!(side["restartCount"], 0, "{side}");
+    assert!(side["state"]["running"].is_object(), "{side}");
+    assert_eq!(
+        pod["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Initialized")
+            .unwrap()["status"],
+        "True"
+    );
+    api.ok(0, &["delete", "pod", "meta", "--grace-period=1"]);
+}

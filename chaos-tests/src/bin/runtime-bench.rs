@@ -13,6 +13,10 @@
 //!    only once gossip brings its status).
 //! 3. Memory: one agent's RSS with no pod and with `--pods` running pods, and the shims' RSS.
 //! 4. A Deployment of `--replicas` on 3 agents: apply → all Ready, then a rollout.
+//! 5. Storage (issue #39), 3 agents: apply → Running of a pod with a new claim (provisioned
+//!    and bound on the node it wins) against a pod with an emptyDir, `--stateful` pods each,
+//!    in turn; then a StatefulSet of `--stateful` OrderedReady replicas with a claim each:
+//!    apply → all Ready, against `--stateful` × one pod's apply → Running + 1 s.
 //!
 //! Usage: cargo run --release -p shoal-chaos --bin runtime-bench -- --cycles 20 --pods 100
 
@@ -41,6 +45,12 @@ struct Args {
     /// Run only section 4 (the Deployment).
     #[arg(long)]
     deployment_only: bool,
+    /// Pods of each kind, and replicas of the StatefulSet, of section 5.
+    #[arg(long, default_value_t = 10)]
+    stateful: usize,
+    /// Run only section 5 (storage).
+    #[arg(long)]
+    stateful_only: bool,
     /// Toy sizes, a few seconds: what CI runs to prove the benchmark still runs and prints
     /// its table (the figures mean nothing; peers not installed are skipped).
     #[arg(long)]
@@ -279,12 +289,23 @@ async fn apply_to_running(
 ) -> anyhow::Result<Vec<Applied>> {
     let mut applied = Vec::new();
     for i in 0..n {
-        let pod = pod(i);
+        // A pod, or {"claim": …, "pod": …}: the claim applied first, the time counted from it.
+        let given = pod(i);
+        let (claim, pod) = match given.get("pod") {
+            Some(pod) => (Some(given["claim"].clone()), pod.clone()),
+            None => (None, given),
+        };
         let name = pod["metadata"]["name"]
             .as_str()
             .unwrap_or_default()
             .to_owned();
         let start = Instant::now();
+        if let Some(claim) = &claim {
+            let (status, body) = agent.apply(claim).await?;
+            if !(200..300).contains(&status) {
+                bail!("apply claim {name}: {status} {body}");
+            }
+        }
         let (status, body) = agent.apply(&pod).await?;
         if !(200..300).contains(&status) {
             bail!("apply {name}: {status} {body}");
@@ -412,6 +433,7 @@ async fn main() -> anyhow::Result<()> {
         args.cycles = 2;
         args.pods = 3;
         args.replicas = 3;
+        args.stateful = 2;
     }
     let images = shoal_chaos::test_images().context("building the test images")?;
     println!(
@@ -420,6 +442,9 @@ async fn main() -> anyhow::Result<()> {
     );
     if args.deployment_only {
         return deployment(&images, args.replicas).await;
+    }
+    if args.stateful_only {
+        return stateful(&images, args.stateful).await;
     }
 
     println!(
@@ -516,7 +541,114 @@ async fn main() -> anyhow::Result<()> {
         shim_rss as f64 / 1e6 / shims.max(1) as f64
     );
     drop(agents);
-    deployment(&images, args.replicas).await
+    deployment(&images, args.replicas).await?;
+    stateful(&images, args.stateful).await
+}
+
+/// A claim of the built-in class and a pod that mounts it.
+fn claim_and_pod(name: &str) -> (Value, Value) {
+    let claim = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "16Mi"}}}});
+    let mut pod = pod(name);
+    pod["spec"]["volumes"] =
+        json!([{"name": "data", "persistentVolumeClaim": {"claimName": name}}]);
+    pod["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "data", "mountPath": "/data"}]);
+    (claim, pod)
+}
+
+fn empty_dir_pod(name: &str) -> Value {
+    let mut pod = pod(name);
+    pod["spec"]["volumes"] = json!([{"name": "data", "emptyDir": {}}]);
+    pod["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "data", "mountPath": "/data"}]);
+    pod
+}
+
+/// Section 5: claims and StatefulSets (issue #39).
+async fn stateful(images: &Path, n: usize) -> anyhow::Result<()> {
+    println!(
+        "\n## 5. storage, 3 agents: a pod with a new claim against one with an emptyDir ({n} each, in turn), then a StatefulSet of {n} OrderedReady replicas with a claim each"
+    );
+    let root = tempfile::tempdir()?;
+    let agents = cluster(root.path(), 3, images).await?;
+    // The built-in StorageClass is made by one agent at the cluster's start.
+    wait_until(
+        "the built-in StorageClass",
+        Duration::from_secs(60),
+        || async {
+            agents[0]
+                .object("storageclasses", "", "local-path")
+                .await
+                .ok()
+                .flatten()
+                .is_some()
+        },
+    )
+    .await?;
+    // The claim is applied just before its pod, both counted from the claim's apply.
+    let applied = apply_to_running(&agents[0], 2 * n, |i| {
+        if i % 2 == 0 {
+            empty_dir_pod(&format!("empty-{}", i / 2))
+        } else {
+            let (claim, pod) = claim_and_pod(&format!("claim-{}", i / 2));
+            json!({"claim": claim, "pod": pod})
+        }
+    })
+    .await?;
+    let (line, empty) = summary(&applied.iter().step_by(2).collect::<Vec<_>>());
+    println!("apply → Running, pod with an emptyDir: {line}");
+    let (line, claimed) = summary(&applied.iter().skip(1).step_by(2).collect::<Vec<_>>());
+    println!(
+        "apply → Running, pod with a new claim (claim made, volume provisioned and bound on the pod's node): {line}; p50 claim / emptyDir = {:.2} (goal ≤ 1.2)",
+        claimed / empty
+    );
+    let sts = json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": "bench", "namespace": "default"},
+        "spec": {"replicas": n, "serviceName": "bench",
+            "selector": {"matchLabels": {"app": "bench-sts"}},
+            "template": {"metadata": {"labels": {"app": "bench-sts"}},
+                "spec": {"terminationGracePeriodSeconds": 1, "containers": [{"name": "c",
+                    "image": "shoal.local/busybox:1",
+                    "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"],
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"}]}]}},
+            "volumeClaimTemplates": [{"metadata": {"name": "data"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "16Mi"}}}}]}});
+    let start = Instant::now();
+    let (status, body) = agents[0].apply(&sts).await?;
+    if !(200..300).contains(&status) {
+        bail!("apply: {status} {body}");
+    }
+    loop {
+        let ready = default_pods(&agents[0])
+            .await
+            .iter()
+            .filter(|p| p["metadata"]["labels"]["app"] == "bench-sts")
+            .filter(|p| {
+                p["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            })
+            .count();
+        if ready >= n {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(300) {
+            bail!("{ready} of {n} StatefulSet pods Ready after 300 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let total = ms(start.elapsed());
+    let goal = n as f64 * claimed + 1000.0;
+    println!(
+        "StatefulSet of {n} (OrderedReady, a claim each): apply → all Ready {:.2} s; goal ≤ {n} × {claimed:.0} ms + 1 s = {:.2} s; ratio {:.2}",
+        total / 1000.0,
+        goal / 1000.0,
+        total / goal
+    );
+    drop(agents);
+    Ok(())
 }
 
 fn deployment_object(replicas: usize, image: &str) -> Value {

@@ -35,6 +35,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use serde_json::{Value, json};
 
+use super::replica_set::BURST;
 use super::workload::{
     Action, Phase, PodView, controller_ref, min_ready_ms, replicas, requeue_for_availability,
     selector, selects, template_hash,
@@ -391,17 +392,7 @@ pub fn reconcile<'a>(
         }
     };
 
-    // Each ordinal's claims first (its pod waits for them): made from the claim templates
-    // where missing; those of ordinals scaled away go with `whenScaled: Delete` once their pod
-    // has.
-    for k in first..end {
-        for claim in claims_for(sts, k) {
-            let claim_name = claim["metadata"]["name"].as_str().unwrap_or_default();
-            if !claims.iter().any(|(n, _)| *n == claim_name) {
-                actions.push(Action::Create(claim));
-            }
-        }
-    }
+    // Claims of ordinals scaled away go with `whenScaled: Delete` once their pod has.
     if sts["spec"]["persistentVolumeClaimRetentionPolicy"]["whenScaled"] == "Delete" {
         for (name, claim_uid) in claims {
             let Some(k) = claim_ordinal(sts, name) else {
@@ -421,13 +412,27 @@ pub fn reconcile<'a>(
     for pod in v.unnamed.iter().filter(|p| !p.deleting) {
         actions.push(Action::delete_pod(pod));
     }
-    // Each ordinal in range: made if missing, replaced if ended; in order, each waiting for
-    // the one before it to be healthy (OrderedReady).
+    // Each ordinal in range: its claims made where missing (before its pod, which waits for
+    // them), its pod made if missing, replaced if ended; in order, each waiting for the one
+    // before it to be healthy (OrderedReady). At most [`BURST`] objects are made a pass: the
+    // work is that of the pods there are, not of the replicas asked for.
+    let existing: HashSet<&str> = claims.iter().map(|(n, _)| *n).collect();
+    let mut made = 0usize;
     let mut blocked = false;
     for k in first..end {
+        if made >= BURST {
+            break;
+        }
+        for claim in claims_for(sts, k) {
+            if !existing.contains(claim["metadata"]["name"].as_str().unwrap_or_default()) {
+                actions.push(Action::Create(claim));
+                made += 1;
+            }
+        }
         match v.pods.get(&k) {
             None => {
                 actions.push(Action::Create(make(k)));
+                made += 1;
                 if !parallel {
                     blocked = true;
                     break;
@@ -483,12 +488,12 @@ pub fn reconcile<'a>(
     }
     // A rolling update, once every ordinal has its pod: outdated pods at or above the
     // partition go from the highest ordinal down, at most `maxUnavailable` unavailable at once.
-    let complete = (first..end).all(|k| v.pods.contains_key(&k));
+    let complete = v.pods.range(first..end).count() as u64 == end - first;
     if strategy.rolling && !blocked && complete {
         let floor = strategy.partition.max(first);
         let mut unavailable = 0u64;
-        for k in (floor..end).rev() {
-            let pod = v.pods[&k];
+        for (_, pod) in v.pods.range(floor..end).rev() {
+            let pod = *pod;
             if revision_of(pod) != Some(v.update.as_str()) && !pod.deleting {
                 if unavailable >= strategy.max_unavailable {
                     break;
@@ -506,10 +511,9 @@ pub fn reconcile<'a>(
     // Every pod at the update revision and healthy: the update is complete.
     let done = complete
         && v.current != v.update
-        && (first..end).all(|k| {
-            let pod = v.pods[&k];
-            revision_of(pod) == Some(v.update.as_str()) && ok(pod)
-        });
+        && v.pods
+            .range(first..end)
+            .all(|(_, pod)| revision_of(pod) == Some(v.update.as_str()) && ok(pod));
     if done || sts["metadata"]["annotations"][CURRENT_REVISION].is_null() {
         let current = if done { &v.update } else { &v.current };
         actions.push(Action::Annotate {
@@ -714,6 +718,20 @@ mod tests {
         // Ready: web-1, not web-2.
         let actions = reconcile(&s, &[running(&s, 0)], &[], &[], T0);
         assert_eq!(names(created(&actions)), ["web-1"]);
+    }
+
+    #[test]
+    fn a_pass_makes_at_most_a_burst_whatever_the_replicas_asked() {
+        // The API refuses this (Shoal's bound); a reconcile of one must still be bounded.
+        let s = sts(
+            1_000_000_000,
+            json!({"spec": {"podManagementPolicy": "Parallel",
+                "volumeClaimTemplates": [{"metadata": {"name": "www"}}]}}),
+        );
+        let actions = reconcile(&s, &[], &[], &[], T0);
+        let made = created(&actions).len();
+        // The revision, then claims and pods up to the burst.
+        assert!(made <= BURST + 2, "{made}");
     }
 
     #[test]
@@ -965,7 +983,8 @@ mod tests {
             .filter(|o| o["kind"] == "PersistentVolumeClaim")
             .map(|o| o["metadata"]["name"].as_str().unwrap())
             .collect();
-        assert_eq!(claims, ["www-web-0", "www-web-1"]);
+        // OrderedReady: the first ordinal's claim with its pod; the next waits for it.
+        assert_eq!(claims, ["www-web-0"]);
         let claim = &claims_for(&s, 0)[0];
         assert_eq!(claim["metadata"]["labels"]["app"], "nginx");
         assert!(

@@ -102,6 +102,91 @@ pub enum VolumeSource {
         volume: String,
         read_only: bool,
     },
+    /// `downwardAPI` and `projected` volumes: files from each source, written together,
+    /// read-only in the container.
+    Files {
+        sources: Vec<FileSource>,
+    },
+}
+
+/// One source of a [`VolumeSource::Files`] volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileSource {
+    /// A ConfigMap's or Secret's keys (as a configMap or secret volume).
+    Object {
+        kind: &'static str,
+        name: String,
+        optional: bool,
+        items: Option<Vec<KeyToPath>>,
+    },
+    /// The pod's own fields (`downwardAPI` items).
+    Downward(Vec<DownwardFile>),
+}
+
+/// One `downwardAPI` item: the file at `path` holds a field of the pod or a resource of one of
+/// its containers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DownwardFile {
+    pub path: String,
+    pub value: DownwardValue,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DownwardValue {
+    /// `fieldRef.fieldPath`: metadata.name, namespace, uid, labels, annotations, and one
+    /// label or annotation (`metadata.labels['k']`).
+    Field(String),
+    /// `resourceFieldRef`: (container, resource, divisor).
+    Resource {
+        container: String,
+        resource: String,
+        divisor: String,
+    },
+}
+
+/// The `downwardAPI` items of `source` (a `downwardAPI` volume, or a projected source).
+fn downward_items(source: &Value, at: &str) -> Result<Vec<DownwardFile>, FieldError> {
+    source["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(j, item)| {
+            let path = item["path"].as_str().unwrap_or_default().to_owned();
+            let value = if let Some(field) = item["fieldRef"]["fieldPath"].as_str() {
+                let allowed = matches!(
+                    field,
+                    "metadata.name"
+                        | "metadata.namespace"
+                        | "metadata.uid"
+                        | "metadata.labels"
+                        | "metadata.annotations"
+                ) || field.starts_with("metadata.labels['")
+                    || field.starts_with("metadata.annotations['");
+                if !allowed {
+                    return Err(FieldError::new(
+                        format!("{at}.items[{j}].fieldRef.fieldPath"),
+                        format!(
+                            "Unsupported value: {field:?}: supported values: \"metadata.annotations\", \"metadata.labels\", \"metadata.name\", \"metadata.namespace\", \"metadata.uid\""
+                        ),
+                    ));
+                }
+                DownwardValue::Field(field.to_owned())
+            } else if let Some(r) = item.get("resourceFieldRef") {
+                DownwardValue::Resource {
+                    container: r["containerName"].as_str().unwrap_or_default().to_owned(),
+                    resource: r["resource"].as_str().unwrap_or_default().to_owned(),
+                    divisor: r["divisor"].as_str().unwrap_or("1").to_owned(),
+                }
+            } else {
+                return Err(FieldError::new(
+                    format!("{at}.items[{j}]"),
+                    "Required value: one of fieldRef and resourceFieldRef",
+                ));
+            };
+            Ok(DownwardFile { path, value })
+        })
+        .collect()
 }
 
 pub use shoal_model::node_inputs::HostPathType;
@@ -186,6 +271,10 @@ pub struct ContainerPlan {
     pub startup: Option<Probe>,
     /// `lifecycle.preStop.exec.command`: run in the container before SIGTERM.
     pub pre_stop: Option<Vec<String>>,
+    /// A native sidecar: an init container with `restartPolicy: Always` (started in its turn,
+    /// not waited on to complete, restarted whatever the pod's policy, stopped after the main
+    /// containers).
+    pub sidecar: bool,
     /// `securityContext.runAsNonRoot` (container, else pod).
     pub run_as_non_root: bool,
     /// `securityContext.seccompProfile` (container, else pod; RuntimeDefault when unset).
@@ -491,6 +580,7 @@ fn container(value: &Value, field: &str) -> Result<ContainerPlan, FieldError> {
         readiness: probe(&value["readinessProbe"], &format!("{field}.readinessProbe"))?,
         startup: probe(&value["startupProbe"], &format!("{field}.startupProbe"))?,
         pre_stop: strings(&value["lifecycle"]["preStop"]["exec"]["command"]),
+        sidecar: false,
         run_as_non_root: security["runAsNonRoot"].as_bool().unwrap_or(false),
         seccomp: seccomp_choice(
             &security["seccompProfile"],
@@ -544,6 +634,16 @@ impl PodPlan {
         ] {
             for (i, c) in list.as_array().into_iter().flatten().enumerate() {
                 let mut plan = container(c, &format!("{field}[{i}]"))?;
+                let policy = &c["restartPolicy"];
+                if !policy.is_null() && (field == "spec.containers" || policy != "Always") {
+                    return Err(FieldError::new(
+                        format!("{field}[{i}].restartPolicy"),
+                        format!(
+                            "Unsupported value: {policy}: only \"Always\", and only for an init container (a sidecar)"
+                        ),
+                    ));
+                }
+                plan.sidecar = policy == "Always";
                 // Pod-level securityContext supplies what the container does not set.
                 let id = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
                 plan.run_as_user = plan.run_as_user.or(id(&pod_security["runAsUser"]));
@@ -592,6 +692,41 @@ impl PodPlan {
                         optional: s["optional"].as_bool().unwrap_or(false),
                         items: key_to_paths(s),
                     }
+                } else if let Some(d) = v.get("downwardAPI") {
+                    VolumeSource::Files {
+                        sources: vec![FileSource::Downward(downward_items(
+                            d,
+                            &format!("spec.volumes[{i}].downwardAPI"),
+                        )?)],
+                    }
+                } else if let Some(p) = v.get("projected") {
+                    let mut sources = Vec::new();
+                    for (j, s) in p["sources"].as_array().into_iter().flatten().enumerate() {
+                        let at = format!("spec.volumes[{i}].projected.sources[{j}]");
+                        sources.push(if let Some(c) = s.get("configMap") {
+                            FileSource::Object {
+                                kind: "ConfigMap",
+                                name: text(&c["name"]),
+                                optional: c["optional"].as_bool().unwrap_or(false),
+                                items: key_to_paths(c),
+                            }
+                        } else if let Some(c) = s.get("secret") {
+                            FileSource::Object {
+                                kind: "Secret",
+                                name: text(&c["name"]),
+                                optional: c["optional"].as_bool().unwrap_or(false),
+                                items: key_to_paths(c),
+                            }
+                        } else if let Some(d) = s.get("downwardAPI") {
+                            FileSource::Downward(downward_items(d, &format!("{at}.downwardAPI"))?)
+                        } else {
+                            return Err(FieldError::new(
+                                at,
+                                "only configMap, secret and downwardAPI sources are supported (serviceAccountToken waits for service-account tokens, issue #40)",
+                            ));
+                        });
+                    }
+                    VolumeSource::Files { sources }
                 } else if let Some(c) = v.get("persistentVolumeClaim") {
                     VolumeSource::Claim {
                         claim: text(&c["claimName"]),
@@ -611,7 +746,7 @@ impl PodPlan {
                 } else {
                     return Err(FieldError::new(
                         format!("spec.volumes[{i}]"),
-                        "only emptyDir, configMap, secret, hostPath and persistentVolumeClaim volumes are supported",
+                        "only emptyDir, configMap, secret, downwardAPI, projected, hostPath and persistentVolumeClaim volumes are supported",
                     ));
                 };
                 Ok(Volume { name, source })

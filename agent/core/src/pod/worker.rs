@@ -169,6 +169,9 @@ pub struct PodWorker {
     pre_stop: HashMap<String, Vec<String>>,
     /// Init container names, from the latest spec (an event's field path names the list).
     init_names: std::collections::HashSet<String>,
+    /// Sidecar names (init containers with `restartPolicy: Always`), from the latest spec:
+    /// a pod that goes stops them after its other containers.
+    sidecar_names: std::collections::HashSet<String>,
     /// The pod's namespace and name, from the latest spec (its events name it after it is gone).
     pod: Option<(String, String)>,
     /// Attempts whose back-off was reported (once each).
@@ -460,11 +463,19 @@ impl PodWorker {
     ) -> Decision {
         let mut actions = Vec::new();
         let Some(plan) = plan else {
-            // The pod must not run here: stop everything, then remove everything.
+            // The pod must not run here: stop everything (its sidecars once the others have
+            // stopped, as the kubelet does), then remove everything.
             let mut running = false;
+            let others_running = observed.iter().any(|c| {
+                !matches!(c.state, ObservedState::Exited { .. })
+                    && !self.sidecar_names.contains(&c.meta.name)
+            });
             for c in observed {
                 if !matches!(c.state, ObservedState::Exited { .. }) {
                     running = true;
+                    if others_running && self.sidecar_names.contains(&c.meta.name) {
+                        continue;
+                    }
                     self.stop(&mut actions, c, now_ms, StopReason::PodGone);
                 }
             }
@@ -494,6 +505,12 @@ impl PodWorker {
         self.init_names = plan
             .init_containers
             .iter()
+            .map(|c| c.name.clone())
+            .collect();
+        self.sidecar_names = plan
+            .init_containers
+            .iter()
+            .filter(|c| c.sidecar)
             .map(|c| c.name.clone())
             .collect();
         self.pod = Some((plan.namespace.clone(), plan.name.clone()));
@@ -553,11 +570,51 @@ impl PodWorker {
             .containers
             .iter()
             .any(|c| by_name.contains_key(c.name.as_str()));
+        // Every main container ended for good (the pod completes): its sidecars stop.
+        let completed = main_started
+            && plan.containers.iter().all(|c| {
+                match by_name
+                    .get(c.name.as_str())
+                    .and_then(|l| l.last())
+                    .map(|l| &l.state)
+                {
+                    Some(ObservedState::Exited { exited, .. }) => {
+                        !plan.restart_policy.restarts(exited.exit_code)
+                    }
+                    _ => false,
+                }
+            });
         let mut views: Vec<ContainerView> = Vec::new();
         let mut init_complete = true;
         let mut init_failed = false;
         for c in &plan.init_containers {
             let mut view = ContainerView::new(c, true, &by_name);
+            if c.sidecar && completed {
+                if let Some(latest) = view.latest
+                    && !matches!(latest.state, ObservedState::Exited { .. })
+                {
+                    self.stop(&mut actions, latest, now_ms, StopReason::Removed);
+                }
+                view.done = true;
+                views.push(view);
+                continue;
+            }
+            if c.sidecar && (main_started || (init_complete && !init_failed)) {
+                // A sidecar: started in its turn, then kept running; the next init container
+                // waits only for it to have started (its startup probe passed, if any).
+                self.drive(&mut actions, &mut view, plan, now_ms, true);
+                let started = view.latest.is_some_and(|l| {
+                    matches!(l.state, ObservedState::Running(_))
+                        && (c.startup.is_none()
+                            || self.probe_passing(&c.name, l.meta.attempt, ProbeKind::Startup)
+                                == Some(true))
+                });
+                if !started && !main_started {
+                    init_complete = false;
+                }
+                views.push(view);
+                continue;
+            }
             if main_started {
                 view.done = true;
                 views.push(view);
@@ -714,7 +771,7 @@ impl PodWorker {
                         });
                     }
                 }
-                view.ready = !init
+                view.ready = (!init || view.plan.sidecar)
                     && startup_passed
                     && (view.plan.readiness.is_none()
                         || self.probe_passing(&name, attempt, ProbeKind::Readiness) == Some(true));
@@ -736,7 +793,9 @@ impl PodWorker {
                         ),
                     );
                 }
-                let restarts = if init {
+                let restarts = if view.plan.sidecar {
+                    true
+                } else if init {
                     plan.restart_policy != super::plan::RestartPolicy::Never
                 } else {
                     let unhealthy = matches!(
@@ -923,7 +982,10 @@ impl PodWorker {
         } else {
             "Pending"
         };
-        let all_ready = main.iter().all(|v| v.ready);
+        // Sidecars' readiness counts toward the pod's, as upstream's.
+        let serving: Vec<&ContainerView> =
+            views.iter().filter(|v| !v.init || v.plan.sidecar).collect();
+        let all_ready = serving.iter().all(|v| v.ready);
         let since = rfc3339(first_seen_ms);
         // When the pod's last main container started, if all run: a pod found ready when first
         // seen (re-adopted after an agent restart) has been ready since then at most, not since
@@ -962,7 +1024,7 @@ impl PodWorker {
             }
             c
         };
-        let not_ready: Vec<&str> = main
+        let not_ready: Vec<&str> = serving
             .iter()
             .filter(|v| !v.ready)
             .map(|v| v.plan.name.as_str())
@@ -1110,6 +1172,92 @@ mod tests {
             .as_str()
             .unwrap()
             .to_owned()
+    }
+
+    fn terms(d: &Decision) -> Vec<String> {
+        d.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Signal {
+                    name,
+                    signal: StopSignal::Term,
+                    ..
+                } => Some(name.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Native sidecars (issue #39): started in their turn, not waited on to complete, kept
+    /// running (and restarted) while the main container restarts, ready-counted, and stopped
+    /// after the main containers — when the pod completes, and when it goes.
+    #[test]
+    fn a_sidecar_starts_in_turn_keeps_running_and_stops_after_the_others() {
+        let p = plan(json!({
+            "restartPolicy": "Never",
+            "initContainers": [{"name": "proxy", "image": "b", "restartPolicy": "Always"},
+                               {"name": "setup", "image": "b"}],
+            "containers": [{"name": "app", "image": "b"}],
+        }));
+        assert!(p.init_containers[0].sidecar && !p.init_containers[1].sidecar);
+        let mut w = worker();
+        let d = w.decide(0, Some(&p), false, &[]);
+        assert_eq!(starts(&d), [("proxy".to_owned(), 0)]);
+        // Running: the next init container starts; the sidecar is not waited on to complete.
+        let d = w.decide(10, Some(&p), true, &[running("proxy", 0, 5)]);
+        assert_eq!(starts(&d), [("setup".to_owned(), 0)]);
+        let d = w.decide(
+            20,
+            Some(&p),
+            true,
+            &[running("proxy", 0, 5), exited("setup", 0, 0, 15)],
+        );
+        assert_eq!(starts(&d), [("app".to_owned(), 0)]);
+        // The sidecar crashes while the app runs: restarted (after its back-off), whatever
+        // the pod's restartPolicy.
+        let crashed = [
+            exited("proxy", 0, 1, 25),
+            exited("setup", 0, 0, 15),
+            running("app", 0, 22),
+        ];
+        let d = w.decide(30 + BASE, Some(&p), true, &crashed);
+        assert_eq!(starts(&d), [("proxy".to_owned(), 1)]);
+        assert_eq!(phase(&d), "Running");
+        // Both running: the pod is ready only with the sidecar ready too (it is).
+        let up = [
+            running("proxy", 1, 40 + BASE),
+            exited("setup", 0, 0, 15),
+            running("app", 0, 22),
+        ];
+        let d = w.decide(50 + BASE, Some(&p), true, &up);
+        let status = d.status.unwrap();
+        assert_eq!(status["conditions"][1]["status"], "True", "{status}");
+        assert_eq!(status["initContainerStatuses"][0]["ready"], true);
+        // The app ends (Never): the pod completes and its sidecar is stopped.
+        let done = [
+            running("proxy", 1, 40 + BASE),
+            exited("setup", 0, 0, 15),
+            exited("app", 0, 0, 60 + BASE),
+        ];
+        let d = w.decide(70 + BASE, Some(&p), true, &done);
+        assert_eq!(terms(&d), ["proxy"]);
+        assert!(starts(&d).is_empty());
+        assert_eq!(phase(&d), "Succeeded");
+        // The pod goes while both run: the app first, the sidecar once the app has stopped.
+        let mut w2 = worker();
+        w2.decide(0, Some(&p), true, &up);
+        let d = w2.decide(100, None, true, &up);
+        assert_eq!(terms(&d), ["app"]);
+        let app_gone = [running("proxy", 1, 40 + BASE), exited("app", 0, 143, 110)];
+        let d = w2.decide(120, None, true, &app_gone);
+        assert_eq!(terms(&d), ["proxy"]);
+        // A main container may not have a restartPolicy of its own.
+        let bad = json!({"metadata": {"name": "p", "namespace": "default", "uid": "u"},
+            "spec": {"containers": [{"name": "a", "image": "b", "restartPolicy": "Always"}]}});
+        assert_eq!(
+            PodPlan::parse(&bad).unwrap_err().field,
+            "spec.containers[0].restartPolicy"
+        );
     }
 
     #[test]

@@ -50,10 +50,23 @@ fn known_top_level(kind: &str) -> &'static [&'static str] {
 
 /// The most claim templates a StatefulSet may have (each is a volume of every pod).
 pub const MAX_CLAIM_TEMPLATES: usize = 16;
+/// Shoal's own bound on a StatefulSet's replicas (the apiserver takes any int32): each is a
+/// pod and a claim per template with an identity of its own.
+pub const MAX_STATEFUL_REPLICAS: u64 = 10_000;
 
 /// A StatefulSet's own fields (its template is checked as every workload's).
 fn validate_stateful_set(object: &Value) -> Result<(), FieldError> {
     let spec = &object["spec"];
+    if let Some(replicas) = spec["replicas"].as_u64()
+        && replicas > MAX_STATEFUL_REPLICAS
+    {
+        return Err(err(
+            "spec.replicas",
+            format!(
+                "Invalid value: {replicas}: must be less than or equal to {MAX_STATEFUL_REPLICAS} (Shoal's bound on a StatefulSet's identities)"
+            ),
+        ));
+    }
     let one_of = |path: &str, value: &Value, allowed: &[&str]| -> Result<(), FieldError> {
         match value {
             Value::Null => Ok(()),
@@ -1037,6 +1050,67 @@ pub fn default(kind: &str, object: &mut Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stateful_set_is_checked_as_the_apiserver_does_and_within_shoals_bounds() {
+        let sts = |spec: Value| {
+            let mut s = json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+                "metadata": {"name": "web"},
+                "spec": {"selector": {"matchLabels": {"app": "web"}},
+                    "template": {"metadata": {"labels": {"app": "web"}},
+                        "spec": {"containers": [{"name": "c", "image": "i",
+                            "volumeMounts": [{"name": "data", "mountPath": "/data"}]}]}},
+                    "volumeClaimTemplates": [{"metadata": {"name": "data"},
+                        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}]}});
+            if let (Some(m), Value::Object(more)) = (s["spec"].as_object_mut(), spec) {
+                m.extend(more);
+            }
+            s
+        };
+        let field = |spec: Value| validate("StatefulSet", &sts(spec)).err().map(|e| e.field);
+        // The mounts may name the claim templates.
+        assert_eq!(field(json!({})), None);
+        assert_eq!(
+            field(json!({"replicas": 1_000_000_000})).as_deref(),
+            Some("spec.replicas")
+        );
+        assert_eq!(
+            field(json!({"podManagementPolicy": "Random"})).as_deref(),
+            Some("spec.podManagementPolicy")
+        );
+        assert_eq!(
+            field(
+                json!({"updateStrategy": {"type": "OnDelete", "rollingUpdate": {"partition": 1}}})
+            )
+            .as_deref(),
+            Some("spec.updateStrategy.rollingUpdate")
+        );
+        assert_eq!(
+            field(json!({"updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0}}}))
+                .as_deref(),
+            Some("spec.updateStrategy.rollingUpdate.maxUnavailable")
+        );
+        assert_eq!(
+            field(json!({"volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": {"accessModes": []}}]}))
+                .as_deref(),
+            Some("spec.volumeClaimTemplates[0].spec.accessModes")
+        );
+        assert_eq!(
+            field(json!({"serviceName": "Not_A_Label"})).as_deref(),
+            Some("spec.serviceName")
+        );
+        let mut defaulted = sts(json!({}));
+        default("StatefulSet", &mut defaulted);
+        assert_eq!(defaulted["spec"]["podManagementPolicy"], "OrderedReady");
+        assert_eq!(
+            defaulted["spec"]["updateStrategy"]["rollingUpdate"]["partition"],
+            0
+        );
+        assert_eq!(
+            defaulted["spec"]["persistentVolumeClaimRetentionPolicy"]["whenScaled"],
+            "Retain"
+        );
+    }
 
     /// Counts that ask for more than the apiserver allows are refused, naming the field: one
     /// Job with `parallelism: 2^40` once took down every agent in turn (issue #35, item 1).
