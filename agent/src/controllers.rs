@@ -123,6 +123,7 @@ impl Controllers {
                     | "ReplicaSet"
                     | "StatefulSet"
                     | "ControllerRevision"
+                    | "PersistentVolumeClaim"
                     | "Deployment"
                     | "Job"
                     | "CronJob"
@@ -214,7 +215,7 @@ impl Controllers {
     async fn pass(&self, quarantine: &mut Quarantine) -> (HashSet<String>, Option<u64>) {
         let live = self.live_nodes().await;
         let snapshot = snapshot(&self.replication, &self.statuses);
-        let controlled = snapshot
+        let mut controlled: HashSet<String> = snapshot
             .pods
             .values()
             .flat_map(NamespacePods::all)
@@ -234,12 +235,16 @@ impl Controllers {
         // One due already asked for nothing this pass could do: not a reason to spin.
         let requeue = earliest_requeue(&actions).filter(|at| *at > now);
         // Concurrently: each write waits for its quorum, and a ReplicaSet of 100 creates 100.
-        futures_util::StreamExt::for_each_concurrent(
-            futures_util::stream::iter(actions),
-            WRITES_IN_FLIGHT,
-            |action| self.apply(action),
-        )
-        .await;
+        // The pods this pass made are controlled too: their first statuses (Running, Ready)
+        // wake the next pass, rather than the resync (an OrderedReady StatefulSet waits on
+        // each).
+        use futures_util::StreamExt as _;
+        let created: Vec<Option<String>> = futures_util::stream::iter(actions)
+            .map(|action| self.apply(action))
+            .buffer_unordered(WRITES_IN_FLIGHT)
+            .collect()
+            .await;
+        controlled.extend(created.into_iter().flatten());
         self.service_ips(&live).await;
         self.namespaces(&live).await;
         let now = now_ms();
@@ -616,12 +621,13 @@ impl Controllers {
         None
     }
 
-    async fn apply(&self, action: Action) {
+    /// Writes what `action` asks; the uid of the pod it created, if it created one.
+    async fn apply(&self, action: Action) -> Option<String> {
         if let Action::Failed { object, message } = &action {
             warn!(object = %format!("{}/{}/{}", object.kind, object.namespace, object.name),
                 %message, "reconcile failed: quarantined");
             self.record(Some(events::reconcile_failed(object.clone(), message)));
-            return;
+            return None;
         }
         let rescaled = match &action {
             Action::Scale {
@@ -654,6 +660,9 @@ impl Controllers {
                         Ok((written, _)) => {
                             info!(object = %what, "controller created");
                             self.record(events::created(&written));
+                            if written["kind"] == "Pod" {
+                                return written["metadata"]["uid"].as_str().map(str::to_owned);
+                            }
                         }
                         Err(e) => debug!(object = %what, error = %e, "controller create failed"),
                     },
@@ -691,6 +700,7 @@ impl Controllers {
                 }
             }
         }
+        None
     }
 }
 

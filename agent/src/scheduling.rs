@@ -341,6 +341,15 @@ impl Scheduling {
                     ) =>
                 {
                     self.reload_pods();
+                    if let Some(scheduler) = self
+                        .state
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .scheduler
+                        .as_mut()
+                    {
+                        scheduler.volumes_changed();
+                    }
                     self.wake.notify_one();
                 }
                 Ok(_) => {}

@@ -72,8 +72,8 @@ impl Binder {
                     },
                 }
             }
-            // A burst of changes is one round.
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            // A burst of changes (a pod and its claim) is one round.
+            tokio::time::sleep(Duration::from_millis(5)).await;
             while changes.try_recv().is_ok() {}
         }
     }
@@ -107,8 +107,22 @@ impl Binder {
             &classes,
             &root.to_string_lossy(),
         );
-        for step in steps {
-            if let Err(error) = self.carry_out(&step).await {
+        let mut steps = steps.into_iter().peekable();
+        while let Some(step) = steps.next() {
+            // A volume provisioned is stored and its claim bound at once (the kubelet mounts
+            // it once both are there): one write's wait, not two.
+            let bind = match (&step, steps.peek()) {
+                (Step::Provision { .. }, Some(Step::Bind { .. })) => steps.next(),
+                _ => None,
+            };
+            let done = match &bind {
+                Some(bind) => {
+                    let (made, bound) = tokio::join!(self.carry_out(&step), self.carry_out(bind));
+                    made.and(bound)
+                }
+                None => self.carry_out(&step).await,
+            };
+            if let Err(error) = done {
                 // The binding waits; the next round tries again.
                 debug!(?step, %error, "volume binder step not done");
                 break;

@@ -95,10 +95,29 @@ pub fn plan(
             }
             let Some(c) = claim(ns, &name) else { continue };
             let uid = text(&c["metadata"]["uid"]).to_owned();
-            if !text(&c["spec"]["volumeName"]).is_empty()
-                || !c["metadata"]["annotations"]["shoal.io/deletion-requested"].is_null()
+            if !c["metadata"]["annotations"]["shoal.io/deletion-requested"].is_null()
                 || !handled.insert(uid.clone())
             {
+                continue;
+            }
+            let bound_to = text(&c["spec"]["volumeName"]);
+            if !bound_to.is_empty() {
+                // Bound here to a volume this node's provisioner was making, whose write did
+                // not land (the claim's and the volume's writes go together): made again.
+                let provisioner = class(text(&c["spec"]["storageClassName"]))
+                    .is_some_and(|k| k["provisioner"] == LOCAL_PATH);
+                let missing = !volumes
+                    .iter()
+                    .any(|v| text(&v["metadata"]["name"]) == bound_to);
+                if provisioner
+                    && missing
+                    && bound_to == format!("pvc-{uid}")
+                    && c["metadata"]["annotations"][storage::SELECTED_NODE] == node
+                    && let Some(k) = class(text(&c["spec"]["storageClassName"]))
+                {
+                    let volume = provisioned_volume(c, k, node, &format!("{root}/{bound_to}"));
+                    steps.push(Step::Provision { volume });
+                }
                 continue;
             }
             let bind = |volume: &str| Step::Bind {
@@ -332,10 +351,24 @@ mod tests {
         );
         assert!(matches!(steps.as_slice(), [Step::Bind { .. }]), "{steps:?}");
         // Bound: nothing to do. A claim of a class without this provisioner waits.
-        let bound = claim("www", json!({"volumeName": "pvc-u-www"}));
+        let mut bound = claim("www", json!({"volumeName": "pvc-u-www"}));
+        bound["metadata"]["annotations"] = json!({storage::SELECTED_NODE: "n1"});
         assert_eq!(
-            plan("n1", &[pod(&["www"])], &[bound], &[made], &classes, "/d"),
+            plan(
+                "n1",
+                &[pod(&["www"])],
+                std::slice::from_ref(&bound),
+                &[made],
+                &classes,
+                "/d"
+            ),
             vec![]
+        );
+        // Bound here, its volume's write lost: made again (not bound again).
+        let again = plan("n1", &[pod(&["www"])], &[bound], &[], &classes, "/d");
+        assert!(
+            matches!(again.as_slice(), [Step::Provision { .. }]),
+            "{again:?}"
         );
         let other = claim("www", json!({"storageClassName": "nfs"}));
         assert_eq!(

@@ -423,13 +423,24 @@ pub fn reconcile<'a>(
         if made >= BURST {
             break;
         }
+        let mut claims_missing = false;
         for claim in claims_for(sts, k) {
             if !existing.contains(claim["metadata"]["name"].as_str().unwrap_or_default()) {
                 actions.push(Action::Create(claim));
                 made += 1;
+                claims_missing = true;
             }
         }
         match v.pods.get(&k) {
+            // Its claims first: the pod comes in the next pass, once they are stored (a pod
+            // whose claim is not there yet would be judged unschedulable, and wait for the
+            // auction's retry).
+            None if claims_missing => {
+                if !parallel {
+                    blocked = true;
+                    break;
+                }
+            }
             None => {
                 actions.push(Action::Create(make(k)));
                 made += 1;

@@ -945,6 +945,12 @@ impl Scheduler {
         }
     }
 
+    /// What a pod's volumes allow changed (a claim made, bound or gone): every verdict is given
+    /// again at once, as when the nodes change, rather than at its retry.
+    pub fn volumes_changed(&mut self) {
+        self.retry_at.clear();
+    }
+
     /// A binding became visible: the offer for it is resolved (it now counts as allocated on
     /// the winner, and as nothing elsewhere).
     pub fn on_binding(&mut self, binding: &Binding) {
