@@ -46,7 +46,7 @@ fn items(v: &Value) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stateful_sets_claims_are_provisioned_on_its_pods_nodes_and_keep_their_data() {
-    let api = lab().await;
+    let mut api = lab().await;
     // The cluster's default class, made at its start.
     let mut classes = String::new();
     wait_until("the built-in StorageClass", LIMIT, || {
@@ -166,6 +166,22 @@ async fn a_stateful_sets_claims_are_provisioned_on_its_pods_nodes_and_keep_their
     })
     .await
     .unwrap_or_else(|e| panic!("{e}: {}", api.ok(0, &["get", "pv"])));
+
+    // db-0's node stopped for good, its agent killed and its containers removed
+    // (`shoal reset`), then started again: db-0 comes back there and finds its data.
+    let a0 = api.agents.iter().position(|a| a.name() == node0).unwrap();
+    let other = (a0 + 1) % api.agents.len();
+    api.agents[a0].kill().unwrap();
+    api.agents[a0].reset_node().unwrap();
+    api.agents[a0].restart().await.unwrap();
+    let mut seen = String::new();
+    wait_until("db-0 started again with its data", 2 * LIMIT, || {
+        let (_, out, _) = api.kubectl(other, &["exec", "db-0", "--", "cat", "/data/log"]);
+        seen = out.clone();
+        async move { out.matches("started db-0").count() == 3 }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {seen:?}"));
     api.ok(0, &["delete", "statefulset", "db"]);
 }
 
@@ -289,4 +305,26 @@ async fn downward_api_volumes_follow_the_pod_and_a_sidecar_outlives_app_restarts
         "True"
     );
     api.ok(0, &["delete", "pod", "meta", "--grace-period=1"]);
+
+    // README's stateful example, as README runs it (same cluster).
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/stateful.yaml");
+    api.ok(1, &["apply", "-f", example]);
+    api.ok(1, &["rollout", "status", "sts/store", "--timeout=90s"]);
+    api.ok(1, &["delete", "pod", "store-0"]);
+    let mut starts = String::new();
+    wait_until("store-0 back with both starts", LIMIT, || {
+        starts = api
+            .kubectl(2, &["exec", "store-0", "--", "cat", "/data/starts"])
+            .1;
+        let ok = starts.lines().count() == 2;
+        async move { ok }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {starts:?}"));
+    let claims = api.ok(0, &["get", "pvc"]);
+    assert!(
+        claims.contains("data-store-0") && claims.contains("Bound"),
+        "{claims}"
+    );
+    api.ok(0, &["delete", "-f", example]);
 }
