@@ -122,6 +122,7 @@ impl Controllers {
                 "Pod"
                     | "ReplicaSet"
                     | "StatefulSet"
+                    | "DaemonSet"
                     | "ControllerRevision"
                     | "PersistentVolumeClaim"
                     | "Deployment"

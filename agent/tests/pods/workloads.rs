@@ -1197,6 +1197,27 @@ spec:
         1,
         &["rollout", "status", "daemonset/agent", "--timeout=30s"],
     );
+    // Its template history (ControllerRevisions): two revisions, and undo brings the first
+    // template back (issue #39).
+    let mut history = String::new();
+    wait_until("the DaemonSet's two revisions", LIMIT, || {
+        history = api.kubectl(0, &["rollout", "history", "daemonset/agent"]).1;
+        let ok = history.lines().any(|l| l.trim_start().starts_with('2'));
+        async move { ok }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {history}"));
+    api.ok(0, &["rollout", "undo", "daemonset/agent"]);
+    let undone = wait_until("the first template back everywhere", LIMIT, || {
+        let now = pods(0);
+        let done = now.len() == 3
+            && now.iter().all(|p| {
+                available(p) && p["spec"]["containers"][0]["image"] == "shoal.local/busybox:1"
+            });
+        async move { done }
+    })
+    .await;
+    assert!(undone.is_ok(), "{:#?}", pods(0));
 }
 
 /// Whether one node had an available pod, as a call that ran from `start` to `end` saw it.

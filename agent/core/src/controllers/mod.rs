@@ -43,6 +43,8 @@ pub struct Snapshot {
     pub deployments: Vec<Value>,
     pub replica_sets: Vec<Value>,
     pub stateful_sets: Vec<Value>,
+    /// The DaemonSets (their template history: `kubectl rollout history|undo daemonset`).
+    pub daemon_sets: Vec<Value>,
     /// Every ControllerRevision (the StatefulSets' history).
     pub controller_revisions: Vec<Value>,
     /// Every PersistentVolumeClaim (the StatefulSets' claims), when there is a StatefulSet.
@@ -158,6 +160,7 @@ pub struct Listed {
     pub deployments: Vec<Value>,
     pub replica_sets: Vec<Value>,
     pub stateful_sets: Vec<Value>,
+    pub daemon_sets: Vec<Value>,
     pub controller_revisions: Vec<Value>,
     pub claims: Vec<Value>,
     pub jobs: Vec<Value>,
@@ -172,13 +175,16 @@ impl Snapshot {
         let deployments = store.list("apps", "Deployment", None);
         let replica_sets = store.list("apps", "ReplicaSet", None);
         let stateful_sets = store.list("apps", "StatefulSet", None);
-        let (controller_revisions, claims) = if stateful_sets.is_empty() {
-            (Vec::new(), Vec::new())
+        let daemon_sets = store.list("apps", "DaemonSet", None);
+        let controller_revisions = if stateful_sets.is_empty() && daemon_sets.is_empty() {
+            Vec::new()
         } else {
-            (
-                store.list("apps", "ControllerRevision", None),
-                store.list("", "PersistentVolumeClaim", None),
-            )
+            store.list("apps", "ControllerRevision", None)
+        };
+        let claims = if stateful_sets.is_empty() {
+            Vec::new()
+        } else {
+            store.list("", "PersistentVolumeClaim", None)
         };
         let jobs = store.list("batch", "Job", None);
         let cron_jobs = store.list("batch", "CronJob", None);
@@ -198,6 +204,7 @@ impl Snapshot {
             deployments,
             replica_sets,
             stateful_sets,
+            daemon_sets,
             controller_revisions,
             claims,
             jobs,
@@ -213,6 +220,7 @@ impl Snapshot {
             mut deployments,
             mut replica_sets,
             mut stateful_sets,
+            daemon_sets,
             controller_revisions,
             claims,
             mut jobs,
@@ -251,6 +259,7 @@ impl Snapshot {
             deployments,
             replica_sets,
             stateful_sets,
+            daemon_sets,
             controller_revisions,
             claims,
             jobs,
@@ -375,6 +384,17 @@ pub fn decide(
             )
         }));
     }
+    for ds in snapshot.daemon_sets.iter().filter(|d| owns(d)) {
+        let namespace = namespace_of(ds);
+        actions.extend(quarantine.guard(ds, now_ms, || {
+            if garbage::deletion_requested(ds) {
+                return Vec::new();
+            }
+            let revisions =
+                stateful_set::revisions_of(ds, &snapshot.controller_revisions_in(namespace));
+            stateful_set::history(ds, &revisions, &[])
+        }));
+    }
     for job in snapshot.jobs.iter().filter(|j| owns(j)) {
         actions.extend(quarantine.guard(job, now_ms, || {
             job::reconcile(
@@ -407,6 +427,7 @@ pub fn decide(
         .iter()
         .chain(&snapshot.replica_sets)
         .chain(&snapshot.stateful_sets)
+        .chain(&snapshot.daemon_sets)
         .chain(&snapshot.jobs)
         .chain(&snapshot.cron_jobs)
         .filter(|o| owns(o))
@@ -883,6 +904,7 @@ mod tests {
             deployments: vec![],
             replica_sets: vec![],
             stateful_sets: vec![],
+            daemon_sets: vec![],
             controller_revisions: vec![],
             claims: vec![],
             jobs: vec![],

@@ -373,7 +373,12 @@ pub fn reconcile<'a>(
     }
     let revisions = revisions_of(sts, revision_objects);
     let v = view(sts, &mine, &revisions);
-    actions.extend(revision_actions(sts, &revisions, &v, &mine));
+    let used: Vec<&str> = mine
+        .iter()
+        .filter_map(|p| revision_of(p))
+        .chain([v.update.as_str(), v.current.as_str()])
+        .collect();
+    actions.extend(history(sts, &revisions, &used));
 
     let strategy = strategy(sts);
     let first = start(sts);
@@ -546,16 +551,17 @@ pub fn reconcile<'a>(
 /// The revision writes: the update revision made (or renumbered last, when the template went
 /// back to an older one), and the history beyond `revisionHistoryLimit` that nothing uses
 /// deleted, oldest first.
-fn revision_actions(
-    sts: &Value,
-    revisions: &[Revision],
-    v: &View<'_>,
-    mine: &[&PodView],
-) -> Vec<Action> {
+/// A workload's template history (a StatefulSet's or a DaemonSet's ControllerRevisions,
+/// `revisions`, oldest first): its current template's revision made, or renumbered as the
+/// newest when the template went back to an older one (an undo); revisions beyond
+/// `revisionHistoryLimit` that none of `used` names deleted, oldest first.
+pub fn history(owner: &Value, revisions: &[Revision], used: &[&str]) -> Vec<Action> {
     let mut actions = Vec::new();
-    let template = &sts["spec"]["template"];
+    let template = &owner["spec"]["template"];
+    let update = revision_name(owner, template);
     let last = revisions.iter().map(|r| r.number).max().unwrap_or(0);
-    match revisions.iter().find(|r| r.name == v.update) {
+    let sts = owner;
+    match revisions.iter().find(|r| r.name == update) {
         None => actions.push(Action::Create(new_revision(sts, template, last + 1))),
         Some(r) if r.number < last => actions.push(Action::Renumber {
             namespace: sts["metadata"]["namespace"]
@@ -569,11 +575,7 @@ fn revision_actions(
         Some(_) => {}
     }
     let limit = sts["spec"]["revisionHistoryLimit"].as_u64().unwrap_or(10);
-    let used: HashSet<&str> = mine
-        .iter()
-        .filter_map(|p| revision_of(p))
-        .chain([v.update.as_str(), v.current.as_str()])
-        .collect();
+    let used: HashSet<&str> = used.iter().copied().chain([update.as_str()]).collect();
     let unused: Vec<&Revision> = revisions
         .iter()
         .filter(|r| !used.contains(r.name.as_str()))
