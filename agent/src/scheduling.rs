@@ -93,6 +93,8 @@ struct PodEntry {
     node_name: Option<String>,
     epoch: u64,
     preempted_by: Option<String>,
+    /// The PersistentVolumeClaims it names (a change of one re-reads it).
+    claims: Vec<String>,
 }
 
 /// What `pod`'s PersistentVolumeClaims allow, from the store now (none read when it names
@@ -127,6 +129,10 @@ impl PodEntry {
         let mut request = PodRequest::from_pod(pod)?;
         request.volumes = volumes;
         Ok(Self {
+            claims: shoal_model::storage::claims_of(pod)
+                .into_iter()
+                .map(|(_, claim)| claim)
+                .collect(),
             request: Arc::new(request),
             policy: Policy::parse(pod["metadata"]["annotations"][partition::ANNOTATION].as_str()),
             daemon: shoal_core::controllers::daemon_set::daemon_set_of(pod).map(str::to_owned),
@@ -273,6 +279,33 @@ impl Scheduling {
         Ok(())
     }
 
+    /// Parses again the pods of `namespace` that name claim `claim` (it was made, bound or
+    /// changed): the work is that of those pods, not of every pod.
+    fn reload_claimants(&self, namespace: &str, claim: &str) {
+        let keys: Vec<ObjectKey> = self
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pods
+            .values()
+            .filter(|e| e.key.namespace == namespace && e.claims.iter().any(|c| c == claim))
+            .map(|e| e.key.clone())
+            .collect();
+        for key in keys {
+            let Some(pod) = self.replication.read(|s| s.get(&key)) else {
+                continue;
+            };
+            let volumes = volume_placement(&self.replication, &pod);
+            if let Ok(entry) = PodEntry::parse(key, &pod, volumes) {
+                self.state
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .pods
+                    .insert(entry.request.uid.clone(), entry);
+            }
+        }
+    }
+
     fn reload_pods(&self) {
         let info = kind::lookup("v1", "Pod").expect("Pod is a known kind");
         let pods = self.replication.read(|s| s.list("", "Pod", None));
@@ -333,14 +366,28 @@ impl Scheduling {
                         }
                     }
                 }
-                // A claim bound or made, a volume made or gone: where pods may go changes.
+                // A claim bound or made, a volume made or gone: where its pods may go changes.
                 Ok(change)
                     if matches!(
                         change.key.kind.as_str(),
                         "PersistentVolumeClaim" | "PersistentVolume" | "StorageClass"
                     ) =>
                 {
-                    self.reload_pods();
+                    match change.key.kind.as_str() {
+                        "PersistentVolumeClaim" => {
+                            self.reload_claimants(&change.key.namespace, &change.key.name)
+                        }
+                        "PersistentVolume" => {
+                            let reference = &change.object["spec"]["claimRef"];
+                            if let (Some(ns), Some(claim)) =
+                                (reference["namespace"].as_str(), reference["name"].as_str())
+                            {
+                                self.reload_claimants(ns, claim);
+                            }
+                        }
+                        // A class changes rarely: every pod is read again.
+                        _ => self.reload_pods(),
+                    }
                     if let Some(scheduler) = self
                         .state
                         .lock()

@@ -62,10 +62,7 @@ impl Binder {
                 tokio::select! {
                     _ = &mut resync => break,
                     change = changes.recv() => match change {
-                        Ok(c) if matches!(
-                            c.key.kind.as_str(),
-                            "Pod" | "PersistentVolumeClaim" | "PersistentVolume" | "StorageClass"
-                        ) => break,
+                        Ok(c) if self.wakes(&c) => break,
                         Ok(_) => {}
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
                         Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
@@ -78,24 +75,43 @@ impl Binder {
         }
     }
 
+    /// Whether a change is this binder's business: a pod of this node that names a claim,
+    /// or any claim, volume or class (other pods' changes, most of the traffic, are not).
+    fn wakes(&self, change: &shoal_state::Change) -> bool {
+        match change.key.kind.as_str() {
+            "Pod" => {
+                change.object["spec"]["nodeName"] == self.node.as_str()
+                    && !shoal_model::storage::claims_of(&change.object).is_empty()
+            }
+            "PersistentVolumeClaim" | "PersistentVolume" | "StorageClass" => true,
+            _ => false,
+        }
+    }
+
     /// One round: the plan for what the store says now, carried out.
     async fn round(&self) {
         let node = self.node.clone();
         let (pods, claims, volumes, classes) = self.replication.read(|s| {
-            let pods: Vec<Value> = s
-                .list("", "Pod", None)
-                .into_iter()
-                .filter(|p| p["spec"]["nodeName"] == node.as_str())
-                .filter(|p| !shoal_model::storage::claims_of(p).is_empty())
-                .collect();
+            let claims = s.list("", "PersistentVolumeClaim", None);
+            let volumes = s.list("", "PersistentVolume", None);
+            // No claim and no volume: no pod to read either.
+            let pods: Vec<Value> = if claims.is_empty() && volumes.is_empty() {
+                Vec::new()
+            } else {
+                s.list("", "Pod", None)
+                    .into_iter()
+                    .filter(|p| p["spec"]["nodeName"] == node.as_str())
+                    .filter(|p| !shoal_model::storage::claims_of(p).is_empty())
+                    .collect()
+            };
             (
                 pods,
-                s.list("", "PersistentVolumeClaim", None),
-                s.list("", "PersistentVolume", None),
+                claims,
+                volumes,
                 s.list("storage.k8s.io", "StorageClass", None),
             )
         });
-        if pods.is_empty() && volumes.is_empty() {
+        if pods.is_empty() && volumes.is_empty() && claims.is_empty() {
             return;
         }
         let root = crate::paths::volumes(&self.data_dir);
