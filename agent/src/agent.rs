@@ -260,7 +260,17 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             gossip: advertise,
             api: api_advertise,
         },
-        capacity: host::detect_capacity(host::DEFAULT_MAX_PODS).map_err(AgentError::Host)?,
+        capacity: shoal_gossip::Capacity {
+            // Only a node that runs pods provisions their volumes.
+            volume_bytes: match &runtime {
+                Some(_) => Some(
+                    host::volume_capacity(&config.data_dir, config.volume_capacity)
+                        .map_err(AgentError::Host)?,
+                ),
+                None => None,
+            },
+            ..host::detect_capacity(host::DEFAULT_MAX_PODS).map_err(AgentError::Host)?
+        },
         agent_version: crate::AGENT_VERSION.to_owned(),
         info: Some(shoal_gossip::NodeInfo {
             container_runtime: runtime

@@ -101,6 +101,11 @@ pub struct AgentFlags {
     /// agent's data dir and what contains it).
     #[arg(long = "host-path-allow", value_name = "PREFIX")]
     pub host_path_allow: Vec<PathBuf>,
+    /// What the built-in provisioner (`local-path` claims) may give out on this node in all, a
+    /// quantity (`20Gi`); default the size of the filesystem holding the data dir. The
+    /// auction counts it; nothing enforces it on disk (see README's "Storage").
+    #[arg(long, value_name = "QUANTITY", value_parser = parse_bytes)]
+    pub volume_capacity: Option<u64>,
     /// A registry (`host` or `host:port`, as image names write it) pulled from over plain
     /// HTTP (repeatable); registries on loopback addresses always are, as Docker does.
     #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
@@ -242,6 +247,9 @@ pub struct KubeletFile {
     pub max_image_bytes: Option<u64>,
     #[serde(default)]
     pub host_path_allow: Option<Vec<PathBuf>>,
+    /// A quantity, as `--volume-capacity`.
+    #[serde(default)]
+    pub volume_capacity: Option<String>,
     #[serde(default)]
     pub insecure_registries: Option<Vec<String>>,
     #[serde(default)]
@@ -318,6 +326,8 @@ pub struct AgentConfig {
     pub layer_limits: crate::images::layer::LayerLimits,
     /// Default empty: any host path but the data dir.
     pub host_path_allow: Vec<PathBuf>,
+    /// Default none: the size of the data dir's filesystem.
+    pub volume_capacity: Option<u64>,
     /// Registries pulled from over plain HTTP besides loopback ones (default none).
     pub insecure_registries: Vec<String>,
     /// Default all.
@@ -354,6 +364,11 @@ pub enum ConfigError {
         field: &'static str,
         message: String,
     },
+}
+
+/// A Kubernetes quantity of bytes (`20Gi`), for clap and the config file.
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    shoal_model::quantity::bytes(text).map_err(|e| format!("{text:?}: {e}"))
 }
 
 fn invalid(field: &'static str, message: impl Into<String>) -> ConfigError {
@@ -404,7 +419,15 @@ impl AgentConfig {
             .iter()
             .map(|t| parse_taint(t))
             .collect::<Result<Vec<_>, _>>()?;
+        let volume_capacity = match (flags.volume_capacity, &file.kubelet.volume_capacity) {
+            (Some(bytes), _) => Some(bytes),
+            (None, Some(text)) => {
+                Some(parse_bytes(text).map_err(|e| invalid("kubelet.volume-capacity", e))?)
+            }
+            (None, None) => None,
+        };
         let config = AgentConfig {
+            volume_capacity,
             taints,
             name,
             data_dir: flags.data_dir.clone().or(file.data_dir).ok_or_else(|| {

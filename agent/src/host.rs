@@ -43,7 +43,22 @@ pub fn detect_capacity(max_pods: u32) -> std::io::Result<Capacity> {
         cpu_millis: cores * 1000,
         memory_bytes,
         pods: max_pods,
+        volume_bytes: None,
     })
+}
+
+/// What the built-in provisioner may give out on this node: `configured`, or else the size of
+/// the filesystem holding `data_dir` (as the kubelet reports a node's `ephemeral-storage`).
+pub fn volume_capacity(
+    data_dir: &std::path::Path,
+    configured: Option<u64>,
+) -> std::io::Result<u64> {
+    if let Some(bytes) = configured {
+        return Ok(bytes);
+    }
+    std::fs::create_dir_all(data_dir)?;
+    let fs = nix::sys::statvfs::statvfs(data_dir).map_err(std::io::Error::from)?;
+    Ok(fs.blocks().saturating_mul(fs.fragment_size()))
 }
 
 fn parse_mem_total(meminfo: &str) -> Option<u64> {

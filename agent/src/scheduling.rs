@@ -182,6 +182,8 @@ struct State {
     listed: std::collections::HashSet<String>,
     /// Whether the last tick's membership view was settled.
     settled: bool,
+    /// The volumes the nodes' built-in provisioners made: volume name → (node, bytes).
+    volumes_given: HashMap<String, (String, u64)>,
 }
 
 /// The binding `pods` hold for `uid`: the node it names and its epoch.
@@ -321,10 +323,18 @@ impl Scheduling {
                 entries.insert(entry.request.uid.clone(), entry);
             }
         }
-        self.state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pods = entries;
+        let given = self.replication.read(|s| {
+            s.list("", "PersistentVolume", None)
+                .iter()
+                .filter_map(|v| {
+                    let name = v["metadata"]["name"].as_str()?.to_owned();
+                    Some((name, shoal_model::storage::given_by(v)?))
+                })
+                .collect()
+        });
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.pods = entries;
+        state.volumes_given = given;
     }
 
     /// Keeps the pod cache current from the store's change feed.
@@ -378,6 +388,19 @@ impl Scheduling {
                             self.reload_claimants(&change.key.namespace, &change.key.name)
                         }
                         "PersistentVolume" => {
+                            let given = match change.event {
+                                shoal_state::EventType::Deleted => None,
+                                _ => shoal_model::storage::given_by(&change.object),
+                            };
+                            let mut state =
+                                self.state.lock().unwrap_or_else(PoisonError::into_inner);
+                            match given {
+                                Some(given) => {
+                                    state.volumes_given.insert(change.key.name.clone(), given)
+                                }
+                                None => state.volumes_given.remove(&change.key.name),
+                            };
+                            drop(state);
                             let reference = &change.object["spec"]["claimRef"];
                             if let (Some(ns), Some(claim)) =
                                 (reference["namespace"].as_str(), reference["name"].as_str())
@@ -762,6 +785,12 @@ impl Scheduling {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let now = self.now();
         let mut cluster = ClusterView::default();
+        let mut given: HashMap<String, u64> = HashMap::new();
+        for (node, bytes) in state.volumes_given.values() {
+            let sum = given.entry(node.clone()).or_default();
+            *sum = sum.saturating_add(*bytes);
+        }
+        cluster.set_volumes_given(given);
         for namespace in &namespaces {
             if let Some(name) = namespace["metadata"]["name"].as_str() {
                 cluster.set_namespace_labels(
@@ -804,6 +833,7 @@ impl Scheduling {
                     meta.capacity.memory_bytes,
                     u64::from(meta.capacity.pods),
                 ),
+                volume_bytes: meta.capacity.volume_bytes,
             });
         }
         let live_ids: Vec<NodeId> = addresses.keys().copied().collect();

@@ -99,6 +99,10 @@ pub struct Capacity {
     pub cpu_millis: u64,
     pub memory_bytes: u64,
     pub pods: u32,
+    /// What the node's volume provisioner may give out in all (`shoal.io/local-path` claims);
+    /// none from a node that does not say (it is then not counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_bytes: Option<u64>,
 }
 
 /// A node taint, as in a Node's `spec.taints` (`effect` is NoSchedule, PreferNoSchedule or
@@ -207,6 +211,7 @@ mod tests {
                 cpu_millis: 2000,
                 memory_bytes: 1 << 30,
                 pods: 110,
+                volume_bytes: None,
             },
             agent_version: "0.1.0".into(),
             info: Some(NodeInfo {

@@ -85,6 +85,8 @@ pub struct NodeView {
     pub labels: BTreeMap<String, String>,
     pub taints: Vec<Taint>,
     pub allocatable: Resources,
+    /// What the node's volume provisioner may give out in all (none: not counted).
+    pub volume_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

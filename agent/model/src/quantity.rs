@@ -168,9 +168,40 @@ pub fn bytes(q: &str) -> Result<u64, QuantityError> {
     scaled(q, 0, "memory quantity")
 }
 
+/// Bytes as the canonical quantity Kubernetes prints: the largest binary suffix that divides
+/// them exactly (`16Mi`, `1536Mi`, `1000`).
+pub fn format_bytes(bytes: u64) -> String {
+    const SUFFIXES: [&str; 6] = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+    let mut value = bytes;
+    let mut suffix = "";
+    for s in SUFFIXES {
+        if value == 0 || value % 1024 != 0 {
+            break;
+        }
+        value /= 1024;
+        suffix = s;
+    }
+    format!("{value}{suffix}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bytes_print_as_kubernetes_prints_them() {
+        for (b, text) in [
+            (0, "0"),
+            (1000, "1000"),
+            (16 << 20, "16Mi"),
+            (1536 << 20, "1536Mi"),
+            (1 << 50, "1Pi"),
+            (u64::MAX, "18446744073709551615"),
+        ] {
+            assert_eq!(format_bytes(b), text);
+        }
+        assert_eq!(bytes(&format_bytes(1536 << 20)), Ok(1536 << 20));
+    }
 
     #[test]
     fn quantities() {

@@ -278,6 +278,15 @@ pub fn claims_of(pod: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The node whose built-in provisioner made `volume`, and the bytes it gave out for it (none
+/// for a volume it did not make: a static volume is room an administrator declared).
+pub fn given_by(volume: &Value) -> Option<(String, u64)> {
+    if volume["metadata"]["annotations"][PROVISIONED_BY] != LOCAL_PATH {
+        return None;
+    }
+    Some((node_of(volume)?, capacity_bytes(volume)))
+}
+
 /// Where a pod's claims let it run.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Placement {
@@ -286,6 +295,10 @@ pub struct Placement {
     pub node: Option<String>,
     /// Nowhere yet, and why (in kube-scheduler's words).
     pub blocked: Option<String>,
+    /// The bytes its unbound claims of the built-in provisioner ask for: the node that takes
+    /// the pod provisions them, so it must have that much volume capacity free.
+    #[serde(default)]
+    pub provision_bytes: u64,
 }
 
 /// What a pod's claims say about where it may run, from the stored claims of its namespace
@@ -330,13 +343,16 @@ pub fn placement(
                     pin(node.to_owned(), &mut out);
                     continue;
                 }
-                let waits = c["spec"]["storageClassName"]
-                    .as_str()
-                    .and_then(class)
+                let class = c["spec"]["storageClassName"].as_str().and_then(class);
+                let waits = class
+                    .as_ref()
                     .is_some_and(|k| k["volumeBindingMode"] == "WaitForFirstConsumer");
                 if !waits {
                     out.blocked = Some("pod has unbound immediate PersistentVolumeClaims".into());
                     return out;
+                }
+                if class.is_some_and(|k| k["provisioner"] == LOCAL_PATH) {
+                    out.provision_bytes = out.provision_bytes.saturating_add(requested_bytes(&c));
                 }
             }
         }
@@ -628,8 +644,21 @@ mod tests {
         };
         let at = |p: &Value| placement(p, &claims, &volumes, &both);
         assert_eq!(at(&pod(&[])), Placement::default());
-        assert_eq!(at(&pod(&["waiting"])), Placement::default());
-        assert_eq!(at(&pod(&["bound", "waiting"])).node.as_deref(), Some("n1"));
+        // An unbound claim of the built-in provisioner: anywhere with 1Gi of volume room.
+        assert_eq!(
+            at(&pod(&["waiting"])),
+            Placement {
+                provision_bytes: 1 << 30,
+                ..Default::default()
+            }
+        );
+        let pinned = at(&pod(&["bound", "waiting"]));
+        assert_eq!(pinned.node.as_deref(), Some("n1"));
+        assert_eq!(
+            pinned.provision_bytes,
+            1 << 30,
+            "a bound claim asks for no more"
+        );
         assert!(
             at(&pod(&["bound", "bound-n2"]))
                 .blocked

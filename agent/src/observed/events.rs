@@ -31,6 +31,9 @@ pub const MAX_PER_NAMESPACE: usize = 1000;
 /// The longest message kept (events.k8s.io/v1 limits `note` to 1 kB).
 pub const MAX_MESSAGE_BYTES: usize = 1024;
 
+/// The least time between two revisions of an event's text (`EventLog::revise`).
+pub const REVISE_FLOOR_MS: u64 = 1_000;
+
 /// One aggregated event, as a node keeps it and sends it to the API that asks.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventRecord {
@@ -185,7 +188,9 @@ impl EventLog {
 
     /// Revises the text of an event already recorded (found by what it was recorded with, as
     /// `event`) without counting an occurrence: a progress report, whose newest text stands
-    /// (the kubelet's `Pulling` event as the bytes come). Nothing when no such event is kept.
+    /// (the kubelet's `Pulling` event as the bytes come). At most one revision per
+    /// `REVISE_FLOOR_MS`: a text offered sooner is dropped, the next one after it stands.
+    /// Nothing when no such event is kept.
     pub fn revise(&mut self, event: NewEvent, message: String, now_ms: u64) -> Option<EventRecord> {
         let key = Key {
             regarding: event.regarding,
@@ -196,7 +201,8 @@ impl EventLog {
         };
         let record = self.entries.get_mut(&key)?;
         let message = truncate(message, MAX_MESSAGE_BYTES);
-        if record.message != message {
+        // At most one revision a second: a watcher of events sees progress, not every tick.
+        if record.message != message && now_ms >= record.last_ms.saturating_add(REVISE_FLOOR_MS) {
             self.seq += 1;
             record.message = message;
             record.seq = self.seq;
@@ -482,6 +488,16 @@ mod tests {
         let events = log.snapshot(2_000);
         assert_eq!(events.len(), 1);
         assert!(events[0].message.ends_with("1.0 MB of 4.0 MB"));
+        // A new text within a second of the last revision waits for the floor.
+        let soon = log
+            .revise(
+                pulling.clone(),
+                "Pulling image \"a\" from registry r: 2.0 MB of 4.0 MB".into(),
+                2_500,
+            )
+            .unwrap();
+        assert_eq!((soon.seq, soon.last_ms), (revised.seq, 2_000));
+        assert!(soon.message.ends_with("1.0 MB of 4.0 MB"));
         // The same text again is no change.
         let again = log
             .revise(

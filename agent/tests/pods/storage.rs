@@ -80,6 +80,31 @@ async fn a_stateful_sets_claims_are_provisioned_on_its_pods_nodes_and_keep_their
     .await;
     api.ok(0, &["delete", "pod", "orphan", "--wait=false"]);
 
+    // A claim larger than any node's volume capacity: its pod stays unschedulable, saying so,
+    // and no node provisions it.
+    let huge = api.manifest(
+        "huge.yaml",
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: huge}\nspec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Pi}}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: huge}\nspec:\n  containers: [{name: c, image: shoal.local/busybox:1, command: [sleep, '60'], volumeMounts: [{name: v, mountPath: /v}]}]\n  volumes: [{name: v, persistentVolumeClaim: {claimName: huge}}]\n",
+    );
+    api.ok(0, &["apply", "-f", &huge]);
+    wait_pod(&api, 2, "huge", "the lack of volume capacity named", |p| {
+        p["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c["type"] == "PodScheduled" && c["message"].as_str().is_some_and(|m| {
+                    m.contains(
+                        "3 node(s) did not have enough free storage (the pod's claims ask for 1Pi)",
+                    )
+                })
+            })
+    })
+    .await;
+    let claim = json_of(&api, 1, &["get", "pvc", "huge", "-o", "json"]);
+    assert_eq!(claim["status"]["phase"], "Pending", "{claim}");
+    api.ok(0, &["delete", "-f", &huge, "--wait=false"]);
+
     let file = api.manifest("db.yaml", DB);
     api.ok(0, &["apply", "-f", &file]);
     api.ok(1, &["rollout", "status", "statefulset/db", "--timeout=90s"]);

@@ -974,6 +974,7 @@ fn sim_meta(i: usize, addr: SocketAddr) -> NodeMeta {
             cpu_millis: 2000,
             memory_bytes: 24 << 30,
             pods: 110,
+            volume_bytes: None,
         },
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
         info: None,

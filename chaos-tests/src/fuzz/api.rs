@@ -88,6 +88,7 @@ impl Api {
                 cpu_millis: 4_000,
                 memory_bytes: 8 << 30,
                 pods: 110,
+                volume_bytes: None,
             },
             agent_version: shoal_agent::AGENT_VERSION.into(),
             info: None,

@@ -501,6 +501,7 @@ fn a_high_priority_pod_preempts_the_least_important_pods() {
         labels: [("kubernetes.io/hostname".to_owned(), format!("n{id}"))].into(),
         taints: vec![],
         allocatable: Resources::new(2000, 4 << 30, 110),
+        volume_bytes: None,
     };
     let pinned = |name: &str, cpu: &str, priority: i64, node: Option<&str>| {
         let selector = node.map_or(json!({}), |n| json!({"kubernetes.io/hostname": n}));

@@ -146,6 +146,7 @@ fn meta(name: &str, addr: SocketAddr) -> NodeMeta {
             cpu_millis: 1000,
             memory_bytes: 1 << 30,
             pods: 10,
+            volume_bytes: None,
         },
         agent_version: "test".into(),
         info: None,

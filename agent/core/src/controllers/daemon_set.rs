@@ -535,6 +535,7 @@ mod tests {
                     Vec::new()
                 },
                 allocatable: Resources::new(1000, 1 << 30, 110),
+                volume_bytes: None,
             });
         }
         cluster

@@ -131,6 +131,12 @@ pub struct ClusterView {
     namespace_labels: HashMap<String, BTreeMap<String, String>>,
     /// The wrapping sum of every node's [`node_digest`]: see [`ClusterView::shape`].
     shape: u64,
+    /// Per node: the volume bytes its placed pods' unbound claims will take
+    /// (`Placement::provision_bytes`).
+    provisioning: HashMap<u64, u64>,
+    /// Per node name: the volume bytes its provisioner gave out already (its volumes'
+    /// capacities, from the store: [`ClusterView::set_volumes_given`]).
+    volumes_given: HashMap<String, u64>,
 }
 
 /// A digest of what about a node can make an unschedulable pod fit: its identity, labels,
@@ -139,7 +145,14 @@ fn node_digest(node: &NodeView) -> u64 {
     use std::hash::{Hash, Hasher};
     // SipHash with fixed keys: the same node gives the same digest in every view of a process.
     let mut h = std::hash::DefaultHasher::new();
-    (node.id, &node.labels, &node.taints, node.allocatable).hash(&mut h);
+    (
+        node.id,
+        &node.labels,
+        &node.taints,
+        node.allocatable,
+        node.volume_bytes,
+    )
+        .hash(&mut h);
     h.finish()
 }
 
@@ -226,6 +239,7 @@ impl ClusterView {
                 self.forget_repels(&node, &placed.uid);
             }
             self.allocated.remove(&id);
+            self.provisioning.remove(&id);
         }
     }
 
@@ -266,6 +280,25 @@ impl ClusterView {
         self.allocated.get(&id).copied().unwrap_or_default()
     }
 
+    /// Sets the volume bytes each node's provisioner gave out (node name → bytes).
+    pub fn set_volumes_given(&mut self, given: HashMap<String, u64>) {
+        self.volumes_given = given;
+    }
+
+    /// The volume bytes node `id` can still provision: its volume capacity minus what it gave
+    /// out and what the unbound claims of its pods will take. `None`: not counted (a node that
+    /// does not say its capacity).
+    pub fn volume_free(&self, id: u64) -> Option<u64> {
+        let node = self.nodes.get(&id)?;
+        let given = self.volumes_given.get(&node.name).copied().unwrap_or(0);
+        let coming = self.provisioning.get(&id).copied().unwrap_or(0);
+        Some(
+            node.volume_bytes?
+                .saturating_sub(given)
+                .saturating_sub(coming),
+        )
+    }
+
     fn count(
         &mut self,
         node: &NodeView,
@@ -289,6 +322,10 @@ impl ClusterView {
             return;
         };
         *self.allocated.entry(id).or_default() = self.allocated(id).plus(pod.requests);
+        if pod.volumes.provision_bytes > 0 {
+            let coming = self.provisioning.entry(id).or_default();
+            *coming = coming.saturating_add(pod.volumes.provision_bytes);
+        }
         self.pods_on.entry(id).or_default().push(PlacedPod {
             uid: pod.uid.clone(),
             namespace: pod.namespace.clone(),
@@ -471,6 +508,9 @@ impl ClusterView {
         };
         list.remove(pos);
         *self.allocated.entry(id).or_default() = self.allocated(id).minus(pod.requests);
+        if let Some(coming) = self.provisioning.get_mut(&id) {
+            *coming = coming.saturating_sub(pod.volumes.provision_bytes);
+        }
         self.count(&node, &pod.namespace, &pod.labels, false);
         self.forget_repels(&node, &pod.uid);
     }

@@ -30,6 +30,8 @@ pub enum Decline {
     VolumeNodeAffinity,
     /// Its claims let it run nowhere yet (kube-scheduler's words for why).
     Volume(String),
+    /// Its unbound claims ask for more volume bytes than the node can still provision.
+    InsufficientStorage(u64),
 }
 
 impl std::fmt::Display for Decline {
@@ -52,6 +54,11 @@ impl std::fmt::Display for Decline {
             }
             Decline::VolumeNodeAffinity => f.write_str("node(s) had volume node affinity conflict"),
             Decline::Volume(reason) => f.write_str(reason),
+            Decline::InsufficientStorage(asked) => write!(
+                f,
+                "node(s) did not have enough free storage (the pod's claims ask for {})",
+                shoal_model::quantity::format_bytes(*asked)
+            ),
         }
     }
 }
@@ -85,6 +92,14 @@ pub fn check(
     }
     if pod.volumes.node.as_ref().is_some_and(|n| *n != node.name) {
         return Err(Decline::VolumeNodeAffinity);
+    }
+    let asked = pod.volumes.provision_bytes;
+    if asked > 0
+        && cluster
+            .volume_free(node.id)
+            .is_some_and(|free| asked > free)
+    {
+        return Err(Decline::InsufficientStorage(asked));
     }
     if !admits_by_affinity(pod, node) {
         return Err(Decline::NodeAffinity);
@@ -269,6 +284,21 @@ pub fn batch_conflict(
             cluster.namespace_labels(&other.namespace),
         ) && term_matches(&t.selector, &other.labels)
     };
+    // Volume room: what this batch gave the node to provision counts against it.
+    let asked = pod.volumes.provision_bytes;
+    if asked > 0
+        && let Some(free) = cluster.volume_free(node.id)
+    {
+        let given: u64 = placed
+            .iter()
+            .filter(|(n, other)| n.id == node.id && other.uid != pod.uid)
+            .fold(0, |sum, (_, other)| {
+                sum.saturating_add(other.volumes.provision_bytes)
+            });
+        if asked.saturating_add(given) > free {
+            return Some(Decline::InsufficientStorage(asked));
+        }
+    }
     for (other_node, other) in placed {
         if other.uid == pod.uid {
             continue;
@@ -538,7 +568,66 @@ mod tests {
             labels: l,
             taints: vec![],
             allocatable: Resources::new(cpu, mem_gib << 30, 110),
+            volume_bytes: None,
         }
+    }
+
+    /// A pod whose unbound claims the taker provisions needs that much volume room on the
+    /// node: its capacity minus its volumes (from the store) minus the claims of pods placed
+    /// there not bound yet, and minus what the same batch gave it. A node that does not say
+    /// its capacity is not counted.
+    #[test]
+    fn volume_capacity_counts_given_volumes_coming_claims_and_the_batch() {
+        let mut cluster = ClusterView::default();
+        for id in 1..=3 {
+            let mut n = node(id, &[], 4000, 8);
+            n.volume_bytes = (id != 3).then_some(10 << 30);
+            cluster.add_node(n);
+        }
+        cluster.set_volumes_given([("n1".to_owned(), 6u64 << 30)].into());
+        let claiming = |uid: &str, gib: u64| {
+            let mut p = pod(json!({"containers": []}));
+            p.uid = uid.into();
+            p.volumes.provision_bytes = gib << 30;
+            p
+        };
+        let at = |p: &PodRequest, id: u64, c: &ClusterView| {
+            check(p, c.node(id).unwrap(), Resources::default(), c)
+        };
+        let five = claiming("five", 5);
+        assert_eq!(
+            at(&five, 1, &cluster),
+            Err(Decline::InsufficientStorage(5 << 30))
+        );
+        assert_eq!(at(&five, 2, &cluster), Ok(()));
+        assert_eq!(
+            at(&claiming("big", 1 << 20), 3, &cluster),
+            Ok(()),
+            "not counted"
+        );
+        assert_eq!(cluster.volume_free(1), Some(4 << 30));
+        assert_eq!(cluster.volume_free(3), None);
+        // A pod placed on n2 whose claim is not bound yet takes its room there.
+        cluster.place(2, &claiming("placed", 6));
+        assert_eq!(
+            at(&five, 2, &cluster),
+            Err(Decline::InsufficientStorage(5 << 30))
+        );
+        cluster.unplace(2, &claiming("placed", 6));
+        assert_eq!(at(&five, 2, &cluster), Ok(()));
+        // Within one batch: n2 fits one five, not two.
+        let other = claiming("other", 5);
+        let n2 = cluster.node(2).unwrap().clone();
+        assert_eq!(batch_conflict(&five, &n2, &[(&n2, &other)], &cluster), None);
+        let third = claiming("third", 1);
+        assert_eq!(
+            batch_conflict(&five, &n2, &[(&n2, &other), (&n2, &third)], &cluster),
+            Some(Decline::InsufficientStorage(5 << 30))
+        );
+        assert_eq!(
+            summarize(3, &[Decline::InsufficientStorage(5 << 30)]),
+            "0/3 nodes are available: 1 node(s) did not have enough free storage (the pod's claims ask for 5Gi)."
+        );
     }
 
     fn pod(spec: serde_json::Value) -> PodRequest {

@@ -61,6 +61,7 @@ pub fn nodes(seed: u64, n: usize) -> Vec<NodeView> {
                 labels,
                 taints,
                 allocatable: Resources::new(cores * 1000, cores << 32, 200),
+                volume_bytes: None,
             }
         })
         .collect()
