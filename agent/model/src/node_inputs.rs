@@ -205,6 +205,50 @@ fn expansion(c: &Value, at: &str) -> Result<(), FieldError> {
     Ok(())
 }
 
+/// An `emptyDir`: its medium (the node's disk, or `Memory`: a tmpfs) and its `sizeLimit`.
+/// What it says, once checked.
+pub fn empty_dir(e: &Value, at: &str) -> Result<EmptyDir, FieldError> {
+    let memory = match e["medium"].as_str().unwrap_or_default() {
+        "" => false,
+        "Memory" => true,
+        other => {
+            return Err(problem(
+                format!("{at}.medium"),
+                format!(
+                    "Unsupported value: {other:?}: supported values: \"\", \"Memory\" (hugepages are not offered by this node)"
+                ),
+            ));
+        }
+    };
+    let size_limit = match &e["sizeLimit"] {
+        Value::Null => None,
+        limit => {
+            let text = limit
+                .as_str()
+                .map(str::to_owned)
+                .or_else(|| limit.as_u64().map(|n| n.to_string()))
+                .unwrap_or_default();
+            let bytes = quantity::bytes(&text).map_err(|e| {
+                problem(
+                    format!("{at}.sizeLimit"),
+                    format!("Invalid value: {text:?}: {e}"),
+                )
+            })?;
+            Some(bytes)
+        }
+    };
+    Ok(EmptyDir { memory, size_limit })
+}
+
+/// What an `emptyDir` asks for ([`empty_dir`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EmptyDir {
+    /// `medium: Memory`: a tmpfs, its size the limit (or the pod's memory limit).
+    pub memory: bool,
+    /// `sizeLimit` in bytes.
+    pub size_limit: Option<u64>,
+}
+
 pub fn check(spec: &Value, path: &str) -> Result<(), FieldError> {
     let mut volumes = std::collections::BTreeSet::new();
     for (i, v) in spec["volumes"].as_array().into_iter().flatten().enumerate() {
@@ -222,6 +266,9 @@ pub fn check(spec: &Value, path: &str) -> Result<(), FieldError> {
         }
         for source in ["configMap", "secret"] {
             items(&v[source], &format!("{at}.{source}"))?;
+        }
+        if let Some(e) = v.get("emptyDir") {
+            empty_dir(e, &format!("{at}.emptyDir"))?;
         }
         if let Some(d) = v.get("downwardAPI") {
             downward(d, &format!("{at}.downwardAPI"))?;
@@ -427,6 +474,14 @@ mod tests {
             (
                 json!({"volumes": [{"name": "v", "emptyDir": {}}], "containers": [c(json!({"volumeMounts": [{"name": "v", "mountPath": "rel"}]}))]}),
                 "spec.containers[0].volumeMounts[0].mountPath",
+            ),
+            (
+                json!({"volumes": [{"name": "v", "emptyDir": {"medium": "HugePages"}}], "containers": [c(json!({}))]}),
+                "spec.volumes[0].emptyDir.medium",
+            ),
+            (
+                json!({"volumes": [{"name": "v", "emptyDir": {"sizeLimit": "lots"}}], "containers": [c(json!({}))]}),
+                "spec.volumes[0].emptyDir.sizeLimit",
             ),
             (
                 json!({"containers": [c(json!({"volumeMounts": [{"name": "missing", "mountPath": "/m"}]}))]}),

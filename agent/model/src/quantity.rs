@@ -175,7 +175,7 @@ pub fn format_bytes(bytes: u64) -> String {
     let mut value = bytes;
     let mut suffix = "";
     for s in SUFFIXES {
-        if value == 0 || value % 1024 != 0 {
+        if value == 0 || !value.is_multiple_of(1024) {
             break;
         }
         value /= 1024;

@@ -421,7 +421,32 @@ async fn metrics_text(state: &ApiState) -> Response {
     let load =
         |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed) as f64;
     let running: f64 = usage.pods.len() as f64;
+    let claims = state.logs.claim_stats();
+    let claim_series = |value: fn(&crate::kubelet::volume_usage::ClaimStat) -> u64| {
+        claims
+            .iter()
+            .map(|c| {
+                (
+                    format!(
+                        "namespace=\"{}\",persistentvolumeclaim=\"{}\"",
+                        c.namespace, c.claim
+                    ),
+                    value(c) as f64,
+                )
+            })
+            .collect::<Vec<_>>()
+    };
     let extra = [
+        (
+            "kubelet_volume_stats_used_bytes",
+            "Bytes the claim's volume holds on this node (measured every 5 s).",
+            claim_series(|c| c.used_bytes),
+        ),
+        (
+            "kubelet_volume_stats_capacity_bytes",
+            "The capacity of the claim's volume on this node.",
+            claim_series(|c| c.capacity_bytes),
+        ),
         (
             "shoal_members",
             "Cluster members as this node sees them, by state.",

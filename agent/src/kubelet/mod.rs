@@ -11,6 +11,7 @@ pub mod node_service;
 pub mod probe;
 pub mod start;
 mod sync;
+pub mod volume_usage;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::PoisonError;
@@ -95,6 +96,10 @@ pub struct Kubelet {
     usage: Mutex<metrics::NodeUsage>,
     /// What users see of the pods here as Events.
     events: Arc<Recorder>,
+    /// Pods to evict (uid, why), from [`volume_usage`], for the loop to carry out.
+    evictions: Mutex<Vec<(String, String)>>,
+    /// The claims' volumes of this node as last measured.
+    claim_stats: Mutex<Vec<volume_usage::ClaimStat>>,
     /// Set by [`Kubelet::stop`]; the loop sets `exited` when it has returned.
     stopping: std::sync::atomic::AtomicBool,
     exited: std::sync::atomic::AtomicBool,
@@ -220,6 +225,8 @@ impl Kubelet {
             handle: std::sync::OnceLock::new(),
             usage: Mutex::new(metrics::NodeUsage::default()),
             events,
+            evictions: Default::default(),
+            claim_stats: Default::default(),
             stopping: Default::default(),
             exited: Default::default(),
             fence_renewed: Mutex::new(None),
@@ -254,6 +261,8 @@ impl Kubelet {
         });
         let me = self.clone();
         crate::supervise::spawn("image-gc", move || me.clone().collect_images());
+        let me = self.clone();
+        crate::supervise::spawn("volume-usage", move || me.clone().measure_volumes());
         let handle = tokio::runtime::Handle::current();
         let _ = self.handle.set(handle.clone());
         let kubelet = self.clone();

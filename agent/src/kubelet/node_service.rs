@@ -418,6 +418,14 @@ impl NodeService {
         self.kubelet.as_ref().map(|k| k.usage())
     }
 
+    /// The claims' volumes of this node as last measured (none with --no-runtime).
+    pub fn claim_stats(&self) -> Vec<super::volume_usage::ClaimStat> {
+        self.kubelet
+            .as_ref()
+            .map(|k| k.claim_stats())
+            .unwrap_or_default()
+    }
+
     /// Every live node's latest usage sample (nodes that do not answer are left out).
     pub async fn cluster_usage(&self) -> Vec<super::metrics::NodeUsage> {
         let members = self.membership.members().await;

@@ -149,10 +149,28 @@ pub fn start(runtime: &dyn ContainerRuntime, s: &Start<'_>) -> Result<(), Config
             reason: "CreateContainerError",
             message: format!("volume {}: {message}", volume.name),
         };
-        let dir = runtime
-            .ensure_volume(&plan.uid, &volume.name)
-            .map_err(|e| volume_error(e.to_string()))?;
-        if volume.source == VolumeSource::EmptyDir {
+        let dir = match volume.source {
+            VolumeSource::EmptyDir {
+                memory: true,
+                size_limit,
+            } => {
+                // A tmpfs of the sizeLimit, at most the pod's memory limit (upstream's
+                // SizeMemoryBackedVolumes); with neither, the kernel's default.
+                let pod_limit = plan
+                    .containers
+                    .iter()
+                    .map(|c| c.memory_limit_bytes)
+                    .try_fold(0u64, |sum, l| Some(sum.saturating_add(l?)));
+                let size = match (size_limit, pod_limit) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                runtime.ensure_memory_volume(&plan.uid, &volume.name, size)
+            }
+            _ => runtime.ensure_volume(&plan.uid, &volume.name),
+        }
+        .map_err(|e| volume_error(e.to_string()))?;
+        if matches!(volume.source, VolumeSource::EmptyDir { .. }) {
             // World-writable like Kubernetes' emptyDir; with fsGroup, owned by that group
             // with the set-group-id bit so new files inherit it.
             let mode = if plan.fs_group.is_some() {

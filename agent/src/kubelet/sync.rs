@@ -69,6 +69,15 @@ impl Kubelet {
         });
         // Fenced pods this pass may run: their fence leases are renewed after it.
         let mut fence_held: Vec<(String, u64)> = Vec::new();
+        // Pods the volume measurements found over their limits (`volume_usage`).
+        let mut evictions: HashMap<String, String> = std::mem::take(
+            &mut *self
+                .evictions
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+        .into_iter()
+        .collect();
         for uid in uids {
             let now = now_ms();
             let pod = bound.get(&uid);
@@ -133,6 +142,18 @@ impl Kubelet {
                     pod.and_then(|p| shoal_core::controllers::garbage::deletion_grace_ms(&p.object))
             {
                 worker.limit_grace(ms);
+            }
+            if let (Some(message), Some(plan)) = (evictions.remove(&uid), plan)
+                && worker.evict(message.clone(), now)
+            {
+                warn!(pod = %format!("{}/{}", plan.namespace, plan.name), %message, "evicting the pod");
+                self.events.record(NewEvent::new(
+                    ObjectRef::pod(&plan.namespace, &plan.name, &uid),
+                    EventType::Warning,
+                    "Evicted",
+                    message,
+                    events::KUBELET,
+                ));
             }
             let decision = worker.decide(now, plan, seen.is_some(), containers);
             busy |= decision

@@ -199,6 +199,19 @@ pub trait ContainerRuntime: Send + Sync {
     fn remove_sandbox(&self, uid: &str) -> Result<(), RuntimeError>;
     /// The pod's volume `name`, made if missing, opened as a root that nothing resolves out of.
     fn ensure_volume(&self, uid: &str, name: &str) -> Result<Root, RuntimeError>;
+    /// [`ContainerRuntime::ensure_volume`] backed by memory (`emptyDir.medium: Memory`): a
+    /// tmpfs of `size_bytes` (the kernel's default without), mounted once.
+    fn ensure_memory_volume(
+        &self,
+        uid: &str,
+        name: &str,
+        size_bytes: Option<u64>,
+    ) -> Result<Root, RuntimeError>;
+    /// The bytes pod `uid`'s volume `name` holds ([`persistent::du`], at most `max_entries`
+    /// looked at); `None` if it has no such volume here.
+    fn volume_usage(&self, uid: &str, name: &str, max_entries: usize) -> Option<u64>;
+    /// The bytes the provisioned volume `name` holds ([`persistent::usage`]).
+    fn persistent_volume_usage(&self, name: &str, max_entries: usize) -> Option<u64>;
     /// Where one container attempt's log is written.
     fn log_path(&self, uid: &str, name: &str, attempt: u32) -> PathBuf;
     /// The cgroup of container `runtime_id` of pod `uid`.
@@ -273,6 +286,20 @@ impl ContainerRuntime for Runtime {
     }
     fn ensure_volume(&self, uid: &str, name: &str) -> Result<Root, RuntimeError> {
         Runtime::ensure_volume(self, uid, name)
+    }
+    fn ensure_memory_volume(
+        &self,
+        uid: &str,
+        name: &str,
+        size_bytes: Option<u64>,
+    ) -> Result<Root, RuntimeError> {
+        Runtime::ensure_memory_volume(self, uid, name, size_bytes)
+    }
+    fn volume_usage(&self, uid: &str, name: &str, max_entries: usize) -> Option<u64> {
+        persistent::du(&self.volume_dir(uid, name).ok()?, max_entries)
+    }
+    fn persistent_volume_usage(&self, name: &str, max_entries: usize) -> Option<u64> {
+        persistent::usage(&self.data_dir, name, max_entries)
     }
     fn log_path(&self, uid: &str, name: &str, attempt: u32) -> PathBuf {
         Runtime::log_path(self, uid, name, attempt)

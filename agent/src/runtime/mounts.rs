@@ -24,6 +24,48 @@ impl Runtime {
             .map_err(io_at(&self.pods_dir.join(&rel)))
     }
 
+    /// [`Runtime::ensure_volume`] with a tmpfs mounted on it (once: a volume that is already a
+    /// tmpfs is left as it is), `nosuid,nodev`, world-writable as an emptyDir, of `size_bytes`
+    /// if given. Mounted through the directory's descriptor (`/proc/self/fd/N`), so nothing
+    /// swapped in on its path since it was opened beneath the pods directory is mounted on;
+    /// [`Runtime::remove_sandbox`] unmounts it with the pod's other mounts.
+    pub fn ensure_memory_volume(
+        &self,
+        uid: &str,
+        name: &str,
+        size_bytes: Option<u64>,
+    ) -> Result<Root, RuntimeError> {
+        use std::os::fd::AsRawFd;
+        let dir = self.ensure_volume(uid, name)?;
+        let path = self.volume_dir(uid, name)?;
+        let fs = nix::sys::statfs::fstatfs(dir.fd()).map_err(|e| RuntimeError::Io {
+            path: path.clone(),
+            source: e.into(),
+        })?;
+        if fs.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC {
+            return Ok(dir);
+        }
+        let target = format!("/proc/self/fd/{}", dir.fd().as_raw_fd());
+        let options = match size_bytes {
+            Some(bytes) => format!("mode=0777,size={bytes}"),
+            None => "mode=0777".to_owned(),
+        };
+        nix::mount::mount(
+            Some("tmpfs"),
+            target.as_str(),
+            Some("tmpfs"),
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            Some(options.as_str()),
+        )
+        .map_err(|e| RuntimeError::Io {
+            path: path.clone(),
+            source: e.into(),
+        })?;
+        drop(dir);
+        // Opened again: the tmpfs's root now.
+        self.ensure_volume(uid, name)
+    }
+
     /// A node-local seccomp profile: `<data-dir>/seccomp/<rel>`, resolved beneath that
     /// directory without following symlinks, at most 1 MiB, checked to be an OCI
     /// `linux.seccomp` object.

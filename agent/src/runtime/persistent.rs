@@ -64,24 +64,41 @@ pub fn remove(data_dir: &Path, name: &str) -> Result<(), RuntimeError> {
     .map_err(|source| RuntimeError::Io { path, source })
 }
 
-/// The bytes volume `name` holds now (what its claim's capacity is compared with), counted
-/// beneath it without following symlinks, at most `limit` entries looked at.
+/// The bytes volume `name` holds now (what its claim's capacity is compared with): [`du`].
 pub fn usage(data_dir: &Path, name: &str, limit: usize) -> Option<u64> {
     check(name).ok()?;
+    du(&crate::paths::volumes(data_dir).join(name), limit)
+}
+
+/// The bytes of the regular files beneath directory `root` (their allocated blocks, as `du`
+/// counts), walked without following symlinks and without recursion, at most `limit` entries
+/// looked at (a measurement's work is bounded, whatever a pod wrote). A directory that cannot
+/// be read (gone meanwhile, a path too deep) is skipped; `None` if `root` itself is not a
+/// directory.
+pub fn du(root: &Path, limit: usize) -> Option<u64> {
+    if !std::fs::symlink_metadata(root).ok()?.is_dir() {
+        return None;
+    }
     let mut total = 0u64;
     let mut seen = 0usize;
-    let mut stack = vec![crate::paths::volumes(data_dir).join(name)];
+    let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).ok()?.flatten() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
             seen += 1;
             if seen > limit {
                 return Some(total);
             }
+            // `DirEntry::metadata` does not follow a symlink.
             let Ok(meta) = entry.metadata() else { continue };
             if meta.is_dir() {
                 stack.push(entry.path());
             } else if meta.is_file() {
-                total = total.saturating_add(std::os::unix::fs::MetadataExt::blocks(&meta) * 512);
+                total = total.saturating_add(
+                    std::os::unix::fs::MetadataExt::blocks(&meta).saturating_mul(512),
+                );
             }
         }
     }
@@ -99,6 +116,16 @@ mod tests {
         assert!(path.is_dir());
         std::fs::write(path.join("data"), vec![1u8; 10_000]).unwrap();
         assert!(usage(dir.path(), "pvc-1234", 100).unwrap() >= 10_000);
+        // A symlink inside is not followed; the entries looked at are bounded.
+        let big = tempfile::tempdir().unwrap();
+        std::fs::write(big.path().join("big"), vec![1u8; 1 << 20]).unwrap();
+        std::os::unix::fs::symlink(big.path(), path.join("out")).unwrap();
+        assert!(usage(dir.path(), "pvc-1234", 100).unwrap() < 1 << 20);
+        for i in 0..10 {
+            std::fs::write(path.join(format!("f{i}")), vec![1u8; 8192]).unwrap();
+        }
+        assert!(du(&path, 3).unwrap() < du(&path, 100).unwrap());
+        std::fs::remove_file(path.join("out")).unwrap();
         for bad in ["..", "a/b", "", "/etc", "UPPER"] {
             assert!(make(dir.path(), bad).is_err(), "{bad:?}");
             assert!(remove(dir.path(), bad).is_err(), "{bad:?}");

@@ -6,7 +6,7 @@
 use serde_json::Value;
 use shoal_chaos::testkit::wait_until;
 
-use super::{LIMIT, lab, wait_pod};
+use super::{LIMIT, lab, pod_json, wait_pod};
 
 const DB: &str = r#"apiVersion: apps/v1
 kind: StatefulSet
@@ -93,11 +93,12 @@ async fn a_stateful_sets_claims_are_provisioned_on_its_pods_nodes_and_keep_their
             .into_iter()
             .flatten()
             .any(|c| {
-                c["type"] == "PodScheduled" && c["message"].as_str().is_some_and(|m| {
-                    m.contains(
+                c["type"] == "PodScheduled"
+                    && c["message"].as_str().is_some_and(|m| {
+                        m.contains(
                         "3 node(s) did not have enough free storage (the pod's claims ask for 1Pi)",
                     )
-                })
+                    })
             })
     })
     .await;
@@ -352,4 +353,111 @@ async fn downward_api_volumes_follow_the_pod_and_a_sidecar_outlives_app_restarts
         "{claims}"
     );
     api.ok(0, &["delete", "-f", example]);
+}
+
+const FILLERS: &str = r#"apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: small}
+spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Mi}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: fill-dir}
+spec:
+  nodeName: NODE
+  containers:
+  - name: c
+    image: shoal.local/busybox:1
+    command: [sh, -c, 'dd if=/dev/zero of=/scratch/f bs=1024 count=3072; sleep 3600']
+    volumeMounts: [{name: scratch, mountPath: /scratch}]
+  volumes: [{name: scratch, emptyDir: {sizeLimit: 1Mi}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: fill-claim}
+spec:
+  nodeName: NODE
+  containers:
+  - name: c
+    image: shoal.local/busybox:1
+    command: [sh, -c, 'dd if=/dev/zero of=/data/f bs=1024 count=3072; sleep 3600']
+    volumeMounts: [{name: data, mountPath: /data}]
+  volumes: [{name: data, persistentVolumeClaim: {claimName: small}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: in-memory}
+spec:
+  nodeName: NODE
+  containers:
+  - name: c
+    image: shoal.local/busybox:1
+    command: [sh, -c, 'grep " /cache " /proc/mounts; dd if=/dev/zero of=/cache/f bs=1024 count=2048 2>/dev/null || echo FULL; sleep 3600']
+    volumeMounts: [{name: cache, mountPath: /cache}]
+  volumes: [{name: cache, emptyDir: {medium: Memory, sizeLimit: 1Mi}}]
+"#;
+
+/// Issue #39: limits on what volumes hold, with no quota in this kernel. A disk emptyDir past
+/// its `sizeLimit` and a claim's volume past its capacity get their pods evicted (Failed,
+/// reason Evicted, the kubelet's message and event), the claim's usage is on `/metrics` under
+/// the kubelet's names, and a `Memory` emptyDir is a tmpfs of its size that the kernel fills
+/// up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volumes_past_their_limits_evict_their_pods_and_memory_volumes_are_tmpfs() {
+    let api = lab().await;
+    let node = api.agents[1].name().to_owned();
+    let file = api.manifest("fillers.yaml", &FILLERS.replace("NODE", &node));
+    api.ok(0, &["apply", "-f", &file]);
+    let evicted =
+        |p: &Value| p["status"]["phase"] == "Failed" && p["status"]["reason"] == "Evicted";
+    let pod = wait_pod(&api, 0, "fill-dir", "evicted for its emptyDir", evicted).await;
+    assert_eq!(
+        pod["status"]["message"], "Usage of EmptyDir volume \"scratch\" exceeds the limit \"1Mi\".",
+        "{pod}"
+    );
+    let pod = wait_pod(&api, 2, "fill-claim", "evicted for its claim", evicted).await;
+    let message = pod["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("Usage of PersistentVolumeClaim \"small\" (volume \"data\") exceeds its capacity \"1Mi\""),
+        "{message}"
+    );
+    let metrics = api.ok(1, &["get", "--raw", "/metrics"]);
+    assert!(
+        metrics.contains(
+            "kubelet_volume_stats_capacity_bytes{namespace=\"default\",persistentvolumeclaim=\"small\"} 1048576"
+        ) && metrics.contains(
+            "kubelet_volume_stats_used_bytes{namespace=\"default\",persistentvolumeclaim=\"small\"}"
+        ),
+        "{metrics}"
+    );
+    let events = api.ok(0, &["get", "events", "--field-selector", "reason=Evicted"]);
+    assert!(
+        events.contains("pod/fill-dir") && events.contains("pod/fill-claim"),
+        "{events}"
+    );
+    // The memory-backed one: a tmpfs of 1Mi, full after 1Mi; nothing to evict.
+    let mut logs = String::new();
+    wait_until("the in-memory pod's log", LIMIT, || {
+        logs = api.kubectl(0, &["logs", "in-memory"]).1;
+        let ok = logs.contains("FULL");
+        async move { ok }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {logs:?}"));
+    assert!(
+        logs.contains("tmpfs /cache tmpfs") && logs.contains("size=1024k"),
+        "{logs}"
+    );
+    let pod = pod_json(&api, 0, "in-memory");
+    assert_eq!(pod["status"]["phase"], "Running", "{pod}");
+    api.ok(0, &["delete", "-f", &file, "--wait=true", "--timeout=60s"]);
+    // The tmpfs went with its pod.
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let data_dir = api.agents[1].data_dir().display().to_string();
+    assert!(
+        !mounts
+            .lines()
+            .any(|l| l.contains(&data_dir) && l.contains("tmpfs")),
+        "{mounts}"
+    );
 }

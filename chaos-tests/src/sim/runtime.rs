@@ -140,6 +140,25 @@ impl ContainerRuntime for SimRuntime {
         Root::open(&path).map_err(|source| RuntimeError::Io { path, source })
     }
 
+    /// The simulator's volumes hold nothing it measures.
+    fn volume_usage(&self, _uid: &str, _name: &str, _max_entries: usize) -> Option<u64> {
+        None
+    }
+
+    fn persistent_volume_usage(&self, _name: &str, _max_entries: usize) -> Option<u64> {
+        None
+    }
+
+    /// The simulator mounts nothing: a memory-backed volume is a directory like the others.
+    fn ensure_memory_volume(
+        &self,
+        uid: &str,
+        name: &str,
+        _size_bytes: Option<u64>,
+    ) -> Result<Root, RuntimeError> {
+        self.ensure_volume(uid, name)
+    }
+
     fn log_path(&self, uid: &str, name: &str, attempt: u32) -> PathBuf {
         Path::new("/sim/logs")
             .join(uid)

@@ -77,7 +77,13 @@ pub struct VolumeMount {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VolumeSource {
-    EmptyDir,
+    /// A directory of the pod on the node's disk, or with `memory`, a tmpfs (of `size_limit`
+    /// bytes, else the pod's memory limit); a disk one over `size_limit` gets its pod evicted
+    /// (`super::overuse`).
+    EmptyDir {
+        memory: bool,
+        size_limit: Option<u64>,
+    },
     /// (kind ConfigMap|Secret, name, optional, items): every key as a file named after it,
     /// or with `items`, only the keys listed, each at its relative path.
     Projected {
@@ -87,26 +93,15 @@ pub enum VolumeSource {
         items: Option<Vec<KeyToPath>>,
     },
     /// A path of the node (`hostPath`), checked against the node's policy and its `type`.
-    HostPath {
-        path: String,
-        kind: HostPathType,
-    },
+    HostPath { path: String, kind: HostPathType },
     /// A PersistentVolumeClaim of the pod's namespace; the node resolves it to its volume at
     /// each start ([`VolumeSource::Persistent`] or [`VolumeSource::HostPath`]).
-    Claim {
-        claim: String,
-        read_only: bool,
-    },
+    Claim { claim: String, read_only: bool },
     /// A volume the built-in provisioner made on this node, by its PersistentVolume's name.
-    Persistent {
-        volume: String,
-        read_only: bool,
-    },
+    Persistent { volume: String, read_only: bool },
     /// `downwardAPI` and `projected` volumes: files from each source, written together,
     /// read-only in the container.
-    Files {
-        sources: Vec<FileSource>,
-    },
+    Files { sources: Vec<FileSource> },
 }
 
 /// One source of a [`VolumeSource::Files`] volume.
@@ -676,8 +671,13 @@ impl PodPlan {
             .enumerate()
             .map(|(i, v)| {
                 let name = text(&v["name"]);
-                let source = if v.get("emptyDir").is_some() {
-                    VolumeSource::EmptyDir
+                let source = if let Some(e) = v.get("emptyDir") {
+                    let e =
+                        shoal_model::node_inputs::empty_dir(e, &format!("spec.volumes[{i}].emptyDir"))?;
+                    VolumeSource::EmptyDir {
+                        memory: e.memory,
+                        size_limit: e.size_limit,
+                    }
                 } else if let Some(c) = v.get("configMap") {
                     VolumeSource::Projected {
                         kind: "ConfigMap",

@@ -111,6 +111,7 @@ enum StopReason {
     PodGone,
     Unhealthy(ProbeKind),
     Removed,
+    Evicted,
 }
 
 #[derive(Debug, Clone)]
@@ -179,6 +180,8 @@ pub struct PodWorker {
     /// Attempts whose OOM kill was reported (once each).
     oom_reported: std::collections::HashSet<(String, u32)>,
     events: Vec<WorkerEvent>,
+    /// Evicted by its node: why, and when ([`PodWorker::evict`]).
+    evicted: Option<(String, u64)>,
 }
 
 fn rfc3339(ms: u64) -> String {
@@ -259,6 +262,18 @@ impl PodWorker {
     /// the majority: the fence timing leaves no room for a grace period).
     pub fn stop_now(&mut self) {
         self.grace_ms = Some(0);
+    }
+
+    /// The node evicts the pod (a volume used beyond its limit), as the kubelet's eviction
+    /// manager does: its containers are killed at once (no grace, no preStop hook) and never
+    /// started again, and the pod ends `Failed` with reason `Evicted` and `message`. Returns
+    /// whether this is news (the first eviction; the shell records the event once).
+    pub fn evict(&mut self, message: String, now_ms: u64) -> bool {
+        if self.evicted.is_some() {
+            return false;
+        }
+        self.evicted = Some((message, now_ms));
+        true
     }
 
     /// The shell could not start a container (image missing, bad config, …).
@@ -385,7 +400,7 @@ impl PodWorker {
                             "liveness"
                         }
                     ),
-                    StopReason::PodGone | StopReason::Removed => {
+                    StopReason::PodGone | StopReason::Removed | StopReason::Evicted => {
                         format!("Stopping container {name}")
                     }
                 };
@@ -501,7 +516,11 @@ impl PodWorker {
                 finished: true,
             };
         };
-        self.grace_ms = Some(plan.termination_grace_ms);
+        self.grace_ms = Some(if self.evicted.is_some() {
+            0
+        } else {
+            plan.termination_grace_ms
+        });
         self.init_names = plan
             .init_containers
             .iter()
@@ -654,7 +673,29 @@ impl PodWorker {
             }
             views.push(view);
         }
-        let status = self.status(plan, &views, init_complete, init_failed, first_seen, now_ms);
+        let mut status = self.status(plan, &views, init_complete, init_failed, first_seen, now_ms);
+        if let Some((message, at_ms)) = self.evicted.clone() {
+            // Nothing starts, restarts or is probed again; what runs is killed.
+            actions.retain(|a| {
+                matches!(
+                    a,
+                    Action::Signal { .. } | Action::Remove { .. } | Action::EnsureSandbox
+                )
+            });
+            for c in observed {
+                if !matches!(c.state, ObservedState::Exited { .. }) {
+                    self.stop(&mut actions, c, now_ms, StopReason::Evicted);
+                }
+            }
+            status["phase"] = json!("Failed");
+            status["reason"] = json!("Evicted");
+            status["message"] = json!(message);
+            if let Some(conditions) = status["conditions"].as_array_mut() {
+                conditions.push(json!({"type": "DisruptionTarget", "status": "True",
+                    "reason": "TerminationByKubelet", "message": message,
+                    "lastProbeTime": null, "lastTransitionTime": rfc3339(at_ms)}));
+            }
+        }
         Decision {
             actions,
             status: Some(status),
@@ -1395,6 +1436,66 @@ mod tests {
         assert_eq!(
             status["containerStatuses"][0]["lastState"]["terminated"]["finishedAt"],
             rfc3339(20)
+        );
+    }
+
+    /// An evicted pod's containers are killed at once (no preStop hook, no grace) and never
+    /// started again; the pod is Failed with reason Evicted, its DisruptionTarget condition's
+    /// time stays the eviction's (no status churn).
+    #[test]
+    fn an_evicted_pod_is_killed_at_once_and_ends_failed() {
+        let p = plan(
+            json!({"restartPolicy": "Always", "terminationGracePeriodSeconds": 30,
+            "containers": [{"name": "a", "image": "b", "lifecycle": {"preStop": {"exec": {"command": ["sleep", "5"]}}}},
+                {"name": "c", "image": "b"}]}),
+        );
+        let mut w = worker();
+        let run = [running("a", 0, 0), exited("c", 0, 1, 10)];
+        assert!(w.evict(
+            "Usage of EmptyDir volume \"v\" exceeds the limit \"1Mi\".".into(),
+            5_000
+        ));
+        assert!(!w.evict("again".into(), 6_000), "one eviction");
+        let d = w.decide(100_000, Some(&p), true, &run);
+        assert_eq!(
+            d.actions,
+            [Action::Signal {
+                name: "a".into(),
+                attempt: 0,
+                signal: StopSignal::Kill
+            }]
+        );
+        assert!(starts(&d).is_empty(), "c is not restarted");
+        let status = d.status.unwrap();
+        assert_eq!(
+            (status["phase"].as_str(), status["reason"].as_str()),
+            (Some("Failed"), Some("Evicted"))
+        );
+        assert!(
+            status["message"]
+                .as_str()
+                .unwrap()
+                .contains("exceeds the limit")
+        );
+        let later = w.decide(
+            200_000,
+            Some(&p),
+            true,
+            &[exited("a", 0, 137, 100_500), exited("c", 0, 1, 10)],
+        );
+        assert!(starts(&later).is_empty());
+        let disruption = |s: &Value| {
+            s["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["type"] == "DisruptionTarget")
+                .cloned()
+        };
+        assert_eq!(disruption(&later.status.unwrap()), disruption(&status));
+        assert_eq!(
+            disruption(&status).unwrap()["lastTransitionTime"],
+            "1970-01-01T00:00:05Z"
         );
     }
 
