@@ -427,6 +427,31 @@ pub fn satisfies(volume: &Value, claim: &Value) -> bool {
     }
 }
 
+/// The finalizer that keeps a claim while a pod names it (upstream's
+/// StorageObjectInUseProtection admission adds it to every new claim).
+pub const PVC_PROTECTION: &str = "kubernetes.io/pvc-protection";
+/// The finalizer that keeps a volume while a claim is bound to it.
+pub const PV_PROTECTION: &str = "kubernetes.io/pv-protection";
+
+/// Adds the protection finalizer of a new claim or volume (`kind`), as the apiserver's
+/// admission does.
+pub fn protect(kind: &str, object: &mut Value) {
+    let finalizer = match kind {
+        "PersistentVolumeClaim" => PVC_PROTECTION,
+        "PersistentVolume" => PV_PROTECTION,
+        _ => return,
+    };
+    let meta = &mut object["metadata"];
+    if !meta["finalizers"].is_array() {
+        meta["finalizers"] = json!([]);
+    }
+    if let Some(list) = meta["finalizers"].as_array_mut()
+        && !list.iter().any(|f| f == finalizer)
+    {
+        list.push(json!(finalizer));
+    }
+}
+
 /// The annotation the built-in provisioner writes on the volumes it makes.
 pub const PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
 
@@ -495,6 +520,7 @@ pub fn provisioned_volume(claim: &Value, class: &Value, node: &str, path: &str) 
         "metadata": {
             "name": format!("pvc-{uid}"),
             "annotations": {PROVISIONED_BY: LOCAL_PATH},
+            "finalizers": [PV_PROTECTION],
         },
         "spec": {
             "capacity": {"storage": claim["spec"]["resources"]["requests"]["storage"]},

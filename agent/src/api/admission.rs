@@ -162,11 +162,13 @@ pub fn admit_new_pod(replication: &Replication, pod: &mut Value) {
     validation::admit_service_account(pod, account.as_ref());
 }
 
-/// The DefaultStorageClass admission, whoever creates the claim (a client, the StatefulSet
-/// controller): a claim naming no class gets the default one.
+/// The DefaultStorageClass and StorageObjectInUseProtection admissions, whoever creates the
+/// claim (a client, the StatefulSet controller): a claim naming no class gets the default one,
+/// and every claim the `kubernetes.io/pvc-protection` finalizer.
 pub fn admit_new_claim(replication: &Replication, claim: &mut Value) {
     let classes = replication.read(|s| s.list("storage.k8s.io", "StorageClass", None));
     shoal_model::storage::default_class_for(claim, &classes);
+    shoal_model::storage::protect("PersistentVolumeClaim", claim);
 }
 
 impl Admission<'_> {
@@ -198,6 +200,9 @@ impl Admission<'_> {
         }
         if stored.is_none() && valid.info.kind == "PersistentVolumeClaim" {
             admit_new_claim(self.replication, &mut valid.body);
+        }
+        if stored.is_none() && valid.info.kind == "PersistentVolume" {
+            shoal_model::storage::protect("PersistentVolume", &mut valid.body);
         }
         if let Some(stored) = stored.filter(garbage::deletion_requested)
             && valid.body["metadata"].is_object()

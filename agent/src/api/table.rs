@@ -53,6 +53,16 @@ fn since(at: &Value, missing: &str) -> Value {
     })
 }
 
+/// kubectl's printers of claims and volumes: `Terminating` while being deleted (a protection
+/// finalizer holds it), else the phase.
+fn terminating_or_phase(o: &Value) -> Value {
+    if o["metadata"]["deletionTimestamp"].is_string() {
+        json!("Terminating")
+    } else {
+        o["status"]["phase"].clone()
+    }
+}
+
 fn name(o: &Value) -> Value {
     o["metadata"]["name"].clone()
 }
@@ -199,7 +209,7 @@ fn columns(kind: &str) -> Vec<Column> {
         ],
         "PersistentVolumeClaim" => vec![
             col("Name", "string", 0, name),
-            col("Status", "string", 0, |o| o["status"]["phase"].clone()),
+            col("Status", "string", 0, terminating_or_phase),
             col("Volume", "string", 0, |o| {
                 json!(o["spec"]["volumeName"].as_str().unwrap_or(""))
             }),
@@ -229,7 +239,7 @@ fn columns(kind: &str) -> Vec<Column> {
             col("Reclaim Policy", "string", 0, |o| {
                 o["spec"]["persistentVolumeReclaimPolicy"].clone()
             }),
-            col("Status", "string", 0, |o| o["status"]["phase"].clone()),
+            col("Status", "string", 0, terminating_or_phase),
             col("Claim", "string", 0, |o| {
                 let r = &o["spec"]["claimRef"];
                 json!(match (r["namespace"].as_str(), r["name"].as_str()) {

@@ -208,7 +208,43 @@ async fn a_stateful_sets_claims_are_provisioned_on_its_pods_nodes_and_keep_their
     })
     .await
     .unwrap_or_else(|e| panic!("{e}: {seen:?}"));
+
+    // Its claim deleted while db-0 runs: the pvc-protection finalizer holds it (Terminating),
+    // and its volume; once the StatefulSet and its pod are gone, both go.
+    api.ok(0, &["delete", "pvc", "data-db-0", "--wait=false"]);
+    let claim0 = json_of(&api, 1, &["get", "pvc", "data-db-0", "-o", "json"]);
+    assert_eq!(
+        claim0["metadata"]["finalizers"],
+        serde_json::json!(["kubernetes.io/pvc-protection"]),
+        "{claim0}"
+    );
+    assert!(
+        claim0["metadata"]["deletionTimestamp"].is_string(),
+        "{claim0}"
+    );
+    let table = api.ok(1, &["get", "pvc", "data-db-0"]);
+    assert!(table.contains("Terminating"), "{table}");
+    let pv0 = json_of(&api, 0, &["get", "pv", &volume0, "-o", "json"]);
+    assert_eq!(
+        pv0["metadata"]["finalizers"],
+        serde_json::json!(["kubernetes.io/pv-protection"]),
+        "{pv0}"
+    );
+    let (_, out, _) = api.kubectl(other, &["exec", "db-0", "--", "cat", "/data/log"]);
+    assert_eq!(
+        out.matches("started db-0").count(),
+        3,
+        "db-0 runs on: {out:?}"
+    );
     api.ok(0, &["delete", "statefulset", "db"]);
+    wait_until("the claim and its volume gone with db-0", LIMIT, || {
+        let gone = json_of(&api, 0, &["get", "pvc", "data-db-0", "-o", "json"]).is_null()
+            && json_of(&api, 0, &["get", "pv", &volume0, "-o", "json"]).is_null()
+            && !dir0.exists();
+        async move { gone }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", api.ok(0, &["get", "pvc,pv"])));
 }
 
 const META: &str = r#"apiVersion: v1

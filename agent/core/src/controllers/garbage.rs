@@ -166,6 +166,34 @@ pub enum Finish {
     RemoveForeground,
     /// No finalizer is left: it goes.
     Delete,
+    /// A storage protection finalizer goes: no pod names the claim, no claim is bound to the
+    /// volume (then it goes, if no other finalizer is left).
+    Unprotect(&'static str),
+}
+
+/// Whether a claim or volume being deleted may lose its protection finalizer: which one, if
+/// so. `claims_in_use`: "namespace/claim" of every pod that names one; `bound`: the volumes
+/// that a claim names and that name that claim back.
+fn unprotect(
+    key: &ObjectKey,
+    object: &Value,
+    claims_in_use: &std::collections::HashSet<String>,
+    bound: &std::collections::HashSet<&str>,
+) -> Option<&'static str> {
+    use shoal_model::storage::{PV_PROTECTION, PVC_PROTECTION};
+    if !key.group.is_empty() {
+        return None;
+    }
+    match key.kind.as_str() {
+        "PersistentVolumeClaim" if has_finalizer(object, PVC_PROTECTION) => {
+            let claim = format!("{}/{}", key.namespace, key.name);
+            (!claims_in_use.contains(&claim)).then_some(PVC_PROTECTION)
+        }
+        "PersistentVolume" if has_finalizer(object, PV_PROTECTION) => {
+            (!bound.contains(key.name.as_str())).then_some(PV_PROTECTION)
+        }
+        _ => None,
+    }
 }
 
 /// `blocking`: how many dependents still name it with `blockOwnerDeletion: true`;
@@ -388,12 +416,50 @@ pub fn plan(objects: &[(ObjectKey, Value)], round: &Round) -> Plan {
             }
         }
     }
+    // What the storage protection finalizers wait for: pods naming claims, claims bound to
+    // volumes that name them back.
+    let mut claims_in_use = std::collections::HashSet::new();
+    let mut bound = std::collections::HashSet::new();
+    for (key, o) in objects {
+        match (key.kind.as_str(), key.group.is_empty()) {
+            ("Pod", true) => {
+                for (_, claim) in shoal_model::storage::claims_of(o) {
+                    claims_in_use.insert(format!("{}/{claim}", key.namespace));
+                }
+            }
+            ("PersistentVolumeClaim", true) => {
+                if let Some(volume) = o["spec"]["volumeName"].as_str().filter(|v| !v.is_empty()) {
+                    bound.insert((volume, key.namespace.as_str(), key.name.as_str()));
+                }
+            }
+            _ => {}
+        }
+    }
+    let bound: std::collections::HashSet<&str> = objects
+        .iter()
+        .filter(|(key, _)| key.kind == "PersistentVolume")
+        .filter(|(key, o)| {
+            let r = &o["spec"]["claimRef"];
+            bound.contains(&(
+                key.name.as_str(),
+                r["namespace"].as_str().unwrap_or_default(),
+                r["name"].as_str().unwrap_or_default(),
+            ))
+        })
+        .map(|(key, _)| key.name.as_str())
+        .collect();
     let mut owners: HashMap<ObjectKey, (Option<Value>, Option<Value>)> = HashMap::new();
     let mut plan = Plan::default();
     for (key, o) in objects {
         let uid = o["metadata"]["uid"].as_str().unwrap_or("");
         let blocked = blocking.get(uid).copied().unwrap_or(0);
-        if deletion_requested(o) && (round.mine)(uid) {
+        if deletion_requested(o)
+            && (round.mine)(uid)
+            && let Some(finalizer) = unprotect(key, o, &claims_in_use, &bound)
+        {
+            plan.finishing
+                .push((key.clone(), uid.to_owned(), Finish::Unprotect(finalizer)));
+        } else if deletion_requested(o) && (round.mine)(uid) {
             match finish(o, blocked, kubelet_pending(o, round.alive)) {
                 Finish::Nothing => {}
                 step => plan.finishing.push((key.clone(), uid.to_owned(), step)),
@@ -664,6 +730,77 @@ mod tests {
                 .all(|d| d.verdict == Verdict::Delete { foreground: false })
         );
         assert!(plan.finishing.is_empty());
+    }
+
+    /// The storage protection finalizers: a claim being deleted keeps its finalizer while a
+    /// pod names it, a volume being deleted while a claim is bound to it (both ways); then the
+    /// finalizer goes and, none other left, so does the object.
+    #[test]
+    fn protection_finalizers_hold_claims_in_use_and_bound_volumes() {
+        use shoal_model::storage::{PV_PROTECTION, PVC_PROTECTION};
+        let k = |kind_name: &str| kind::lookup("v1", kind_name).unwrap();
+        let deleting = |mut o: Value, finalizer: &str| {
+            o["metadata"]["finalizers"] = json!([finalizer]);
+            mark_deleting(&mut o, "Background", "2026-12-07T00:00:00Z");
+            o
+        };
+        let claim = |name: &str, volume: &str| {
+            (
+                ObjectKey::new(k("PersistentVolumeClaim"), "default", name),
+                deleting(
+                    json!({"metadata": {"name": name, "namespace": "default", "uid": format!("u-{name}")},
+                        "spec": {"volumeName": volume}}),
+                    PVC_PROTECTION,
+                ),
+            )
+        };
+        let volume = |name: &str, claim: &str| {
+            (
+                ObjectKey::new(k("PersistentVolume"), "", name),
+                deleting(
+                    json!({"metadata": {"name": name, "uid": format!("u-{name}")},
+                        "spec": {"claimRef": {"namespace": "default", "name": claim}}}),
+                    PV_PROTECTION,
+                ),
+            )
+        };
+        let pod = (
+            ObjectKey::new(k("Pod"), "default", "app"),
+            json!({"metadata": {"name": "app", "namespace": "default", "uid": "u-app"},
+                "spec": {"volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "used"}}]}}),
+        );
+        let objects = vec![
+            pod,
+            claim("used", "pv-used"),
+            claim("free", "pv-free"),
+            volume("pv-used", "used"),
+            // Bound by a claim that names it, but it names another claim: not bound.
+            volume("pv-free", "someone-else"),
+            volume("pv-orphan", "gone"),
+        ];
+        let plan = plan(
+            &objects,
+            &Round {
+                stored: &|_| (None, None),
+                mine: &|_| true,
+                alive: &|_| true,
+                synced_ms: 0,
+                now_ms: 1_800_000_000_000,
+            },
+        );
+        let unprotected: Vec<(&str, &Finish)> = plan
+            .finishing
+            .iter()
+            .map(|(key, _, f)| (key.name.as_str(), f))
+            .collect();
+        assert_eq!(
+            unprotected,
+            [
+                ("free", &Finish::Unprotect(PVC_PROTECTION)),
+                ("pv-free", &Finish::Unprotect(PV_PROTECTION)),
+                ("pv-orphan", &Finish::Unprotect(PV_PROTECTION)),
+            ]
+        );
     }
 
     #[test]

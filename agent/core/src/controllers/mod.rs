@@ -484,6 +484,9 @@ pub enum Lay {
     DropOwners(Vec<String>),
     /// Marked as being deleted in the foreground at this time ([`garbage::mark_deleting`]).
     MarkForeground(String),
+    /// Marked as being deleted (in the background) at this time: an object with finalizers,
+    /// which stays until they are gone ([`delete_write`]).
+    MarkDeleting(String),
     /// This finalizer removed.
     RemoveFinalizer(&'static str),
     /// A pod marked as being deleted at this time, within this grace (s): its node stops it and
@@ -494,8 +497,9 @@ pub enum Lay {
 /// A controller's (or the garbage collector's) delete of the incarnation `uid` of `key` as the
 /// store write it becomes, given the object as stored now (`at`: the time, RFC 3339). A pod on
 /// a node is deleted gracefully, as a DELETE through the API deletes it: marked, stopped by its
-/// node within its grace, then gone ([`garbage::pod_grace`]); anything else goes at once. The
-/// shell and the partition simulator both write deletes through this.
+/// node within its grace, then gone ([`garbage::pod_grace`]); an object with finalizers (a
+/// claim's `pvc-protection`) is marked and stays until they are gone; anything else goes at
+/// once. The shell and the partition simulator both write deletes through this.
 pub fn delete_write(key: ObjectKey, uid: String, current: Option<&Value>, at: &str) -> Write {
     let pod = key.group.is_empty() && key.kind == "Pod";
     match current
@@ -509,6 +513,11 @@ pub fn delete_write(key: ObjectKey, uid: String, current: Option<&Value>, at: &s
                 at: at.to_owned(),
                 grace,
             },
+        },
+        None if current.is_some_and(has_finalizers) => Write::Over {
+            key,
+            uid,
+            lay: Lay::MarkDeleting(at.to_owned()),
         },
         None => Write::Delete { key, uid },
     }
@@ -547,6 +556,7 @@ impl Lay {
                 }
             }
             Lay::MarkForeground(now) => return garbage::mark_deleting(current, "Foreground", now),
+            Lay::MarkDeleting(now) => return garbage::mark_deleting(current, "Background", now),
             Lay::Terminate { at, grace } => {
                 let marked = garbage::mark_deleting(current, "Background", at);
                 return garbage::set_grace(current, *grace) || marked;
@@ -579,6 +589,7 @@ impl Lay {
             Lay::Annotations(_) => "a record",
             Lay::DropOwners(_) => "owner references",
             Lay::MarkForeground(_) => "a foreground deletion",
+            Lay::MarkDeleting(_) => "a deletion its finalizers hold",
             Lay::RemoveFinalizer(_) => "a finalizer removal",
             Lay::Terminate { .. } => "a graceful deletion",
         }
@@ -817,6 +828,15 @@ pub fn garbage_writes(plan: garbage::Plan, now: &str) -> Vec<Collect> {
                 false,
             )),
             Finish::Delete => writes.push(step(Write::Delete { key, uid }, false, false)),
+            Finish::Unprotect(finalizer) => writes.push(step(
+                Write::Over {
+                    key,
+                    uid,
+                    lay: Lay::RemoveFinalizer(finalizer),
+                },
+                true,
+                false,
+            )),
         }
     }
     writes
@@ -968,5 +988,14 @@ mod tests {
             delete_write(rs_key, "u2".into(), Some(&rs), at),
             Write::Delete { .. }
         ));
+        // An object with finalizers (a claim's protection) is marked and stays.
+        let mut claim = serde_json::json!({"kind": "PersistentVolumeClaim",
+            "metadata": {"name": "data", "finalizers": ["kubernetes.io/pvc-protection"]}});
+        let claim_key = key_of("PersistentVolumeClaim", "default", "data").unwrap();
+        let Write::Over { lay, .. } = delete_write(claim_key, "u3".into(), Some(&claim), at) else {
+            panic!("a claim with a finalizer is not deleted at once");
+        };
+        assert!(lay.apply(&mut claim));
+        assert!(garbage::deletion_requested(&claim));
     }
 }
