@@ -68,6 +68,8 @@ pub struct Controllers {
     autoscalers: std::sync::Mutex<std::collections::HashMap<String, hpa::Memory>>,
     /// When the garbage collector last ran (ms since the epoch).
     collected_ms: std::sync::atomic::AtomicU64,
+    /// The claim events recorded already: (claim uid, reason), once each.
+    claims_told: std::sync::Mutex<HashSet<(String, &'static str)>>,
 }
 
 /// One pass's [`Snapshot`]: the store's workloads and pods, with the pods' statuses.
@@ -97,6 +99,7 @@ impl Controllers {
             usage,
             autoscalers: Default::default(),
             collected_ms: Default::default(),
+            claims_told: Default::default(),
         })
     }
 
@@ -254,8 +257,73 @@ impl Controllers {
             self.collected_ms
                 .store(now, std::sync::atomic::Ordering::Relaxed);
             self.collect_garbage(&live, now).await;
+            self.claim_events(&live);
         }
         (controlled, requeue)
+    }
+
+    /// Why the claims this node owns that are not bound wait, as Events
+    /// ([`shoal_core::storage::claim_events`]), once per claim and reason.
+    fn claim_events(&self, live: &[u64]) {
+        let (claims, volumes, classes) = self.replication.read(|s| {
+            (
+                s.list("", "PersistentVolumeClaim", None),
+                s.list("", "PersistentVolume", None),
+                s.list("storage.k8s.io", "StorageClass", None),
+            )
+        });
+        let owned: Vec<Value> = claims.into_iter().filter(|c| self.owns(c, live)).collect();
+        let mut told = self.claims_told.lock().unwrap_or_else(|e| e.into_inner());
+        let uids: HashSet<&str> = owned.iter().map(uid_of).collect();
+        told.retain(|(uid, _)| uids.contains(uid.as_str()));
+        let waiting = owned
+            .iter()
+            .any(|c| c["spec"]["volumeName"].as_str().is_none_or(str::is_empty));
+        if !waiting {
+            return;
+        }
+        // Only then are the pods read: which claims they name.
+        let named: HashSet<String> = self.replication.read(|s| {
+            s.list("", "Pod", None)
+                .iter()
+                .flat_map(|p| {
+                    let ns = p["metadata"]["namespace"]
+                        .as_str()
+                        .unwrap_or("default")
+                        .to_owned();
+                    shoal_model::storage::claims_of(p)
+                        .into_iter()
+                        .map(move |(_, claim)| format!("{ns}/{claim}"))
+                })
+                .collect()
+        });
+        let events = shoal_core::storage::claim_events(&owned, &volumes, &classes, &|ns, name| {
+            named.contains(&format!("{ns}/{name}"))
+        });
+        for e in events {
+            if !told.insert((e.claim.2.clone(), e.reason)) {
+                continue;
+            }
+            let (namespace, name, uid) = e.claim;
+            self.events.record(crate::observed::events::NewEvent::new(
+                crate::observed::events::ObjectRef {
+                    api_version: "v1".into(),
+                    kind: "PersistentVolumeClaim".into(),
+                    namespace,
+                    name,
+                    uid,
+                    field_path: String::new(),
+                },
+                if e.warning {
+                    crate::observed::events::EventType::Warning
+                } else {
+                    crate::observed::events::EventType::Normal
+                },
+                e.reason,
+                e.message,
+                "persistentvolume-controller",
+            ));
+        }
     }
 
     /// One round of [`garbage`] collection: each dependent whose first owner this node owns

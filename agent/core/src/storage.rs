@@ -275,6 +275,85 @@ pub fn plan(
     steps
 }
 
+/// An Event about a claim that is not bound, in the persistent-volume controller's words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimEvent {
+    /// The claim's namespace, name and uid.
+    pub claim: (String, String, String),
+    pub warning: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// Why each claim of `claims` that is not bound waits (`named`: whether a pod names the claim,
+/// by namespace and name): a claim of a `WaitForFirstConsumer` class that no pod names waits
+/// for one; a claim of a class that does not exist cannot be provisioned; a claim of no class
+/// that no static volume satisfies cannot be bound.
+pub fn claim_events(
+    claims: &[Value],
+    volumes: &[Value],
+    classes: &[Value],
+    named: &dyn Fn(&str, &str) -> bool,
+) -> Vec<ClaimEvent> {
+    let mut events = Vec::new();
+    for c in claims {
+        if !text(&c["spec"]["volumeName"]).is_empty()
+            || !c["metadata"]["annotations"]["shoal.io/deletion-requested"].is_null()
+        {
+            continue;
+        }
+        let (ns, name) = (
+            text(&c["metadata"]["namespace"]),
+            text(&c["metadata"]["name"]),
+        );
+        let event = |warning, reason, message: String| ClaimEvent {
+            claim: (
+                ns.to_owned(),
+                name.to_owned(),
+                text(&c["metadata"]["uid"]).to_owned(),
+            ),
+            warning,
+            reason,
+            message,
+        };
+        let class_name = text(&c["spec"]["storageClassName"]);
+        let class = classes
+            .iter()
+            .find(|k| text(&k["metadata"]["name"]) == class_name);
+        match class {
+            Some(k) if k["volumeBindingMode"] == "WaitForFirstConsumer" => {
+                if !named(ns, name) {
+                    events.push(event(
+                        false,
+                        "WaitForFirstConsumer",
+                        "waiting for first consumer to be created before binding".into(),
+                    ));
+                }
+            }
+            Some(_) => {}
+            None if class_name.is_empty() => {
+                let fits = volumes
+                    .iter()
+                    .any(|v| v["spec"]["claimRef"].is_null() && satisfies(v, c));
+                if !fits {
+                    events.push(event(
+                        false,
+                        "FailedBinding",
+                        "no persistent volumes available for this claim and no storage class is set"
+                            .into(),
+                    ));
+                }
+            }
+            None => events.push(event(
+                true,
+                "ProvisioningFailed",
+                format!("storageclass.storage.k8s.io {class_name:?} not found"),
+            )),
+        }
+    }
+    events
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,6 +389,51 @@ mod tests {
                 {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}});
         }
         v
+    }
+
+    #[test]
+    fn unbound_claims_say_why_they_wait() {
+        let classes = [built_in_class()];
+        let claims = [
+            claim("lonely", json!({})),
+            claim("wanted", json!({})),
+            claim("bound", json!({"volumeName": "v"})),
+            claim("no-class", json!({"storageClassName": ""})),
+            claim("fits", json!({"storageClassName": ""})),
+            claim("typo", json!({"storageClassName": "fsat"})),
+        ];
+        let mut fitting = static_volume("pv", "2Gi", None);
+        fitting["spec"]["storageClassName"] = json!("");
+        let volumes = [fitting];
+        let named = |_: &str, name: &str| name == "wanted" || name == "fits";
+        // "fits" has a volume that satisfies it (not yet taken): no event.
+        let volumes_for = |name: &str| {
+            if name == "no-class" {
+                &[][..]
+            } else {
+                &volumes[..]
+            }
+        };
+        let events: Vec<(String, &str, bool)> = claims
+            .iter()
+            .flat_map(|c| {
+                claim_events(
+                    std::slice::from_ref(c),
+                    volumes_for(text(&c["metadata"]["name"])),
+                    &classes,
+                    &named,
+                )
+            })
+            .map(|e| (e.claim.1, e.reason, e.warning))
+            .collect();
+        assert_eq!(
+            events,
+            [
+                ("lonely".to_owned(), "WaitForFirstConsumer", false),
+                ("no-class".to_owned(), "FailedBinding", false),
+                ("typo".to_owned(), "ProvisioningFailed", true),
+            ]
+        );
     }
 
     #[test]

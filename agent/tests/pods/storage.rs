@@ -105,6 +105,22 @@ async fn a_stateful_sets_claims_are_provisioned_on_its_pods_nodes_and_keep_their
     let claim = json_of(&api, 1, &["get", "pvc", "huge", "-o", "json"]);
     assert_eq!(claim["status"]["phase"], "Pending", "{claim}");
     api.ok(0, &["delete", "-f", &huge, "--wait=false"]);
+    // A claim no pod names says it waits for one.
+    let lonely = api.manifest(
+        "lonely.yaml",
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: lonely}\nspec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Mi}}}\n",
+    );
+    api.ok(0, &["apply", "-f", &lonely]);
+    let mut described = String::new();
+    wait_until("the claim's WaitForFirstConsumer event", LIMIT, || {
+        described = api.kubectl(2, &["describe", "pvc", "lonely"]).1;
+        let ok = described.contains("WaitForFirstConsumer")
+            && described.contains("waiting for first consumer to be created before binding");
+        async move { ok }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {described}"));
+    api.ok(0, &["delete", "-f", &lonely]);
 
     let file = api.manifest("db.yaml", DB);
     api.ok(0, &["apply", "-f", &file]);
@@ -211,8 +227,9 @@ async fn a_stateful_sets_claims_are_provisioned_on_its_pods_nodes_and_keep_their
 
     // Its claim deleted while db-0 runs: the pvc-protection finalizer holds it (Terminating),
     // and its volume; once the StatefulSet and its pod are gone, both go.
-    api.ok(0, &["delete", "pvc", "data-db-0", "--wait=false"]);
-    let claim0 = json_of(&api, 1, &["get", "pvc", "data-db-0", "-o", "json"]);
+    api.ok(other, &["delete", "pvc", "data-db-0", "--wait=false"]);
+    let (_, out, err) = api.kubectl(other, &["get", "pvc", "data-db-0", "-o", "json"]);
+    let claim0: Value = serde_json::from_str(&out).unwrap_or_else(|_| panic!("{out} {err}"));
     assert_eq!(
         claim0["metadata"]["finalizers"],
         serde_json::json!(["kubernetes.io/pvc-protection"]),
@@ -222,9 +239,9 @@ async fn a_stateful_sets_claims_are_provisioned_on_its_pods_nodes_and_keep_their
         claim0["metadata"]["deletionTimestamp"].is_string(),
         "{claim0}"
     );
-    let table = api.ok(1, &["get", "pvc", "data-db-0"]);
+    let table = api.ok(other, &["get", "pvc", "data-db-0"]);
     assert!(table.contains("Terminating"), "{table}");
-    let pv0 = json_of(&api, 0, &["get", "pv", &volume0, "-o", "json"]);
+    let pv0 = json_of(&api, other, &["get", "pv", &volume0, "-o", "json"]);
     assert_eq!(
         pv0["metadata"]["finalizers"],
         serde_json::json!(["kubernetes.io/pv-protection"]),
@@ -236,15 +253,15 @@ async fn a_stateful_sets_claims_are_provisioned_on_its_pods_nodes_and_keep_their
         3,
         "db-0 runs on: {out:?}"
     );
-    api.ok(0, &["delete", "statefulset", "db"]);
+    api.ok(other, &["delete", "statefulset", "db"]);
     wait_until("the claim and its volume gone with db-0", LIMIT, || {
-        let gone = json_of(&api, 0, &["get", "pvc", "data-db-0", "-o", "json"]).is_null()
-            && json_of(&api, 0, &["get", "pv", &volume0, "-o", "json"]).is_null()
+        let gone = json_of(&api, other, &["get", "pvc", "data-db-0", "-o", "json"]).is_null()
+            && json_of(&api, other, &["get", "pv", &volume0, "-o", "json"]).is_null()
             && !dir0.exists();
         async move { gone }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}: {}", api.ok(0, &["get", "pvc,pv"])));
+    .unwrap_or_else(|e| panic!("{e}: {}", api.ok(other, &["get", "pvc,pv"])));
 }
 
 const META: &str = r#"apiVersion: v1
