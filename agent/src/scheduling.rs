@@ -98,10 +98,15 @@ struct PodEntry {
 }
 
 /// What `pod`'s PersistentVolumeClaims allow, from the store now (none read when it names
-/// none).
-fn volume_placement(replication: &Replication, pod: &Value) -> shoal_model::storage::Placement {
+/// none); `used_elsewhere`: whether another pod placed already names the claim.
+fn volume_placement(
+    replication: &Replication,
+    pod: &Value,
+    used_elsewhere: &dyn Fn(&str) -> bool,
+) -> shoal_model::storage::Placement {
     use shoal_model::storage;
-    if storage::claims_of(pod).is_empty() {
+    let named = storage::claims_of(pod);
+    if named.is_empty() {
         return Default::default();
     }
     let namespace = pod["metadata"]["namespace"].as_str().unwrap_or("default");
@@ -112,11 +117,31 @@ fn volume_placement(replication: &Replication, pod: &Value) -> shoal_model::stor
     ) else {
         return Default::default();
     };
+    // Its ReadWriteOncePod claims, asked of `used_elsewhere` between two reads of the store:
+    // that takes the scheduler's lock, never while the store's is held.
+    let one_pod: Vec<String> = replication.read(|s| {
+        named
+            .into_iter()
+            .map(|(_, claim)| claim)
+            .filter(|claim| {
+                s.get(&ObjectKey::new(claims, namespace, claim))
+                    .is_some_and(|c| {
+                        c["spec"]["accessModes"]
+                            .as_array()
+                            .is_some_and(|m| m.iter().any(|m| m == "ReadWriteOncePod"))
+                    })
+            })
+            .collect()
+    });
+    let used: std::collections::HashSet<String> = one_pod
+        .into_iter()
+        .filter(|claim| used_elsewhere(claim))
+        .collect();
     replication.read(|s| {
         let claim = |name: &str| s.get(&ObjectKey::new(claims, namespace, name));
         let volume = |name: &str| s.get(&ObjectKey::new(volumes, "", name));
         let class = |name: &str| s.get(&ObjectKey::new(classes, "", name));
-        storage::placement(pod, &claim, &volume, &class)
+        storage::placement(pod, &claim, &volume, &class, &|c| used.contains(c))
     })
 }
 
@@ -281,6 +306,33 @@ impl Scheduling {
         Ok(())
     }
 
+    /// Whether a pod placed already, other than `pod`, names a claim of `pod`'s namespace (a
+    /// `ReadWriteOncePod` claim is then not `pod`'s to use); asked only of pods with such a
+    /// claim.
+    fn used_elsewhere<'a>(&'a self, pod: &Value) -> impl Fn(&str) -> bool + 'a {
+        let namespace = pod["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_owned();
+        let uid = pod["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        move |claim: &str| {
+            self.state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pods
+                .values()
+                .any(|e| {
+                    e.node_name.is_some()
+                        && e.key.namespace == namespace
+                        && e.request.uid != uid
+                        && e.claims.iter().any(|c| c == claim)
+                })
+        }
+    }
+
     /// Parses again the pods of `namespace` that name claim `claim` (it was made, bound or
     /// changed): the work is that of those pods, not of every pod.
     fn reload_claimants(&self, namespace: &str, claim: &str) {
@@ -297,7 +349,7 @@ impl Scheduling {
             let Some(pod) = self.replication.read(|s| s.get(&key)) else {
                 continue;
             };
-            let volumes = volume_placement(&self.replication, &pod);
+            let volumes = volume_placement(&self.replication, &pod, &self.used_elsewhere(&pod));
             if let Ok(entry) = PodEntry::parse(key, &pod, volumes) {
                 self.state
                     .lock()
@@ -318,7 +370,7 @@ impl Scheduling {
                 pod["metadata"]["namespace"].as_str().unwrap_or("default"),
                 pod["metadata"]["name"].as_str().unwrap_or(""),
             );
-            let volumes = volume_placement(&self.replication, pod);
+            let volumes = volume_placement(&self.replication, pod, &self.used_elsewhere(pod));
             if let Ok(entry) = PodEntry::parse(key, pod, volumes) {
                 entries.insert(entry.request.uid.clone(), entry);
             }
@@ -356,10 +408,19 @@ impl Scheduling {
                         .as_str()
                         .unwrap_or_default()
                         .to_owned();
-                    let volumes = volume_placement(&self.replication, &change.object);
+                    let volumes = volume_placement(
+                        &self.replication,
+                        &change.object,
+                        &self.used_elsewhere(&change.object),
+                    );
                     let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
                     if change.event == shoal_state::EventType::Deleted {
-                        state.pods.remove(&uid);
+                        let gone = state.pods.remove(&uid);
+                        drop(state);
+                        // Its claims may be free now (a ReadWriteOncePod claim's next pod).
+                        for claim in gone.map(|e| e.claims).unwrap_or_default() {
+                            self.reload_claimants(&change.key.namespace, &claim);
+                        }
                         continue;
                     }
                     match PodEntry::parse(change.key.clone(), &change.object, volumes) {

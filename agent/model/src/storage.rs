@@ -301,13 +301,19 @@ pub struct Placement {
     pub provision_bytes: u64,
 }
 
+/// What kube-scheduler says of a pod whose `ReadWriteOncePod` claim another pod uses.
+pub const READ_WRITE_ONCE_POD_CONFLICT: &str =
+    "node has pod using PersistentVolumeClaim with the same name and ReadWriteOncePod access mode";
+
 /// What a pod's claims say about where it may run, from the stored claims of its namespace
-/// (`claim`), volumes (`volume`) and classes (`class`).
+/// (`claim`), volumes (`volume`) and classes (`class`), and whether another pod placed already
+/// uses a claim (`used_elsewhere`: a `ReadWriteOncePod` claim is one pod's).
 pub fn placement(
     pod: &Value,
     claim: &dyn Fn(&str) -> Option<Value>,
     volume: &dyn Fn(&str) -> Option<Value>,
     class: &dyn Fn(&str) -> Option<Value>,
+    used_elsewhere: &dyn Fn(&str) -> bool,
 ) -> Placement {
     let mut out = Placement::default();
     let pin = |node: String, out: &mut Placement| match &out.node {
@@ -325,6 +331,13 @@ pub fn placement(
         };
         if !c["metadata"]["annotations"]["shoal.io/deletion-requested"].is_null() {
             out.blocked = Some(format!("persistentvolumeclaim {name:?} is being deleted"));
+            return out;
+        }
+        let one_pod = c["spec"]["accessModes"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|m| m == "ReadWriteOncePod"));
+        if one_pod && used_elsewhere(&name) {
+            out.blocked = Some(READ_WRITE_ONCE_POD_CONFLICT.into());
             return out;
         }
         match c["spec"]["volumeName"].as_str().filter(|v| !v.is_empty()) {
@@ -668,7 +681,7 @@ mod tests {
             "v2" => Some(volume("v2", "n2")),
             _ => None,
         };
-        let at = |p: &Value| placement(p, &claims, &volumes, &both);
+        let at = |p: &Value| placement(p, &claims, &volumes, &both, &|_| false);
         assert_eq!(at(&pod(&[])), Placement::default());
         // An unbound claim of the built-in provisioner: anywhere with 1Gi of volume room.
         assert_eq!(
@@ -710,7 +723,28 @@ mod tests {
         selected["metadata"]["annotations"] = json!({SELECTED_NODE: "n3"});
         let claims2 = |name: &str| (name == "waiting").then(|| selected.clone());
         assert_eq!(
-            placement(&pod(&["waiting"]), &claims2, &volumes, &both)
+            placement(&pod(&["waiting"]), &claims2, &volumes, &both, &|_| false)
+                .node
+                .as_deref(),
+            Some("n3")
+        );
+        // A ReadWriteOncePod claim another placed pod uses: nowhere; unused: as any claim.
+        let mut only = claim(
+            "waiting",
+            DEFAULT_CLASS,
+            json!({"accessModes": ["ReadWriteOncePod"]}),
+        );
+        only["metadata"]["annotations"] = json!({SELECTED_NODE: "n3"});
+        let claims3 = |name: &str| (name == "waiting").then(|| only.clone());
+        let used = |name: &str| name == "waiting";
+        assert_eq!(
+            placement(&pod(&["waiting"]), &claims3, &volumes, &both, &used)
+                .blocked
+                .as_deref(),
+            Some(READ_WRITE_ONCE_POD_CONFLICT)
+        );
+        assert_eq!(
+            placement(&pod(&["waiting"]), &claims3, &volumes, &both, &|_| false)
                 .node
                 .as_deref(),
             Some("n3")

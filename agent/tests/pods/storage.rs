@@ -503,6 +503,63 @@ async fn volumes_past_their_limits_evict_their_pods_and_memory_volumes_are_tmpfs
     );
     let pod = pod_json(&api, 0, "in-memory");
     assert_eq!(pod["status"]["phase"], "Running", "{pod}");
+
+    // A ReadWriteOncePod claim is one pod's: a second pod naming it waits until the first is
+    // gone.
+    let solo = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers: [{{name: c, image: shoal.local/busybox:1, command: [sleep, '3600'], volumeMounts: [{{name: v, mountPath: /v}}]}}]\n  volumes: [{{name: v, persistentVolumeClaim: {{claimName: solo}}}}]\n"
+        )
+    };
+    let first = api.manifest(
+        "solo-a.yaml",
+        &format!(
+            "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: solo}}\nspec: {{accessModes: [ReadWriteOncePod], resources: {{requests: {{storage: 1Mi}}}}}}\n---\n{}",
+            solo("solo-a")
+        ),
+    );
+    api.ok(0, &["apply", "-f", &first]);
+    wait_pod(&api, 0, "solo-a", "the claim's first pod running", |p| {
+        p["status"]["phase"] == "Running"
+    })
+    .await;
+    let second = api.manifest("solo-b.yaml", &solo("solo-b"));
+    api.ok(0, &["apply", "-f", &second]);
+    wait_pod(&api, 1, "solo-b", "the second pod refused the claim", |p| {
+        p["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c["type"] == "PodScheduled"
+                    && c["message"].as_str().is_some_and(|m| {
+                        m.contains("node has pod using PersistentVolumeClaim with the same name and ReadWriteOncePod access mode")
+                    })
+            })
+    })
+    .await;
+    api.ok(0, &["delete", "pod", "solo-a", "--wait=true"]);
+    wait_pod(
+        &api,
+        2,
+        "solo-b",
+        "the second pod running once the first is gone",
+        |p| p["status"]["phase"] == "Running",
+    )
+    .await;
+    api.ok(
+        0,
+        &[
+            "delete",
+            "-f",
+            &second,
+            "-f",
+            &first,
+            "--ignore-not-found",
+            "--wait=true",
+            "--timeout=60s",
+        ],
+    );
     api.ok(0, &["delete", "-f", &file, "--wait=true", "--timeout=60s"]);
     // The tmpfs went with its pod.
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
