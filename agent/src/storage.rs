@@ -229,6 +229,24 @@ impl Binder {
                 info!(claim = %format!("{namespace}/{claim}"), %volume, "claim bound");
                 Ok(())
             }
+            Step::Expand {
+                volume,
+                uid,
+                storage,
+            } => {
+                let key = ObjectKey::new(info("v1", "PersistentVolume")?, "", volume);
+                let size = storage.clone();
+                self.lay_over(key, uid, move |v| {
+                    if v["spec"]["capacity"]["storage"] == size {
+                        return false;
+                    }
+                    v["spec"]["capacity"]["storage"] = size.clone();
+                    true
+                })
+                .await?;
+                info!(%volume, size = %storage, "volume expanded");
+                Ok(())
+            }
             Step::Reclaim { volume, uid } => {
                 let (data_dir, name) = (self.data_dir.clone(), volume.clone());
                 tokio::task::spawn_blocking(move || {

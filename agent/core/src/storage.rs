@@ -45,6 +45,13 @@ pub enum Step {
     },
     /// Remove the directory of the provisioned volume and delete it.
     Reclaim { volume: String, uid: String },
+    /// Grow the provisioned volume to what its claim now asks (`allowVolumeExpansion`): its
+    /// `capacity.storage` set to `storage`.
+    Expand {
+        volume: String,
+        uid: String,
+        storage: Value,
+    },
 }
 
 fn text(v: &Value) -> &str {
@@ -269,6 +276,28 @@ pub fn plan(
             steps.push(Step::Reclaim {
                 volume: volume.to_owned(),
                 uid: text(&v["metadata"]["uid"]).to_owned(),
+            });
+        }
+    }
+    // Grow what this node's provisioner made whose claim asks for more now (the API let it
+    // grow: its class expands).
+    for v in volumes {
+        if v["metadata"]["annotations"][PROVISIONED_BY] != LOCAL_PATH
+            || node_of(v).as_deref() != Some(node)
+        {
+            continue;
+        }
+        let reference = &v["spec"]["claimRef"];
+        let volume = text(&v["metadata"]["name"]);
+        if let Some(c) = claim(text(&reference["namespace"]), text(&reference["name"]))
+            .filter(|c| c["metadata"]["uid"] == reference["uid"])
+            .filter(|c| text(&c["spec"]["volumeName"]) == volume)
+            && storage::requested_bytes(c) > storage::capacity_bytes(v)
+        {
+            steps.push(Step::Expand {
+                volume: volume.to_owned(),
+                uid: text(&v["metadata"]["uid"]).to_owned(),
+                storage: c["spec"]["resources"]["requests"]["storage"].clone(),
             });
         }
     }
@@ -650,5 +679,25 @@ mod tests {
         let mut retained = v.clone();
         retained["spec"]["persistentVolumeReclaimPolicy"] = json!("Retain");
         assert_eq!(plan("n1", &[], &[], &[retained], &classes, "/d"), vec![]);
+        // Its claim grown (bound, in use by a pod here): the volume grows, on its node only.
+        let mut grown = claim("www", json!({"volumeName": "pvc-u-www"}));
+        grown["spec"]["resources"]["requests"]["storage"] = json!("3Gi");
+        let expand = vec![Step::Expand {
+            volume: "pvc-u-www".into(),
+            uid: "pv-1".into(),
+            storage: json!("3Gi"),
+        }];
+        let at = |node: &str| {
+            plan(
+                node,
+                &[pod(&["www"])],
+                std::slice::from_ref(&grown),
+                std::slice::from_ref(&v),
+                &classes,
+                "/d",
+            )
+        };
+        assert_eq!(at("n1"), expand);
+        assert_eq!(at("n2"), vec![]);
     }
 }

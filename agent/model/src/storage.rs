@@ -118,6 +118,58 @@ pub fn validate_claim(claim: &Value) -> Result<(), FieldError> {
     Ok(())
 }
 
+/// What an update of a claim may change, as the apiserver rules (`old` as stored, `new` as
+/// asked, `expandable`: whether the claim's class has `allowVolumeExpansion`): its spec is
+/// immutable but for the storage it asks, which may only grow, and only for a bound claim of
+/// an expandable class (upstream's validation and its PersistentVolumeClaimResize
+/// admission). The binder's own writes (`volumeName`, a class set where none was) are not
+/// users' changes and pass.
+pub fn validate_claim_update(old: &Value, new: &Value, expandable: bool) -> Result<(), FieldError> {
+    let (was, asked) = (requested_bytes(old), requested_bytes(new));
+    let field = "spec.resources.requests[storage]";
+    if asked < was {
+        return Err(err(
+            field,
+            "Forbidden: field can not be less than previous value",
+        ));
+    }
+    let mut before = old["spec"].clone();
+    let mut after = new["spec"].clone();
+    for spec in [&mut before, &mut after] {
+        if let Some(s) = spec.as_object_mut() {
+            s.remove("resources");
+            s.remove("volumeAttributesClassName");
+        }
+    }
+    // What the binder and the DefaultStorageClass admission fill in where nothing was.
+    for k in ["volumeName", "storageClassName"] {
+        if before[k].as_str().is_none_or(str::is_empty) {
+            if let Some(s) = before.as_object_mut() {
+                s.remove(k);
+            }
+            if let Some(s) = after.as_object_mut() {
+                s.remove(k);
+            }
+        }
+    }
+    let bound = old["spec"]["volumeName"]
+        .as_str()
+        .is_some_and(|v| !v.is_empty());
+    if before != after || (asked > was && !bound) {
+        return Err(err(
+            "spec",
+            "Forbidden: spec is immutable after creation except resources.requests and volumeAttributesClassName for bound claims",
+        ));
+    }
+    if asked > was && !expandable {
+        return Err(err(
+            field,
+            "Forbidden: only dynamically provisioned pvc can be resized and the storageclass that provisions the pvc must support resize",
+        ));
+    }
+    Ok(())
+}
+
 pub fn validate_volume(volume: &Value) -> Result<(), FieldError> {
     let spec = &volume["spec"];
     if !spec.is_object() {
@@ -749,6 +801,45 @@ mod tests {
                 .as_deref(),
             Some("n3")
         );
+    }
+
+    #[test]
+    fn a_claim_may_only_grow_when_bound_and_its_class_expands() {
+        let bound = claim("data", DEFAULT_CLASS, json!({"volumeName": "v1"}));
+        let sized = |c: &Value, size: &str| {
+            let mut c = c.clone();
+            c["spec"]["resources"]["requests"]["storage"] = json!(size);
+            c
+        };
+        assert_eq!(
+            validate_claim_update(&bound, &sized(&bound, "2Gi"), true),
+            Ok(())
+        );
+        assert_eq!(validate_claim_update(&bound, &bound, false), Ok(()));
+        let field = |r: Result<(), FieldError>| r.unwrap_err().field;
+        assert_eq!(
+            field(validate_claim_update(&bound, &sized(&bound, "512Mi"), true)),
+            "spec.resources.requests[storage]"
+        );
+        let refused = validate_claim_update(&bound, &sized(&bound, "2Gi"), false).unwrap_err();
+        assert!(
+            refused.detail.contains("must support resize"),
+            "{refused:?}"
+        );
+        let pending = claim("data", DEFAULT_CLASS, json!({}));
+        assert_eq!(
+            field(validate_claim_update(
+                &pending,
+                &sized(&pending, "2Gi"),
+                true
+            )),
+            "spec"
+        );
+        let mut modes = bound.clone();
+        modes["spec"]["accessModes"] = json!(["ReadWriteOncePod"]);
+        assert_eq!(field(validate_claim_update(&bound, &modes, true)), "spec");
+        // The binder's writes: a volume name where none was.
+        assert_eq!(validate_claim_update(&pending, &bound, false), Ok(()));
     }
 
     #[test]

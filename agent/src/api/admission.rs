@@ -204,6 +204,19 @@ impl Admission<'_> {
         if stored.is_none() && valid.info.kind == "PersistentVolume" {
             shoal_model::storage::protect("PersistentVolume", &mut valid.body);
         }
+        if let Some(old) = stored
+            .as_ref()
+            .filter(|_| valid.info.kind == "PersistentVolumeClaim")
+        {
+            let class = old["spec"]["storageClassName"].as_str().and_then(|c| {
+                let info = shoal_state::kind::lookup("storage.k8s.io/v1", "StorageClass")?;
+                self.replication
+                    .read(|s| s.get(&ObjectKey::new(info, "", c)))
+            });
+            let expandable = class.is_some_and(|k| k["allowVolumeExpansion"] == true);
+            shoal_model::storage::validate_claim_update(old, &valid.body, expandable)
+                .map_err(|e| ApiError::invalid(kind, name, &e.field, &e.detail))?;
+        }
         if let Some(stored) = stored.filter(garbage::deletion_requested)
             && valid.body["metadata"].is_object()
         {

@@ -242,6 +242,7 @@ impl Kubelet {
                     ClaimMount::HostPath(path) => pod::VolumeSource::HostPath {
                         path,
                         kind: pod::HostPathType::Unchecked,
+                        read_only: *read_only,
                     },
                     ClaimMount::Pending(why) => {
                         return Err(container::ConfigError {

@@ -637,14 +637,18 @@ pub fn build(
         }
         let (source, readonly, recursive_readonly) = match &volume.source {
             // A read-only host directory is read-only in its submounts too.
-            VolumeSource::HostPath { path, kind } => (
+            VolumeSource::HostPath {
+                path,
+                kind,
+                read_only,
+            } => (
                 MountSource::HostPath {
                     path: path.clone(),
                     kind: *kind,
                     sub_path: m.sub_path.clone(),
                 },
-                m.read_only,
-                m.read_only,
+                m.read_only || *read_only,
+                m.read_only || *read_only,
             ),
             VolumeSource::Persistent { volume, read_only } => (
                 MountSource::Persistent {
@@ -806,6 +810,29 @@ mod tests {
         );
         assert!(r.mounts[4].readonly && r.mounts[4].recursive_readonly);
         assert_eq!(r.mounts[4].field, "app.volumeMounts[1]");
+        // A static volume through a read-only claim: read-only whatever the mount says.
+        let pod = json!({"metadata": {"name": "web-1", "namespace": "prod", "uid": "u1"},
+            "spec": {"containers": [{"name": "app", "image": "b",
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "c", "readOnly": true}}]}});
+        let mut plan = PodPlan::parse(&pod).unwrap();
+        plan.volumes[0].source = VolumeSource::HostPath {
+            path: "/srv/static".into(),
+            kind: HostPathType::Unchecked,
+            read_only: true,
+        };
+        let ctx = Context {
+            runtime_id: "u1-app-0".into(),
+            node_name: "n1",
+            host_ip: "10.0.0.1",
+            pod_ip: "",
+            log_path: "/log".into(),
+            lookup: &none,
+            allow_privileged: false,
+            fence_deadline_ms: None,
+        };
+        let r = build(&plan, &plan.containers[0], &image(), &ctx).unwrap();
+        assert!(r.mounts[3].readonly && r.mounts[3].recursive_readonly);
     }
 
     /// A fenced pod's container carries the end of the run lease its start was decided under

@@ -483,6 +483,39 @@ async fn volumes_past_their_limits_evict_their_pods_and_memory_volumes_are_tmpfs
         ),
         "{metrics}"
     );
+    // The claim may grow (its class allows expansion): its volume follows; never shrink.
+    api.ok(
+        0,
+        &[
+            "patch",
+            "pvc",
+            "small",
+            "-p",
+            r#"{"spec":{"resources":{"requests":{"storage":"8Mi"}}}}"#,
+        ],
+    );
+    let mut claim = Value::Null;
+    wait_until("the claim's volume grown", LIMIT, || {
+        claim = json_of(&api, 2, &["get", "pvc", "small", "-o", "json"]);
+        let ok = claim["status"]["capacity"]["storage"] == "8Mi";
+        async move { ok }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {claim}"));
+    let (ok, _, err) = api.kubectl(
+        0,
+        &[
+            "patch",
+            "pvc",
+            "small",
+            "-p",
+            r#"{"spec":{"resources":{"requests":{"storage":"4Mi"}}}}"#,
+        ],
+    );
+    assert!(
+        !ok && err.contains("field can not be less than previous value"),
+        "{err}"
+    );
     let events = api.ok(0, &["get", "events", "--field-selector", "reason=Evicted"]);
     assert!(
         events.contains("pod/fill-dir") && events.contains("pod/fill-claim"),

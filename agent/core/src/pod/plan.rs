@@ -93,7 +93,13 @@ pub enum VolumeSource {
         items: Option<Vec<KeyToPath>>,
     },
     /// A path of the node (`hostPath`), checked against the node's policy and its `type`.
-    HostPath { path: String, kind: HostPathType },
+    HostPath {
+        path: String,
+        kind: HostPathType,
+        /// Mounted read-only in every container (a static volume through a claim with
+        /// `readOnly: true`).
+        read_only: bool,
+    },
     /// A PersistentVolumeClaim of the pod's namespace; the node resolves it to its volume at
     /// each start ([`VolumeSource::Persistent`] or [`VolumeSource::HostPath`]).
     Claim { claim: String, read_only: bool },
@@ -742,6 +748,7 @@ impl PodPlan {
                                 format!("Unsupported value: {kind:?}"),
                             )
                         })?,
+                        read_only: false,
                     }
                 } else {
                     return Err(FieldError::new(
