@@ -411,11 +411,23 @@ pub fn check(spec: &Value, path: &str) -> Result<(), FieldError> {
                     labels::check_descending_path(sub, false)
                         .map_err(|r| invalid(format!("{mat}.subPath"), sub, r))?;
                 }
-                if m.get("subPathExpr").is_some() {
-                    return Err(problem(
-                        format!("{mat}.subPathExpr"),
-                        "Forbidden: subPathExpr is not supported by this node",
-                    ));
+                if let Some(expr) = m.get("subPathExpr") {
+                    let text = expr.as_str().unwrap_or_default();
+                    if m["subPath"].as_str().is_some_and(|s| !s.is_empty()) && !text.is_empty() {
+                        return Err(invalid(
+                            format!("{mat}.subPathExpr"),
+                            text,
+                            "subPathExpr and subPath are mutually exclusive",
+                        ));
+                    }
+                    // What it expands to is checked at the node, as a subPath.
+                    if text.starts_with('/') {
+                        return Err(invalid(
+                            format!("{mat}.subPathExpr"),
+                            text,
+                            "must be a relative path",
+                        ));
+                    }
                 }
             }
         }

@@ -510,6 +510,19 @@ pub fn build(
         }
         (None, None) => image.entrypoint.iter().chain(&image.cmd).cloned().collect(),
     };
+    // `subPathExpr`s, expanded with the container's variables as its command is.
+    let sub_paths: Vec<Option<String>> = c
+        .volume_mounts
+        .iter()
+        .enumerate()
+        .map(|(i, m)| match &m.sub_path_expr {
+            Some(expr) => env
+                .expand(expr)
+                .map(Some)
+                .map_err(|e| too_large(format!("volumeMounts[{i}].subPathExpr"), e)),
+            None => Ok(m.sub_path.clone()),
+        })
+        .collect::<Result<_, _>>()?;
     let env = env.to_lines();
     if args.is_empty() {
         return Err(config_error(format!(
@@ -631,9 +644,15 @@ pub fn build(
                 m.mount_path
             )));
         }
-        if let Some(sub) = &m.sub_path {
+        let sub_path = &sub_paths[i];
+        if let Some(sub) = sub_path {
+            let which = if m.sub_path_expr.is_some() {
+                "subPathExpr"
+            } else {
+                "subPath"
+            };
             shoal_state::labels::check_descending_path(sub, false)
-                .map_err(|reason| config_error(format!("{field}.subPath: {sub:?} {reason}")))?;
+                .map_err(|reason| config_error(format!("{field}.{which}: {sub:?} {reason}")))?;
         }
         let (source, readonly, recursive_readonly) = match &volume.source {
             // A read-only host directory is read-only in its submounts too.
@@ -645,7 +664,7 @@ pub fn build(
                 MountSource::HostPath {
                     path: path.clone(),
                     kind: *kind,
-                    sub_path: m.sub_path.clone(),
+                    sub_path: sub_path.clone(),
                 },
                 m.read_only || *read_only,
                 m.read_only || *read_only,
@@ -653,7 +672,7 @@ pub fn build(
             VolumeSource::Persistent { volume, read_only } => (
                 MountSource::Persistent {
                     volume: volume.clone(),
-                    sub_path: m.sub_path.clone(),
+                    sub_path: sub_path.clone(),
                 },
                 m.read_only || *read_only,
                 false,
@@ -666,7 +685,7 @@ pub fn build(
             other => (
                 MountSource::Volume {
                     volume: volume.name.clone(),
-                    sub_path: m.sub_path.clone(),
+                    sub_path: sub_path.clone(),
                 },
                 m.read_only
                     || matches!(
@@ -833,6 +852,27 @@ mod tests {
         };
         let r = build(&plan, &plan.containers[0], &image(), &ctx).unwrap();
         assert!(r.mounts[3].readonly && r.mounts[3].recursive_readonly);
+        // subPathExpr: the container's variables expanded, the result checked as a subPath.
+        let spec = |expr: &str| {
+            json!({"containers": [{"name": "app", "image": "b",
+                "env": [{"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                        {"name": "UP", "value": ".."}],
+                "volumeMounts": [{"name": "data", "mountPath": "/logs", "subPathExpr": expr}]}],
+                "volumes": [{"name": "data", "emptyDir": {}}]})
+        };
+        let r = request(spec("logs/$(POD)"), &none).unwrap();
+        assert_eq!(
+            r.mounts[3].source,
+            MountSource::Volume {
+                volume: "data".into(),
+                sub_path: Some("logs/web-1".into())
+            }
+        );
+        let err = request(spec("$(UP)/$(UP)/etc"), &none).unwrap_err();
+        assert!(
+            err.message.contains("app.volumeMounts[0].subPathExpr"),
+            "{err:?}"
+        );
     }
 
     /// A fenced pod's container carries the end of the run lease its start was decided under

@@ -73,6 +73,8 @@ pub struct VolumeMount {
     pub mount_path: String,
     pub read_only: bool,
     pub sub_path: Option<String>,
+    /// `subPathExpr`: a subPath with the container's `$(VAR)`s expanded at its start.
+    pub sub_path_expr: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -514,6 +516,10 @@ fn container(value: &Value, field: &str) -> Result<ContainerPlan, FieldError> {
             mount_path: m["mountPath"].as_str().unwrap_or_default().to_owned(),
             read_only: m["readOnly"].as_bool().unwrap_or(false),
             sub_path: m["subPath"]
+                .as_str()
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned),
+            sub_path_expr: m["subPathExpr"]
                 .as_str()
                 .filter(|s| !s.is_empty())
                 .map(str::to_owned),
