@@ -371,6 +371,26 @@ pub fn check(spec: &Value, path: &str) -> Result<(), FieldError> {
             for p in ["livenessProbe", "readinessProbe", "startupProbe"] {
                 probe(&c[p], format!("{at}.{p}"))?;
             }
+            if let Some(path) = c["terminationMessagePath"]
+                .as_str()
+                .filter(|p| !p.is_empty())
+                && (!path.starts_with('/') || path.split('/').any(|p| p == ".."))
+            {
+                return Err(invalid(
+                    format!("{at}.terminationMessagePath"),
+                    path,
+                    "must be an absolute path without '..'",
+                ));
+            }
+            let policy = c["terminationMessagePolicy"].as_str().unwrap_or("File");
+            if !matches!(policy, "File" | "FallbackToLogsOnError") {
+                return Err(problem(
+                    format!("{at}.terminationMessagePolicy"),
+                    format!(
+                        "Unsupported value: {policy:?}: supported values: \"File\", \"FallbackToLogsOnError\""
+                    ),
+                ));
+            }
             let mut targets = std::collections::BTreeSet::new();
             for (j, m) in c["volumeMounts"]
                 .as_array()

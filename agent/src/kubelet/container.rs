@@ -703,6 +703,20 @@ pub fn build(
             field,
         });
     }
+    // The termination message file, unless a volume is mounted there already.
+    if !c
+        .volume_mounts
+        .iter()
+        .any(|m| m.mount_path.trim_end_matches('/') == c.termination_message_path)
+    {
+        mounts.push(Mount {
+            source: MountSource::TerminationLog,
+            destination: c.termination_message_path.clone(),
+            readonly: false,
+            recursive_readonly: false,
+            field: format!("{}.terminationMessagePath", c.name),
+        });
+    }
     let fenced = shoal_core::placement::partition::Policy::parse(
         plan.annotations
             .get(shoal_core::placement::partition::ANNOTATION)
@@ -747,6 +761,7 @@ pub fn build(
         fence_deadline_ms,
         stdin: c.stdin,
         stdin_once: c.stdin_once,
+        termination_message_from_logs: c.termination_message_from_logs,
         tty: c.tty,
     })
 }

@@ -3,6 +3,37 @@
 
 use super::*;
 
+/// Where an exited attempt's termination message is kept once read (beside its bundle).
+const MESSAGE_FILE: &str = "message.json";
+/// Marks an attempt whose policy is `FallbackToLogsOnError`.
+const FALLBACK_FILE: &str = "termination-fallback.json";
+/// The most of a termination message kept (the kubelet's 4 KiB).
+const MAX_MESSAGE_BYTES: u64 = 4096;
+
+/// The last 80 lines of a container's log, at most 2 KiB (the kubelet's fallback message):
+/// the log's last 16 KiB read, its CRI framing removed.
+fn log_tail(path: &Path) -> Option<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path).ok()?;
+    let len = file.metadata().ok()?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(16 << 10)))
+        .ok()?;
+    let mut raw = Vec::new();
+    file.take(16 << 10).read_to_end(&mut raw).ok()?;
+    let text = crate::kubelet::logs::render(&raw, false);
+    let text = String::from_utf8_lossy(&text);
+    let lines: Vec<&str> = text.lines().collect();
+    let mut tail = lines[lines.len().saturating_sub(80)..].join("\n");
+    if tail.len() > 2048 {
+        let mut cut = tail.len() - 2048;
+        while !tail.is_char_boundary(cut) {
+            cut += 1;
+        }
+        tail = tail[cut..].to_owned();
+    }
+    Some(tail)
+}
+
 impl Runtime {
     /// Creates and starts a container in its pod's sandbox; returns once its shim runs (the
     /// process start shows up in [`Runtime::list`]).
@@ -29,6 +60,9 @@ impl Runtime {
             std::fs::create_dir_all(dir).map_err(io_at(dir))?;
         }
         shim::write_state(&bundle, "meta.json", meta).map_err(io_at(&bundle))?;
+        if request.termination_message_from_logs {
+            shim::write_state(&bundle, FALLBACK_FILE, &true).map_err(io_at(&bundle))?;
+        }
         let lower: Vec<String> = request
             .layers
             .iter()
@@ -181,7 +215,17 @@ impl Runtime {
         let started: Option<Started> = read_json(&bundle.join(shim::STARTED_FILE));
         let exited: Option<Exited> = read_json(&bundle.join(shim::EXIT_FILE));
         let state = match exited {
-            Some(exited) => {
+            Some(mut exited) => {
+                // The termination message, read once and kept beside the bundle.
+                let message_file = bundle.join(MESSAGE_FILE);
+                exited.message = match read_json::<Option<String>>(&message_file) {
+                    Some(message) => message,
+                    None => {
+                        let message = self.termination_message(bundle, &meta, &exited);
+                        let _ = shim::write_state(bundle, MESSAGE_FILE, &message);
+                        message
+                    }
+                };
                 // The OOM counter lives in the container's cgroup, which stays until removal;
                 // remember it beside the bundle once read.
                 let oom_file = bundle.join("oom.json");
@@ -223,6 +267,7 @@ impl Runtime {
                             finished_unix_ms: shim::unix_ms(std::time::SystemTime::now()),
                             start_error: Some("the container's shim disappeared".into()),
                             fence_lapsed: false,
+                            message: None,
                         },
                         oom_killed: false,
                     }
@@ -234,6 +279,46 @@ impl Runtime {
             meta,
             state,
         })
+    }
+
+    /// What an exited attempt says about its end: its termination message file (at most
+    /// [`MAX_MESSAGE_BYTES`], read beneath the pods directory without following a symlink),
+    /// or — `FallbackToLogsOnError`, nothing written, a failure — the last 80 lines of its log
+    /// (at most 2 KiB), as the kubelet does.
+    fn termination_message(
+        &self,
+        bundle: &Path,
+        meta: &ContainerMeta,
+        exited: &Exited,
+    ) -> Option<String> {
+        let uid = self.uid_of_bundle(bundle);
+        let rel = Path::new(&uid)
+            .join("logs")
+            .join(&meta.name)
+            .join(format!("{}.termination", meta.attempt));
+        let written = crate::beneath::Root::open(&self.pods_dir)
+            .and_then(|pods| {
+                pods.read_regular(&rel, MAX_MESSAGE_BYTES, crate::beneath::Resolve::Beneath)
+            })
+            .unwrap_or_default();
+        if !written.is_empty() {
+            return Some(String::from_utf8_lossy(&written).into_owned());
+        }
+        let fallback = read_json::<bool>(&bundle.join(FALLBACK_FILE)).unwrap_or(false);
+        if !fallback || exited.exit_code == 0 {
+            return None;
+        }
+        let tail = log_tail(&self.log_path_for(bundle, meta))?;
+        (!tail.is_empty()).then_some(tail)
+    }
+
+    fn uid_of_bundle(&self, bundle: &Path) -> String {
+        bundle
+            .parent()
+            .and_then(Path::parent)
+            .and_then(Path::file_name)
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
     }
 
     fn log_path_for(&self, bundle: &Path, meta: &ContainerMeta) -> PathBuf {

@@ -66,6 +66,46 @@ impl Runtime {
         self.ensure_volume(uid, name)
     }
 
+    /// Where attempt `attempt` of container `name` of pod `uid` may write its termination
+    /// message: beside its log, kept as long as the log.
+    pub fn termination_path(&self, uid: &str, name: &str, attempt: u32) -> PathBuf {
+        self.pod_dir(uid)
+            .join("logs")
+            .join(name)
+            .join(format!("{attempt}.termination"))
+    }
+
+    /// Makes the attempt's termination message file, empty and writable by any user of the
+    /// container (as the kubelet makes it), beneath the pods directory without following a
+    /// symlink; returns its path.
+    fn termination_log(
+        &self,
+        uid: &str,
+        name: &str,
+        attempt: u32,
+    ) -> Result<PathBuf, RuntimeError> {
+        check_id("pod uid", uid)?;
+        check_id("container name", name)?;
+        let path = self.termination_path(uid, name, attempt);
+        Root::open(&self.pods_dir)
+            .and_then(|pods| {
+                pods.create_dir_all(
+                    &Path::new(uid).join("logs").join(name),
+                    0o755,
+                    Resolve::Beneath,
+                )
+            })
+            .and_then(|dir| {
+                dir.write_file(
+                    std::ffi::OsStr::new(&format!("{attempt}.termination")),
+                    b"",
+                    0o666,
+                )
+            })
+            .map_err(io_at(&path))?;
+        Ok(path)
+    }
+
     /// A node-local seccomp profile: `<data-dir>/seccomp/<rel>`, resolved beneath that
     /// directory without following symlinks, at most 1 MiB, checked to be an OCI
     /// `linux.seccomp` object.
@@ -386,6 +426,9 @@ impl Runtime {
         for (index, mount) in request.mounts.iter().enumerate() {
             let source = match &mount.source {
                 spec::MountSource::SandboxFile(name) => Ok(self.etc_dir(pod_uid).join(name)),
+                spec::MountSource::TerminationLog => {
+                    self.termination_log(pod_uid, &meta.name, meta.attempt)
+                }
                 spec::MountSource::Volume {
                     volume,
                     sub_path: None,

@@ -128,6 +128,7 @@ fn write_start_error(bundle: &Path, message: String) -> io::Result<()> {
             finished_unix_ms: unix_ms(SystemTime::now()),
             start_error: Some(message),
             fence_lapsed: false,
+            message: None,
         },
     )
 }
@@ -483,6 +484,7 @@ pub fn run(args: &ShimArgs) -> io::Result<()> {
             finished_unix_ms: unix_ms(SystemTime::now()),
             start_error: None,
             fence_lapsed,
+            message: None,
         },
     )
 }

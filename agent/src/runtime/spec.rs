@@ -36,6 +36,9 @@ pub enum MountSource {
         volume: String,
         sub_path: Option<String>,
     },
+    /// The attempt's termination message file (`terminationMessagePath`): made empty and
+    /// world-writable beside its log, read when the attempt has exited.
+    TerminationLog,
 }
 
 /// A mount the kubelet asks for.
@@ -119,6 +122,9 @@ pub struct ContainerRequest {
     pub stdin: bool,
     pub stdin_once: bool,
     pub tty: bool,
+    /// `terminationMessagePolicy: FallbackToLogsOnError`: a failed container that wrote no
+    /// termination message gets the end of its log as one.
+    pub termination_message_from_logs: bool,
 }
 
 /// The capabilities of [`ALL_CAPABILITIES`] in this process's bounding set (what the node
@@ -381,6 +387,7 @@ mod tests {
             fence_deadline_ms: None,
             stdin: false,
             stdin_once: false,
+            termination_message_from_logs: false,
             tty: false,
         }
     }

@@ -122,7 +122,7 @@ spec:
     volumeMounts: [{name: work, mountPath: /work}]
   - name: second
     image: shoal.local/busybox:1
-    command: [sh, -c, "echo two >> /work/order"]
+    command: [sh, -c, "echo two >> /work/order; echo second done > /dev/termination-log"]
     volumeMounts: [{name: work, mountPath: /work}]
   containers:
   - name: web
@@ -176,6 +176,11 @@ async fn a_pod_runs_reports_ready_and_serves_logs_from_any_agent() {
     assert_eq!(
         container_status(&pod, "second")["state"]["terminated"]["reason"],
         "Completed"
+    );
+    // What it wrote to its termination message file.
+    assert_eq!(
+        container_status(&pod, "second")["state"]["terminated"]["message"],
+        "second done\n"
     );
     assert!(container_status(&pod, "web")["state"]["running"]["startedAt"].is_string());
     assert_eq!(container_status(&pod, "client")["restartCount"], 0);
@@ -362,7 +367,7 @@ kind: Pod
 metadata: {name: crashy}
 spec:
   containers:
-  - {name: c, image: shoal.local/busybox:1, command: [sh, -c, "echo crashing; exit 3"]}
+  - {name: c, image: shoal.local/busybox:1, command: [sh, -c, "echo crashing; exit 3"], terminationMessagePolicy: FallbackToLogsOnError}
 ---
 apiVersion: v1
 kind: Pod
@@ -412,6 +417,8 @@ spec:
     let c = container_status(&pod, "c");
     assert_eq!(c["lastState"]["terminated"]["exitCode"], 3, "{c}");
     assert_eq!(c["lastState"]["terminated"]["reason"], "Error", "{c}");
+    // FallbackToLogsOnError: no message written, a failure: the log's end stands in.
+    assert_eq!(c["lastState"]["terminated"]["message"], "crashing", "{c}");
     wait_pod(&api, 1, "crashy", "crashy in CrashLoopBackOff", |p| {
         container_status(p, "c")["state"]["waiting"]["reason"] == "CrashLoopBackOff"
     })

@@ -127,6 +127,7 @@ impl Node {
             fence_deadline_ms,
             stdin: false,
             stdin_once: false,
+            termination_message_from_logs: false,
             tty: false,
         };
         self.runtime.start_container(uid, &meta, &request).unwrap();

@@ -106,6 +106,7 @@ fn request(id: &str, layers: Vec<PathBuf>, log: PathBuf) -> ContainerRequest {
         fence_deadline_ms: None,
         stdin: false,
         stdin_once: false,
+        termination_message_from_logs: false,
         tty: false,
     }
 }

@@ -238,6 +238,7 @@ impl ContainerRuntime for SimRuntime {
                                     finished_unix_ms: 0,
                                     start_error: None,
                                     fence_lapsed: false,
+                                    message: None,
                                 },
                                 oom_killed: false,
                             },

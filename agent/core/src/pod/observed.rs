@@ -38,6 +38,11 @@ pub struct Exited {
     /// The shim killed the container because its agent stopped renewing the fence lease.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fence_lapsed: bool,
+    /// What the container wrote to its termination message file (at most 4 KiB), or with
+    /// `FallbackToLogsOnError` and a failure, the end of its log: the runtime reads it when it
+    /// observes the exit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// A container's state as the runtime observes it.

@@ -290,6 +290,12 @@ pub struct ContainerPlan {
     pub stdin: bool,
     pub stdin_once: bool,
     pub tty: bool,
+    /// `terminationMessagePath` (default `/dev/termination-log`): a file the container may
+    /// write why it ended into; the node shows it as the terminated state's `message`.
+    pub termination_message_path: String,
+    /// `terminationMessagePolicy: FallbackToLogsOnError`: with no message written and a
+    /// failure, the end of the container's log stands in.
+    pub termination_message_from_logs: bool,
 }
 
 /// `imagePullPolicy`: when the kubelet asks a registry for the image.
@@ -598,6 +604,30 @@ fn container(value: &Value, field: &str) -> Result<ContainerPlan, FieldError> {
         stdin: value["stdin"].as_bool().unwrap_or(false),
         stdin_once: value["stdinOnce"].as_bool().unwrap_or(false),
         tty: value["tty"].as_bool().unwrap_or(false),
+        termination_message_path: match value["terminationMessagePath"].as_str() {
+            None | Some("") => "/dev/termination-log".to_owned(),
+            Some(path) if path.starts_with('/') && !path.split('/').any(|p| p == "..") => {
+                path.to_owned()
+            }
+            Some(path) => {
+                return Err(FieldError::new(
+                    format!("{field}.terminationMessagePath"),
+                    format!("Invalid value: {path:?}: must be an absolute path without '..'"),
+                ));
+            }
+        },
+        termination_message_from_logs: match value["terminationMessagePolicy"].as_str() {
+            None | Some("File") => false,
+            Some("FallbackToLogsOnError") => true,
+            Some(other) => {
+                return Err(FieldError::new(
+                    format!("{field}.terminationMessagePolicy"),
+                    format!(
+                        "Unsupported value: {other:?}: supported values: \"File\", \"FallbackToLogsOnError\""
+                    ),
+                ));
+            }
+        },
     })
 }
 

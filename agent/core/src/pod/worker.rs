@@ -927,6 +927,9 @@ impl PodWorker {
                 if let Some(signal) = exited.signal {
                     terminated["signal"] = json!(signal);
                 }
+                if let Some(message) = &exited.message {
+                    terminated["message"] = json!(message);
+                }
                 if let Some(message) = &exited.start_error {
                     terminated["message"] = json!(message);
                 }
@@ -1161,6 +1164,7 @@ mod tests {
                     finished_unix_ms: at,
                     start_error: None,
                     fence_lapsed: false,
+                    message: None,
                 },
                 oom_killed: false,
             },
