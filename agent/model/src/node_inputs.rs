@@ -124,6 +124,34 @@ fn probe(value: &Value, at: String) -> Result<(), FieldError> {
     Ok(())
 }
 
+/// A lifecycle hook: one handler of those a node runs (`exec`, `httpGet` with a port number,
+/// `sleep` of at most a day).
+fn hook(value: &Value, at: String) -> Result<(), FieldError> {
+    if value.is_null() {
+        return Ok(());
+    }
+    if let Some(http) = value.get("httpGet") {
+        let port = &http["port"];
+        if !port.as_u64().is_some_and(|p| (1..=65535).contains(&p)) {
+            return Err(problem(
+                format!("{at}.httpGet.port"),
+                format!("Invalid value: {port}: must be a port number from 1 to 65535"),
+            ));
+        }
+    } else if let Some(sleep) = value.get("sleep") {
+        seconds(&sleep["seconds"], format!("{at}.sleep.seconds"), 0)?;
+        if sleep["seconds"].as_u64().is_none_or(|s| s > 86_400) {
+            return Err(problem(
+                format!("{at}.sleep.seconds"),
+                "Invalid value: must be a number of seconds from 0 to 86400",
+            ));
+        }
+    } else if value.get("exec").is_none() {
+        return Err(problem(at, "Required value: must specify a handler type"));
+    }
+    Ok(())
+}
+
 fn items(source: &Value, at: &str) -> Result<(), FieldError> {
     for (j, item) in source["items"].as_array().into_iter().flatten().enumerate() {
         let key = item["key"].as_str().unwrap_or_default();
@@ -370,6 +398,9 @@ pub fn check(spec: &Value, path: &str) -> Result<(), FieldError> {
             expansion(c, &at)?;
             for p in ["livenessProbe", "readinessProbe", "startupProbe"] {
                 probe(&c[p], format!("{at}.{p}"))?;
+            }
+            for h in ["postStart", "preStop"] {
+                hook(&c["lifecycle"][h], format!("{at}.lifecycle.{h}"))?;
             }
             if let Some(path) = c["terminationMessagePath"]
                 .as_str()

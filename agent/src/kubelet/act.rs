@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// The longest a postStart hook may run (the kubelet waits on it without a bound; here a
+/// hung hook counts as failed after this).
+const POST_START_TIMEOUT: Duration = Duration::from_secs(300);
+
 impl Kubelet {
     fn sandbox_spec(&self, plan: &pod::PodPlan) -> SandboxSpec {
         SandboxSpec {
@@ -173,7 +177,7 @@ impl Kubelet {
             Action::PreStop {
                 name,
                 attempt,
-                command,
+                handler,
             } => {
                 let Some(meta) = find(&name, attempt) else {
                     return Ok(());
@@ -182,15 +186,51 @@ impl Kubelet {
                     plan.map_or(30_000, |p| p.termination_grace_ms).max(1_000),
                 );
                 let runtime = self.runtime.clone();
+                let netns =
+                    (!plan.is_some_and(|p| p.host_network)).then(|| self.runtime.netns_path(uid));
                 let tx = hook_tx.clone();
                 let uid = uid.to_owned();
+                // A fresh thread per hook: an httpGet hook moves it into the pod's network
+                // namespace.
                 std::thread::Builder::new()
                     .name("pre-stop".into())
                     .spawn(move || {
-                        if let Err(error) = runtime.exec_sync(&meta, &command, grace) {
+                        let ran = probe::run_handler(&handler, netns.as_deref(), grace, |c, t| {
+                            runtime.exec_sync(&meta, c, t)
+                        });
+                        if let Err(error) = ran {
                             debug!(pod = %uid, container = %name, %error, "preStop hook failed");
                         }
-                        let _ = tx.send((uid, name, attempt));
+                        let _ = tx.send((uid, name, attempt, None));
+                    })
+                    .map_err(|e| e.to_string())?;
+            }
+            Action::PostStart {
+                name,
+                attempt,
+                handler,
+            } => {
+                let Some(meta) = find(&name, attempt) else {
+                    return Ok(());
+                };
+                let runtime = self.runtime.clone();
+                let netns =
+                    (!plan.is_some_and(|p| p.host_network)).then(|| self.runtime.netns_path(uid));
+                let tx = hook_tx.clone();
+                let uid = uid.to_owned();
+                std::thread::Builder::new()
+                    .name("post-start".into())
+                    .spawn(move || {
+                        let ran = probe::run_handler(
+                            &handler,
+                            netns.as_deref(),
+                            POST_START_TIMEOUT,
+                            |c, t| runtime.exec_sync(&meta, c, t),
+                        );
+                        if let Err(error) = &ran {
+                            info!(pod = %uid, container = %name, %error, "postStart hook failed");
+                        }
+                        let _ = tx.send((uid, name, attempt, Some(ran)));
                     })
                     .map_err(|e| e.to_string())?;
             }

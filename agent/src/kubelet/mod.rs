@@ -62,8 +62,9 @@ impl Default for KubeletConfig {
     }
 }
 
-/// A preStop hook that ended: (pod uid, container, attempt).
-type HookDone = (String, String, u32);
+/// A lifecycle hook that ended: (pod uid, container, attempt, and for a postStart hook how
+/// it ended; `None`: a preStop hook).
+type HookDone = (String, String, u32, Option<Result<(), String>>);
 
 struct ProbeResult {
     uid: String,
@@ -393,9 +394,12 @@ impl Kubelet {
                     );
                 }
             }
-            for (uid, name, attempt) in hook_rx.try_iter() {
+            for (uid, name, attempt, post_start) in hook_rx.try_iter() {
                 if let Some(worker) = workers.get_mut(&uid) {
-                    worker.pre_stop_done(&name, attempt);
+                    match post_start {
+                        Some(result) => worker.post_start_done(&name, attempt, result),
+                        None => worker.pre_stop_done(&name, attempt),
+                    }
                 }
             }
             busy = self.sync(

@@ -6,7 +6,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::Duration;
 
-use super::pod::{Probe, ProbeAction};
+use super::pod::{Handler, Probe, ProbeAction};
 
 /// Moves the calling thread into the network namespace at `netns`. The thread must not be
 /// reused for anything else afterwards.
@@ -79,5 +79,31 @@ pub fn run<E: std::fmt::Display>(
     match result {
         Ok(message) => (true, message),
         Err(message) => (false, message),
+    }
+}
+
+/// Runs a lifecycle hook's `handler` (`exec` runs a command in the container) within
+/// `timeout`: `Err` says why it failed. The calling thread may be moved into the pod's network
+/// namespace (an httpGet hook): it must not be reused.
+pub fn run_handler<E: std::fmt::Display>(
+    handler: &Handler,
+    netns: Option<&Path>,
+    timeout: Duration,
+    exec: impl FnOnce(&[String], Duration) -> Result<(i32, String), E>,
+) -> Result<(), String> {
+    match handler {
+        Handler::Exec(command) => match exec(command, timeout) {
+            Ok((0, _)) => Ok(()),
+            Ok((code, output)) => Err(format!("command exited with {code}: {}", output.trim())),
+            Err(error) => Err(error.to_string()),
+        },
+        Handler::HttpGet { port, path } => netns
+            .map_or(Ok(()), enter_netns)
+            .and_then(|()| http_get(*port, path, timeout))
+            .map(|_| ()),
+        Handler::Sleep { ms } => {
+            std::thread::sleep(Duration::from_millis(*ms).min(timeout));
+            Ok(())
+        }
     }
 }

@@ -545,8 +545,14 @@ spec:
       periodSeconds: 1
       failureThreshold: 1
     lifecycle:
+      postStart:
+        exec: {command: [sh, -c, "echo started > /work/post-start"]}
       preStop:
-        exec: {command: [sh, -c, "echo draining > /work/pre-stop"]}
+        httpGet: {port: 9090, path: /drain}
+    volumeMounts: [{name: work, mountPath: /work}]
+  - name: recorder
+    image: shoal.local/busybox:1
+    command: [sh, -c, "trap '' TERM; nc -l -p 9090 > /work/pre-stop; sleep 1000"]
     volumeMounts: [{name: work, mountPath: /work}]
   volumes:
   - {name: work, emptyDir: {}}
@@ -576,20 +582,26 @@ spec:
     let pod = pod_json(&api, 0, "toggle");
     assert_eq!(container_status(&pod, "c")["restartCount"], 0);
     assert_eq!(pod["status"]["phase"], "Running");
-
-    // Deleting it runs the preStop hook first (it writes into the pod's emptyDir, visible on
-    // n2 until the sandbox goes); the container ignores SIGTERM, so it is killed only once the
-    // 3 s grace period is over.
+    // Its postStart hook ran (before it could be Ready).
     let uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
-    let marker = api.agents[2]
+    let work = api.agents[2]
         .data_dir()
         .join("pods")
         .join(&uid)
-        .join("volumes/work/pre-stop");
+        .join("volumes/work");
+    assert_eq!(
+        std::fs::read_to_string(work.join("post-start")).unwrap_or_default(),
+        "started\n"
+    );
+
+    // Deleting it runs the preStop hook first (an HTTP GET the other container records in
+    // the pod's emptyDir, visible on n2 until the sandbox goes); the container ignores
+    // SIGTERM, so it is killed only once the 3 s grace period is over.
+    let marker = work.join("pre-stop");
     let deleted = Instant::now();
     api.ok(0, &["delete", "pod", "toggle", "--wait=false"]);
     wait_until("the preStop hook ran", LIMIT, || async {
-        std::fs::read_to_string(&marker).is_ok_and(|t| t == "draining\n")
+        std::fs::read_to_string(&marker).is_ok_and(|t| t.starts_with("GET /drain HTTP/1.1"))
     })
     .await
     .unwrap();

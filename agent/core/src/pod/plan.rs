@@ -234,6 +234,51 @@ pub enum ProbeAction {
     },
 }
 
+/// A lifecycle hook's handler (`lifecycle.postStart`, `lifecycle.preStop`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handler {
+    /// A command run in the container.
+    Exec(Vec<String>),
+    /// An HTTP GET to the pod's own address (its loopback, from its network namespace).
+    HttpGet { port: u16, path: String },
+    /// A pause of the kubelet's (`sleep.seconds`), the container untouched.
+    Sleep { ms: u64 },
+}
+
+/// The most a `sleep` handler may ask (s): what a grace period may be at most here.
+const MAX_SLEEP_S: u64 = 86_400;
+
+fn handler(value: &Value, field: &str) -> Result<Option<Handler>, FieldError> {
+    if value.is_null() {
+        return Ok(None);
+    }
+    if let Some(exec) = value.get("exec") {
+        Ok(Some(Handler::Exec(
+            strings(&exec["command"]).unwrap_or_default(),
+        )))
+    } else if let Some(http) = value.get("httpGet") {
+        Ok(Some(Handler::HttpGet {
+            port: port(&http["port"], &format!("{field}.httpGet.port"))?,
+            path: http["path"].as_str().unwrap_or("/").to_owned(),
+        }))
+    } else if let Some(sleep) = value.get("sleep") {
+        let seconds = sleep["seconds"]
+            .as_u64()
+            .filter(|s| *s <= MAX_SLEEP_S)
+            .ok_or_else(|| {
+                FieldError::new(
+                    format!("{field}.sleep.seconds"),
+                    format!("must be a number of seconds from 0 to {MAX_SLEEP_S}"),
+                )
+            })?;
+        Ok(Some(Handler::Sleep {
+            ms: seconds.saturating_mul(1000),
+        }))
+    } else {
+        Err(FieldError::new(field, "needs exec, httpGet or sleep"))
+    }
+}
+
 /// A liveness, readiness or startup probe (Kubernetes field names and defaults).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Probe {
@@ -272,8 +317,12 @@ pub struct ContainerPlan {
     pub liveness: Option<Probe>,
     pub readiness: Option<Probe>,
     pub startup: Option<Probe>,
-    /// `lifecycle.preStop.exec.command`: run in the container before SIGTERM.
-    pub pre_stop: Option<Vec<String>>,
+    /// `lifecycle.preStop`: run before SIGTERM, within the grace period.
+    pub pre_stop: Option<Handler>,
+    /// `lifecycle.postStart`: run once the container started; it counts as started (probes,
+    /// readiness, the next init container) only when this has succeeded, and is killed if it
+    /// fails.
+    pub post_start: Option<Handler>,
     /// A native sidecar: an init container with `restartPolicy: Always` (started in its turn,
     /// not waited on to complete, restarted whatever the pod's policy, stopped after the main
     /// containers).
@@ -592,7 +641,14 @@ fn container(value: &Value, field: &str) -> Result<ContainerPlan, FieldError> {
         liveness: probe(&value["livenessProbe"], &format!("{field}.livenessProbe"))?,
         readiness: probe(&value["readinessProbe"], &format!("{field}.readinessProbe"))?,
         startup: probe(&value["startupProbe"], &format!("{field}.startupProbe"))?,
-        pre_stop: strings(&value["lifecycle"]["preStop"]["exec"]["command"]),
+        pre_stop: handler(
+            &value["lifecycle"]["preStop"],
+            &format!("{field}.lifecycle.preStop"),
+        )?,
+        post_start: handler(
+            &value["lifecycle"]["postStart"],
+            &format!("{field}.lifecycle.postStart"),
+        )?,
         sidecar: false,
         run_as_non_root: security["runAsNonRoot"].as_bool().unwrap_or(false),
         seccomp: seccomp_choice(

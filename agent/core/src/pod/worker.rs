@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde_json::{Value, json};
 
 use super::observed::{ObservedContainer, ObservedState};
-use super::plan::{ContainerPlan, PodPlan, Probe};
+use super::plan::{ContainerPlan, Handler, PodPlan, Probe};
 
 /// Back-off and timing knobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,7 +76,13 @@ pub enum Action {
     PreStop {
         name: String,
         attempt: u32,
-        command: Vec<String>,
+        handler: Handler,
+    },
+    /// Run the container's postStart hook; [`PodWorker::post_start_done`] reports how it ended.
+    PostStart {
+        name: String,
+        attempt: u32,
+        handler: Handler,
     },
     Remove {
         name: String,
@@ -106,12 +112,21 @@ struct Stopping {
     reason: StopReason,
 }
 
+/// Where an attempt's postStart hook is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PostStart {
+    Running,
+    Done,
+    Failed(String),
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum StopReason {
     PodGone,
     Unhealthy(ProbeKind),
     Removed,
     Evicted,
+    PostStartFailed,
 }
 
 #[derive(Debug, Clone)]
@@ -166,8 +181,10 @@ pub struct PodWorker {
     stopping: HashMap<(String, u32), Stopping>,
     start_errors: HashMap<String, StartError>,
     probes: HashMap<(String, u32, ProbeKind), ProbeState>,
-    /// preStop commands by container name, from the latest spec.
-    pre_stop: HashMap<String, Vec<String>>,
+    /// preStop hooks by container name, from the latest spec.
+    pre_stop: HashMap<String, Handler>,
+    /// Each attempt's postStart hook: running, done, or failed (and why).
+    post_start: HashMap<(String, u32), PostStart>,
     /// Init container names, from the latest spec (an event's field path names the list).
     init_names: std::collections::HashSet<String>,
     /// Sidecar names (init containers with `restartPolicy: Always`), from the latest spec:
@@ -372,6 +389,26 @@ impl PodWorker {
         }
     }
 
+    /// The postStart hook of a container attempt ended: `Err` with why it failed (the
+    /// attempt is then killed, and restarted as its policy says).
+    pub fn post_start_done(&mut self, name: &str, attempt: u32, result: Result<(), String>) {
+        let key = (name.to_owned(), attempt);
+        if let Some(state) = self.post_start.get_mut(&key) {
+            match result {
+                Ok(()) => *state = PostStart::Done,
+                Err(message) => {
+                    *state = PostStart::Failed(message.clone());
+                    self.event(
+                        name,
+                        true,
+                        "FailedPostStartHook",
+                        format!("PostStartHook failed: {message}"),
+                    );
+                }
+            }
+        }
+    }
+
     /// The preStop hook of a container attempt finished (or failed: SIGTERM follows anyway).
     pub fn pre_stop_done(&mut self, name: &str, attempt: u32) {
         if let Some(stopping) = self.stopping.get_mut(&(name.to_owned(), attempt)) {
@@ -403,6 +440,9 @@ impl PodWorker {
                     StopReason::PodGone | StopReason::Removed | StopReason::Evicted => {
                         format!("Stopping container {name}")
                     }
+                    StopReason::PostStartFailed => {
+                        format!("FailedPostStartHook: stopping container {name}")
+                    }
                 };
                 self.event(&name, false, "Killing", message);
                 let hook = self.pre_stop.get(&name).filter(|_| grace > 0).cloned();
@@ -420,10 +460,10 @@ impl PodWorker {
                     },
                 );
                 actions.push(match hook {
-                    Some(command) => Action::PreStop {
+                    Some(handler) => Action::PreStop {
                         name,
                         attempt,
-                        command,
+                        handler,
                     },
                     None => Action::Signal {
                         name,
@@ -584,6 +624,7 @@ impl PodWorker {
         self.stopping.retain(|(n, a), _| exists(n, *a));
         self.backoff_reported.retain(|(n, a)| exists(n, *a));
         self.oom_reported.retain(|(n, a)| exists(n, *a));
+        self.post_start.retain(|(n, a), _| exists(n, *a));
 
         let main_started = plan
             .containers
@@ -624,6 +665,9 @@ impl PodWorker {
                 self.drive(&mut actions, &mut view, plan, now_ms, true);
                 let started = view.latest.is_some_and(|l| {
                     matches!(l.state, ObservedState::Running(_))
+                        && (c.post_start.is_none()
+                            || self.post_start.get(&(c.name.clone(), l.meta.attempt))
+                                == Some(&PostStart::Done))
                         && (c.startup.is_none()
                             || self.probe_passing(&c.name, l.meta.attempt, ProbeKind::Startup)
                                 == Some(true))
@@ -769,6 +813,38 @@ impl PodWorker {
                     return;
                 }
                 let attempt = c.meta.attempt;
+                // The postStart hook first: until it succeeds the container is not started (no
+                // probe, not ready); a failure kills it. An attempt that ran before this worker
+                // first saw the pod (an agent restart) had its hook run already.
+                if let Some(hook) = &view.plan.post_start {
+                    let key = (name.clone(), attempt);
+                    let adopted = self
+                        .first_seen_ms
+                        .is_some_and(|first| started.started_unix_ms < first);
+                    let state = self.post_start.entry(key).or_insert_with(|| {
+                        if adopted {
+                            PostStart::Done
+                        } else {
+                            actions.push(Action::PostStart {
+                                name: name.clone(),
+                                attempt,
+                                handler: hook.clone(),
+                            });
+                            PostStart::Running
+                        }
+                    });
+                    match state {
+                        PostStart::Done => {}
+                        PostStart::Running => {
+                            view.waiting = Some(("ContainerCreating".into(), String::new()));
+                            return;
+                        }
+                        PostStart::Failed(_) => {
+                            self.stop(actions, c, now_ms, StopReason::PostStartFailed);
+                            return;
+                        }
+                    }
+                }
                 let startup_passed = view.plan.startup.is_none()
                     || self.probe_passing(&name, attempt, ProbeKind::Startup) == Some(true);
                 let mut probes: Vec<(ProbeKind, &Probe)> = Vec::new();
@@ -1795,6 +1871,74 @@ mod tests {
         assert!(d.finished);
     }
 
+    /// postStart: run once per attempt when it is seen running; until it succeeds the
+    /// container is not ready and not probed; a failure kills the attempt (with an event) and
+    /// the policy restarts it; an attempt adopted after a restart does not run it again.
+    #[test]
+    fn the_post_start_hook_gates_the_start_and_its_failure_kills_the_attempt() {
+        let p = plan(json!({"containers": [{"name": "a", "image": "b",
+            "readinessProbe": {"exec": {"command": ["true"]}, "periodSeconds": 1},
+            "lifecycle": {"postStart": {"httpGet": {"port": 8080, "path": "/warm"}}}}]}));
+        let hook = Handler::HttpGet {
+            port: 8080,
+            path: "/warm".into(),
+        };
+        let mut w = worker();
+        let _ = w.decide(1_000, Some(&p), true, &[]);
+        let run = [running("a", 0, 1_500)];
+        let d = w.decide(2_000, Some(&p), true, &run);
+        assert_eq!(
+            d.actions,
+            [Action::PostStart {
+                name: "a".into(),
+                attempt: 0,
+                handler: hook.clone()
+            }]
+        );
+        let waiting = |d: &Decision| {
+            d.status.as_ref().unwrap()["containerStatuses"][0]["state"]["waiting"]["reason"].clone()
+        };
+        assert_eq!(waiting(&d), "ContainerCreating");
+        // Still running: not again, no probe yet.
+        assert!(w.decide(3_000, Some(&p), true, &run).actions.is_empty());
+        w.post_start_done("a", 0, Ok(()));
+        let d = w.decide(4_000, Some(&p), true, &run);
+        assert!(
+            matches!(d.actions[..], [Action::Probe { .. }]),
+            "{:?}",
+            d.actions
+        );
+        // The next attempt's hook fails: killed, an event; then restarted.
+        let run1 = [exited("a", 0, 137, 5_000), running("a", 1, 20_000)];
+        let d = w.decide(20_500, Some(&p), true, &run1);
+        assert!(matches!(
+            d.actions[..],
+            [Action::PostStart { attempt: 1, .. }]
+        ));
+        w.post_start_done("a", 1, Err("HTTP 500".into()));
+        let d = w.decide(21_000, Some(&p), true, &run1);
+        assert!(
+            matches!(d.actions[..], [Action::Signal { attempt: 1, .. }]),
+            "{:?}",
+            d.actions
+        );
+        assert!(
+            w.take_events()
+                .iter()
+                .any(|e| e.reason == "FailedPostStartHook" && e.message.contains("HTTP 500"))
+        );
+        // A worker that first sees a running attempt (an agent restart): no hook again.
+        let mut fresh = worker();
+        let d = fresh.decide(30_000, Some(&p), true, &[running("a", 2, 25_000)]);
+        assert!(
+            !d.actions
+                .iter()
+                .any(|a| matches!(a, Action::PostStart { .. })),
+            "{:?}",
+            d.actions
+        );
+    }
+
     #[test]
     fn a_pod_stopped_now_is_killed_in_the_same_decision_without_its_hook() {
         // A fenced pod whose node lost its run lease: no SIGTERM first (its container may
@@ -1835,7 +1979,7 @@ mod tests {
             [Action::PreStop {
                 name: "a".into(),
                 attempt: 0,
-                command: vec!["sh".into(), "-c".into(), "drain".into()]
+                handler: Handler::Exec(vec!["sh".into(), "-c".into(), "drain".into()])
             }]
         );
         assert!(
