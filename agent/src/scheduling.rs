@@ -95,6 +95,8 @@ struct PodEntry {
     preempted_by: Option<String>,
     /// The PersistentVolumeClaims it names (a change of one re-reads it).
     claims: Vec<String>,
+    /// It has generic ephemeral volumes: their claims are made for it before its auction.
+    ephemeral: bool,
 }
 
 /// What `pod`'s PersistentVolumeClaims allow, from the store now (none read when it names
@@ -154,6 +156,9 @@ impl PodEntry {
         let mut request = PodRequest::from_pod(pod)?;
         request.volumes = volumes;
         Ok(Self {
+            ephemeral: pod["spec"]["volumes"]
+                .as_array()
+                .is_some_and(|v| v.iter().any(|v| v.get("ephemeral").is_some())),
             claims: shoal_model::storage::claims_of(pod)
                 .into_iter()
                 .map(|(_, claim)| claim)
@@ -209,6 +214,8 @@ struct State {
     settled: bool,
     /// The volumes the nodes' built-in provisioners made: volume name → (node, bytes).
     volumes_given: HashMap<String, (String, u64)>,
+    /// Pods (uids) whose ephemeral volumes' claims were found made: not looked at again.
+    ephemeral_made: std::collections::HashSet<String>,
 }
 
 /// The binding `pods` hold for `uid`: the node it names and its epoch.
@@ -694,6 +701,83 @@ impl Scheduling {
             self.lease_round();
             self.handle(outputs).await;
             self.claim_daemon_pods().await;
+            self.make_ephemeral_claims().await;
+        }
+    }
+
+    /// Makes the claims of the generic ephemeral volumes of the pods this node auctions
+    /// (upstream's ephemeral volume controller): each from its volume's template, named after
+    /// the pod and the volume, controlled by the pod; the auction waits for them
+    /// (`storage::placement`: a missing claim blocks the pod).
+    async fn make_ephemeral_claims(&self) {
+        let keys: Vec<(String, ObjectKey)> = {
+            let mut guard = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let state = &mut *guard;
+            let pods = &state.pods;
+            state.ephemeral_made.retain(|uid| pods.contains_key(uid));
+            // And the pods bound to this node by name (`spec.nodeName`: no auction).
+            let me = state
+                .addresses
+                .get(&self.self_id)
+                .map(|(name, _)| name.as_str());
+            let named_here = state
+                .pods
+                .values()
+                .filter(|e| e.ephemeral && me.is_some() && e.node_name.as_deref() == me);
+            state
+                .pending
+                .iter()
+                .filter_map(|(request, _)| state.pods.get(&request.uid))
+                .filter(|entry| entry.ephemeral)
+                .chain(named_here)
+                .filter(|entry| !state.ephemeral_made.contains(&entry.request.uid))
+                .map(|entry| (entry.request.uid.clone(), entry.key.clone()))
+                .collect()
+        };
+        let Some(claim_kind) = kind::lookup("v1", "PersistentVolumeClaim") else {
+            return;
+        };
+        for (uid, key) in keys {
+            let Some(pod) = self.replication.read(|s| s.get(&key)) else {
+                continue;
+            };
+            let mut all_there = true;
+            for mut claim in shoal_model::storage::ephemeral_claims(&pod) {
+                let name = claim["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                let claim_key = ObjectKey::new(claim_kind, &key.namespace, &name);
+                if self.replication.read(|s| s.get(&claim_key)).is_some() {
+                    continue;
+                }
+                all_there = false;
+                crate::api::admission::admit_new_claim(&self.replication, &mut claim);
+                let made = match shoal_state::validate(claim, &key.namespace) {
+                    Ok(mut valid) => {
+                        shoal_model::validation::default("PersistentVolumeClaim", &mut valid.body);
+                        self.replication
+                            .write(valid, shoal_state::WriteMode::Create)
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| e.to_string())
+                    }
+                    Err(e) => Err(e.to_string()),
+                };
+                match made {
+                    Ok(()) => info!(pod = %key, claim = %name, "ephemeral volume's claim made"),
+                    Err(error) => {
+                        debug!(pod = %key, claim = %name, %error, "ephemeral volume's claim not made")
+                    }
+                }
+            }
+            if all_there {
+                self.state
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .ephemeral_made
+                    .insert(uid);
+            }
         }
     }
 

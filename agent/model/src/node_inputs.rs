@@ -298,6 +298,22 @@ pub fn check(spec: &Value, path: &str) -> Result<(), FieldError> {
         if let Some(e) = v.get("emptyDir") {
             empty_dir(e, &format!("{at}.emptyDir"))?;
         }
+        if let Some(e) = v.get("ephemeral") {
+            let template = &e["volumeClaimTemplate"];
+            if !template["spec"].is_object() {
+                return Err(problem(
+                    format!("{at}.ephemeral.volumeClaimTemplate.spec"),
+                    "Required value",
+                ));
+            }
+            // Checked as the claim it becomes (its fields named from the template).
+            crate::storage::validate_claim(template).map_err(|e| {
+                problem(
+                    format!("{at}.ephemeral.volumeClaimTemplate.{}", e.field),
+                    e.detail,
+                )
+            })?;
+        }
         if let Some(d) = v.get("downwardAPI") {
             downward(d, &format!("{at}.downwardAPI"))?;
         }

@@ -315,19 +315,75 @@ pub fn node_of(volume: &Value) -> Option<String> {
     nodes.next().is_none().then_some(first)
 }
 
-/// The claims a pod's volumes name, with each volume's name.
+/// The claims a pod's volumes name, with each volume's name: its `persistentVolumeClaim`s,
+/// and its generic ephemeral volumes' claims ([`ephemeral_claim_name`]).
 pub fn claims_of(pod: &Value) -> Vec<(String, String)> {
+    let pod_name = pod["metadata"]["name"].as_str().unwrap_or_default();
     pod["spec"]["volumes"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|v| {
-            Some((
-                v["name"].as_str()?.to_owned(),
-                v["persistentVolumeClaim"]["claimName"].as_str()?.to_owned(),
-            ))
+            let volume = v["name"].as_str()?;
+            let claim = match v["persistentVolumeClaim"]["claimName"].as_str() {
+                Some(claim) => claim.to_owned(),
+                None if v.get("ephemeral").is_some() => ephemeral_claim_name(pod_name, volume),
+                None => return None,
+            };
+            Some((volume.to_owned(), claim))
         })
         .collect()
+}
+
+/// The claim of a pod's generic ephemeral volume: `<pod>-<volume>`, as upstream names it.
+pub fn ephemeral_claim_name(pod: &str, volume: &str) -> String {
+    format!("{pod}-{volume}")
+}
+
+/// The claims `pod`'s generic ephemeral volumes need (`ephemeral.volumeClaimTemplate`): each
+/// named after the pod and the volume, in the pod's namespace, controlled by the pod (the
+/// garbage collector deletes it with the pod).
+pub fn ephemeral_claims(pod: &Value) -> Vec<Value> {
+    let meta = &pod["metadata"];
+    let (Some(name), Some(uid)) = (meta["name"].as_str(), meta["uid"].as_str()) else {
+        return Vec::new();
+    };
+    pod["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| {
+            let template = &v.get("ephemeral")?["volumeClaimTemplate"];
+            let volume = v["name"].as_str()?;
+            let mut metadata = json!({
+                "name": ephemeral_claim_name(name, volume),
+                "namespace": meta["namespace"].as_str().unwrap_or("default"),
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid,
+                    "controller": true, "blockOwnerDeletion": true}],
+            });
+            for field in ["labels", "annotations"] {
+                if template["metadata"][field].is_object() {
+                    metadata[field] = template["metadata"][field].clone();
+                }
+            }
+            Some(json!({
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": metadata,
+                "spec": template["spec"],
+            }))
+        })
+        .collect()
+}
+
+/// Whether the claim `claim` (as stored) of `pod`'s ephemeral volume was made for this pod
+/// (controlled by its uid): a claim of that name made otherwise is not the pod's to use.
+fn made_for(claim: &Value, pod: &Value) -> bool {
+    claim["metadata"]["ownerReferences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|r| r["controller"] == true && r["uid"] == pod["metadata"]["uid"])
 }
 
 /// The node whose built-in provisioner made `volume`, and the bytes it gave out for it (none
@@ -376,11 +432,27 @@ pub fn placement(
         }
         _ => out.node = Some(node),
     };
-    for (_, name) in claims_of(pod) {
+    let ephemeral: Vec<&str> = pod["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| v.get("ephemeral").is_some())
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    for (pod_volume, name) in claims_of(pod) {
         let Some(c) = claim(&name) else {
             out.blocked = Some(format!("persistentvolumeclaim {name:?} not found"));
             return out;
         };
+        if ephemeral.contains(&pod_volume.as_str()) && !made_for(&c, pod) {
+            out.blocked = Some(format!(
+                "PVC {}/{name} was not created for pod {}/{} (pod is not owner)",
+                c["metadata"]["namespace"].as_str().unwrap_or("default"),
+                pod["metadata"]["namespace"].as_str().unwrap_or("default"),
+                pod["metadata"]["name"].as_str().unwrap_or_default(),
+            ));
+            return out;
+        }
         if !c["metadata"]["annotations"]["shoal.io/deletion-requested"].is_null() {
             out.blocked = Some(format!("persistentvolumeclaim {name:?} is being deleted"));
             return out;
@@ -800,6 +872,47 @@ mod tests {
                 .node
                 .as_deref(),
             Some("n3")
+        );
+    }
+
+    #[test]
+    fn an_ephemeral_volume_is_a_claim_made_for_its_pod_alone() {
+        let pod = json!({"metadata": {"name": "web", "namespace": "ns", "uid": "u-web"},
+            "spec": {"volumes": [{"name": "scratch", "ephemeral": {"volumeClaimTemplate": {
+                "metadata": {"labels": {"type": "scratch"}},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}}},
+                {"name": "cache", "emptyDir": {}}]}});
+        assert_eq!(
+            claims_of(&pod),
+            [("scratch".to_owned(), "web-scratch".to_owned())]
+        );
+        let made = ephemeral_claims(&pod);
+        assert_eq!(made.len(), 1);
+        assert_eq!(made[0]["metadata"]["name"], "web-scratch");
+        assert_eq!(made[0]["metadata"]["namespace"], "ns");
+        assert_eq!(made[0]["metadata"]["labels"]["type"], "scratch");
+        assert_eq!(made[0]["metadata"]["ownerReferences"][0]["uid"], "u-web");
+        assert_eq!(made[0]["spec"]["resources"]["requests"]["storage"], "1Gi");
+        let classes = |name: &str| (name == DEFAULT_CLASS).then(built_in_class);
+        let mut claim = made[0].clone();
+        claim["spec"]["storageClassName"] = json!(DEFAULT_CLASS);
+        let mine = claim.clone();
+        let at = |c: &Value| {
+            let c = c.clone();
+            placement(
+                &pod,
+                &move |_| Some(c.clone()),
+                &|_| None,
+                &classes,
+                &|_| false,
+            )
+        };
+        assert_eq!(at(&mine).blocked, None);
+        // A claim of that name that some other pod (or a user) made: not this pod's.
+        claim["metadata"]["ownerReferences"][0]["uid"] = json!("u-other");
+        assert_eq!(
+            at(&claim).blocked.as_deref(),
+            Some("PVC ns/web-scratch was not created for pod ns/web (pod is not owner)")
         );
     }
 

@@ -593,6 +593,44 @@ async fn volumes_past_their_limits_evict_their_pods_and_memory_volumes_are_tmpfs
             "--timeout=60s",
         ],
     );
+    // A generic ephemeral volume: a claim made for the pod from its template, provisioned
+    // where the pod runs, gone with the pod.
+    let eph = api.manifest(
+        "eph.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: eph}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers: [{name: c, image: shoal.local/busybox:1, command: [sh, -c, 'echo kept > /scratch/f; sleep 3600'], volumeMounts: [{name: scratch, mountPath: /scratch}]}]\n  volumes:\n  - name: scratch\n    ephemeral:\n      volumeClaimTemplate:\n        metadata: {labels: {kind: scratch}}\n        spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 2Mi}}}\n",
+    );
+    api.ok(0, &["apply", "-f", &eph]);
+    wait_pod(
+        &api,
+        1,
+        "eph",
+        "the pod with an ephemeral volume running",
+        |p| p["status"]["phase"] == "Running",
+    )
+    .await;
+    let claim = json_of(&api, 2, &["get", "pvc", "eph-scratch", "-o", "json"]);
+    assert_eq!(claim["status"]["phase"], "Bound", "{claim}");
+    assert_eq!(claim["metadata"]["labels"]["kind"], "scratch", "{claim}");
+    assert_eq!(
+        claim["metadata"]["ownerReferences"][0]["kind"], "Pod",
+        "{claim}"
+    );
+    let volume = claim["spec"]["volumeName"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    api.ok(0, &["delete", "pod", "eph", "--wait=true"]);
+    wait_until(
+        "the ephemeral claim and its volume gone with the pod",
+        LIMIT,
+        || {
+            let gone = json_of(&api, 0, &["get", "pvc", "eph-scratch", "-o", "json"]).is_null()
+                && json_of(&api, 0, &["get", "pv", &volume, "-o", "json"]).is_null();
+            async move { gone }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", api.ok(0, &["get", "pvc,pv"])));
     api.ok(0, &["delete", "-f", &file, "--wait=true", "--timeout=60s"]);
     // The tmpfs went with its pod.
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();

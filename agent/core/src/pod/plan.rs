@@ -830,6 +830,15 @@ impl PodPlan {
                         claim: text(&c["claimName"]),
                         read_only: c["readOnly"].as_bool().unwrap_or(false),
                     }
+                } else if v.get("ephemeral").is_some() {
+                    // A generic ephemeral volume: the claim made for the pod from its template.
+                    VolumeSource::Claim {
+                        claim: shoal_model::storage::ephemeral_claim_name(
+                            pod["metadata"]["name"].as_str().unwrap_or_default(),
+                            &name,
+                        ),
+                        read_only: false,
+                    }
                 } else if let Some(h) = v.get("hostPath") {
                     let kind = h["type"].as_str().unwrap_or_default();
                     VolumeSource::HostPath {
@@ -845,7 +854,7 @@ impl PodPlan {
                 } else {
                     return Err(FieldError::new(
                         format!("spec.volumes[{i}]"),
-                        "only emptyDir, configMap, secret, downwardAPI, projected, hostPath and persistentVolumeClaim volumes are supported",
+                        "only emptyDir, configMap, secret, downwardAPI, projected, hostPath, persistentVolumeClaim and ephemeral volumes are supported",
                     ));
                 };
                 Ok(Volume { name, source })
