@@ -40,5 +40,9 @@ protoc -I . --include_imports --include_source_info -o "$here/k8s.fds" \
     api/events/v1/generated.proto \
     api/policy/v1/generated.proto \
     api/coordination/v1/generated.proto \
+    api/rbac/v1/generated.proto \
+    api/authorization/v1/generated.proto \
+    api/authentication/v1/generated.proto \
+    api/storage/v1/generated.proto \
     apimachinery/pkg/apis/meta/v1/generated.proto 2>/dev/null
 echo "wrote $here/k8s.fds ($(wc -c <"$here/k8s.fds") bytes)"

@@ -469,6 +469,7 @@ impl Controllers {
         ) == Some(self.node_id);
         if bootstrap {
             self.built_in_storage_class().await;
+            self.default_rbac().await;
             for object in namespace::missing_built_ins(&names) {
                 if let Ok(valid) = shoal_state::validate(object, "") {
                     match self.replication.write(valid, WriteMode::Create).await {
@@ -545,6 +546,39 @@ impl Controllers {
             match self.replication.write(valid, WriteMode::Create).await {
                 Ok(_) => info!("built-in StorageClass local-path created"),
                 Err(e) => debug!(error = %e, "built-in StorageClass not created"),
+            }
+        }
+    }
+
+    /// The default ClusterRoles and ClusterRoleBindings ([`shoal_model::rbac::bootstrap`]),
+    /// each made while it is missing and its tombstone does not say a user deleted it (as
+    /// upstream's reconciliation, a default the user changed is theirs).
+    async fn default_rbac(&self) {
+        for object in shoal_model::rbac::bootstrap() {
+            let (Some(api_version), Some(kind_name), Some(name)) = (
+                object["apiVersion"].as_str(),
+                object["kind"].as_str(),
+                object["metadata"]["name"].as_str(),
+            ) else {
+                continue;
+            };
+            let Some(info) = kind::lookup(api_version, kind_name) else {
+                continue;
+            };
+            let key = ObjectKey::new(info, "", name);
+            if self
+                .replication
+                .read(|s| s.get(&key).is_some() || s.deleted(&key).is_some())
+            {
+                continue;
+            }
+            let what = format!("{kind_name}/{name}");
+            match shoal_state::validate(object, "") {
+                Ok(valid) => match self.replication.write(valid, WriteMode::Create).await {
+                    Ok(_) => info!(object = %what, "default RBAC object created"),
+                    Err(e) => debug!(object = %what, error = %e, "default RBAC object not created"),
+                },
+                Err(e) => warn!(object = %what, error = %e, "invalid default RBAC object"),
             }
         }
     }

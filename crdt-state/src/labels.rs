@@ -51,6 +51,34 @@ fn check_name(s: &str) -> Result<(), SyntaxError> {
     Ok(())
 }
 
+/// A name that is one URL path segment (the apiserver's `ValidatePathSegmentName`, which RBAC
+/// objects' names follow: `system:discovery`): 1 to 253 bytes, not `.` or `..`, no `/`, `%` or
+/// control character.
+pub fn check_path_segment_name(s: &str) -> Result<(), SyntaxError> {
+    if s.is_empty() || s.len() > 253 {
+        return Err(SyntaxError::Rule("must be 1 to 253 characters"));
+    }
+    if s == "." || s == ".." {
+        return Err(SyntaxError::Rule("may not be '.' or '..'"));
+    }
+    if s.chars().any(|c| c == '/' || c == '%' || c.is_control()) {
+        return Err(SyntaxError::Rule(
+            "may not contain '/', '%' or a control character",
+        ));
+    }
+    Ok(())
+}
+
+/// The rule a stored object's name follows: a path segment for the RBAC kinds, a DNS-1123
+/// subdomain for every other.
+pub fn check_object_name(group: &str, name: &str) -> Result<(), SyntaxError> {
+    if group == "rbac.authorization.k8s.io" {
+        check_path_segment_name(name)
+    } else {
+        check_dns_subdomain(name)
+    }
+}
+
 /// A DNS-1123 subdomain: lowercase alphanumerics, `-` and `.`, at most 253 characters.
 pub fn check_dns_subdomain(s: &str) -> Result<(), SyntaxError> {
     if s.is_empty() || s.len() > 253 {
@@ -219,6 +247,12 @@ mod tests {
     #[test]
     fn dns_subdomains() {
         assert!(check_dns_subdomain("node-1.example").is_ok());
+        assert!(check_path_segment_name("system:discovery").is_ok());
+        for bad in ["", ".", "..", "a/b", "a%2F", "a\nb"] {
+            assert!(check_path_segment_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_object_name("rbac.authorization.k8s.io", "system:basic-user").is_ok());
+        assert!(check_object_name("apps", "system:basic-user").is_err());
         assert!(check_dns_subdomain("Node").is_err());
         assert!(check_dns_subdomain("a..b").is_err());
         assert!(check_dns_subdomain("").is_err());

@@ -162,7 +162,7 @@ pub fn validate(mut object: Value, default_namespace: &str) -> Result<ValidObjec
         .filter(|n| !n.is_empty())
         .ok_or_else(|| ObjectError::invalid("metadata.name", "Required value"))?
         .to_owned();
-    labels::check_dns_subdomain(&name).map_err(|r| {
+    labels::check_object_name(info.group, &name).map_err(|r| {
         ObjectError::invalid("metadata.name", format!("Invalid value: {name:?}: {r}"))
     })?;
     let namespace = if info.namespaced {

@@ -891,7 +891,7 @@ fn validate_remote(key: &ObjectKey, state: &ObjectState) -> Result<(), String> {
     if key.info().is_none() {
         return Err(format!("unknown kind {}/{}", key.group, key.kind));
     }
-    crate::labels::check_dns_subdomain(&key.name).map_err(|r| format!("name: {r}"))?;
+    crate::labels::check_object_name(&key.group, &key.name).map_err(|r| format!("name: {r}"))?;
     if key.info().is_some_and(|i| i.namespaced) {
         check_dns_label(&key.namespace).map_err(|r| format!("namespace: {r}"))?;
     } else if !key.namespace.is_empty() {

@@ -31,6 +31,7 @@ pub mod job;
 pub mod node_inputs;
 pub mod placement;
 pub mod quantity;
+pub mod rbac;
 pub mod selector;
 pub mod service_ip;
 pub mod storage;

@@ -30,26 +30,10 @@ const ACCESS_MODES: &[&str] = &[
     "ReadWriteOncePod",
 ];
 
+use crate::validation::{default_field, one_of};
+
 fn err(field: impl Into<String>, detail: impl Into<String>) -> FieldError {
     FieldError::new(field, detail)
-}
-
-fn one_of(path: &str, value: &Value, allowed: &[&str]) -> Result<(), FieldError> {
-    match value {
-        Value::Null => Ok(()),
-        Value::String(s) if allowed.contains(&s.as_str()) => Ok(()),
-        other => Err(err(
-            path,
-            format!(
-                "Unsupported value: {other}: supported values: {}",
-                allowed
-                    .iter()
-                    .map(|a| format!("{a:?}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        )),
-    }
 }
 
 fn access_modes(value: &Value, path: &str) -> Result<(), FieldError> {
@@ -233,14 +217,6 @@ pub fn validate_class(class: &Value) -> Result<(), FieldError> {
         &class["volumeBindingMode"],
         &["Immediate", "WaitForFirstConsumer"],
     )
-}
-
-fn default_field(map: &mut Value, key: &str, value: Value) {
-    if let Some(m) = map.as_object_mut()
-        && !m.contains_key(key)
-    {
-        m.insert(key.to_owned(), value);
-    }
 }
 
 /// The apiserver's defaults for the storage kinds (a claim's class is the admission's, which

@@ -206,6 +206,13 @@ impl Admission<'_> {
         }
         if let Some(old) = stored
             .as_ref()
+            .filter(|_| matches!(valid.info.kind, "RoleBinding" | "ClusterRoleBinding"))
+        {
+            shoal_model::rbac::validate_binding_update(old, &valid.body)
+                .map_err(|e| ApiError::invalid(kind, name, &e.field, &e.detail))?;
+        }
+        if let Some(old) = stored
+            .as_ref()
             .filter(|_| valid.info.kind == "PersistentVolumeClaim")
         {
             let class = old["spec"]["storageClassName"].as_str().and_then(|c| {

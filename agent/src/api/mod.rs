@@ -4,6 +4,7 @@
 //! client libraries work against any agent.
 
 pub(crate) mod admission;
+mod authz;
 mod delete;
 mod discovery;
 mod handlers;
@@ -121,9 +122,15 @@ fn token_ok(headers: &HeaderMap, token: &str) -> bool {
             == 0
 }
 
+/// Who the request is (the cluster's token: its administrator), then as whom it acts and
+/// whether that one may ([`authz::identify`]); the public health and version paths need no
+/// credentials.
 async fn authenticate(State(state): State<ApiState>, request: Request, next: Next) -> Response {
-    if is_public(request.uri().path()) || token_ok(request.headers(), &state.token) {
+    if is_public(request.uri().path()) {
         return next.run(request).await;
+    }
+    if token_ok(request.headers(), &state.token) {
+        return authz::identify(State(state), authz::admin(), request, next).await;
     }
     ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized").into_response()
 }
@@ -137,6 +144,24 @@ pub fn router(state: ApiState) -> Router {
         .route(
             "/version",
             get(|| async { axum::Json(discovery::version()) }),
+        )
+        .route(
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            axum::routing::post(
+                |State(state): State<ApiState>,
+                 axum::Extension(user): axum::Extension<shoal_model::rbac::User>,
+                 body: axum::body::Bytes| async move {
+                    authz::self_subject_access_review(&state, &user, &body)
+                },
+            ),
+        )
+        .route(
+            "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+            axum::routing::post(
+                |axum::Extension(user): axum::Extension<shoal_model::rbac::User>| async move {
+                    authz::self_subject_review(&user)
+                },
+            ),
         )
         .fallback(dispatch)
         .layer(axum::extract::DefaultBodyLimit::max(

@@ -110,6 +110,10 @@ pub(super) fn message_for(api_version: &str, kind: &str) -> Option<MessageDescri
         "events.k8s.io" => "api.events",
         "policy" => "api.policy",
         "coordination.k8s.io" => "api.coordination",
+        "rbac.authorization.k8s.io" => "api.rbac",
+        "authorization.k8s.io" => "api.authorization",
+        "authentication.k8s.io" => "api.authentication",
+        "storage.k8s.io" => "api.storage",
         "meta.k8s.io" => "apimachinery.pkg.apis.meta",
         _ => return None,
     };

@@ -63,6 +63,24 @@ fn terminating_or_phase(o: &Value) -> Value {
     }
 }
 
+/// A binding's subjects of `kind`, comma-separated (service accounts as `namespace/name`).
+fn subjects(o: &Value, kind: &str) -> Value {
+    let names: Vec<String> = o["subjects"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["kind"] == kind)
+        .map(|s| {
+            let name = s["name"].as_str().unwrap_or("");
+            match (kind, s["namespace"].as_str()) {
+                ("ServiceAccount", Some(ns)) => format!("{ns}/{name}"),
+                _ => name.to_owned(),
+            }
+        })
+        .collect();
+    json!(names.join(", "))
+}
+
 fn name(o: &Value) -> Value {
     o["metadata"]["name"].clone()
 }
@@ -255,6 +273,29 @@ fn columns(kind: &str) -> Vec<Column> {
             col("Age", "string", 0, age),
             col("VolumeMode", "string", 1, |o| {
                 o["spec"]["volumeMode"].clone()
+            }),
+        ],
+        // kubectl's printers of RBAC: roles by creation time; bindings by role and subjects.
+        "Role" | "ClusterRole" => vec![
+            col("Name", "string", 0, name),
+            col("Created At", "date", 0, |o| {
+                o["metadata"]["creationTimestamp"].clone()
+            }),
+        ],
+        "RoleBinding" | "ClusterRoleBinding" => vec![
+            col("Name", "string", 0, name),
+            col("Role", "string", 0, |o| {
+                json!(format!(
+                    "{}/{}",
+                    o["roleRef"]["kind"].as_str().unwrap_or(""),
+                    o["roleRef"]["name"].as_str().unwrap_or("")
+                ))
+            }),
+            col("Age", "string", 0, age),
+            col("Users", "string", 1, |o| subjects(o, "User")),
+            col("Groups", "string", 1, |o| subjects(o, "Group")),
+            col("ServiceAccounts", "string", 1, |o| {
+                subjects(o, "ServiceAccount")
             }),
         ],
         "StorageClass" => vec![

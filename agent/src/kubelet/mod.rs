@@ -335,6 +335,30 @@ impl Kubelet {
                     drop(bound);
                     self.wake();
                 }
+                // A claim just bound that a pod here waits on: its start is tried at once, not
+                // at the next sync.
+                Ok(change)
+                    if change.key.kind == "PersistentVolumeClaim"
+                        && change.key.group.is_empty()
+                        && change.object["spec"]["volumeName"]
+                            .as_str()
+                            .is_some_and(|v| !v.is_empty()) =>
+                {
+                    let waited_on = self
+                        .bound
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .values()
+                        .any(|p| {
+                            p.object["metadata"]["namespace"] == change.key.namespace.as_str()
+                                && shoal_model::storage::claims_of(&p.object)
+                                    .iter()
+                                    .any(|(_, c)| *c == change.key.name)
+                        });
+                    if waited_on {
+                        self.wake();
+                    }
+                }
                 Ok(_) => {}
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                     self.reload_bound();

@@ -11,6 +11,7 @@ use shoal_chaos::testkit::{AgentProcess, alive_count, wait_until};
 use crate::Lab;
 
 mod garbage;
+mod rbac;
 
 const CONVERGE: Duration = Duration::from_secs(30);
 

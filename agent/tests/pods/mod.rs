@@ -62,6 +62,16 @@ fn import_image(api: &ApiLab, agent: usize, archive: &std::path::Path, tag: Opti
     );
 }
 
+/// What `kubectl args` prints as JSON on agent `agent` (null when kubectl fails: the object
+/// is not there).
+fn json_of(api: &ApiLab, agent: usize, args: &[&str]) -> Value {
+    let (ok, out, _) = api.kubectl(agent, args);
+    if !ok {
+        return Value::Null;
+    }
+    serde_json::from_str(&out).unwrap_or(Value::Null)
+}
+
 fn pod_json(api: &ApiLab, agent: usize, name: &str) -> Value {
     let (ok, out, _) = api.kubectl(agent, &["get", "pod", name, "-o", "json"]);
     if !ok {

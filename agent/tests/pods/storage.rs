@@ -6,7 +6,7 @@
 use serde_json::Value;
 use shoal_chaos::testkit::wait_until;
 
-use super::{LIMIT, lab, pod_json, wait_pod};
+use super::{LIMIT, json_of, lab, pod_json, wait_pod};
 
 const DB: &str = r#"apiVersion: apps/v1
 kind: StatefulSet
@@ -31,14 +31,6 @@ spec:
       accessModes: [ReadWriteOnce]
       resources: {requests: {storage: 16Mi}}
 "#;
-
-fn json_of(api: &crate::api::ApiLab, agent: usize, args: &[&str]) -> Value {
-    let (ok, out, _) = api.kubectl(agent, args);
-    if !ok {
-        return Value::Null;
-    }
-    serde_json::from_str(&out).unwrap_or(Value::Null)
-}
 
 fn items(v: &Value) -> Vec<Value> {
     v["items"].as_array().cloned().unwrap_or_default()

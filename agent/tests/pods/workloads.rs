@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::Value;
 use shoal_chaos::testkit::wait_until;
 
-use super::{LIMIT, lab, lab_with};
+use super::{LIMIT, json_of, lab, lab_with};
 
 const WEB: &str = r#"apiVersion: apps/v1
 kind: Deployment
@@ -27,14 +27,6 @@ spec:
         command: [httpd, -f, -p, "8080", -h, /]
         readinessProbe: {tcpSocket: {port: 8080}, periodSeconds: 1}
 "#;
-
-fn json_of(api: &crate::api::ApiLab, agent: usize, args: &[&str]) -> Value {
-    let (ok, out, _) = api.kubectl(agent, args);
-    if !ok {
-        return Value::Null;
-    }
-    serde_json::from_str(&out).unwrap_or(Value::Null)
-}
 
 /// The Deployment's pods that are not being deleted (a controller's delete is graceful: the
 /// pod shows Terminating until its node stopped it).

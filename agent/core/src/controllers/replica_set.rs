@@ -48,27 +48,7 @@ pub fn reconcile<'a>(
     if !rs["metadata"]["deletionTimestamp"].is_null() {
         return actions;
     }
-    let selector = selector(rs);
-    let uid = rs["metadata"]["uid"].as_str().unwrap_or_default();
-    let namespace = rs["metadata"]["namespace"].as_str().unwrap_or("default");
-    let mut mine: Vec<&PodView> = Vec::new();
-    for pod in pods.into_iter().filter(|p| p.namespace == namespace) {
-        let matching = selects(&selector, &pod.labels);
-        match pod.controller_uid.as_deref() {
-            Some(owner) if owner == uid => {
-                if matching {
-                    mine.push(pod);
-                } else {
-                    actions.push(Action::Update(with_owner(&pod.object, None)));
-                }
-            }
-            None if matching && pod.is_active() => {
-                actions.push(Action::Update(with_owner(&pod.object, Some(rs))));
-                mine.push(pod);
-            }
-            _ => {}
-        }
-    }
+    let mine = super::workload::claim_pods(rs, pods, &|_| true, &mut actions);
     // Ended pods count for nothing; they are cleaned up (their logs went with their node).
     // Terminating ones count for nothing either, and are their node's to finish.
     for pod in mine.iter().filter(|p| !p.is_active() && !p.deleting) {

@@ -38,7 +38,7 @@ use serde_json::{Value, json};
 use super::replica_set::BURST;
 use super::workload::{
     Action, Phase, PodView, controller_ref, min_ready_ms, replicas, requeue_for_availability,
-    selector, selects, template_hash,
+    template_hash,
 };
 
 /// The pod label naming the ControllerRevision a pod was made from (as the DaemonSet's).
@@ -341,36 +341,16 @@ pub fn reconcile<'a>(
     if !sts["metadata"]["deletionTimestamp"].is_null() {
         return actions;
     }
-    let selector = selector(sts);
     let uid = sts["metadata"]["uid"].as_str().unwrap_or_default();
     let namespace = sts["metadata"]["namespace"].as_str().unwrap_or("default");
     let set = name(sts);
-    let mut mine: Vec<&PodView> = Vec::new();
-    for pod in pods.into_iter().filter(|p| p.namespace == namespace) {
-        let matching = selects(&selector, &pod.labels);
-        match pod.controller_uid.as_deref() {
-            Some(owner) if owner == uid => {
-                if matching {
-                    mine.push(pod);
-                } else {
-                    // Released: its labels no longer match (a replacement is made).
-                    actions.push(Action::Update(super::replica_set::with_owner(
-                        &pod.object,
-                        None,
-                    )));
-                }
-            }
-            // An orphan of this set's naming that matches is adopted.
-            None if matching && ordinal(set, &pod.name).is_some() && pod.is_active() => {
-                actions.push(Action::Update(super::replica_set::with_owner(
-                    &pod.object,
-                    Some(sts),
-                )));
-                mine.push(pod);
-            }
-            _ => {}
-        }
-    }
+    // Only an orphan of this set's naming is adopted.
+    let mine = super::workload::claim_pods(
+        sts,
+        pods,
+        &|pod| ordinal(set, &pod.name).is_some(),
+        &mut actions,
+    );
     let revisions = revisions_of(sts, revision_objects);
     let v = view(sts, &mine, &revisions);
     let used: Vec<&str> = mine

@@ -256,6 +256,47 @@ impl Action {
     }
 }
 
+/// The pods of `owner`'s namespace it controls, as upstream's controller ref manager claims
+/// them: an owned pod whose labels still match its selector is kept; one whose labels stopped
+/// matching is released (an update is pushed to `actions`; the owner makes a replacement); an
+/// active orphan that matches and that `adoptable` accepts is adopted. Shared by the
+/// ReplicaSet and StatefulSet controllers.
+pub fn claim_pods<'a>(
+    owner: &Value,
+    pods: impl IntoIterator<Item = &'a PodView>,
+    adoptable: &dyn Fn(&PodView) -> bool,
+    actions: &mut Vec<Action>,
+) -> Vec<&'a PodView> {
+    let selector = selector(owner);
+    let uid = owner["metadata"]["uid"].as_str().unwrap_or_default();
+    let namespace = owner["metadata"]["namespace"].as_str().unwrap_or("default");
+    let mut mine: Vec<&PodView> = Vec::new();
+    for pod in pods.into_iter().filter(|p| p.namespace == namespace) {
+        let matching = selects(&selector, &pod.labels);
+        match pod.controller_uid.as_deref() {
+            Some(controller) if controller == uid => {
+                if matching {
+                    mine.push(pod);
+                } else {
+                    actions.push(Action::Update(super::replica_set::with_owner(
+                        &pod.object,
+                        None,
+                    )));
+                }
+            }
+            None if matching && pod.is_active() && adoptable(pod) => {
+                actions.push(Action::Update(super::replica_set::with_owner(
+                    &pod.object,
+                    Some(owner),
+                )));
+                mine.push(pod);
+            }
+            _ => {}
+        }
+    }
+    mine
+}
+
 pub fn string_map(v: &Value) -> BTreeMap<String, String> {
     v.as_object()
         .into_iter()

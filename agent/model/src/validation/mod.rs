@@ -67,23 +67,6 @@ fn validate_stateful_set(object: &Value) -> Result<(), FieldError> {
             ),
         ));
     }
-    let one_of = |path: &str, value: &Value, allowed: &[&str]| -> Result<(), FieldError> {
-        match value {
-            Value::Null => Ok(()),
-            Value::String(s) if allowed.contains(&s.as_str()) => Ok(()),
-            other => Err(err(
-                path,
-                format!(
-                    "Unsupported value: {other}: supported values: {}",
-                    allowed
-                        .iter()
-                        .map(|a| format!("{a:?}"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            )),
-        }
-    };
     one_of(
         "spec.podManagementPolicy",
         &spec["podManagementPolicy"],
@@ -613,6 +596,8 @@ pub fn validate(kind: &str, object: &Value) -> Result<(), FieldError> {
             validate_template(&with_claims, true)?;
             validate_stateful_set(object)
         }
+        "Role" | "ClusterRole" => crate::rbac::validate_role(object),
+        "RoleBinding" | "ClusterRoleBinding" => crate::rbac::validate_binding(kind, object),
         "PersistentVolumeClaim" => crate::storage::validate_claim(object),
         "PersistentVolume" => crate::storage::validate_volume(object),
         "StorageClass" => crate::storage::validate_class(object),
@@ -703,7 +688,27 @@ fn items_mut<'a>(object: &'a mut Value, key: &str) -> impl Iterator<Item = &'a m
         .flatten()
 }
 
-fn default_field(map: &mut Value, key: &str, value: Value) {
+/// An enum field: absent, or one of `allowed` (the apiserver's `Unsupported value` error).
+pub(crate) fn one_of(path: &str, value: &Value, allowed: &[&str]) -> Result<(), FieldError> {
+    match value {
+        Value::Null => Ok(()),
+        Value::String(s) if allowed.contains(&s.as_str()) => Ok(()),
+        other => Err(err(
+            path,
+            format!(
+                "Unsupported value: {other}: supported values: {}",
+                allowed
+                    .iter()
+                    .map(|a| format!("{a:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )),
+    }
+}
+
+/// `map[key] = value` unless `map` has `key` already (a default).
+pub(crate) fn default_field(map: &mut Value, key: &str, value: Value) {
     if let Some(m) = map.as_object_mut()
         && !m.contains_key(key)
     {

@@ -1,0 +1,202 @@
+//! Who a request is and whether it may do what it asks (issue #40): the shell of
+//! `shoal_model::rbac`. The cluster's admin token authenticates the administrator (group
+//! `system:masters`, allowed everything, as upstream's privileged group); an administrator may
+//! act as another user with the `Impersonate-User` and `Impersonate-Group` headers
+//! (`kubectl --as jane --as-group ops`), and anyone may who holds the `impersonate` verb on
+//! `users`/`groups`/`serviceaccounts`. Every request of a user outside `system:masters` is
+//! authorized by RBAC against the stored roles and bindings, with the apiserver's 403.
+//! `SelfSubjectAccessReview` (`kubectl auth can-i`) and `SelfSubjectReview`
+//! (`kubectl auth whoami`) answer for the requester.
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use shoal_model::rbac::{self, Attributes, Decision, Policy, User};
+
+use super::ApiState;
+use super::status::ApiError;
+
+/// The administrator the cluster's token authenticates.
+pub const ADMIN: &str = "shoal-admin";
+
+/// The administrator's identity.
+pub fn admin() -> User {
+    User::new(ADMIN, &[rbac::MASTERS, rbac::AUTHENTICATED])
+}
+
+/// The stored roles and bindings, read for one decision.
+pub fn policy(state: &ApiState) -> Policy {
+    state.replication.read(|s| Policy {
+        roles: s.list(rbac::GROUP, "Role", None),
+        cluster_roles: s.list(rbac::GROUP, "ClusterRole", None),
+        role_bindings: s.list(rbac::GROUP, "RoleBinding", None),
+        cluster_role_bindings: s.list(rbac::GROUP, "ClusterRoleBinding", None),
+    })
+}
+
+fn forbidden(message: String, a: &Attributes) -> Response {
+    let mut error = ApiError::new(StatusCode::FORBIDDEN, "Forbidden", message);
+    if a.resource_request {
+        error.details = Some(json!({"name": a.name, "group": a.api_group, "kind": a.resource}));
+    }
+    error.into_response()
+}
+
+/// The impersonation the headers ask for, if any: the user it names (its groups those named,
+/// and `system:authenticated`), once `user` was found allowed to impersonate them.
+fn impersonated(
+    state: &ApiState,
+    user: &User,
+    headers: &HeaderMap,
+) -> Result<Option<User>, Box<Response>> {
+    let Some(name) = headers
+        .get("impersonate-user")
+        .and_then(|v| v.to_str().ok())
+    else {
+        if headers.contains_key("impersonate-group") {
+            return Err(Box::new(
+                ApiError::bad_request(
+                    "requested impersonation of groups without impersonating a user",
+                )
+                .into_response(),
+            ));
+        }
+        return Ok(None);
+    };
+    let groups: Vec<String> = headers
+        .get_all("impersonate-group")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .collect();
+    if groups.len() > rbac::MAX_SUBJECTS {
+        return Err(Box::new(
+            ApiError::bad_request("too many impersonated groups").into_response(),
+        ));
+    }
+    let mut target = User {
+        name: name.to_owned(),
+        groups: groups.clone(),
+    };
+    if !user.is_master() {
+        let policy = policy(state);
+        let mut asks: Vec<Attributes> = Vec::new();
+        let ask = |resource: &str, namespace: &str, name: &str| Attributes {
+            verb: "impersonate".into(),
+            resource_request: true,
+            resource: resource.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+            ..Default::default()
+        };
+        match target.service_account() {
+            Some((ns, sa)) => asks.push(ask("serviceaccounts", ns, sa)),
+            None => asks.push(ask("users", "", name)),
+        }
+        asks.extend(groups.iter().map(|g| ask("groups", "", g)));
+        for a in asks {
+            if let Decision::Deny(message) = policy.authorize(user, &a) {
+                return Err(Box::new(forbidden(message, &a)));
+            }
+        }
+    }
+    if !target.groups.iter().any(|g| g == rbac::AUTHENTICATED) {
+        target.groups.push(rbac::AUTHENTICATED.into());
+    }
+    Ok(Some(target))
+}
+
+/// Whether `request` (from `user`) is allowed, as a response when not.
+pub fn authorize(state: &ApiState, user: &User, request: &Request) -> Result<(), Box<Response>> {
+    if user.is_master() {
+        return Ok(());
+    }
+    let watch = request
+        .uri()
+        .query()
+        .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+    let a = rbac::attributes(request.method().as_str(), request.uri().path(), watch);
+    match policy(state).authorize(user, &a) {
+        Decision::Allow => Ok(()),
+        Decision::Deny(message) => Err(Box::new(forbidden(message, &a))),
+    }
+}
+
+/// The identity a request acts as: the authenticated `user`, or whom it impersonates; then
+/// authorized. The identity is handed on with the request (its extensions).
+pub async fn identify(
+    State(state): State<ApiState>,
+    user: User,
+    mut request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let user = match impersonated(&state, &user, request.headers()) {
+        Ok(Some(target)) => target,
+        Ok(None) => user,
+        Err(refusal) => return *refusal,
+    };
+    if let Err(refusal) = authorize(&state, &user, &request) {
+        return *refusal;
+    }
+    request.extensions_mut().insert(user);
+    next.run(request).await
+}
+
+/// `SelfSubjectAccessReview` (authorization.k8s.io/v1): whether the requester may do what the
+/// review's `spec` describes; the review comes back with its `status`.
+pub fn self_subject_access_review(state: &ApiState, user: &User, body: &[u8]) -> Response {
+    let Ok(mut review) = serde_json::from_slice::<Value>(body) else {
+        return ApiError::bad_request("the body is not a SelfSubjectAccessReview").into_response();
+    };
+    let spec = &review["spec"];
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    let a = if let Some(r) = spec.get("resourceAttributes") {
+        Attributes {
+            verb: text(&r["verb"]),
+            resource_request: true,
+            api_group: text(&r["group"]),
+            resource: text(&r["resource"]),
+            subresource: text(&r["subresource"]),
+            namespace: text(&r["namespace"]),
+            name: text(&r["name"]),
+            path: String::new(),
+        }
+    } else if let Some(n) = spec.get("nonResourceAttributes") {
+        Attributes {
+            verb: text(&n["verb"]),
+            path: text(&n["path"]),
+            ..Default::default()
+        }
+    } else {
+        return ApiError::invalid(
+            "SelfSubjectAccessReview",
+            "",
+            "spec",
+            "Invalid value: exactly one of nonResourceAttributes or resourceAttributes must be specified",
+        )
+        .into_response();
+    };
+    let status = match policy(state).authorize(user, &a) {
+        Decision::Allow => json!({"allowed": true}),
+        Decision::Deny(_) => json!({"allowed": false}),
+    };
+    review["status"] = status;
+    review["apiVersion"] = json!("authorization.k8s.io/v1");
+    review["kind"] = json!("SelfSubjectAccessReview");
+    (StatusCode::CREATED, axum::Json(review)).into_response()
+}
+
+/// `SelfSubjectReview` (authentication.k8s.io/v1): who the requester is.
+pub fn self_subject_review(user: &User) -> Response {
+    (
+        StatusCode::CREATED,
+        axum::Json(json!({
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "SelfSubjectReview",
+            "metadata": {"creationTimestamp": null},
+            "status": {"userInfo": {"username": user.name, "groups": user.groups}},
+        })),
+    )
+        .into_response()
+}
