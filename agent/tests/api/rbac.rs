@@ -153,4 +153,29 @@ async fn rbac_decides_what_each_user_may_do_and_kubectl_auth_tells() {
     })
     .await
     .unwrap();
+
+    // kubectl's typed generator (a protobuf body), as README shows it.
+    api.ok(
+        0,
+        &[
+            "create",
+            "rolebinding",
+            "jane-view",
+            "--clusterrole",
+            "view",
+            "--user",
+            "jane",
+        ],
+    );
+    wait_until("jane may view", super::CONVERGE, || {
+        let ok = can(1, &["list", "deployments", "--as", "jane"]);
+        async move { ok }
+    })
+    .await
+    .unwrap();
+    let (ok, _, err) = api.kubectl(1, &["get", "secrets", "--as", "jane"]);
+    assert!(
+        !ok && err.contains("cannot list resource \"secrets\""),
+        "{err}"
+    );
 }

@@ -473,6 +473,8 @@ mod tests {
                     kind: HostPathType::Directory,
                     sub_path: None
                 },
+                // The attempt's termination message file, last.
+                &MountSource::TerminationLog,
             ]
         );
         assert_eq!(runtime.list()[0].containers.len(), 1);
