@@ -83,14 +83,17 @@ pub fn attributes(method: &str, path: &str, watch: bool) -> Attributes {
         ["watch", rest @ ..] => (true, rest),
         _ => (false, rest),
     };
+    // As upstream's resolver: `namespaces/NS/...` names the namespace; what follows is a
+    // resource of it, unless it is one of the Namespace's own subresources (`status`,
+    // `finalize`), when the request is about the Namespace itself (as is `namespaces/NS`).
     let (namespace, rest) = match rest {
-        // `namespaces/NAME` alone (or with a subresource) is the Namespace itself.
-        ["namespaces", ns, resource, rest @ ..] if !resource.is_empty() => (
+        ["namespaces", ns, next, more @ ..] if !matches!(*next, "status" | "finalize") => (
             *ns,
-            std::iter::once(*resource)
-                .chain(rest.iter().copied())
+            std::iter::once(*next)
+                .chain(more.iter().copied())
                 .collect::<Vec<_>>(),
         ),
+        ["namespaces", ns, ..] => (*ns, rest.to_vec()),
         _ => ("", rest.to_vec()),
     };
     let (resource, name, subresource) = match rest.as_slice() {
@@ -309,6 +312,113 @@ impl Policy {
             Decision::Allow
         } else {
             Decision::Deny(forbidden_message(user, a))
+        }
+    }
+}
+
+/// Whether the rules `owner` holds cover every permission `rule` grants, as upstream's
+/// escalation check compares them: each (verb, group, resource, name) or (verb, URL) the rule
+/// names must be granted by some rule of `owner`, a wildcard only by a wildcard.
+pub fn rules_cover(owner: &[&Value], rule: &Value) -> bool {
+    let has =
+        |r: &Value, field: &str, want: &str| strings(&r[field]).any(|v| v == "*" || v == want);
+    let verbs: Vec<&str> = strings(&rule["verbs"]).collect();
+    let urls: Vec<&str> = strings(&rule["nonResourceURLs"]).collect();
+    if !urls.is_empty() {
+        return verbs.iter().all(|v| {
+            urls.iter().all(|u| {
+                owner.iter().any(|o| {
+                    has(o, "verbs", v)
+                        && strings(&o["nonResourceURLs"]).any(|ou| {
+                            ou == "*"
+                                || ou == *u
+                                || ou.strip_suffix('*').is_some_and(|p| u.starts_with(p))
+                        })
+                })
+            })
+        });
+    }
+    let groups: Vec<&str> = strings(&rule["apiGroups"]).collect();
+    let resources: Vec<&str> = strings(&rule["resources"]).collect();
+    let names: Vec<&str> = strings(&rule["resourceNames"]).collect();
+    verbs.iter().all(|v| {
+        groups.iter().all(|g| {
+            resources.iter().all(|r| {
+                owner.iter().any(|o| {
+                    let owner_names: Vec<&str> = strings(&o["resourceNames"]).collect();
+                    has(o, "verbs", v)
+                        && has(o, "apiGroups", g)
+                        && has(o, "resources", r)
+                        && (owner_names.is_empty()
+                            || (!names.is_empty() && names.iter().all(|n| owner_names.contains(n))))
+                })
+            })
+        })
+    })
+}
+
+impl Policy {
+    /// Whether `user` may write `object` (a Role, ClusterRole, RoleBinding or
+    /// ClusterRoleBinding) without gaining what it does not hold (upstream's escalation
+    /// prevention): a role only with rules the user holds where the role applies (or the
+    /// `escalate` verb on it); a binding only to a role whose rules the user holds where the
+    /// binding applies (or the `bind` verb on that role). `Err` carries the apiserver's reason.
+    pub fn may_write(&self, user: &User, object: &Value) -> Result<(), String> {
+        if user.is_master() {
+            return Ok(());
+        }
+        let kind = text(&object["kind"]);
+        let namespace = text(&object["metadata"]["namespace"]);
+        let name = text(&object["metadata"]["name"]);
+        let held = self.rules_for(user, namespace);
+        let verb_on = |verb: &str, resource: &str, ns: &str, name: &str| {
+            let a = Attributes {
+                verb: verb.into(),
+                resource_request: true,
+                api_group: GROUP.into(),
+                resource: resource.into(),
+                namespace: ns.into(),
+                name: name.into(),
+                ..Default::default()
+            };
+            held.iter().any(|r| covers(r, &a))
+        };
+        let (rules, what) = match kind {
+            "Role" | "ClusterRole" => {
+                let resource = if kind == "Role" {
+                    "roles"
+                } else {
+                    "clusterroles"
+                };
+                if verb_on("escalate", resource, namespace, name) {
+                    return Ok(());
+                }
+                let rules: Vec<&Value> = object["rules"].as_array().into_iter().flatten().collect();
+                (rules, format!("{kind} {name:?}"))
+            }
+            "RoleBinding" | "ClusterRoleBinding" => {
+                let role = &object["roleRef"];
+                let role_kind = text(&role["kind"]);
+                let role_name = text(&role["name"]);
+                let (resource, role_ns) = if role_kind == "Role" {
+                    ("roles", namespace)
+                } else {
+                    ("clusterroles", "")
+                };
+                if verb_on("bind", resource, role_ns, role_name) {
+                    return Ok(());
+                }
+                let binding = json!({"metadata": {"namespace": namespace}, "roleRef": role});
+                (self.granted(&binding), format!("{role_kind} {role_name:?}"))
+            }
+            _ => return Ok(()),
+        };
+        match rules.iter().find(|r| !rules_cover(&held, r)) {
+            None => Ok(()),
+            Some(missing) => Err(format!(
+                "user {:?} (groups={:?}) is attempting to grant RBAC permissions not currently held: {missing} (through {what})",
+                user.name, user.groups
+            )),
         }
     }
 }
@@ -803,6 +913,16 @@ mod tests {
             (a.verb.as_str(), a.resource.as_str(), a.name.as_str()),
             ("delete", "namespaces", "dev")
         );
+        let a = attributes("PUT", "/api/v1/namespaces/dev/finalize", false);
+        assert_eq!(
+            (
+                a.resource.as_str(),
+                a.name.as_str(),
+                a.subresource.as_str(),
+                a.namespace.as_str()
+            ),
+            ("namespaces", "dev", "finalize", "dev")
+        );
         let a = attributes("DELETE", "/apis/batch/v1/namespaces/dev/jobs", false);
         assert_eq!(a.verb, "deletecollection");
         let a = attributes("POST", "/api/v1/namespaces/dev/pods/web/eviction", false);
@@ -898,6 +1018,73 @@ mod tests {
             Decision::Deny(
                 "pods is forbidden: User \"jane\" cannot list resource \"pods\" in API group \"\" in the namespace \"prod\"".into()
             )
+        );
+    }
+
+    /// Escalation prevention: a user who may write roles and bindings in a namespace can
+    /// grant only what it holds there, unless it holds `escalate` or `bind`.
+    #[test]
+    fn nobody_grants_what_they_do_not_hold() {
+        let manager = json!({"kind": "Role", "metadata": {"name": "manager", "namespace": "dev"},
+            // Explicit verbs: `*` would include `escalate` and `bind`.
+            "rules": [{"apiGroups": [GROUP], "resources": ["roles", "rolebindings"],
+                    "verbs": ["get", "list", "create", "update", "patch", "delete"]},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]});
+        let binding = json!({"kind": "RoleBinding", "metadata": {"name": "m", "namespace": "dev"},
+            "roleRef": {"kind": "Role", "name": "manager"}, "subjects": [{"kind": "User", "name": "mo"}]});
+        let p = policy(vec![manager, binding]);
+        let mo = User::new("mo", &[AUTHENTICATED]);
+        let role = |rules: Value| json!({"kind": "Role", "metadata": {"name": "r", "namespace": "dev"}, "rules": rules});
+        // What mo holds: fine; more: refused, naming it.
+        assert_eq!(
+            p.may_write(
+                &mo,
+                &role(json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]))
+            ),
+            Ok(())
+        );
+        let err = p
+            .may_write(
+                &mo,
+                &role(json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]}])),
+            )
+            .unwrap_err();
+        assert!(err.contains("not currently held"), "{err}");
+        assert!(
+            p.may_write(
+                &mo,
+                &role(json!([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]))
+            )
+            .is_err()
+        );
+        // In another namespace mo holds nothing.
+        let elsewhere = json!({"kind": "Role", "metadata": {"name": "r", "namespace": "prod"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]});
+        assert!(p.may_write(&mo, &elsewhere).is_err());
+        // Binding cluster-admin: refused; binding view's rules mo lacks: refused.
+        let bind = |role: &str| {
+            json!({"kind": "RoleBinding", "metadata": {"name": "b", "namespace": "dev"},
+            "roleRef": {"kind": "ClusterRole", "name": role}, "subjects": [{"kind": "User", "name": "eve"}]})
+        };
+        assert!(p.may_write(&mo, &bind("cluster-admin")).is_err());
+        assert!(p.may_write(&mo, &bind("view")).is_err());
+        // Its own role: fine. The `bind` verb on cluster-admin: fine.
+        let own = json!({"kind": "RoleBinding", "metadata": {"name": "b", "namespace": "dev"},
+            "roleRef": {"kind": "Role", "name": "manager"}, "subjects": [{"kind": "User", "name": "eve"}]});
+        assert_eq!(p.may_write(&mo, &own), Ok(()));
+        let binder = json!({"kind": "ClusterRole", "metadata": {"name": "binder"},
+            "rules": [{"apiGroups": [GROUP], "resources": ["clusterroles"], "verbs": ["bind"], "resourceNames": ["cluster-admin"]}]});
+        let grant = json!({"kind": "RoleBinding", "metadata": {"name": "g", "namespace": "dev"},
+            "roleRef": {"kind": "ClusterRole", "name": "binder"}, "subjects": [{"kind": "User", "name": "mo"}]});
+        let p2 = policy(vec![
+            json!({"kind": "Role", "metadata": {"name": "manager", "namespace": "dev"}, "rules": []}),
+            binder,
+            grant,
+        ]);
+        assert_eq!(p2.may_write(&mo, &bind("cluster-admin")), Ok(()));
+        assert_eq!(
+            p.may_write(&User::new("root", &[MASTERS]), &bind("cluster-admin")),
+            Ok(())
         );
     }
 

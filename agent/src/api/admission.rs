@@ -204,6 +204,24 @@ impl Admission<'_> {
         if stored.is_none() && valid.info.kind == "PersistentVolume" {
             shoal_model::storage::protect("PersistentVolume", &mut valid.body);
         }
+        if valid.info.group == shoal_model::rbac::GROUP
+            && let Some(user) = super::authz::requester()
+            && !user.is_master()
+        {
+            let mut object = valid.body.clone();
+            object["kind"] = json!(valid.info.kind);
+            if let Err(reason) = super::authz::policy_of(self.replication).may_write(&user, &object)
+            {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "Forbidden",
+                    format!(
+                        "{}.{} {name:?} is forbidden: {reason}",
+                        valid.info.plural, valid.info.group
+                    ),
+                ));
+            }
+        }
         if let Some(old) = stored
             .as_ref()
             .filter(|_| matches!(valid.info.kind, "RoleBinding" | "ClusterRoleBinding"))

@@ -25,9 +25,25 @@ pub fn admin() -> User {
     User::new(ADMIN, &[rbac::MASTERS, rbac::AUTHENTICATED])
 }
 
+tokio::task_local! {
+    /// Who the request being served acts as (set around its handling), for what admission
+    /// decides by the requester: escalation prevention.
+    pub static REQUESTER: User;
+}
+
+/// The identity the request being served acts as, if one was set.
+pub fn requester() -> Option<User> {
+    REQUESTER.try_with(User::clone).ok()
+}
+
 /// The stored roles and bindings, read for one decision.
 pub fn policy(state: &ApiState) -> Policy {
-    state.replication.read(|s| Policy {
+    policy_of(&state.replication)
+}
+
+/// [`policy`] from a replica.
+pub fn policy_of(replication: &crate::replication::Replication) -> Policy {
+    replication.read(|s| Policy {
         roles: s.list(rbac::GROUP, "Role", None),
         cluster_roles: s.list(rbac::GROUP, "ClusterRole", None),
         role_bindings: s.list(rbac::GROUP, "RoleBinding", None),

@@ -282,13 +282,20 @@ async fn dispatch(State(state): State<ApiState>, request: Request) -> Response {
         Ok(body) => body,
         Err(refusal) => return refusal,
     };
+    let requester = parts
+        .extensions
+        .remove::<shoal_model::rbac::User>()
+        .unwrap_or_else(authz::admin);
     let (method, uri, headers) = (parts.method, parts.uri, parts.headers);
     let path = uri.path().to_owned();
-    let (result, warnings) = handlers::WARNINGS
-        .scope(std::cell::RefCell::new(Vec::new()), async {
-            let result = route(&state, &method, &uri, &headers, &body, upgrade).await;
-            (result, handlers::WARNINGS.with(|w| w.take()))
-        })
+    let (result, warnings) = authz::REQUESTER
+        .scope(
+            requester,
+            handlers::WARNINGS.scope(std::cell::RefCell::new(Vec::new()), async {
+                let result = route(&state, &method, &uri, &headers, &body, upgrade).await;
+                (result, handlers::WARNINGS.with(|w| w.take()))
+            }),
+        )
         .await;
     match result {
         Ok(mut response) => {

@@ -178,4 +178,57 @@ async fn rbac_decides_what_each_user_may_do_and_kubectl_auth_tells() {
         !ok && err.contains("cannot list resource \"secrets\""),
         "{err}"
     );
+
+    // Escalation prevention: jane may now manage bindings in this namespace (admin's rules),
+    // but may not grant what she does not hold.
+    api.ok(
+        0,
+        &[
+            "create",
+            "rolebinding",
+            "jane-admin",
+            "--clusterrole",
+            "admin",
+            "--user",
+            "jane",
+        ],
+    );
+    wait_until("jane may create rolebindings", super::CONVERGE, || {
+        let ok = can(1, &["create", "rolebindings", "--as", "jane"]);
+        async move { ok }
+    })
+    .await
+    .unwrap();
+    let (ok, _, err) = api.kubectl(
+        1,
+        &[
+            "create",
+            "rolebinding",
+            "eve-root",
+            "--clusterrole",
+            "cluster-admin",
+            "--user",
+            "eve",
+            "--as",
+            "jane",
+        ],
+    );
+    assert!(
+        !ok && err.contains("is attempting to grant RBAC permissions not currently held"),
+        "{err}"
+    );
+    api.ok(
+        1,
+        &[
+            "create",
+            "rolebinding",
+            "eve-view",
+            "--clusterrole",
+            "view",
+            "--user",
+            "eve",
+            "--as",
+            "jane",
+        ],
+    );
 }
