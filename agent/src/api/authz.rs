@@ -5,8 +5,9 @@
 //! (`kubectl --as jane --as-group ops`), and anyone may who holds the `impersonate` verb on
 //! `users`/`groups`/`serviceaccounts`. Every request of a user outside `system:masters` is
 //! authorized by RBAC against the stored roles and bindings, with the apiserver's 403.
-//! `SelfSubjectAccessReview` (`kubectl auth can-i`) and `SelfSubjectReview`
-//! (`kubectl auth whoami`) answer for the requester.
+//! `SelfSubjectAccessReview` (`kubectl auth can-i`), `SelfSubjectRulesReview`
+//! (`kubectl auth can-i --list`) and `SelfSubjectReview` (`kubectl auth whoami`) answer for the
+//! requester.
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -200,6 +201,49 @@ pub fn self_subject_access_review(state: &ApiState, user: &User, body: &[u8]) ->
     review["status"] = status;
     review["apiVersion"] = json!("authorization.k8s.io/v1");
     review["kind"] = json!("SelfSubjectAccessReview");
+    (StatusCode::CREATED, axum::Json(review)).into_response()
+}
+
+/// `SelfSubjectRulesReview` (authorization.k8s.io/v1, `kubectl auth can-i --list`): the
+/// rules that apply to the requester in the review's namespace (its ClusterRoleBindings' and
+/// that namespace's RoleBindings'), resource rules and non-resource rules apart.
+pub fn self_subject_rules_review(state: &ApiState, user: &User, body: &[u8]) -> Response {
+    let Ok(mut review) = serde_json::from_slice::<Value>(body) else {
+        return ApiError::bad_request("the body is not a SelfSubjectRulesReview").into_response();
+    };
+    let namespace = review["spec"]["namespace"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let policy = policy(state);
+    let rules = policy.rules_for(user, &namespace);
+    let pick = |r: &Value, fields: &[&str]| {
+        let mut out = serde_json::Map::new();
+        for f in fields {
+            if r[*f].is_array() {
+                out.insert((*f).to_owned(), r[*f].clone());
+            }
+        }
+        Value::Object(out)
+    };
+    let resource: Vec<Value> = rules
+        .iter()
+        .filter(|r| r["nonResourceURLs"].as_array().is_none_or(Vec::is_empty))
+        .map(|r| pick(r, &["verbs", "apiGroups", "resources", "resourceNames"]))
+        .collect();
+    let non_resource: Vec<Value> = rules
+        .iter()
+        .filter(|r| {
+            r["nonResourceURLs"]
+                .as_array()
+                .is_some_and(|u| !u.is_empty())
+        })
+        .map(|r| pick(r, &["verbs", "nonResourceURLs"]))
+        .collect();
+    review["apiVersion"] = json!("authorization.k8s.io/v1");
+    review["kind"] = json!("SelfSubjectRulesReview");
+    review["status"] =
+        json!({"resourceRules": resource, "nonResourceRules": non_resource, "incomplete": false});
     (StatusCode::CREATED, axum::Json(review)).into_response()
 }
 

@@ -156,6 +156,16 @@ pub fn router(state: ApiState) -> Router {
             ),
         )
         .route(
+            "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews",
+            axum::routing::post(
+                |State(state): State<ApiState>,
+                 axum::Extension(user): axum::Extension<shoal_model::rbac::User>,
+                 body: axum::body::Bytes| async move {
+                    authz::self_subject_rules_review(&state, &user, &body)
+                },
+            ),
+        )
+        .route(
             "/apis/authentication.k8s.io/v1/selfsubjectreviews",
             axum::routing::post(
                 |axum::Extension(user): axum::Extension<shoal_model::rbac::User>| async move {

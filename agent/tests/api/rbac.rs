@@ -98,6 +98,13 @@ async fn rbac_decides_what_each_user_may_do_and_kubectl_auth_tells() {
     .await
     .unwrap();
     api.ok(1, &["get", "pods", "--as", "jane"]);
+    // What jane may do here, listed (SelfSubjectRulesReview).
+    let list = api.ok(0, &["auth", "can-i", "--list", "--as", "jane"]);
+    assert!(
+        list.lines()
+            .any(|l| l.starts_with("pods ") && l.contains("[get list watch]")),
+        "{list}"
+    );
     assert!(can(0, &["get", "pods/log", "--as", "jane"]));
     assert!(!can(0, &["delete", "pods", "--as", "jane"]));
     assert!(!can(
