@@ -43,11 +43,7 @@ pub struct Settings {
 }
 
 fn string_map(v: &Value) -> Option<BTreeMap<String, String>> {
-    v.as_object().map(|m| {
-        m.iter()
-            .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
-            .collect()
-    })
+    v.is_object().then(|| shoal_model::placement::string_map(v))
 }
 
 fn taint_of(v: &Value) -> Option<NodeTaint> {

@@ -133,6 +133,22 @@ pub fn term_matches(term: &Term, labels: &BTreeMap<String, String>) -> bool {
     term.iter().all(|r| r.matches(labels))
 }
 
+/// A JSON map of strings (labels, annotations, `nodeSelector`) as a map; entries whose value
+/// is not a string are left out.
+pub fn string_map(v: &Value) -> BTreeMap<String, String> {
+    v.as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+        .collect()
+}
+
+/// Whether the label selector `selector` (a `LabelSelector` object; absent or empty selects
+/// everything) selects an object labelled `labels`. A malformed selector selects nothing.
+pub fn selector_matches(selector: &Value, labels: &Value) -> bool {
+    label_selector(selector).is_ok_and(|term| term_matches(&term, &string_map(labels)))
+}
+
 /// A pod affinity term: pods matching `selector`, in the namespaces `namespaces` names, in
 /// the same `topology_key` domain (required anti-affinity: none may be there; required
 /// affinity: one must; preferred: a score).
@@ -348,14 +364,6 @@ pub struct PodRequest {
     /// fills it in from the store: a pod spec alone cannot say it).
     #[serde(default)]
     pub volumes: crate::storage::Placement,
-}
-
-fn string_map(v: &Value) -> BTreeMap<String, String> {
-    v.as_object()
-        .into_iter()
-        .flatten()
-        .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_owned())))
-        .collect()
 }
 
 /// Why a pod's scheduling fields or a label selector cannot be read.

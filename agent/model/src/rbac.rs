@@ -7,8 +7,6 @@
 //! ClusterRoles with an `aggregationRule` hold the rules of the ClusterRoles their selectors
 //! match. The default roles and bindings a cluster starts with are [`bootstrap`].
 
-use std::collections::BTreeMap;
-
 use serde_json::{Value, json};
 
 /// The group every request authenticated as a cluster administrator belongs to.
@@ -202,19 +200,6 @@ fn names(binding: &Value, user: &User) -> bool {
         })
 }
 
-fn labels_match(selector: &Value, labels: &Value) -> bool {
-    let Ok(term) = crate::placement::label_selector(selector) else {
-        return false;
-    };
-    let labels: BTreeMap<String, String> = labels
-        .as_object()
-        .into_iter()
-        .flatten()
-        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
-        .collect();
-    crate::placement::term_matches(&term, &labels)
-}
-
 impl Policy {
     fn cluster_role(&self, name: &str) -> Option<&Value> {
         self.cluster_roles
@@ -246,7 +231,7 @@ impl Policy {
             for other in &self.cluster_roles {
                 if selectors
                     .iter()
-                    .any(|s| labels_match(s, &other["metadata"]["labels"]))
+                    .any(|s| crate::placement::selector_matches(s, &other["metadata"]["labels"]))
                 {
                     stack.push(other);
                 }

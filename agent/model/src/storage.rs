@@ -331,25 +331,41 @@ pub fn ephemeral_claims(pod: &Value) -> Vec<Value> {
         .filter_map(|v| {
             let template = &v.get("ephemeral")?["volumeClaimTemplate"];
             let volume = v["name"].as_str()?;
-            let mut metadata = json!({
+            let metadata = json!({
                 "name": ephemeral_claim_name(name, volume),
                 "namespace": meta["namespace"].as_str().unwrap_or("default"),
                 "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid,
                     "controller": true, "blockOwnerDeletion": true}],
             });
-            for field in ["labels", "annotations"] {
-                if template["metadata"][field].is_object() {
-                    metadata[field] = template["metadata"][field].clone();
-                }
-            }
-            Some(json!({
-                "apiVersion": "v1",
-                "kind": "PersistentVolumeClaim",
-                "metadata": metadata,
-                "spec": template["spec"],
-            }))
+            Some(claim_from_template(template, metadata, &json!({})))
         })
         .collect()
+}
+
+/// A claim made from a claim template (a StatefulSet's `volumeClaimTemplates` entry, an
+/// ephemeral volume's `volumeClaimTemplate`): `metadata` (name, namespace, owners) with the
+/// template's labels and annotations, then `labels` over them (as upstream's StatefulSet
+/// controller puts its selector's labels over the template's), and the template's spec.
+pub fn claim_from_template(template: &Value, mut metadata: Value, labels: &Value) -> Value {
+    for field in ["labels", "annotations"] {
+        if template["metadata"][field].is_object() {
+            metadata[field] = template["metadata"][field].clone();
+        }
+    }
+    if let Some(extra) = labels.as_object().filter(|l| !l.is_empty()) {
+        if !metadata["labels"].is_object() {
+            metadata["labels"] = json!({});
+        }
+        if let Some(l) = metadata["labels"].as_object_mut() {
+            l.extend(extra.clone());
+        }
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": metadata,
+        "spec": template["spec"],
+    })
 }
 
 /// Whether the claim `claim` (as stored) of `pod`'s ephemeral volume was made for this pod
@@ -525,19 +541,7 @@ pub fn satisfies(volume: &Value, claim: &Value) -> bool {
     if !wanted.iter().all(|m| modes.contains(m)) {
         return false;
     }
-    match crate::placement::label_selector(&claim["spec"]["selector"]) {
-        Ok(term) if !term.is_empty() => {
-            let labels = volume["metadata"]["labels"]
-                .as_object()
-                .into_iter()
-                .flatten()
-                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
-                .collect();
-            crate::placement::term_matches(&term, &labels)
-        }
-        Ok(_) => true,
-        Err(_) => false,
-    }
+    crate::placement::selector_matches(&claim["spec"]["selector"], &volume["metadata"]["labels"])
 }
 
 /// The finalizer that keeps a claim while a pod names it (upstream's

@@ -7,7 +7,55 @@ use super::*;
 /// hung hook counts as failed after this).
 const POST_START_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// A lifecycle hook to run for container attempt `attempt`.
+struct Hook {
+    meta: shoal_core::pod::observed::ContainerMeta,
+    attempt: u32,
+    handler: pod::Handler,
+    timeout: Duration,
+    post_start: bool,
+}
+
 impl Kubelet {
+    /// Runs a lifecycle hook on a fresh thread (an httpGet hook moves its thread into the
+    /// pod's network namespace, so the thread is not reused) and reports it done on `hook_tx`:
+    /// a postStart hook with its result (a failure kills the attempt), a preStop hook without
+    /// (its failure only delays nothing: the container is stopped either way).
+    fn spawn_hook(
+        &self,
+        uid: &str,
+        plan: Option<&pod::PodPlan>,
+        name: String,
+        hook: Hook,
+        hook_tx: &mpsc::Sender<HookDone>,
+    ) -> Result<(), String> {
+        let runtime = self.runtime.clone();
+        let netns = (!plan.is_some_and(|p| p.host_network)).then(|| self.runtime.netns_path(uid));
+        let tx = hook_tx.clone();
+        let uid = uid.to_owned();
+        let Hook {
+            meta,
+            attempt,
+            handler,
+            timeout,
+            post_start,
+        } = hook;
+        std::thread::Builder::new()
+            .name(if post_start { "post-start" } else { "pre-stop" }.into())
+            .spawn(move || {
+                let ran = probe::run_handler(&handler, netns.as_deref(), timeout, |c, t| {
+                    runtime.exec_sync(&meta, c, t)
+                });
+                if let Err(error) = &ran {
+                    let hook = if post_start { "postStart" } else { "preStop" };
+                    info!(pod = %uid, container = %name, %error, hook, "lifecycle hook failed");
+                }
+                let _ = tx.send((uid, name, attempt, post_start.then_some(ran)));
+            })
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
     fn sandbox_spec(&self, plan: &pod::PodPlan) -> SandboxSpec {
         SandboxSpec {
             uid: plan.uid.clone(),
@@ -185,25 +233,14 @@ impl Kubelet {
                 let grace = Duration::from_millis(
                     plan.map_or(30_000, |p| p.termination_grace_ms).max(1_000),
                 );
-                let runtime = self.runtime.clone();
-                let netns =
-                    (!plan.is_some_and(|p| p.host_network)).then(|| self.runtime.netns_path(uid));
-                let tx = hook_tx.clone();
-                let uid = uid.to_owned();
-                // A fresh thread per hook: an httpGet hook moves it into the pod's network
-                // namespace.
-                std::thread::Builder::new()
-                    .name("pre-stop".into())
-                    .spawn(move || {
-                        let ran = probe::run_handler(&handler, netns.as_deref(), grace, |c, t| {
-                            runtime.exec_sync(&meta, c, t)
-                        });
-                        if let Err(error) = ran {
-                            debug!(pod = %uid, container = %name, %error, "preStop hook failed");
-                        }
-                        let _ = tx.send((uid, name, attempt, None));
-                    })
-                    .map_err(|e| e.to_string())?;
+                let hook = Hook {
+                    meta,
+                    attempt,
+                    handler,
+                    timeout: grace,
+                    post_start: false,
+                };
+                self.spawn_hook(uid, plan, name, hook, hook_tx)?;
             }
             Action::PostStart {
                 name,
@@ -213,26 +250,14 @@ impl Kubelet {
                 let Some(meta) = find(&name, attempt) else {
                     return Ok(());
                 };
-                let runtime = self.runtime.clone();
-                let netns =
-                    (!plan.is_some_and(|p| p.host_network)).then(|| self.runtime.netns_path(uid));
-                let tx = hook_tx.clone();
-                let uid = uid.to_owned();
-                std::thread::Builder::new()
-                    .name("post-start".into())
-                    .spawn(move || {
-                        let ran = probe::run_handler(
-                            &handler,
-                            netns.as_deref(),
-                            POST_START_TIMEOUT,
-                            |c, t| runtime.exec_sync(&meta, c, t),
-                        );
-                        if let Err(error) = &ran {
-                            info!(pod = %uid, container = %name, %error, "postStart hook failed");
-                        }
-                        let _ = tx.send((uid, name, attempt, Some(ran)));
-                    })
-                    .map_err(|e| e.to_string())?;
+                let hook = Hook {
+                    meta,
+                    attempt,
+                    handler,
+                    timeout: POST_START_TIMEOUT,
+                    post_start: true,
+                };
+                self.spawn_hook(uid, plan, name, hook, hook_tx)?;
             }
             Action::Remove { name, attempt } => {
                 self.runtime

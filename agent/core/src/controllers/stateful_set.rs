@@ -151,26 +151,15 @@ pub fn claims_for(sts: &Value, k: u64) -> Vec<Value> {
             let mut metadata = json!({
                 "name": format!("{claim_name}-{set}-{k}"),
                 "namespace": sts["metadata"]["namespace"].as_str().unwrap_or("default"),
-                "labels": labels,
             });
-            if let Some(template_labels) = template["metadata"]["labels"].as_object()
-                && let Some(l) = metadata["labels"].as_object_mut()
-            {
-                for (key, value) in template_labels {
-                    l.insert(key.clone(), value.clone());
-                }
-            }
             if owned {
                 let mut reference = controller_ref(sts);
                 reference["controller"] = json!(false);
                 metadata["ownerReferences"] = json!([reference]);
             }
-            Some(json!({
-                "apiVersion": "v1",
-                "kind": "PersistentVolumeClaim",
-                "metadata": metadata,
-                "spec": template["spec"],
-            }))
+            Some(shoal_model::storage::claim_from_template(
+                template, metadata, &labels,
+            ))
         })
         .collect()
 }

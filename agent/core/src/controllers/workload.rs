@@ -297,13 +297,7 @@ pub fn claim_pods<'a>(
     mine
 }
 
-pub fn string_map(v: &Value) -> BTreeMap<String, String> {
-    v.as_object()
-        .into_iter()
-        .flatten()
-        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
-        .collect()
-}
+pub use shoal_model::placement::string_map;
 
 /// The uid of `object`'s controlling owner.
 pub fn controller_of(object: &Value) -> Option<String> {

@@ -687,16 +687,7 @@ fn container(value: &Value, field: &str) -> Result<ContainerPlan, FieldError> {
     })
 }
 
-fn string_map(value: &Value) -> BTreeMap<String, String> {
-    value
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
-                .collect()
-        })
-        .unwrap_or_default()
-}
+use shoal_model::placement::string_map;
 
 impl PodPlan {
     /// Parses a stored pod; errors name the field.
