@@ -34,6 +34,8 @@ pub enum AgentError {
     #[error(transparent)]
     Identity(#[from] IdentityError),
     #[error(transparent)]
+    ServiceAccountKey(#[from] crate::tokens::KeyError),
+    #[error(transparent)]
     NodeIdentity(#[from] NodeIdentityError),
     #[error(transparent)]
     Endpoint(#[from] EndpointError),
@@ -461,6 +463,12 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         events.clone(),
     );
     logs.start()?;
+    let tokens = Arc::new(crate::tokens::Tokens::new(
+        crate::tokens::Signer::load_or_create(
+            &config.data_dir,
+            crate::tokens::issuer_url(&config.cluster_domain),
+        )?,
+    ));
     crate::controllers::Controllers::new(
         node.numeric_id(),
         replication.clone(),
@@ -469,6 +477,10 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         crate::controllers::ControllerConfig {
             service_cidr: config.service_cidr,
             hpa_sync: config.hpa_sync,
+            published: crate::controllers::Published {
+                root_ca: identity.ca_certificate_pem().to_owned(),
+                token_key: Some(tokens.signer.key_object(&config.name)),
+            },
             ..Default::default()
         },
         events.clone(),
@@ -506,6 +518,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         pod_statuses: pod_statuses.clone(),
         logs: logs.clone(),
         token: identity.api_token().into(),
+        tokens: tokens.clone(),
         server_address: api_advertise.map(|a| a.to_string()).unwrap_or_default(),
         service_cidr: config.service_cidr,
     };

@@ -27,7 +27,7 @@ use crate::replication::Replication;
 const WRITES_IN_FLIGHT: usize = 16;
 
 /// The reconcile loop's tunables.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ControllerConfig {
     /// Longest pause between two passes (changes wake the loop sooner).
     pub resync: Duration,
@@ -38,6 +38,8 @@ pub struct ControllerConfig {
     /// How often an HorizontalPodAutoscaler is synced (`--hpa-sync-period`; Kubernetes'
     /// `--horizontal-pod-autoscaler-sync-period`, 15 s).
     pub hpa_sync: Duration,
+    /// What this agent publishes in the store: the cluster CA and its token-verifying key.
+    pub published: Published,
 }
 
 impl Default for ControllerConfig {
@@ -49,6 +51,7 @@ impl Default for ControllerConfig {
                 .parse()
                 .expect("the default parses"),
             hpa_sync: Duration::from_secs(15),
+            published: Published::default(),
         }
     }
 }
@@ -70,6 +73,16 @@ pub struct Controllers {
     collected_ms: std::sync::atomic::AtomicU64,
     /// The claim events recorded already: (claim uid, reason), once each.
     claims_told: std::sync::Mutex<HashSet<(String, &'static str)>>,
+}
+
+/// What an agent publishes about the cluster's identity (issue #40).
+#[derive(Debug, Clone, Default)]
+pub struct Published {
+    /// The cluster CA (PEM), given to every namespace as `kube-root-ca.crt`.
+    pub root_ca: String,
+    /// This agent's ConfigMap with the public key its service-account tokens verify with
+    /// ([`crate::tokens::Signer::key_object`]); none for an agent that issues no tokens.
+    pub token_key: Option<Value>,
 }
 
 /// One pass's [`Snapshot`]: the store's workloads and pods, with the pods' statuses.
@@ -496,20 +509,40 @@ impl Controllers {
             .filter(|n| self.owns(n, live))
             .cloned()
             .collect();
-        for account in namespace::missing_default_accounts(&owned, &accounts) {
-            let ns = account["metadata"]["namespace"]
+        // And the cluster's CA, for the pods' service-account volumes.
+        let root_cas: Vec<(String, String)> = self.replication.read(|s| {
+            let info = kind::lookup("v1", "ConfigMap").expect("ConfigMap is a stored kind");
+            owned
+                .iter()
+                .filter_map(|n| n["metadata"]["name"].as_str())
+                .filter(|ns| {
+                    s.get(&ObjectKey::new(info, ns, namespace::ROOT_CA))
+                        .is_some()
+                })
+                .map(|ns| (ns.to_owned(), namespace::ROOT_CA.to_owned()))
+                .collect()
+        });
+        let made = namespace::missing_default_accounts(&owned, &accounts)
+            .into_iter()
+            .chain(namespace::missing_root_ca(
+                &owned,
+                &root_cas,
+                &self.config.published.root_ca,
+            ));
+        for object in made {
+            let ns = object["metadata"]["namespace"]
                 .as_str()
                 .unwrap_or("")
                 .to_owned();
-            if let Ok(valid) = shoal_state::validate(account, &ns) {
+            let what = describe(&object);
+            if let Ok(valid) = shoal_state::validate(object, &ns) {
                 match self.replication.write(valid, WriteMode::Create).await {
-                    Ok(_) => debug!(namespace = %ns, "default ServiceAccount created"),
-                    Err(e) => {
-                        debug!(namespace = %ns, error = %e, "default ServiceAccount not created")
-                    }
+                    Ok(_) => debug!(namespace = %ns, object = %what, "created"),
+                    Err(e) => debug!(namespace = %ns, object = %what, error = %e, "not created"),
                 }
             }
         }
+        self.publish_token_key().await;
         for ns in namespaces
             .iter()
             .filter(|n| namespace::terminating(n) && self.owns(n, live))
@@ -519,6 +552,35 @@ impl Controllers {
                 if !self.finalize_namespace(info, ns).await {
                     break;
                 }
+            }
+        }
+    }
+
+    /// Writes this agent's token-verifying key ([`Published::token_key`]) while the store
+    /// does not hold it as it is (once `kube-system` exists).
+    async fn publish_token_key(&self) {
+        let Some(object) = &self.config.published.token_key else {
+            return;
+        };
+        let (Some(info), Some(name)) = (
+            kind::lookup("v1", "ConfigMap"),
+            object["metadata"]["name"].as_str(),
+        ) else {
+            return;
+        };
+        let ns = crate::tokens::KEY_NAMESPACE;
+        let (stored, namespace_exists) = self.replication.read(|s| {
+            let namespace = kind::lookup("v1", "Namespace")
+                .is_some_and(|n| s.get(&ObjectKey::new(n, "", ns)).is_some());
+            (s.get(&ObjectKey::new(info, ns, name)), namespace)
+        });
+        if !namespace_exists || stored.is_some_and(|s| s["data"] == object["data"]) {
+            return;
+        }
+        if let Ok(valid) = shoal_state::validate(object.clone(), ns) {
+            match self.replication.write(valid, WriteMode::Upsert).await {
+                Ok(_) => info!(configmap = %name, "service-account token key published"),
+                Err(e) => warn!(error = %e, "service-account token key not published"),
             }
         }
     }

@@ -13,7 +13,7 @@
 //! Around them: configuration ([`config`], [`node_settings`]), the node's persisted identity
 //! ([`node_identity`]), membership over the authenticated QUIC endpoint ([`agent`], [`session`]),
 //! observed state — pod statuses and events — with one owner ([`observed`]), confined file
-//! operations ([`beneath`]), the host's facts ([`host`]), and supervision of every long-lived
+//! operations ([`beneath`]), service-account tokens ([`tokens`]), the host's facts ([`host`]), and supervision of every long-lived
 //! task ([`supervise`]). [`fault_injection`] is the chaos self-test's, in debug builds only.
 //! The harness that starts real `shoal` processes for integration tests and benchmarks is
 //! `shoal_chaos::testkit` (`chaos-tests/`), outside the product.
@@ -41,6 +41,7 @@ pub mod services;
 pub mod session;
 pub mod storage;
 pub mod supervise;
+pub mod tokens;
 
 /// Version reported in gossip and by `shoal --version`.
 pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -721,6 +721,7 @@ pub fn bootstrap() -> Vec<Value> {
             &["secrets", "pods/attach", "pods/exec", "pods/portforward"],
             &read,
         ),
+        rule(&[""], &["serviceaccounts/token"], &["create"]),
         rule(&["apps"], &apps, &write),
         rule(&["batch"], &["cronjobs", "jobs"], &write),
         rule(&["autoscaling"], &["horizontalpodautoscalers"], &write),
@@ -825,7 +826,7 @@ pub fn bootstrap() -> Vec<Value> {
         ),
         cluster_role(
             "system:basic-user",
-            defaults,
+            defaults.clone(),
             vec![
                 rule(
                     &["authorization.k8s.io"],
@@ -840,7 +841,38 @@ pub fn bootstrap() -> Vec<Value> {
             ],
             None,
         ),
+        // Systems outside the cluster verifying its service-account tokens.
+        cluster_role(
+            "system:service-account-issuer-discovery",
+            defaults.clone(),
+            vec![json!({"nonResourceURLs": [
+                "/.well-known/openid-configuration",
+                "/.well-known/openid-configuration/",
+                "/openid/v1/jwks",
+                "/openid/v1/jwks/",
+            ], "verbs": ["get"]})],
+            None,
+        ),
+        // What a proxy or webhook that delegates authentication and authorization needs.
+        cluster_role(
+            "system:auth-delegator",
+            defaults,
+            vec![
+                rule(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
+                rule(
+                    &["authorization.k8s.io"],
+                    &["subjectaccessreviews"],
+                    &["create"],
+                ),
+            ],
+            None,
+        ),
         cluster_binding("cluster-admin", "cluster-admin", &[MASTERS]),
+        cluster_binding(
+            "system:service-account-issuer-discovery",
+            "system:service-account-issuer-discovery",
+            &["system:serviceaccounts"],
+        ),
         cluster_binding("system:discovery", "system:discovery", &[AUTHENTICATED]),
         cluster_binding("system:basic-user", "system:basic-user", &[AUTHENTICATED]),
         cluster_binding(

@@ -163,9 +163,44 @@ pub async fn identify(
 /// `SelfSubjectAccessReview` (authorization.k8s.io/v1): whether the requester may do what the
 /// review's `spec` describes; the review comes back with its `status`.
 pub fn self_subject_access_review(state: &ApiState, user: &User, body: &[u8]) -> Response {
-    let Ok(mut review) = serde_json::from_slice::<Value>(body) else {
+    let Ok(review) = serde_json::from_slice::<Value>(body) else {
         return ApiError::bad_request("the body is not a SelfSubjectAccessReview").into_response();
     };
+    access_review(state, user, review, "SelfSubjectAccessReview")
+}
+
+/// `SubjectAccessReview` (authorization.k8s.io/v1, what webhooks and proxies such as
+/// kube-rbac-proxy ask): whether the user the review's `spec` names (`user`, `groups`) may do
+/// what it describes.
+pub fn subject_access_review(state: &ApiState, body: &[u8]) -> Response {
+    let Ok(review) = serde_json::from_slice::<Value>(body) else {
+        return ApiError::bad_request("the body is not a SubjectAccessReview").into_response();
+    };
+    let spec = &review["spec"];
+    let user = User {
+        name: spec["user"].as_str().unwrap_or_default().to_owned(),
+        groups: spec["groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .take(rbac::MAX_SUBJECTS)
+            .filter_map(|g| g.as_str().map(str::to_owned))
+            .collect(),
+    };
+    if user.name.is_empty() && user.groups.is_empty() {
+        return ApiError::invalid(
+            "SubjectAccessReview",
+            "",
+            "spec.user",
+            "Invalid value: \"\": at least one of user or group must be specified",
+        )
+        .into_response();
+    }
+    access_review(state, &user, review, "SubjectAccessReview")
+}
+
+/// An access review of either kind: `review`'s spec asked for `user`, answered in its status.
+fn access_review(state: &ApiState, user: &User, mut review: Value, kind: &str) -> Response {
     let spec = &review["spec"];
     let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
     let a = if let Some(r) = spec.get("resourceAttributes") {
@@ -187,7 +222,7 @@ pub fn self_subject_access_review(state: &ApiState, user: &User, body: &[u8]) ->
         }
     } else {
         return ApiError::invalid(
-            "SelfSubjectAccessReview",
+            kind,
             "",
             "spec",
             "Invalid value: exactly one of nonResourceAttributes or resourceAttributes must be specified",
@@ -200,7 +235,7 @@ pub fn self_subject_access_review(state: &ApiState, user: &User, body: &[u8]) ->
     };
     review["status"] = status;
     review["apiVersion"] = json!("authorization.k8s.io/v1");
-    review["kind"] = json!("SelfSubjectAccessReview");
+    review["kind"] = json!(kind);
     (StatusCode::CREATED, axum::Json(review)).into_response()
 }
 
@@ -245,6 +280,112 @@ pub fn self_subject_rules_review(state: &ApiState, user: &User, body: &[u8]) -> 
     review["status"] =
         json!({"resourceRules": resource, "nonResourceRules": non_resource, "incomplete": false});
     (StatusCode::CREATED, axum::Json(review)).into_response()
+}
+
+/// `TokenReview` (authentication.k8s.io/v1): whom a token authenticates, for the audiences the
+/// review names (the API's own by default). A refused token is `authenticated: false` with
+/// upstream's opaque error.
+pub fn token_review(state: &ApiState, body: &[u8]) -> Response {
+    let Ok(mut review) = serde_json::from_slice::<Value>(body) else {
+        return ApiError::bad_request("the body is not a TokenReview").into_response();
+    };
+    let token = review["spec"]["token"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let asked: Vec<String> = review["spec"]["audiences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .take(16)
+        .filter_map(|a| a.as_str().map(str::to_owned))
+        .collect();
+    let audiences = if asked.is_empty() {
+        state.tokens.audiences.clone()
+    } else {
+        asked
+    };
+    let now = super::unix_seconds();
+    let status = if token == *state.token {
+        let admin = admin();
+        json!({"authenticated": true, "audiences": audiences,
+               "user": {"username": admin.name, "groups": admin.groups}})
+    } else {
+        match state
+            .tokens
+            .authenticate_for(&state.replication, &token, &audiences, now)
+        {
+            Ok(claims) => {
+                let user = claims.user();
+                let mut extra = serde_json::Map::new();
+                if let Some(pod) = &claims.kubernetes.pod {
+                    extra.insert(
+                        "authentication.kubernetes.io/pod-name".into(),
+                        json!([pod.name]),
+                    );
+                    extra.insert(
+                        "authentication.kubernetes.io/pod-uid".into(),
+                        json!([pod.uid]),
+                    );
+                }
+                if let Some(node) = &claims.kubernetes.node {
+                    extra.insert(
+                        "authentication.kubernetes.io/node-name".into(),
+                        json!([node.name]),
+                    );
+                }
+                extra.insert(
+                    "authentication.kubernetes.io/credential-id".into(),
+                    json!([format!("JTI={}", claims.jti)]),
+                );
+                let aud: Vec<&String> = audiences
+                    .iter()
+                    .filter(|a| claims.aud.contains(a))
+                    .collect();
+                json!({"authenticated": true, "audiences": aud, "user": {
+                    "username": user.name,
+                    "uid": claims.kubernetes.serviceaccount.uid,
+                    "groups": user.groups,
+                    "extra": extra,
+                }})
+            }
+            Err(refusal) => {
+                tracing::debug!(%refusal, "TokenReview: token refused");
+                json!({"authenticated": false, "error": "invalid bearer token", "user": {}})
+            }
+        }
+    };
+    review["apiVersion"] = json!("authentication.k8s.io/v1");
+    review["kind"] = json!("TokenReview");
+    review["status"] = status;
+    (StatusCode::CREATED, axum::Json(review)).into_response()
+}
+
+/// `/.well-known/openid-configuration`: the issuer's OIDC discovery document, so systems
+/// outside the cluster can verify its service-account tokens (as upstream's
+/// ServiceAccountIssuerDiscovery serves it).
+pub fn openid_configuration(state: &ApiState) -> Response {
+    let issuer = state.tokens.signer.issuer();
+    axum::Json(json!({
+        "issuer": issuer,
+        "jwks_uri": format!("{issuer}/openid/v1/jwks"),
+        "response_types_supported": ["id_token"],
+        "subject_types_supported": ["public"],
+        "id_token_signing_alg_values_supported": ["ES256"],
+    }))
+    .into_response()
+}
+
+/// `/openid/v1/jwks`: every agent's token-verifying key.
+pub fn jwks(state: &ApiState) -> Response {
+    let keys = state.replication.read(|s| {
+        crate::tokens::published_keys(&s.list("", "ConfigMap", Some(crate::tokens::KEY_NAMESPACE)))
+    });
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/jwk-set+json")],
+        json!({"keys": keys}).to_string(),
+    )
+        .into_response()
 }
 
 /// `SelfSubjectReview` (authentication.k8s.io/v1): who the requester is.

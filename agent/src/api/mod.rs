@@ -55,6 +55,8 @@ pub struct ApiState {
     /// Container logs, from this node or the one running the pod.
     pub logs: Arc<crate::kubelet::node_service::NodeService>,
     pub token: Arc<str>,
+    /// Service-account tokens: issued here, verified for every agent's.
+    pub tokens: Arc<crate::tokens::Tokens>,
     /// `host:port` clients use to reach this API.
     pub server_address: String,
     /// Where Service ClusterIPs come from.
@@ -105,13 +107,17 @@ fn is_public(path: &str) -> bool {
     matches!(path, "/healthz" | "/readyz" | "/livez" | "/version")
 }
 
-/// Constant-time comparison of the presented token.
-fn token_ok(headers: &HeaderMap, token: &str) -> bool {
-    let Some(presented) = headers
+/// The bearer token a request presents.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-    else {
+}
+
+/// Constant-time comparison of the presented token.
+fn token_ok(headers: &HeaderMap, token: &str) -> bool {
+    let Some(presented) = bearer(headers) else {
         return false;
     };
     presented.len() == token.len()
@@ -122,9 +128,10 @@ fn token_ok(headers: &HeaderMap, token: &str) -> bool {
             == 0
 }
 
-/// Who the request is (the cluster's token: its administrator), then as whom it acts and
-/// whether that one may ([`authz::identify`]); the public health and version paths need no
-/// credentials.
+/// Who the request is (the cluster's token: its administrator; a service-account token: that
+/// ServiceAccount), then as whom it acts and whether that one may ([`authz::identify`]); the
+/// public health and version paths need no credentials. A refused credential gets upstream's
+/// bare 401: why is logged at debug level, never told.
 async fn authenticate(State(state): State<ApiState>, request: Request, next: Next) -> Response {
     if is_public(request.uri().path()) {
         return next.run(request).await;
@@ -132,7 +139,25 @@ async fn authenticate(State(state): State<ApiState>, request: Request, next: Nex
     if token_ok(request.headers(), &state.token) {
         return authz::identify(State(state), authz::admin(), request, next).await;
     }
+    if let Some(token) = bearer(request.headers()) {
+        match state
+            .tokens
+            .authenticate(&state.replication, token, unix_seconds())
+        {
+            Ok(claims) => {
+                return authz::identify(State(state.clone()), claims.user(), request, next).await;
+            }
+            Err(refusal) => debug!(%refusal, "bearer token refused"),
+        }
+    }
     ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized").into_response()
+}
+
+/// Now, in seconds since the Unix epoch.
+pub fn unix_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// The API's routes.
@@ -164,6 +189,30 @@ pub fn router(state: ApiState) -> Router {
                     authz::self_subject_rules_review(&state, &user, &body)
                 },
             ),
+        )
+        .route(
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+            axum::routing::post(
+                |State(state): State<ApiState>, body: axum::body::Bytes| async move {
+                    authz::subject_access_review(&state, &body)
+                },
+            ),
+        )
+        .route(
+            "/apis/authentication.k8s.io/v1/tokenreviews",
+            axum::routing::post(
+                |State(state): State<ApiState>, body: axum::body::Bytes| async move {
+                    authz::token_review(&state, &body)
+                },
+            ),
+        )
+        .route(
+            "/.well-known/openid-configuration",
+            get(|State(state): State<ApiState>| async move { authz::openid_configuration(&state) }),
+        )
+        .route(
+            "/openid/v1/jwks",
+            get(|State(state): State<ApiState>| async move { authz::jwks(&state) }),
         )
         .route(
             "/apis/authentication.k8s.io/v1/selfsubjectreviews",

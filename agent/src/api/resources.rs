@@ -146,6 +146,11 @@ impl ApiResource {
                     &["get", "patch", "update"][..],
                 ),
             ],
+            "ServiceAccount" => vec![(
+                "token",
+                ("authentication.k8s.io", "v1", "TokenRequest"),
+                &["create"][..],
+            )],
             "DaemonSet"
             | "Job"
             | "CronJob"

@@ -1,4 +1,4 @@
-//! Subresources: status (observed, read-only), scale, log.
+//! Subresources: status (observed, read-only), scale, log, eviction, a ServiceAccount's token.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -162,10 +162,149 @@ pub async fn subresource(
                 &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
             ))
         }
+        ("token", &Method::POST) => {
+            let account = get_object(state, resource, namespace, name).await?;
+            let review = parse_body(headers, body)?;
+            token_request(state, &account, review)
+        }
         _ => Err(ApiError::method_not_allowed(format!(
             "{method} is not supported on {sub}"
         ))),
     }
+}
+
+/// `TokenRequest` (`kubectl create token`): a token for ServiceAccount `account`, for the
+/// audiences and lifetime the request's spec asks (an hour by default, at least 10 minutes),
+/// bound to the pod its `boundObjectRef` names if it names one.
+fn token_request(
+    state: &ApiState,
+    account: &Value,
+    mut review: Value,
+) -> Result<Response, ApiError> {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    let name = text(&account["metadata"]["name"]);
+    let namespace = text(&account["metadata"]["namespace"]);
+    let invalid =
+        |field: &str, detail: String| ApiError::invalid("TokenRequest", &name, field, &detail);
+    let spec = &review["spec"];
+    let seconds = match &spec["expirationSeconds"] {
+        Value::Null => crate::tokens::DEFAULT_SECONDS,
+        v => match v.as_u64() {
+            Some(s) if s < crate::tokens::MIN_SECONDS => {
+                return Err(invalid(
+                    "spec.expirationSeconds",
+                    format!("Invalid value: {s}: may not specify a duration less than 10 minutes"),
+                ));
+            }
+            Some(s) if s > crate::tokens::MAX_SECONDS => {
+                return Err(invalid(
+                    "spec.expirationSeconds",
+                    format!(
+                        "Invalid value: {s}: may not specify a duration larger than 2^32 seconds"
+                    ),
+                ));
+            }
+            Some(s) => s,
+            None => {
+                return Err(invalid(
+                    "spec.expirationSeconds",
+                    format!("Invalid value: {v}: must be a positive integer"),
+                ));
+            }
+        },
+    };
+    let audiences: Vec<String> = match &spec["audiences"] {
+        Value::Null => Vec::new(),
+        Value::Array(list) if list.len() <= 16 => list
+            .iter()
+            .map(|a| a.as_str().filter(|a| !a.is_empty() && a.len() <= 512).map(str::to_owned))
+            .collect::<Option<_>>()
+            .ok_or_else(|| invalid("spec.audiences", "Invalid value: each audience must be a non-empty string of at most 512 characters".into()))?,
+        _ => {
+            return Err(invalid(
+                "spec.audiences",
+                "Invalid value: must be a list of at most 16 audiences".into(),
+            ));
+        }
+    };
+    let (pod, node) = match &spec["boundObjectRef"] {
+        Value::Null => (None, None),
+        bound => {
+            if bound["kind"] != "Pod" {
+                return Err(invalid(
+                    "spec.boundObjectRef.kind",
+                    format!(
+                        "Unsupported value: {}: supported values: \"Pod\"",
+                        bound["kind"]
+                    ),
+                ));
+            }
+            let pod_name = text(&bound["name"]);
+            let pod = state
+                .replication
+                .read(|s| {
+                    let info = shoal_state::kind::lookup("v1", "Pod")?;
+                    s.get(&shoal_state::ObjectKey::new(info, &namespace, &pod_name))
+                })
+                .ok_or_else(|| ApiError::not_found("pods", &pod_name))?;
+            let uid = text(&pod["metadata"]["uid"]);
+            if let Some(asked) = bound["uid"].as_str().filter(|u| !u.is_empty())
+                && asked != uid
+            {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "Conflict",
+                    format!(
+                        "the UID in the bound object reference ({asked}) does not match the UID in record ({uid}). The object might have been deleted and then recreated"
+                    ),
+                ));
+            }
+            let node = pod["spec"]["nodeName"]
+                .as_str()
+                .map(|n| crate::tokens::Ref {
+                    name: n.to_owned(),
+                    uid: String::new(),
+                });
+            (
+                Some(crate::tokens::Ref {
+                    name: pod_name,
+                    uid,
+                }),
+                node,
+            )
+        }
+    };
+    let request = crate::tokens::Request {
+        namespace,
+        account: crate::tokens::Ref {
+            name,
+            uid: text(&account["metadata"]["uid"]),
+        },
+        audiences,
+        seconds,
+        pod,
+        node,
+    };
+    let (token, claims) = state
+        .tokens
+        .signer
+        .issue(&request, super::unix_seconds())
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                e.to_string(),
+            )
+        })?;
+    review["apiVersion"] = json!("authentication.k8s.io/v1");
+    review["kind"] = json!("TokenRequest");
+    review["spec"]["audiences"] = json!(claims.aud);
+    review["spec"]["expirationSeconds"] = json!(seconds);
+    review["status"] = json!({
+        "token": token,
+        "expirationTimestamp": shoal_core::controllers::workload::rfc3339_seconds(claims.exp.saturating_mul(1000)),
+    });
+    Ok(json_response(StatusCode::CREATED, &review))
 }
 
 fn scale_of(object: &Value) -> Value {

@@ -12,6 +12,7 @@ use crate::Lab;
 
 mod garbage;
 mod rbac;
+mod tokens;
 
 const CONVERGE: Duration = Duration::from_secs(30);
 

@@ -139,6 +139,12 @@ impl Api {
             pod_statuses,
             logs,
             token: token.as_str().into(),
+            tokens: Arc::new(shoal_agent::tokens::Tokens::new(
+                shoal_agent::tokens::Signer::load_or_create(
+                    dir,
+                    shoal_agent::tokens::issuer_url("cluster.local"),
+                )?,
+            )),
             server_address: "127.0.0.1:6443".into(),
             service_cidr: "10.96.0.0/16".parse()?,
         });

@@ -69,19 +69,45 @@ pub fn missing_built_ins(stored: &[String]) -> Vec<Value> {
 /// controller makes them): `namespaces` are stored Namespaces, `accounts` the (namespace,
 /// name) of stored ServiceAccounts. A namespace being deleted gets none.
 pub fn missing_default_accounts(namespaces: &[Value], accounts: &[(String, String)]) -> Vec<Value> {
+    missing_in_each(namespaces, accounts, "default", |ns| {
+        json!({"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": "default", "namespace": ns}})
+    })
+}
+
+/// The name of the ConfigMap holding the cluster's CA in every namespace (upstream's
+/// root-ca-cert-publisher's): what a pod's service-account volume projects as `ca.crt`.
+pub const ROOT_CA: &str = "kube-root-ca.crt";
+
+/// The `kube-root-ca.crt` ConfigMaps missing from the live namespaces, holding `ca_pem`
+/// (`config_maps`: the (namespace, name) of stored ConfigMaps).
+pub fn missing_root_ca(
+    namespaces: &[Value],
+    config_maps: &[(String, String)],
+    ca_pem: &str,
+) -> Vec<Value> {
+    missing_in_each(namespaces, config_maps, ROOT_CA, |ns| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": ROOT_CA, "namespace": ns, "annotations": {
+                   "kubernetes.io/description": "Contains a CA bundle that can be used to verify the kube-apiserver when using internal endpoints such as the internal service IP or kubernetes.default.svc. No other usage is guaranteed across distributions of Kubernetes clusters."}},
+               "data": {"ca.crt": ca_pem}})
+    })
+}
+
+/// What `make` gives each live namespace that has no object named `name` among `present`
+/// ((namespace, name) pairs of the kind).
+fn missing_in_each(
+    namespaces: &[Value],
+    present: &[(String, String)],
+    name: &str,
+    make: impl Fn(&str) -> Value,
+) -> Vec<Value> {
     namespaces
         .iter()
         .filter(|n| !terminating(n))
         .filter_map(|n| n["metadata"]["name"].as_str())
-        .filter(|ns| {
-            !accounts
-                .iter()
-                .any(|(a_ns, a)| a_ns == ns && a == "default")
-        })
-        .map(|ns| {
-            json!({"apiVersion": "v1", "kind": "ServiceAccount",
-                   "metadata": {"name": "default", "namespace": ns}})
-        })
+        .filter(|ns| !present.iter().any(|(p_ns, p)| p_ns == ns && p == name))
+        .map(make)
         .collect()
 }
 
@@ -127,6 +153,11 @@ mod tests {
         assert_eq!(made.len(), 1, "{made:?}");
         assert_eq!(made[0]["metadata"]["namespace"], "team");
         assert_eq!(made[0]["metadata"]["name"], "default");
+        let maps = vec![("default".to_owned(), ROOT_CA.to_owned())];
+        let made = missing_root_ca(&namespaces, &maps, "PEM");
+        assert_eq!(made.len(), 1, "{made:?}");
+        assert_eq!(made[0]["metadata"]["namespace"], "team");
+        assert_eq!(made[0]["data"]["ca.crt"], "PEM");
     }
 
     #[test]
