@@ -139,7 +139,7 @@ mod tests {
     }
 
     #[test]
-    fn live_namespaces_get_a_default_service_account() {
+    fn live_namespaces_get_a_default_service_account_and_the_root_ca() {
         let namespaces = [
             json!({"metadata": {"name": "team"}}),
             json!({"metadata": {"name": "done"}}),
@@ -153,7 +153,7 @@ mod tests {
         assert_eq!(made.len(), 1, "{made:?}");
         assert_eq!(made[0]["metadata"]["namespace"], "team");
         assert_eq!(made[0]["metadata"]["name"], "default");
-        let maps = vec![("default".to_owned(), ROOT_CA.to_owned())];
+        let maps = vec![("done".to_owned(), ROOT_CA.to_owned())];
         let made = missing_root_ca(&namespaces, &maps, "PEM");
         assert_eq!(made.len(), 1, "{made:?}");
         assert_eq!(made[0]["metadata"]["namespace"], "team");
