@@ -182,6 +182,12 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     let secret = ClusterSecret::load_file(&config.secret_file)?;
     let identity = ClusterIdentity::derive(&secret)?;
     let node = NodeIdentity::load_and_bump(&config.data_dir, &config.name)?;
+    let tokens = Arc::new(crate::tokens::Tokens::new(
+        crate::tokens::Signer::load_or_create(
+            &config.data_dir,
+            crate::tokens::issuer_url(&config.cluster_domain),
+        )?,
+    ));
     let certificate = identity.issue_node_certificate(&node.node_id, &[])?;
 
     let mut endpoint_config = PeerEndpointConfig::new(config.bind);
@@ -393,6 +399,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
                 bridge: name,
             },
             config.name.clone(),
+            membership.clone(),
         ))
     } else {
         None
@@ -438,6 +445,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
                     u64::from(meta.capacity.pods),
                 ),
                 image_gc: config.image_gc,
+                tokens: Some(tokens.clone()),
                 ..Default::default()
             },
         );
@@ -463,12 +471,6 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         events.clone(),
     );
     logs.start()?;
-    let tokens = Arc::new(crate::tokens::Tokens::new(
-        crate::tokens::Signer::load_or_create(
-            &config.data_dir,
-            crate::tokens::issuer_url(&config.cluster_domain),
-        )?,
-    ));
     crate::controllers::Controllers::new(
         node.numeric_id(),
         replication.clone(),
@@ -532,6 +534,15 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
         if let Some(bind) = config.api.filter(|a| !a.ip().is_unspecified()) {
             names.push(bind.ip().to_string());
         }
+        // Reached from pods as the `kubernetes` Service: its address and names.
+        let domain = &config.cluster_domain;
+        names.push(
+            std::net::Ipv4Addr::from(u32::from(config.service_cidr.network()) + 1).to_string(),
+        );
+        names.extend(
+            ["kubernetes", "kubernetes.default", "kubernetes.default.svc"].map(str::to_owned),
+        );
+        names.push(format!("kubernetes.default.svc.{domain}"));
         names.dedup();
         let api_cert = identity.issue_node_certificate(&node.node_id, &names)?;
         let tls = identity.api_server_config(&api_cert)?;

@@ -483,6 +483,7 @@ impl Controllers {
         if bootstrap {
             self.built_in_storage_class().await;
             self.default_rbac().await;
+            self.api_service().await;
             for object in namespace::missing_built_ins(&names) {
                 if let Ok(valid) = shoal_state::validate(object, "") {
                     match self.replication.write(valid, WriteMode::Create).await {
@@ -552,6 +553,26 @@ impl Controllers {
                 if !self.finalize_namespace(info, ns).await {
                     break;
                 }
+            }
+        }
+    }
+
+    /// The `default/kubernetes` Service, made while it is missing (as the apiserver keeps it:
+    /// a deleted one comes back), on the service CIDR's first address.
+    async fn api_service(&self) {
+        let Some(info) = kind::lookup("v1", "Service") else {
+            return;
+        };
+        let (ns, name) = crate::endpoints::API_SERVICE;
+        let key = ObjectKey::new(info, ns, name);
+        if self.replication.read(|s| s.get(&key).is_some()) {
+            return;
+        }
+        let ip = std::net::Ipv4Addr::from(u32::from(self.config.service_cidr.network()) + 1);
+        if let Ok(valid) = shoal_state::validate(crate::endpoints::api_service(ip), ns) {
+            match self.replication.write(valid, WriteMode::Create).await {
+                Ok(_) => info!(%ip, "the kubernetes Service created"),
+                Err(e) => debug!(error = %e, "the kubernetes Service not created"),
             }
         }
     }

@@ -94,6 +94,58 @@ pub struct Backend {
     pub ports: Vec<EndpointPort>,
 }
 
+/// The Service every cluster has, whose endpoints are the agents' API servers.
+pub const API_SERVICE: (&str, &str) = ("default", "kubernetes");
+
+/// The `default/kubernetes` Service with the ClusterIP `ip` (the service CIDR's first
+/// address, which no other Service is given), as the apiserver makes it.
+pub fn api_service(ip: std::net::Ipv4Addr) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": API_SERVICE.1, "namespace": API_SERVICE.0,
+            "labels": {"component": "apiserver", "provider": "kubernetes"}},
+        "spec": {"type": "ClusterIP", "clusterIP": ip.to_string(), "clusterIPs": [ip.to_string()],
+            "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack", "sessionAffinity": "None",
+            "internalTrafficPolicy": "Cluster",
+            "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": 6443}]},
+    })
+}
+
+/// Gives the `default/kubernetes` Service among `derived` the live agents' API servers
+/// (`api`: each node's name and API address) as its endpoints: it selects no pods, its
+/// endpoints are the agents (IPv4 ones: the service plane is IPv4).
+pub fn with_api_servers(
+    derived: &mut [(Value, Vec<Backend>)],
+    api: &[(String, std::net::SocketAddr)],
+) {
+    let is_api = |s: &Value| {
+        s["metadata"]["namespace"] == API_SERVICE.0 && s["metadata"]["name"] == API_SERVICE.1
+    };
+    let Some((_, backends)) = derived.iter_mut().find(|(s, _)| is_api(s)) else {
+        return;
+    };
+    *backends = api
+        .iter()
+        .filter(|(_, a)| a.is_ipv4())
+        .map(|(node, a)| Backend {
+            ip: a.ip().to_string(),
+            node_name: node.clone(),
+            pod_name: String::new(),
+            pod_uid: String::new(),
+            hostname: None,
+            ready: true,
+            serving: true,
+            terminating: false,
+            ports: vec![EndpointPort {
+                name: "https".into(),
+                port: a.port(),
+                protocol: "TCP".into(),
+            }],
+        })
+        .collect();
+}
+
 fn protocol(v: &Value) -> String {
     v.as_str().unwrap_or("TCP").to_owned()
 }
@@ -227,8 +279,20 @@ fn groups(backends: &[Backend]) -> BTreeMap<Vec<EndpointPort>, Vec<&Backend>> {
     groups
 }
 
+/// The pod behind an endpoint (none for an agent's API server).
 fn target_ref(b: &Backend, namespace: &str) -> Value {
+    if b.pod_name.is_empty() {
+        return Value::Null;
+    }
     json!({"kind": "Pod", "namespace": namespace, "name": b.pod_name, "uid": b.pod_uid})
+}
+
+fn drop_null_target(endpoint: &mut Value) {
+    if let Some(map) = endpoint.as_object_mut()
+        && map.get("targetRef").is_some_and(Value::is_null)
+    {
+        map.remove("targetRef");
+    }
 }
 
 fn ports_json(ports: &[EndpointPort]) -> Vec<Value> {
@@ -275,6 +339,7 @@ pub fn endpoints(service: &Value, backends: &[Backend]) -> Value {
                 if let Some(h) = &b.hostname {
                     a["hostname"] = json!(h);
                 }
+                drop_null_target(&mut a);
                 a
             };
             // Terminating pods leave the Endpoints object (they stay in slices, `serving`).
@@ -366,6 +431,7 @@ pub fn endpoint_slices(service: &Value, backends: &[Backend]) -> Vec<Value> {
                     if let Some(h) = &b.hostname {
                         e["hostname"] = json!(h);
                     }
+                    drop_null_target(&mut e);
                     e
                 })
                 .collect();

@@ -217,6 +217,7 @@ pub fn start(
     gateway: impl Fn() -> Option<Ipv4Addr> + Send + Sync + 'static,
     network: PlaneNetwork,
     node: String,
+    membership: Arc<shoal_gossip::Membership>,
 ) -> Arc<ServicePlane> {
     let PlaneNetwork {
         table,
@@ -237,6 +238,7 @@ pub fn start(
                 replication: replication.clone(),
                 statuses: statuses.clone(),
                 node: node.clone(),
+                membership: membership.clone(),
             },
             domain.clone(),
             gateway.clone(),
@@ -261,6 +263,22 @@ struct Sources {
     replication: Arc<Replication>,
     statuses: Arc<PodStatusCache>,
     node: String,
+    /// The agents' API servers (the `kubernetes` Service's endpoints).
+    membership: Arc<shoal_gossip::Membership>,
+}
+
+/// The live agents' API servers, by node name, sorted (the `kubernetes` Service's endpoints).
+pub async fn api_servers(membership: &shoal_gossip::Membership) -> Vec<(String, SocketAddr)> {
+    use shoal_gossip::MemberState;
+    let mut servers: Vec<(String, SocketAddr)> = membership
+        .members()
+        .await
+        .into_iter()
+        .filter(|m| matches!(m.state, MemberState::Alive | MemberState::Suspect))
+        .filter_map(|m| Some((m.name().to_owned(), m.meta.as_ref()?.addresses.api?)))
+        .collect();
+    servers.sort();
+    servers
 }
 
 /// The service plane's loop: nftables rules and DNS records derived from the store and the
@@ -277,6 +295,7 @@ async fn run(
         replication,
         statuses,
         node,
+        membership,
     } = sources;
     type Rules = (
         Vec<shoal_net::nft::ServicePort>,
@@ -291,22 +310,25 @@ async fn run(
     let mut serving: Option<(Ipv4Addr, crate::supervise::AbortOnDrop)> = None;
     // The store's version and the statuses' when the rules and records last matched them:
     // while neither moves there is nothing to derive again.
-    let mut derived_from: Option<(u64, u64)> = None;
+    let mut derived_from: Option<(u64, u64, Vec<(String, SocketAddr)>)> = None;
     loop {
         if *stopped.borrow() {
             return;
         }
+        let api = api_servers(&membership).await;
         let inputs = (
             replication.read(|s| s.resource_version()),
             statuses.version(),
+            api.clone(),
         );
-        if derived_from != Some(inputs) {
+        if derived_from.as_ref() != Some(&inputs) {
             // One read of the store for both: the pods' host ports, then the Services' backends.
             let (service_objects, pods) =
                 replication.read(|s| (s.list("", "Service", None), s.list("", "Pod", None)));
             let host_ports = host_port_rules(&pods, |uid| statuses.get(uid, &node));
-            let derived =
+            let mut derived =
                 crate::endpoints::services_with_backends_of(service_objects, pods, &statuses);
+            crate::endpoints::with_api_servers(&mut derived, &api);
             let services: Vec<DnsService> =
                 derived.iter().map(|(s, b)| dns_service(s, b)).collect();
             let ports: Vec<shoal_net::nft::ServicePort> = derived

@@ -389,12 +389,28 @@ impl Verifier {
     }
 }
 
+/// Whether a token issued at `iat` expiring at `exp` is replaced at `now`, as the kubelet's
+/// token manager decides: past 80 % of its life, or older than a day.
+pub fn needs_refresh(iat: u64, exp: u64, now: u64) -> bool {
+    let life = exp.saturating_sub(iat);
+    now >= iat.saturating_add(life / 5 * 4) || now >= iat.saturating_add(86_400)
+}
+
 /// This agent's token issuer and verifier.
 pub struct Tokens {
     pub signer: Signer,
     pub verifier: Verifier,
     /// The audiences the API accepts (the issuer's URL, upstream's default `--api-audiences`).
     pub audiences: Vec<String>,
+}
+
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokens")
+            .field("issuer", &self.signer.issuer)
+            .field("kid", &self.signer.kid)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Tokens {
@@ -740,6 +756,17 @@ mod tests {
             pod_uid: None,
         };
         assert_eq!(check(&claims, 2_000, &account_only), Ok(()));
+    }
+
+    #[test]
+    fn tokens_are_replaced_at_80_percent_of_their_life_or_after_a_day() {
+        assert!(!needs_refresh(1_000, 4_600, 1_000));
+        assert!(!needs_refresh(1_000, 4_600, 3_879));
+        assert!(needs_refresh(1_000, 4_600, 3_880));
+        assert!(needs_refresh(1_000, 4_600, 9_999));
+        let year = 365 * 86_400;
+        assert!(!needs_refresh(0, year, 86_399));
+        assert!(needs_refresh(0, year, 86_400));
     }
 
     #[test]

@@ -159,7 +159,12 @@ pub fn admit_new_pod(replication: &Replication, pod: &mut Value) {
         .as_str()
         .unwrap_or("default");
     let account = replication.read(|s| s.get(&ObjectKey::new(info, namespace, name)));
-    validation::admit_service_account(pod, account.as_ref());
+    // Upstream's alphabet for generated suffixes (no vowels, no look-alikes).
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let suffix: String = (0..5)
+        .map(|_| char::from(ALPHABET[rand::random_range(0..ALPHABET.len())]))
+        .collect();
+    validation::admit_service_account(pod, account.as_ref(), &suffix);
 }
 
 /// The DefaultStorageClass and StorageObjectInUseProtection admissions, whoever creates the

@@ -152,11 +152,22 @@ pub fn with_status(state: &ApiState, kind: &str, mut object: Value) -> Value {
 
 /// The Endpoints (or, with `slices`, the EndpointSlices) of the Services in `namespace` (all
 /// when `None`), from the stored pods and their nodes' reports (`crate::endpoints`).
-pub fn service_endpoints(state: &ApiState, namespace: Option<&str>, slices: bool) -> Vec<Value> {
+pub async fn service_endpoints(
+    state: &ApiState,
+    namespace: Option<&str>,
+    slices: bool,
+) -> Vec<Value> {
     let mut out = Vec::new();
-    for (service, backends) in
-        crate::endpoints::services_with_backends(&state.replication, &state.pod_statuses, namespace)
-    {
+    let mut derived = crate::endpoints::services_with_backends(
+        &state.replication,
+        &state.pod_statuses,
+        namespace,
+    );
+    crate::endpoints::with_api_servers(
+        &mut derived,
+        &crate::services::api_servers(&state.membership).await,
+    );
+    for (service, backends) in derived {
         if slices {
             out.extend(crate::endpoints::endpoint_slices(&service, &backends));
         } else {

@@ -88,7 +88,8 @@ pub async fn list_objects(
                 state,
                 namespace,
                 resource.source == Source::EndpointSlices,
-            ),
+            )
+            .await,
             state.replication.read(|s| s.resource_version()),
         ),
     }

@@ -276,6 +276,81 @@ impl Kubelet {
         Ok(())
     }
 
+    /// The token `file` asks for `plan`'s pod: the one given before while it is fresh
+    /// ([`crate::tokens::needs_refresh`]), else a new one from this node's signer, bound to the
+    /// pod and its ServiceAccount as they are stored.
+    pub(super) fn pod_token(
+        &self,
+        plan: &pod::PodPlan,
+        file: &pod::TokenFile,
+    ) -> Result<String, String> {
+        let tokens = self
+            .config
+            .tokens
+            .as_ref()
+            .ok_or("this node issues no service-account tokens")?;
+        let now = crate::api::unix_seconds();
+        let key = (plan.uid.clone(), file.clone());
+        let mut given = self
+            .pod_tokens
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some((token, iat, exp)) = given.get(&key)
+            && !crate::tokens::needs_refresh(*iat, *exp, now)
+        {
+            return Ok(token.clone());
+        }
+        let account = self
+            .lookup(&plan.namespace, "ServiceAccount", &plan.service_account)
+            .and_then(|a| a["metadata"]["uid"].as_str().map(str::to_owned))
+            .ok_or_else(|| format!("serviceaccount {:?} not found", plan.service_account))?;
+        let request = crate::tokens::Request {
+            namespace: plan.namespace.clone(),
+            account: crate::tokens::Ref {
+                name: plan.service_account.clone(),
+                uid: account,
+            },
+            audiences: file.audience.iter().cloned().collect(),
+            seconds: file.seconds,
+            pod: Some(crate::tokens::Ref {
+                name: plan.name.clone(),
+                uid: plan.uid.clone(),
+            }),
+            node: Some(crate::tokens::Ref {
+                name: self.node_name.clone(),
+                uid: String::new(),
+            }),
+        };
+        let (token, claims) = tokens
+            .signer
+            .issue(&request, now)
+            .map_err(|e| e.to_string())?;
+        given.insert(key, (token.clone(), claims.iat, claims.exp));
+        Ok(token)
+    }
+
+    /// The link variables of the Services `plan`'s containers see: its namespace's (with
+    /// `enableServiceLinks`) and the `kubernetes` Service's, as the kubelet gives them.
+    fn service_links(&self, plan: &pod::PodPlan) -> Vec<(String, String)> {
+        let (ns, name) = crate::endpoints::API_SERVICE;
+        let services = self.replication.read(|s| {
+            let mut services = if plan.service_links {
+                s.list("", "Service", Some(&plan.namespace))
+            } else {
+                Vec::new()
+            };
+            let has_api = services.iter().any(|v| v["metadata"]["name"] == name);
+            if !has_api
+                && let Some(api) = kind::lookup("v1", "Service")
+                    .and_then(|info| s.get(&ObjectKey::new(info, ns, name)))
+            {
+                services.push(api);
+            }
+            services
+        });
+        pod::service_links(&services.iter().collect::<Vec<_>>())
+    }
+
     pub(super) fn lookup(&self, namespace: &str, kind_name: &str, name: &str) -> Option<Value> {
         let info = kind::lookup("v1", kind_name)?;
         self.replication
@@ -369,6 +444,8 @@ impl Kubelet {
             },
         })?;
         let lookup = |kind: &str, object: &str| self.lookup(&plan.namespace, kind, object);
+        let token = |plan: &pod::PodPlan, file: &pod::TokenFile| self.pod_token(plan, file);
+        let service_links = self.service_links(plan);
         start::start(
             self.runtime.as_ref(),
             &start::Start {
@@ -382,6 +459,8 @@ impl Kubelet {
                 host_ip: &self.host_ip,
                 allow_privileged: self.config.allow_privileged,
                 lookup: &lookup,
+                token: &token,
+                service_links: &service_links,
                 fence_deadline_ms,
                 monotonic_ms: &crate::runtime::lease::monotonic_ms,
             },

@@ -39,6 +39,8 @@ pub struct Context<'a> {
     pub log_path: PathBuf,
     /// A ConfigMap or Secret (`kind`, name) of the pod's namespace.
     pub lookup: &'a dyn Fn(&str, &str) -> Option<Value>,
+    /// The Services' link variables ([`super::pod::service_links`]).
+    pub service_links: &'a [(String, String)],
     /// Node policy (`--allow-privileged`): capabilities beyond the default set, hostPID and
     /// hostIPC.
     pub allow_privileged: bool,
@@ -431,6 +433,10 @@ pub fn build(
     }
     env.set("HOSTNAME".into(), plan.hostname.clone())
         .map_err(|e| too_large("HOSTNAME".into(), e))?;
+    for (k, v) in ctx.service_links {
+        env.set(k.clone(), v.clone())
+            .map_err(|e| too_large(format!("service variable {k}"), e))?;
+    }
     for from in &c.env_from {
         match (ctx.lookup)(from.kind, &from.name) {
             Some(object) => {
@@ -807,6 +813,7 @@ mod tests {
             pod_ip: "",
             log_path: "/log".into(),
             lookup,
+            service_links: &[],
             allow_privileged: false,
             fence_deadline_ms,
         };
@@ -862,6 +869,7 @@ mod tests {
             pod_ip: "",
             log_path: "/log".into(),
             lookup: &none,
+            service_links: &[],
             allow_privileged: false,
             fence_deadline_ms: None,
         };

@@ -47,6 +47,8 @@ pub struct KubeletConfig {
     pub allocatable: shoal_model::placement::Resources,
     /// When unused images are removed.
     pub image_gc: shoal_core::image_gc::Thresholds,
+    /// Where pods' service-account tokens come from (none: pods asking for one wait).
+    pub tokens: Option<Arc<crate::tokens::Tokens>>,
 }
 
 impl Default for KubeletConfig {
@@ -58,6 +60,7 @@ impl Default for KubeletConfig {
             pod_pids_limit: Some(4096),
             allocatable: shoal_model::placement::Resources::new(u64::MAX, u64::MAX, u64::MAX),
             image_gc: shoal_core::image_gc::Thresholds::default(),
+            tokens: None,
         }
     }
 }
@@ -111,6 +114,9 @@ pub struct Kubelet {
     /// written, by pod uid then volume (a hash of their files), and when they were last
     /// looked at ([`FILES_REFRESH`]).
     files_written: Mutex<FilesWritten>,
+    /// The service-account tokens given to this node's pods, by (pod uid, token file): the
+    /// token, when it was issued and when it expires (seconds since the epoch).
+    pod_tokens: Mutex<HashMap<(String, pod::TokenFile), (String, u64, u64)>>,
 }
 
 /// When the file volumes were last looked at, and each running pod's (by uid) as last
@@ -233,6 +239,7 @@ impl Kubelet {
             fence_renewed: Mutex::new(None),
             fence_renewals: Default::default(),
             files_written: Default::default(),
+            pod_tokens: Default::default(),
         })
     }
 

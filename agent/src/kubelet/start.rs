@@ -30,6 +30,10 @@ pub struct Start<'a> {
     pub allow_privileged: bool,
     /// A ConfigMap or Secret (`kind`, name) of the pod's namespace.
     pub lookup: &'a dyn Fn(&str, &str) -> Option<Value>,
+    /// A token of the pod's ServiceAccount for a projected `serviceAccountToken`.
+    pub token: &'a TokenSource<'a>,
+    /// The Services' link variables ([`pod::service_links`]).
+    pub service_links: &'a [(String, String)],
     /// When the node's run lease on the (fenced) pod ends, if it holds one (`CLOCK_MONOTONIC`
     /// ms).
     pub fence_deadline_ms: Option<u64>,
@@ -37,12 +41,16 @@ pub struct Start<'a> {
     pub monotonic_ms: &'a dyn Fn() -> u64,
 }
 
+/// Where a pod's projected service-account tokens come from (the kubelet's token cache).
+pub type TokenSource<'a> = dyn Fn(&PodPlan, &pod::TokenFile) -> Result<String, String> + 'a;
+
 /// The files of a configMap, secret, downwardAPI or projected volume as they are now (`None`
 /// for a volume of another kind): what a start writes, and what [`refresh_files`] compares.
 pub fn volume_files(
     plan: &PodPlan,
     volume: &pod::Volume,
     lookup: &dyn Fn(&str, &str) -> Option<Value>,
+    token: &TokenSource<'_>,
 ) -> Result<Option<BTreeMap<std::path::PathBuf, Vec<u8>>>, ConfigError> {
     let object = |kind: &str, name: &str, optional: bool, items: Option<&[pod::KeyToPath]>| {
         let data = match lookup(kind, name) {
@@ -84,6 +92,23 @@ pub fn volume_files(
                     pod::FileSource::Downward(items) => {
                         files.extend(container::downward_files(plan, items)?);
                     }
+                    pod::FileSource::Token(file) => {
+                        let path =
+                            crate::beneath::normal_components(std::path::Path::new(&file.path))
+                                .filter(|p| p.file_name().is_some())
+                                .ok_or_else(|| ConfigError {
+                                    reason: "CreateContainerConfigError",
+                                    message: format!(
+                                        "serviceAccountToken path {:?} names no file",
+                                        file.path
+                                    ),
+                                })?;
+                        let token = token(plan, file).map_err(|message| ConfigError {
+                            reason: "CreateContainerConfigError",
+                            message: format!("volume {}: {message}", volume.name),
+                        })?;
+                        files.insert(path, token.into_bytes());
+                    }
                 }
             }
             files
@@ -100,11 +125,12 @@ pub fn refresh_files(
     runtime: &dyn ContainerRuntime,
     plan: &PodPlan,
     lookup: &dyn Fn(&str, &str) -> Option<Value>,
+    token: &TokenSource<'_>,
     written: &mut BTreeMap<String, u64>,
 ) {
     use std::hash::{Hash, Hasher};
     for volume in &plan.volumes {
-        let Ok(Some(files)) = volume_files(plan, volume, lookup) else {
+        let Ok(Some(files)) = volume_files(plan, volume, lookup, token) else {
             continue;
         };
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
@@ -185,7 +211,7 @@ pub fn start(runtime: &dyn ContainerRuntime, s: &Start<'_>) -> Result<(), Config
                 })
                 .map_err(|e| volume_error(e.to_string()))?;
         }
-        if let Some(files) = volume_files(plan, volume, s.lookup)? {
+        if let Some(files) = volume_files(plan, volume, s.lookup, s.token)? {
             container::project(&dir, &files).map_err(|e| volume_error(e.to_string()))?;
         }
     }
@@ -212,6 +238,7 @@ pub fn start(runtime: &dyn ContainerRuntime, s: &Start<'_>) -> Result<(), Config
         pod_ip: &pod_ip,
         log_path: runtime.log_path(&plan.uid, name, attempt),
         lookup: s.lookup,
+        service_links: s.service_links,
         allow_privileged: s.allow_privileged,
         fence_deadline_ms: s.fence_deadline_ms,
     };

@@ -262,6 +262,10 @@ impl Kubelet {
         }
         state.0 = Some(std::time::Instant::now());
         state.1.retain(|uid, _| observed.contains_key(uid));
+        self.pod_tokens
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|(uid, _), _| observed.contains_key(uid));
         for (uid, pod) in bound {
             let Ok(plan) = &pod.plan else { continue };
             let has_files = plan.volumes.iter().any(|v| {
@@ -280,7 +284,8 @@ impl Kubelet {
             }
             let lookup = |kind: &str, name: &str| self.lookup(&plan.namespace, kind, name);
             let written = state.1.entry(uid.clone()).or_default();
-            start::refresh_files(self.runtime.as_ref(), plan, &lookup, written);
+            let token = |plan: &pod::PodPlan, file: &pod::TokenFile| self.pod_token(plan, file);
+            start::refresh_files(self.runtime.as_ref(), plan, &lookup, &token, written);
         }
     }
 

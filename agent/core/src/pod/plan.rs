@@ -124,7 +124,74 @@ pub enum FileSource {
     },
     /// The pod's own fields (`downwardAPI` items).
     Downward(Vec<DownwardFile>),
+    /// A token of the pod's ServiceAccount (`serviceAccountToken`), bound to the pod.
+    Token(TokenFile),
 }
+
+/// A projected `serviceAccountToken`: the token for `audience` (the API's when `None`),
+/// valid `seconds`, written at `path`; the kubelet replaces it at 80 % of its life.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TokenFile {
+    pub path: String,
+    pub audience: Option<String>,
+    pub seconds: u64,
+}
+
+/// The variables the kubelet gives every container for `services` (Docker links' style, as
+/// upstream's `getServiceEnvVarMap`): each Service with a ClusterIP as `NAME_SERVICE_HOST`,
+/// `NAME_SERVICE_PORT` (its first port), `NAME_SERVICE_PORT_PORTNAME`, `NAME_PORT` and
+/// `NAME_PORT_443_TCP{,_PROTO,_PORT,_ADDR}`. The caller passes the pod's namespace's Services
+/// (when `enableServiceLinks` is on) and `default/kubernetes` (always).
+pub fn service_links(services: &[&Value]) -> Vec<(String, String)> {
+    let mut vars = Vec::new();
+    for s in services {
+        let ip = s["spec"]["clusterIP"].as_str().unwrap_or_default();
+        if ip.is_empty() || ip == "None" {
+            continue;
+        }
+        let name = s["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_uppercase()
+            .replace('-', "_");
+        let ports: Vec<(&str, u64, String)> = s["spec"]["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| {
+                Some((
+                    p["name"].as_str().unwrap_or_default(),
+                    p["port"].as_u64()?,
+                    p["protocol"].as_str().unwrap_or("TCP").to_owned(),
+                ))
+            })
+            .collect();
+        let Some((_, first, first_protocol)) = ports.first() else {
+            continue;
+        };
+        vars.push((format!("{name}_SERVICE_HOST"), ip.to_owned()));
+        vars.push((format!("{name}_SERVICE_PORT"), first.to_string()));
+        for (port_name, port, _) in &ports {
+            if !port_name.is_empty() {
+                let suffix = port_name.to_uppercase().replace('-', "_");
+                vars.push((format!("{name}_SERVICE_PORT_{suffix}"), port.to_string()));
+            }
+        }
+        let url = |protocol: &str, port: u64| format!("{}://{ip}:{port}", protocol.to_lowercase());
+        vars.push((format!("{name}_PORT"), url(first_protocol, *first)));
+        for (_, port, protocol) in &ports {
+            let prefix = format!("{name}_PORT_{port}_{}", protocol.to_uppercase());
+            vars.push((prefix.clone(), url(protocol, *port)));
+            vars.push((format!("{prefix}_PROTO"), protocol.to_lowercase()));
+            vars.push((format!("{prefix}_PORT"), port.to_string()));
+            vars.push((format!("{prefix}_ADDR"), ip.to_owned()));
+        }
+    }
+    vars
+}
+
+/// The shortest life a projected token may ask for (upstream's validation).
+pub const MIN_TOKEN_SECONDS: u64 = 600;
 
 /// One `downwardAPI` item: the file at `path` holds a field of the pod or a resource of one of
 /// its containers.
@@ -145,6 +212,62 @@ pub enum DownwardValue {
         resource: String,
         divisor: String,
     },
+}
+
+/// A projected `serviceAccountToken` source (`at`: its field path), checked as upstream does.
+fn token_file(source: &Value, at: &str) -> Result<TokenFile, FieldError> {
+    let path = source["path"].as_str().unwrap_or_default();
+    if path.is_empty() {
+        return Err(FieldError::new(format!("{at}.path"), "Required value"));
+    }
+    shoal_state::labels::check_descending_path(path, true).map_err(|reason| {
+        FieldError::new(
+            format!("{at}.path"),
+            format!("Invalid value: {path:?}: {reason}"),
+        )
+    })?;
+    let seconds = match &source["expirationSeconds"] {
+        Value::Null => 3600,
+        v => match v.as_u64() {
+            Some(s) if s < MIN_TOKEN_SECONDS => {
+                return Err(FieldError::new(
+                    format!("{at}.expirationSeconds"),
+                    format!("Invalid value: {s}: may not specify a duration less than 10 minutes"),
+                ));
+            }
+            Some(s) if s > 1 << 32 => {
+                return Err(FieldError::new(
+                    format!("{at}.expirationSeconds"),
+                    format!(
+                        "Invalid value: {s}: may not specify a duration larger than 2^32 seconds"
+                    ),
+                ));
+            }
+            Some(s) => s,
+            None => {
+                return Err(FieldError::new(
+                    format!("{at}.expirationSeconds"),
+                    format!("Invalid value: {v}: must be a positive integer"),
+                ));
+            }
+        },
+    };
+    let audience = match &source["audience"] {
+        Value::Null => None,
+        Value::String(a) if a.is_empty() => None,
+        Value::String(a) if a.len() <= 512 => Some(a.clone()),
+        _ => {
+            return Err(FieldError::new(
+                format!("{at}.audience"),
+                "Invalid value: must be a string of at most 512 characters",
+            ));
+        }
+    };
+    Ok(TokenFile {
+        path: path.to_owned(),
+        audience,
+        seconds,
+    })
 }
 
 /// The `downwardAPI` items of `source` (a `downwardAPI` volume, or a projected source).
@@ -436,6 +559,10 @@ pub struct PodPlan {
     pub host_ipc: bool,
     /// `imagePullSecrets[].name`: Secrets of this namespace with registry credentials.
     pub image_pull_secrets: Vec<String>,
+    /// `spec.serviceAccountName` (`default` when none is named).
+    pub service_account: String,
+    /// `spec.enableServiceLinks` (on unless `false`): the namespace's Services as variables.
+    pub service_links: bool,
     /// `hostNetwork`: the pod uses the node's network namespace.
     pub host_network: bool,
     /// `dnsPolicy` and `dnsConfig`.
@@ -808,10 +935,12 @@ impl PodPlan {
                             }
                         } else if let Some(d) = s.get("downwardAPI") {
                             FileSource::Downward(downward_items(d, &format!("{at}.downwardAPI"))?)
+                        } else if let Some(t) = s.get("serviceAccountToken") {
+                            FileSource::Token(token_file(t, &format!("{at}.serviceAccountToken"))?)
                         } else {
                             return Err(FieldError::new(
                                 at,
-                                "only configMap, secret and downwardAPI sources are supported (serviceAccountToken waits for service-account tokens, issue #40)",
+                                "only configMap, secret, downwardAPI and serviceAccountToken sources are supported",
                             ));
                         });
                     }
@@ -935,6 +1064,12 @@ impl PodPlan {
                 .filter_map(|s| s["name"].as_str().filter(|n| !n.is_empty()))
                 .map(str::to_owned)
                 .collect(),
+            service_links: spec["enableServiceLinks"].as_bool().unwrap_or(true),
+            service_account: spec["serviceAccountName"]
+                .as_str()
+                .filter(|a| !a.is_empty())
+                .unwrap_or("default")
+                .to_owned(),
             host_ipc: spec["hostIPC"].as_bool().unwrap_or(false),
             host_network: spec["hostNetwork"].as_bool().unwrap_or(false),
             dns: DnsConfig {
@@ -1012,6 +1147,38 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn services_become_link_variables_as_the_kubelet_names_them() {
+        let api = json!({"metadata": {"name": "kubernetes"}, "spec": {"clusterIP": "10.96.0.1",
+            "ports": [{"name": "https", "port": 443, "protocol": "TCP"}]}});
+        let db = json!({"metadata": {"name": "my-db"}, "spec": {"clusterIP": "10.96.3.4",
+            "ports": [{"port": 5432}, {"name": "metrics", "port": 9187, "protocol": "UDP"}]}});
+        let headless = json!({"metadata": {"name": "peers"}, "spec": {"clusterIP": "None",
+            "ports": [{"port": 80}]}});
+        let vars: BTreeMap<String, String> =
+            service_links(&[&api, &db, &headless]).into_iter().collect();
+        let want = [
+            ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+            ("KUBERNETES_SERVICE_PORT", "443"),
+            ("KUBERNETES_SERVICE_PORT_HTTPS", "443"),
+            ("KUBERNETES_PORT", "tcp://10.96.0.1:443"),
+            ("KUBERNETES_PORT_443_TCP", "tcp://10.96.0.1:443"),
+            ("KUBERNETES_PORT_443_TCP_PROTO", "tcp"),
+            ("KUBERNETES_PORT_443_TCP_PORT", "443"),
+            ("KUBERNETES_PORT_443_TCP_ADDR", "10.96.0.1"),
+            ("MY_DB_SERVICE_HOST", "10.96.3.4"),
+            ("MY_DB_SERVICE_PORT", "5432"),
+            ("MY_DB_SERVICE_PORT_METRICS", "9187"),
+            ("MY_DB_PORT", "tcp://10.96.3.4:5432"),
+            ("MY_DB_PORT_9187_UDP", "udp://10.96.3.4:9187"),
+            ("MY_DB_PORT_9187_UDP_ADDR", "10.96.3.4"),
+        ];
+        for (k, v) in want {
+            assert_eq!(vars.get(k).map(String::as_str), Some(v), "{k}: {vars:?}");
+        }
+        assert!(!vars.keys().any(|k| k.starts_with("PEERS_")), "{vars:?}");
+    }
 
     #[test]
     fn pull_policies_default_as_the_apiserver_and_pull_secrets_are_named() {

@@ -813,10 +813,22 @@ pub fn admit(kind: &str, body: &mut Value) -> Result<(), FieldError> {
     Ok(())
 }
 
+/// Where a pod's service-account token volume is mounted in its containers (upstream's).
+pub const TOKEN_MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// The prefix of that volume's name (upstream's `kube-api-access-` and 5 random characters).
+pub const TOKEN_VOLUME_PREFIX: &str = "kube-api-access-";
+/// The life of an automounted token (upstream's 3607 s: an hour, and 7 s that tell it apart).
+pub const AUTOMOUNT_TOKEN_SECONDS: u64 = 3607;
+
 /// The ServiceAccount admission plugin's part that needs the store: a new pod that names no
 /// `imagePullSecrets` gets its ServiceAccount's (`account`, the pod's
-/// `spec.serviceAccountName` in its namespace, if it exists).
-pub fn admit_service_account(pod: &mut Value, account: Option<&Value>) {
+/// `spec.serviceAccountName` in its namespace, if it exists); and unless the pod or its
+/// ServiceAccount says `automountServiceAccountToken: false`, a projected volume named
+/// `kube-api-access-SUFFIX` (`suffix`: 5 random characters, an input) with a token, the
+/// cluster's CA and the namespace, mounted read-only at [`TOKEN_MOUNT_PATH`] in every
+/// container that has no mount there, as upstream's plugin adds it.
+pub fn admit_service_account(pod: &mut Value, account: Option<&Value>, suffix: &str) {
+    mount_token(pod, account, suffix);
     let has_own = pod["spec"]["imagePullSecrets"]
         .as_array()
         .is_some_and(|a| !a.is_empty());
@@ -833,6 +845,53 @@ pub fn admit_service_account(pod: &mut Value, account: Option<&Value>) {
         .map(|n| json!({"name": n}))
         .collect();
     pod["spec"]["imagePullSecrets"] = Value::Array(names);
+}
+
+fn mount_token(pod: &mut Value, account: Option<&Value>, suffix: &str) {
+    let spec = &pod["spec"];
+    let automount = spec["automountServiceAccountToken"]
+        .as_bool()
+        .or_else(|| account.and_then(|a| a["automountServiceAccountToken"].as_bool()))
+        .unwrap_or(true);
+    if !automount || !spec.is_object() {
+        return;
+    }
+    let mounted = |c: &Value| {
+        c["volumeMounts"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|m| m["mountPath"] == TOKEN_MOUNT_PATH))
+    };
+    let needs = ["initContainers", "containers", "ephemeralContainers"]
+        .iter()
+        .flat_map(|f| spec[*f].as_array().into_iter().flatten())
+        .any(|c| c.is_object() && !mounted(c));
+    if !needs {
+        return;
+    }
+    let name = format!("{TOKEN_VOLUME_PREFIX}{suffix}");
+    let volume = json!({"name": name, "projected": {"defaultMode": 420, "sources": [
+        {"serviceAccountToken": {"expirationSeconds": AUTOMOUNT_TOKEN_SECONDS, "path": "token"}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace",
+            "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}},
+    ]}});
+    let spec = &mut pod["spec"];
+    match spec["volumes"].as_array_mut() {
+        Some(volumes) => volumes.push(volume),
+        None => spec["volumes"] = json!([volume]),
+    }
+    for field in ["initContainers", "containers", "ephemeralContainers"] {
+        for c in items_mut(spec, field) {
+            if !c.is_object() || mounted(c) {
+                continue;
+            }
+            let mount = json!({"name": name, "readOnly": true, "mountPath": TOKEN_MOUNT_PATH});
+            match c["volumeMounts"].as_array_mut() {
+                Some(mounts) => mounts.push(mount),
+                None => c["volumeMounts"] = json!([mount]),
+            }
+        }
+    }
 }
 
 /// The apiserver's `SetDefaults_Pod`: a limit without a request requests the limit, and
@@ -885,10 +944,11 @@ pub fn hashed_template(template: &mut Value) {
 /// (the ServiceAccount and Priority plugins'). Pods a controller makes from a template get these
 /// too, as they would passing through the apiserver.
 ///
-/// Two of the apiserver's additions are not made, on purpose: the DefaultTolerationSeconds
+/// One of the apiserver's additions is not made, on purpose: the DefaultTolerationSeconds
 /// plugin's `node.kubernetes.io/not-ready`/`unreachable` tolerations (a dead node's pods move
-/// after the agent's `--eviction-delay`, which reads no toleration), and the ServiceAccount
-/// plugin's `kube-api-access-*` token volume (Shoal issues no service account tokens).
+/// after the agent's `--eviction-delay`, which reads no toleration). The ServiceAccount
+/// plugin's `kube-api-access-*` token volume needs the store (the pod's
+/// ServiceAccount may say no): [`admit_service_account`] adds it.
 pub fn default_pod(spec: &mut Value) {
     default_pod_spec(spec);
     if !spec.is_object() {
@@ -1162,18 +1222,72 @@ mod tests {
     fn a_new_pod_gets_its_service_account_s_pull_secrets_unless_it_names_its_own() {
         let account = json!({"imagePullSecrets": [{"name": "regcred"}, {"name": ""}]});
         let mut pod = json!({"spec": {"containers": []}});
-        admit_service_account(&mut pod, Some(&account));
+        admit_service_account(&mut pod, Some(&account), "x");
         assert_eq!(
             pod["spec"]["imagePullSecrets"],
             json!([{"name": "regcred"}])
         );
         let mut own = json!({"spec": {"imagePullSecrets": [{"name": "mine"}]}});
-        admit_service_account(&mut own, Some(&account));
+        admit_service_account(&mut own, Some(&account), "x");
         assert_eq!(own["spec"]["imagePullSecrets"], json!([{"name": "mine"}]));
         let mut none = json!({"spec": {}});
-        admit_service_account(&mut none, None);
-        admit_service_account(&mut none, Some(&json!({})));
+        admit_service_account(&mut none, None, "x");
+        admit_service_account(&mut none, Some(&json!({})), "x");
         assert!(none["spec"]["imagePullSecrets"].is_null());
+    }
+
+    #[test]
+    fn a_new_pod_gets_a_token_volume_unless_it_or_its_account_says_no() {
+        let spec = json!({"initContainers": [{"name": "i"}], "containers": [
+            {"name": "a"},
+            {"name": "b", "volumeMounts": [{"name": "mine", "mountPath": TOKEN_MOUNT_PATH}]},
+        ], "volumes": [{"name": "mine", "emptyDir": {}}]});
+        let mut pod = json!({"spec": spec});
+        admit_service_account(&mut pod, None, "abcde");
+        let volumes = pod["spec"]["volumes"].as_array().unwrap();
+        assert_eq!(volumes.len(), 2);
+        assert_eq!(volumes[1]["name"], "kube-api-access-abcde");
+        let sources = &volumes[1]["projected"]["sources"];
+        assert_eq!(sources[0]["serviceAccountToken"]["expirationSeconds"], 3607);
+        assert_eq!(sources[1]["configMap"]["name"], "kube-root-ca.crt");
+        assert_eq!(
+            sources[2]["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"],
+            "metadata.namespace"
+        );
+        let mount = json!({"name": "kube-api-access-abcde", "readOnly": true, "mountPath": TOKEN_MOUNT_PATH});
+        assert_eq!(
+            pod["spec"]["initContainers"][0]["volumeMounts"],
+            json!([mount])
+        );
+        assert_eq!(pod["spec"]["containers"][0]["volumeMounts"], json!([mount]));
+        // A container with its own mount there keeps it.
+        assert_eq!(
+            pod["spec"]["containers"][1]["volumeMounts"][0]["name"],
+            "mine"
+        );
+        assert_eq!(
+            pod["spec"]["containers"][1]["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .len(),
+            1
+        );
+        // The pod's word first, then the account's.
+        let no = json!({"automountServiceAccountToken": false});
+        let yes = json!({"automountServiceAccountToken": true});
+        for (pod_says, account, mounted) in [
+            (None, Some(&no), false),
+            (Some(true), Some(&no), true),
+            (Some(false), Some(&yes), false),
+            (None, Some(&yes), true),
+        ] {
+            let mut pod = json!({"spec": {"containers": [{"name": "a"}]}});
+            if let Some(v) = pod_says {
+                pod["spec"]["automountServiceAccountToken"] = json!(v);
+            }
+            admit_service_account(&mut pod, account, "abcde");
+            assert_eq!(pod["spec"]["volumes"].is_array(), mounted, "{pod}");
+        }
     }
 
     /// `imagePullPolicy` and `imagePullSecrets` with upstream's words (issue #38).
