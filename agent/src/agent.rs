@@ -252,6 +252,11 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             .with_fence_timeout(config.fence_timeout)
             .with_host_paths(crate::runtime::HostPathPolicy {
                 allow: config.host_path_allow.clone(),
+                deny: config
+                    .host_path_deny
+                    .iter()
+                    .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
+                    .collect(),
                 protected: std::iter::once(&config.secret_file)
                     .chain(&registries.credential_files)
                     .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))

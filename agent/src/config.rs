@@ -101,6 +101,10 @@ pub struct AgentFlags {
     /// agent's data dir and what contains it).
     #[arg(long = "host-path-allow", value_name = "PREFIX")]
     pub host_path_allow: Vec<PathBuf>,
+    /// A host path prefix `hostPath` volumes may never name, whatever the API allowed
+    /// (repeatable; the data dir and the secret files are always refused).
+    #[arg(long = "host-path-deny", value_name = "PREFIX")]
+    pub host_path_deny: Vec<PathBuf>,
     /// What the built-in provisioner (`local-path` claims) may give out on this node in all, a
     /// quantity (`20Gi`); default the size of the filesystem holding the data dir. The
     /// auction counts it; nothing enforces it on disk (see README's "Storage").
@@ -247,6 +251,8 @@ pub struct KubeletFile {
     pub max_image_bytes: Option<u64>,
     #[serde(default)]
     pub host_path_allow: Option<Vec<PathBuf>>,
+    #[serde(default)]
+    pub host_path_deny: Option<Vec<PathBuf>>,
     /// A quantity, as `--volume-capacity`.
     #[serde(default)]
     pub volume_capacity: Option<String>,
@@ -326,6 +332,8 @@ pub struct AgentConfig {
     pub layer_limits: crate::images::layer::LayerLimits,
     /// Default empty: any host path but the data dir.
     pub host_path_allow: Vec<PathBuf>,
+    /// Default empty: only the data dir and the secrets are refused.
+    pub host_path_deny: Vec<PathBuf>,
     /// Default none: the size of the data dir's filesystem.
     pub volume_capacity: Option<u64>,
     /// Registries pulled from over plain HTTP besides loopback ones (default none).
@@ -507,6 +515,11 @@ impl AgentConfig {
             } else {
                 flags.host_path_allow.clone()
             },
+            host_path_deny: if flags.host_path_deny.is_empty() {
+                file.kubelet.host_path_deny.clone().unwrap_or_default()
+            } else {
+                flags.host_path_deny.clone()
+            },
             insecure_registries: if flags.insecure_registry.is_empty() {
                 file.kubelet.insecure_registries.clone().unwrap_or_default()
             } else {
@@ -640,11 +653,16 @@ impl AgentConfig {
         if self.tombstone_horizon < Duration::from_secs(60) {
             return Err(invalid("state.tombstone-horizon", "must be at least 1m"));
         }
-        if let Some(bad) = self.host_path_allow.iter().find(|p| !p.is_absolute()) {
-            return Err(invalid(
-                "kubelet.host-path-allow",
-                format!("{} is not an absolute path", bad.display()),
-            ));
+        for (field, list) in [
+            ("kubelet.host-path-allow", &self.host_path_allow),
+            ("kubelet.host-path-deny", &self.host_path_deny),
+        ] {
+            if let Some(bad) = list.iter().find(|p| !p.is_absolute()) {
+                return Err(invalid(
+                    field,
+                    format!("{} is not an absolute path", bad.display()),
+                ));
+            }
         }
         if let Err(e) = shoal_model::service_ip::check(
             self.service_cidr,

@@ -267,6 +267,8 @@ struct Sources {
     membership: Arc<shoal_gossip::Membership>,
 }
 
+type ApiServers = Vec<(String, SocketAddr)>;
+
 /// The live agents' API servers, by node name, sorted (the `kubernetes` Service's endpoints).
 pub async fn api_servers(membership: &shoal_gossip::Membership) -> Vec<(String, SocketAddr)> {
     use shoal_gossip::MemberState;
@@ -310,7 +312,7 @@ async fn run(
     let mut serving: Option<(Ipv4Addr, crate::supervise::AbortOnDrop)> = None;
     // The store's version and the statuses' when the rules and records last matched them:
     // while neither moves there is nothing to derive again.
-    let mut derived_from: Option<(u64, u64, Vec<(String, SocketAddr)>)> = None;
+    let mut derived_from: Option<(u64, u64, ApiServers)> = None;
     loop {
         if *stopped.borrow() {
             return;

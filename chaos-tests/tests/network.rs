@@ -1505,3 +1505,124 @@ async fn a_stateful_set_keeps_its_pods_names_order_and_dns_names() {
         let _ = agent.terminate();
     }
 }
+
+/// What each in-cluster client pod runs: the official Python client's in-cluster
+/// configuration (the mounted token and CA, `KUBERNETES_SERVICE_HOST`), a list its Role
+/// allows and a create it does not.
+const IN_CLUSTER: &str = r#"
+import os
+from kubernetes import client, config
+print("HOST", os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"])
+config.load_incluster_config()
+v1 = client.CoreV1Api()
+pods = v1.list_namespaced_pod("default")
+print("LISTED", len(pods.items))
+try:
+    v1.create_namespaced_secret("default", client.V1Secret(metadata=client.V1ObjectMeta(name="stolen")))
+    print("CREATED")
+except client.ApiException as e:
+    print("REFUSED", e.status)
+"#;
+
+/// Issue #40: software in the cluster uses the API as on Kubernetes. A pod on each node runs
+/// the official Python client with `load_incluster_config()`: it reaches the API through the
+/// `kubernetes` Service (its ClusterIP load-balanced to the agents' API servers), verifies the
+/// serving certificate with the projected `ca.crt`, authenticates with its ServiceAccount's
+/// projected token, may list pods (its Role) and may not create a Secret (403).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_on_every_node_use_the_api_with_their_service_account() {
+    let images = shoal_chaos::test_images().unwrap();
+    let archive = images.join("python-kube-1.oci.tar");
+    let built = std::process::Command::new("bash")
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/images/build.sh"))
+        .arg(&images)
+        .env("PYTHON_KUBE", "1")
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(
+        built.success() && archive.exists(),
+        "building the python-kube image"
+    );
+    let (lab, root, agents) = service_lab(&["--api", "0.0.0.0:6443"]).await;
+    for agent in &agents {
+        let out = std::process::Command::new(shoal_chaos::shoal_binary().unwrap())
+            .args(["image", "import", "--data-dir"])
+            .arg(agent.data_dir())
+            .arg(&archive)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let ns_kubectl = NsKubectl::new(&lab, 0, &agents[0], root.path());
+    let kubectl = |args: &[&str]| ns_kubectl.run(args);
+    let mut manifest = vec![
+        json!({"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": "lister", "namespace": "default"}}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+               "metadata": {"name": "pod-lister", "namespace": "default"},
+               "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "lister-lists", "namespace": "default"},
+               "subjects": [{"kind": "ServiceAccount", "name": "lister", "namespace": "default"}],
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-lister"}}),
+    ];
+    for agent in &agents {
+        manifest.push(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("client-{}", agent.name()), "namespace": "default"},
+            "spec": {"nodeName": agent.name(), "serviceAccountName": "lister", "restartPolicy": "Never",
+                "containers": [{"name": "c", "image": "shoal.local/python-kube:1",
+                    "command": ["python3", "-c", IN_CLUSTER]}]}}));
+    }
+    let file = root.path().join("in-cluster.json");
+    // (A JSON stream: kubectl validates a `v1 List` against OpenAPI v2, which is not served.)
+    let stream: Vec<String> = manifest.iter().map(Value::to_string).collect();
+    std::fs::write(&file, stream.join("\n")).unwrap();
+    kubectl(&["apply", "-f", file.to_str().unwrap()]).unwrap();
+    let svc = kubectl(&[
+        "get",
+        "svc",
+        "kubernetes",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ])
+    .unwrap();
+    assert_eq!(svc.trim(), "10.96.0.1");
+    for agent in &agents {
+        let name = format!("client-{}", agent.name());
+        let done = wait_until(
+            &format!("{name} ends"),
+            Duration::from_secs(120),
+            || async {
+                let phase = pod(&agents[0], &name).await["status"]["phase"].clone();
+                phase == "Succeeded" || phase == "Failed"
+            },
+        )
+        .await;
+        let logs = kubectl(&["logs", &name]).unwrap_or_else(|e| e);
+        let status = pod(&agents[0], &name).await["status"].clone();
+        assert!(done.is_ok(), "{name}: {status}\n{logs}");
+        assert!(
+            logs.contains("HOST 10.96.0.1 443")
+                && logs.contains("LISTED")
+                && logs.contains("REFUSED 403"),
+            "{name}: {status}\n{logs}"
+        );
+        assert_eq!(status["phase"], "Succeeded", "{name}: {logs}");
+    }
+    // The Endpoints of `kubernetes` are the agents' API servers.
+    let endpoints = kubectl(&["get", "endpoints", "kubernetes", "-o", "json"]).unwrap();
+    let endpoints: Value = serde_json::from_str(&endpoints).unwrap();
+    let addresses = endpoints["subsets"][0]["addresses"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert_eq!(addresses, 3, "{endpoints}");
+    assert_eq!(
+        endpoints["subsets"][0]["ports"][0]["port"], 6443,
+        "{endpoints}"
+    );
+}

@@ -8,6 +8,8 @@
 # Images (all one 2 MB busybox binary plus applet links; deterministic bytes):
 #   shoal.local/busybox:1   sh, sleep, nc, wget, … (Cmd: sh)
 #   shoal.local/httpd:1     busybox layer + a second layer with /www (Cmd: httpd -f -p 8080 -h /www)
+#   shoal.local/python-kube:1  with PYTHON_KUBE=1 (only it): busybox + python3 and the
+#                           official Kubernetes client, copied from this machine
 set -euo pipefail
 
 out=$(realpath -m "${1:-target/images}")
@@ -123,6 +125,68 @@ image() {
     echo "$dfile  $name:$tag (docker save)"
   fi
 }
+
+# PYTHON_KUBE=1: only shoal.local/python-kube:1, the busybox layer and a second one holding
+# this machine's python3 with the official Kubernetes client (`pip install kubernetes`): the
+# interpreter, its shared libraries (`ldd`), the standard library without its tests and
+# tools, and the site-packages the client imports. For the in-cluster client tests.
+if [ "${PYTHON_KUBE:-0}" = 1 ]; then
+  py="$work/python"
+  mkdir -p "$py"
+  python3 - "$py" <<'PY'
+import os, shutil, sys, sysconfig
+from kubernetes import client, config  # what the image must be able to import
+import kubernetes.config.incluster_config, ssl, json, http.client, encodings.idna  # noqa
+root = sys.argv[1]
+def put(path):
+    dest = root + os.path.realpath(path)
+    if os.path.isdir(path):
+        shutil.copytree(path, dest, symlinks=True, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "test", "tests"))
+    elif os.path.exists(path):
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        shutil.copy2(path, dest)
+    return dest
+stdlib = sysconfig.get_paths()["stdlib"]
+site = sysconfig.get_paths()["purelib"]
+skip = {"site-packages", "test", "idlelib", "tkinter", "ensurepip", "lib2to3", "turtledemo",
+        "pydoc_data", "__pycache__", "lib-dynload"}
+for name in os.listdir(stdlib):
+    if name not in skip and not name.startswith("config-"):
+        put(os.path.join(stdlib, name))
+dynload = os.path.join(stdlib, "lib-dynload")
+for name in os.listdir(dynload):
+    if not name.startswith("_tkinter"):
+        put(os.path.join(dynload, name))
+tops = set()
+for m in list(sys.modules.values()):
+    f = getattr(m, "__file__", None) or ""
+    if f.startswith(site + os.sep):
+        tops.add(f[len(site) + 1:].split(os.sep)[0])
+for top in sorted(tops):
+    put(os.path.join(site, top))
+exe = os.path.realpath(sys.executable)
+put(exe)
+os.makedirs(root + "/usr/bin", exist_ok=True)
+os.symlink(exe, root + "/usr/bin/python3")
+print(exe)
+PY
+  # The shared libraries of the interpreter and of every extension module, at their paths.
+  # (ldd reads the machine's copy of each: the same file, at the path it is copied from.)
+  { find "$py" -name '*.so*' -type f; find "$py" -path '*/bin/python3*' -type f; } |
+    while read -r o; do
+      ldd "${o#"$py"}" 2>/dev/null | grep -o '/[^ ]*' || true
+    done | sort -u > "$work/libs"
+  while read -r lib; do
+    [ -e "$lib" ] || continue
+    mkdir -p "$py$(dirname "$lib")"
+    cp -L "$lib" "$py$lib"
+  done < "$work/libs"
+  make_layer "$py" python
+  image shoal.local/python-kube 1 '["python3"]' \
+    "$base_digest:$base_size:$base_diff" "$LAYER_DIGEST:$LAYER_SIZE:$DIFF_ID"
+  exit 0
+fi
 
 image shoal.local/busybox 1 '["sh"]' "$base_digest:$base_size:$base_diff"
 image shoal.local/httpd 1 '["httpd","-f","-v","-p","8080","-h","/www"]' \

@@ -107,12 +107,12 @@ fn is_public(path: &str) -> bool {
     matches!(path, "/healthz" | "/readyz" | "/livez" | "/version")
 }
 
-/// The bearer token a request presents.
+/// The bearer token a request presents (the scheme's name is case-insensitive, RFC 7235:
+/// the official Python client's in-cluster configuration sends `bearer`).
 fn bearer(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
 /// Constant-time comparison of the presented token.

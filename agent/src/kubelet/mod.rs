@@ -116,8 +116,12 @@ pub struct Kubelet {
     files_written: Mutex<FilesWritten>,
     /// The service-account tokens given to this node's pods, by (pod uid, token file): the
     /// token, when it was issued and when it expires (seconds since the epoch).
-    pod_tokens: Mutex<HashMap<(String, pod::TokenFile), (String, u64, u64)>>,
+    pod_tokens: Mutex<HashMap<(String, pod::TokenFile), GivenToken>>,
 }
+
+/// A token given to a pod: the token, when it was issued and when it expires (seconds since
+/// the epoch).
+type GivenToken = (String, u64, u64);
 
 /// When the file volumes were last looked at, and each running pod's (by uid) as last
 /// written: a hash of each volume's files, by volume name.

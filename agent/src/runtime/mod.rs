@@ -88,12 +88,14 @@ impl RuntimeError {
 pub use shoal_model::node_inputs::HostPathType;
 
 /// Which host paths pods may mount with `hostPath` (`--host-path-allow`): below one of
-/// `allow` (any path when empty), and never the agent's own data dir, anything in it, or
-/// anything containing it; nor a `protected` file or anything containing it. Checked on the
-/// path as resolved on the host, after symlinks.
+/// `allow` (any path when empty), never below one of `deny` (`--host-path-deny`), and never
+/// the agent's own data dir, anything in it, or anything containing it; nor a `protected` file
+/// or anything containing it. Checked on the path as resolved on the host, after symlinks,
+/// whatever the API admitted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HostPathPolicy {
     pub allow: Vec<PathBuf>,
+    pub deny: Vec<PathBuf>,
     /// The agent's secrets outside its data dir, as resolved at its start: the cluster secret
     /// (from which the node CA's key and the admin token derive: a pod that read it could
     /// mint node certificates) and the registry credentials it was given.

@@ -268,6 +268,13 @@ impl Runtime {
                     secret.display()
                 )));
             }
+            if let Some(denied) = policy.deny.iter().find(|d| resolved.starts_with(d)) {
+                return Err(refuse(format!(
+                    "resolves to {}, beneath {}, which the node's --host-path-deny refuses",
+                    resolved.display(),
+                    denied.display()
+                )));
+            }
             if !policy.allow.is_empty() && !policy.allow.iter().any(|a| resolved.starts_with(a)) {
                 return Err(refuse(format!(
                     "resolves to {}, outside the node's --host-path-allow prefixes",

@@ -535,17 +535,20 @@ fn walk_find(dir: &Path, name: &str) -> Option<std::path::PathBuf> {
 /// does, `readOnly` read-only also in submounts, directories created for DirectoryOrCreate,
 /// and the node's own data dir never reachable — not directly, not from a parent, not
 /// through a symlink — nor the cluster secret (issue #40: a pod that read it could mint node
-/// certificates).
+/// certificates), nor what `--host-path-deny` names.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_paths_are_typed_read_only_when_asked_and_never_the_data_dir() {
-    let api = ApiLab::start_with(1, |_| Vec::new()).await;
+    let host = tempfile::tempdir().unwrap();
+    let denied = host.path().join("denied");
+    std::fs::create_dir_all(denied.join("inner")).unwrap();
+    let deny = denied.to_str().unwrap().to_owned();
+    let api = ApiLab::start_with(1, |_| vec!["--host-path-deny".into(), deny.clone()]).await;
     super::import_image(
         &api,
         0,
         &crate::runtime::test_images().join("busybox-1.oci.tar"),
         None,
     );
-    let host = tempfile::tempdir().unwrap();
     let varlog = host.path().join("varlog");
     std::fs::create_dir_all(varlog.join("sub")).unwrap();
     std::fs::write(varlog.join("host-file"), b"from the host\n").unwrap();
@@ -626,6 +629,7 @@ spec:
         refused("wrong-type", &varlog, "File"),
         refused("secret", &secret, "File"),
         refused("secret-link", &host.path().join("secret-link"), ""),
+        refused("denied", &denied.join("inner"), "Directory"),
     ]
     .concat();
     api.ok(
@@ -643,6 +647,7 @@ spec:
         ("wrong-type", "is not a file"),
         ("secret", "a secret of this agent"),
         ("secret-link", "a secret of this agent"),
+        ("denied", "--host-path-deny"),
     ] {
         let pod = wait_pod(&api, 0, name, "refused", |p| {
             container_status(p, "c")["state"]["waiting"]["reason"] == "CreateContainerConfigError"

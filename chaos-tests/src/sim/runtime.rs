@@ -393,6 +393,7 @@ mod tests {
                 .map(|(_, o)| o.clone())
         };
         let clock = move || now;
+        let token = |_: &PodPlan, _: &shoal_core::pod::plan::TokenFile| Ok("token".to_owned());
         start::start(
             runtime,
             &Start {
@@ -406,6 +407,8 @@ mod tests {
                 host_ip: "10.0.0.1",
                 allow_privileged: false,
                 lookup: &lookup,
+                token: &token,
+                service_links: &[],
                 fence_deadline_ms: deadline,
                 monotonic_ms: &clock,
             },
