@@ -35,6 +35,11 @@ pub enum AgentError {
     Identity(#[from] IdentityError),
     #[error(transparent)]
     ServiceAccountKey(#[from] crate::tokens::KeyError),
+    #[error("audit log {path}: {source}")]
+    AuditLog {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     NodeIdentity(#[from] NodeIdentityError),
     #[error(transparent)]
@@ -518,17 +523,28 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     });
     // The Kubernetes API's state: served on its listener (when there is one), and the control
     // socket's object writes and deletes go through the same path.
-    let api_state = crate::api::ApiState {
-        replication: replication.clone(),
-        membership: membership.clone(),
-        scheduling: scheduling.clone(),
-        pod_statuses: pod_statuses.clone(),
-        logs: logs.clone(),
-        token: identity.api_token().into(),
-        tokens: tokens.clone(),
-        server_address: api_advertise.map(|a| a.to_string()).unwrap_or_default(),
-        service_cidr: config.service_cidr,
-    };
+    let api_state =
+        crate::api::ApiState {
+            replication: replication.clone(),
+            membership: membership.clone(),
+            scheduling: scheduling.clone(),
+            pod_statuses: pod_statuses.clone(),
+            logs: logs.clone(),
+            token: identity.api_token().into(),
+            tokens: tokens.clone(),
+            authz: Default::default(),
+            audit: match &config.audit_log_path {
+                Some(path) => Some(crate::api::audit::Log::open(path).map_err(|source| {
+                    AgentError::AuditLog {
+                        path: path.clone(),
+                        source,
+                    }
+                })?),
+                None => None,
+            },
+            server_address: api_advertise.map(|a| a.to_string()).unwrap_or_default(),
+            service_cidr: config.service_cidr,
+        };
     if let (Some(listener), Some(addr)) = (api_listener, api_advertise) {
         let mut names = vec![
             addr.ip().to_string(),

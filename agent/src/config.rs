@@ -44,6 +44,9 @@ pub struct AgentFlags {
     /// advertised IP when the API binds 0.0.0.0).
     #[arg(long, value_name = "IP:PORT")]
     pub api_advertise: Option<SocketAddr>,
+    /// Record every API request as a JSON line (upstream's audit `Event`s, level Metadata).
+    #[arg(long, value_name = "PATH")]
+    pub audit_log_path: Option<PathBuf>,
     /// Node labels, `k=v,k2=v2`.
     #[arg(long, value_name = "K=V,...")]
     pub labels: Option<String>,
@@ -211,6 +214,7 @@ pub struct AgentFile {
     pub advertise: Option<SocketAddr>,
     pub api: Option<SocketAddr>,
     pub api_advertise: Option<SocketAddr>,
+    pub audit_log_path: Option<PathBuf>,
     #[serde(default)]
     pub join: Vec<String>,
     #[serde(default)]
@@ -296,6 +300,8 @@ pub struct AgentConfig {
     /// The Kubernetes API's listen address; none means no API.
     pub api: Option<SocketAddr>,
     pub api_advertise: Option<SocketAddr>,
+    /// Where the API's audit log goes; none means no audit log.
+    pub audit_log_path: Option<PathBuf>,
     pub join: Vec<String>,
     /// The user's labels (the well-known `kubernetes.io/*` labels are added by the agent).
     pub labels: BTreeMap<String, String>,
@@ -458,6 +464,7 @@ impl AgentConfig {
             advertise: flags.advertise.or(file.advertise),
             api: flags.api.or(file.api),
             api_advertise: flags.api_advertise.or(file.api_advertise),
+            audit_log_path: flags.audit_log_path.clone().or(file.audit_log_path.clone()),
             join: if flags.join.is_empty() {
                 file.join
             } else {

@@ -192,6 +192,8 @@ struct State {
     dead_since: eviction::DeadTimers<String>,
     /// This node's verdicts as auctioneer.
     unschedulable: BTreeMap<String, String>,
+    /// Verdicts were dropped from `unschedulable` since it was last published.
+    republish: bool,
     /// The pods this node was auctioneer of at the last tick (with their epochs).
     pending: Vec<(Arc<PodRequest>, u64)>,
     /// Everyone's verdicts, refreshed every tick (for the API's PodScheduled condition).
@@ -700,6 +702,15 @@ impl Scheduling {
             // fence leases from ([`Self::may_run_fenced`]).
             self.lease_round();
             self.handle(outputs).await;
+            // Verdicts this node no longer gives (the pod moved to another auctioneer, or was
+            // bound) leave what it publishes.
+            let pruned = {
+                let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+                std::mem::take(&mut state.republish).then(|| state.unschedulable.clone())
+            };
+            if let Some(map) = pruned {
+                self.membership.publish(keys::UNSCHEDULABLE, &map).await;
+            }
             self.claim_daemon_pods().await;
             self.make_ephemeral_claims().await;
         }
@@ -1075,19 +1086,27 @@ impl Scheduling {
             }
         }
         state.dead_since = dead_since;
+        // A pod's verdict is its current auctioneer's, about a pod still unbound: the
+        // auctioneer moves as nodes join and leave, and a former one's verdict (`0/3 nodes`
+        // after a fourth joined) must not outlive it, here or in what this node publishes.
+        let current = |uid: &String, pods: &HashMap<String, PodEntry>, node: NodeId| {
+            pods.get(uid).is_some_and(|p| {
+                p.node_name.is_none()
+                    && auctioneer_of(&p.request, live_ids.iter().copied()) == Some(node)
+            })
+        };
+        let pods = std::mem::take(&mut state.pods);
+        let before = state.unschedulable.len();
+        state
+            .unschedulable
+            .retain(|uid, _| current(uid, &pods, self.self_id));
+        state.republish |= state.unschedulable.len() != before;
         let mut verdicts: BTreeMap<String, String> = state.unschedulable.clone();
         for peer in peer_verdicts {
-            if let Some(Ok(map)) = peer.value {
-                verdicts.extend(map);
+            if let (Some(id), Some(Ok(map))) = (node_numeric_id(&peer.node_id), peer.value) {
+                verdicts.extend(map.into_iter().filter(|(uid, _)| current(uid, &pods, id)));
             }
         }
-        // Verdicts about pods since bound (or gone) no longer apply.
-        let unbound = |uid: &String, pods: &HashMap<String, PodEntry>| {
-            pods.get(uid).is_some_and(|p| p.node_name.is_none())
-        };
-        verdicts.retain(|uid, _| unbound(uid, &state.pods));
-        let pods = std::mem::take(&mut state.pods);
-        state.unschedulable.retain(|uid, _| unbound(uid, &pods));
         state.pods = pods;
         state.all_unschedulable = verdicts;
         state.cluster = cluster;
@@ -1218,6 +1237,7 @@ impl Scheduling {
                     }
                     let map = {
                         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+                        state.republish = false;
                         state.unschedulable.insert(pod.clone(), message.clone());
                         // Bounded: the newest verdicts of this auctioneer.
                         while state.unschedulable.len() > 256 {

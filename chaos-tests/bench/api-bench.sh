@@ -4,6 +4,8 @@
 # one agent's HTTPS API, with the cluster's bearer token. Prints wrk's latency distribution.
 #
 #   chaos-tests/bench/api-bench.sh [DURATION] [CONNECTIONS]     (defaults: 20s, 16)
+#   AUTHZ=1 chaos-tests/bench/api-bench.sh …   GET and LIST as the administrator and as a
+#                                               ServiceAccount among 1,000 RoleBindings
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 duration=${1:-20s}
@@ -61,6 +63,42 @@ measure() {
   requests=$(echo "$out" | awk '/requests in/ { print $1 }')
   awk -v b="$before" -v a="$after" -v n="$requests" 'BEGIN { printf "server CPU: %.2f s for %d requests = %.2f ms per request\n", a - b, n, (a - b) * 1000 / n }'
 }
+if [ "${AUTHZ:-0}" = 1 ]; then
+  # Authorization's cost (issue #40): the same GET and LIST with the administrator's token
+  # (system:masters, never authorized) and with a ServiceAccount's token (verified, then
+  # authorized by RBAC) among 1,000 RoleBindings, back to back in one run.
+  echo "loading 1,000 RoleBindings and a ServiceAccount allowed to read pods..."
+  SA_TOKEN=$(python3 - "$api" "$TOKEN" <<'PY'
+import json, ssl, sys, urllib.request
+api, token = sys.argv[1], sys.argv[2]
+ctx = ssl._create_unverified_context()
+def call(path, body):
+    req = urllib.request.Request(api + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req, context=ctx).read())
+rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/default"
+call(rbac + "/roles", {"metadata": {"name": "reader"},
+     "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]})
+for i in range(1000):
+    call(rbac + "/rolebindings", {"metadata": {"name": f"user-{i}"}, "subjects": [{"kind": "User", "name": f"user-{i}"}],
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "reader"}})
+call("/api/v1/namespaces/default/serviceaccounts", {"metadata": {"name": "bench"}})
+call(rbac + "/rolebindings", {"metadata": {"name": "bench"}, "subjects": [{"kind": "ServiceAccount", "name": "bench", "namespace": "default"}],
+     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "reader"}})
+print(call("/api/v1/namespaces/default/serviceaccounts/bench/token", {"spec": {}})["status"]["token"])
+PY
+)
+  for who in admin serviceaccount; do
+    header=$auth
+    [ "$who" = serviceaccount ] && header="Authorization: Bearer $SA_TOKEN"
+    echo; echo "== GET one pod as $who ($connections connections, $duration)"
+    measure -H "$header" "$api/api/v1/namespaces/default/pods/pod-500"
+    echo; echo "== LIST 1,000 pods as $who ($connections connections, $duration)"
+    measure -H "$header" -H "Accept: application/json" "$api/api/v1/namespaces/default/pods"
+  done
+  exit 0
+fi
+
 echo; echo "== GET one pod ($connections connections, $duration)"
 wrk --latency -t2 -c"$connections" -d"$duration" -H "$auth" "$api/api/v1/namespaces/default/pods/pod-500"
 echo; echo "== LIST 1,000 pods, JSON ($connections connections, $duration)"

@@ -808,6 +808,24 @@ impl Store {
             .collect()
     }
 
+    /// Whether a change after `resource_version` touched an object of API group `group`
+    /// (`None` when some changes after it were dropped: it cannot tell). Reads the change log
+    /// back from its newest entry, cloning nothing.
+    pub fn group_changed_since(&self, resource_version: u64, group: &str) -> Option<bool> {
+        let unknown = resource_version > self.reopened_at
+            && resource_version <= self.reopened_at + SEQ_RESERVE;
+        if resource_version < self.oldest_watchable || unknown {
+            return None;
+        }
+        Some(
+            self.changes
+                .iter()
+                .rev()
+                .take_while(|c| c.resource_version > resource_version)
+                .any(|c| c.key.group == group),
+        )
+    }
+
     /// Changes after `resource_version`, or [`StoreError::Expired`] if some were dropped.
     pub fn changes_since(&self, resource_version: u64) -> Result<Vec<Change>, StoreError> {
         let unknown = resource_version > self.reopened_at

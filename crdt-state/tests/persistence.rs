@@ -67,6 +67,17 @@ fn writes_survive_reopen_and_resource_versions_keep_growing() {
         Err(StoreError::Expired { .. })
     ));
     assert_eq!(store.changes_since(rv1).unwrap().len(), 1);
+    // Which groups changed (what the API's RBAC cache asks), from the same log.
+    assert_eq!(store.group_changed_since(0, ""), None);
+    assert_eq!(store.group_changed_since(rv1, ""), Some(true));
+    assert_eq!(
+        store.group_changed_since(rv1, "rbac.authorization.k8s.io"),
+        Some(false)
+    );
+    assert_eq!(
+        store.group_changed_since(store.resource_version(), ""),
+        Some(false)
+    );
 }
 
 #[test]

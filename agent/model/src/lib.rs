@@ -30,6 +30,7 @@ pub mod hpa;
 pub mod job;
 pub mod node_inputs;
 pub mod placement;
+pub mod pod_security;
 pub mod quantity;
 pub mod rbac;
 pub mod selector;

@@ -19,7 +19,7 @@ pub const UNAUTHENTICATED: &str = "system:unauthenticated";
 pub const GROUP: &str = "rbac.authorization.k8s.io";
 
 /// Who a request comes from.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct User {
     pub name: String,
     pub groups: Vec<String>,
@@ -46,7 +46,7 @@ impl User {
 }
 
 /// What a request asks, as RBAC sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct Attributes {
     pub verb: String,
     /// A request for a resource (else for a path: `nonResourceURLs`).

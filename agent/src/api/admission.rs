@@ -177,6 +177,47 @@ pub fn admit_new_claim(replication: &Replication, claim: &mut Value) {
 }
 
 impl Admission<'_> {
+    /// Pod Security admission (`shoal_model::pod_security`) for a new pod: its namespace's
+    /// `enforce` level refuses it with upstream's 403, its `warn` level adds upstream's
+    /// warning. The cluster's default level is `privileged`, as upstream's.
+    fn pod_security(&self, name: &str, valid: &shoal_state::ValidObject) -> Result<(), ApiError> {
+        use shoal_model::pod_security::{self, Level};
+        let labels = shoal_state::kind::lookup("v1", "Namespace")
+            .and_then(|info| {
+                self.replication
+                    .read(|s| s.get(&ObjectKey::new(info, "", &valid.key.namespace)))
+            })
+            .map(|ns| ns["metadata"]["labels"].clone())
+            .unwrap_or(Value::Null);
+        let enforce = pod_security::policy(&labels, "enforce", Level::Privileged);
+        let warned = pod_security::policy(&labels, "warn", Level::Privileged);
+        let template = match valid.info.kind {
+            "Pod" => {
+                if let Some(violation) = pod_security::check(&valid.body, &enforce) {
+                    return Err(ApiError::new(
+                        StatusCode::FORBIDDEN,
+                        "Forbidden",
+                        format!("pods {name:?} is forbidden: violates {violation}"),
+                    ));
+                }
+                &valid.body
+            }
+            "CronJob" => &valid.body["spec"]["jobTemplate"]["spec"]["template"],
+            // A workload's pods would be refused: its writer is warned now (as upstream).
+            _ => &valid.body["spec"]["template"],
+        };
+        let mut said = Vec::new();
+        for policy in [&enforce, &warned] {
+            if let Some(violation) = pod_security::check(template, policy)
+                && !said.contains(&violation)
+            {
+                warn(format!("would violate {violation}"));
+                said.push(violation);
+            }
+        }
+        Ok(())
+    }
+
     /// Stores a prepared object (waiting for the write quorum); returns it as stored and
     /// whether this write created it.
     ///
@@ -202,6 +243,34 @@ impl Admission<'_> {
         let stored = self.replication.read(|s| s.get(&valid.key));
         if stored.is_none() && valid.info.kind == "Pod" && valid.info.group.is_empty() {
             admit_new_pod(self.replication, &mut valid.body);
+        }
+        let workload = matches!(
+            (valid.info.group, valid.info.kind),
+            ("", "Pod")
+                | (
+                    "apps",
+                    "Deployment" | "ReplicaSet" | "StatefulSet" | "DaemonSet"
+                )
+                | ("batch", "Job" | "CronJob")
+        );
+        // A new pod, or a workload whose pod template is new or changed (a scale is not
+        // checked again).
+        let changed = match &stored {
+            None => true,
+            Some(_) if valid.info.kind == "Pod" => false,
+            Some(old) => {
+                let template = |o: &Value| {
+                    if valid.info.kind == "CronJob" {
+                        o["spec"]["jobTemplate"]["spec"]["template"].clone()
+                    } else {
+                        o["spec"]["template"].clone()
+                    }
+                };
+                template(old) != template(&valid.body)
+            }
+        };
+        if workload && changed {
+            self.pod_security(name, &valid)?;
         }
         if stored.is_none() && valid.info.kind == "PersistentVolumeClaim" {
             admit_new_claim(self.replication, &mut valid.body);

@@ -9,6 +9,9 @@
 //! (`kubectl auth can-i --list`) and `SelfSubjectReview` (`kubectl auth whoami`) answer for the
 //! requester.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -37,9 +40,85 @@ pub fn requester() -> Option<User> {
     REQUESTER.try_with(User::clone).ok()
 }
 
-/// The stored roles and bindings, read for one decision.
-pub fn policy(state: &ApiState) -> Policy {
-    policy_of(&state.replication)
+/// The stored roles and bindings, as last read ([`Cache`]).
+pub fn policy(state: &ApiState) -> Arc<Policy> {
+    state.authz.policy(&state.replication)
+}
+
+/// The most decisions kept; past it the cache starts over.
+const MAX_DECISIONS: usize = 16_384;
+
+/// The RBAC objects as last read and the decisions made from them, kept while no object of
+/// the RBAC group changes (the store's change log says so without a list): a request of a
+/// non-administrator lists no RBAC object and decides nothing it decided before.
+#[derive(Default)]
+pub struct Cache {
+    state: Mutex<CacheState>,
+}
+
+#[derive(Default)]
+struct CacheState {
+    /// The store's version the policy is known to be current at.
+    version: u64,
+    policy: Option<Arc<Policy>>,
+    decisions: HashMap<(User, Attributes), Decision>,
+}
+
+impl Cache {
+    /// The policy as stored now.
+    pub fn policy(&self, replication: &crate::replication::Replication) -> Arc<Policy> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        Self::refresh(&mut state, replication)
+    }
+
+    /// Whether `user` may do `a`, as the stored policy decides.
+    pub fn authorize(
+        &self,
+        replication: &crate::replication::Replication,
+        user: &User,
+        a: &Attributes,
+    ) -> Decision {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let policy = Self::refresh(&mut state, replication);
+        let key = (user.clone(), a.clone());
+        if let Some(decision) = state.decisions.get(&key) {
+            return decision.clone();
+        }
+        let decision = policy.authorize(user, a);
+        if state.decisions.len() >= MAX_DECISIONS {
+            state.decisions.clear();
+        }
+        state.decisions.insert(key, decision.clone());
+        decision
+    }
+
+    /// The policy, read again (and the decisions dropped) if an RBAC object changed since it
+    /// was read or the change log cannot tell.
+    fn refresh(
+        state: &mut CacheState,
+        replication: &crate::replication::Replication,
+    ) -> Arc<Policy> {
+        let since = state.version;
+        let known = state.policy.is_some();
+        let (now, changed) = replication.read(|s| {
+            let changed = if known {
+                s.group_changed_since(since, rbac::GROUP)
+            } else {
+                None
+            };
+            (s.resource_version(), changed)
+        });
+        if let (Some(false), Some(policy)) = (changed, &state.policy) {
+            state.version = now;
+            return policy.clone();
+        }
+        // Read after `now`: a change in between is seen again next time, never missed.
+        let policy = Arc::new(policy_of(replication));
+        state.version = now;
+        state.policy = Some(policy.clone());
+        state.decisions.clear();
+        policy
+    }
 }
 
 /// [`policy`] from a replica.
@@ -134,7 +213,7 @@ pub fn authorize(state: &ApiState, user: &User, request: &Request) -> Result<(),
         .query()
         .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
     let a = rbac::attributes(request.method().as_str(), request.uri().path(), watch);
-    match policy(state).authorize(user, &a) {
+    match state.authz.authorize(&state.replication, user, &a) {
         Decision::Allow => Ok(()),
         Decision::Deny(message) => Err(Box::new(forbidden(message, &a))),
     }

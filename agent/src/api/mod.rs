@@ -4,7 +4,8 @@
 //! client libraries work against any agent.
 
 pub(crate) mod admission;
-mod authz;
+pub mod audit;
+pub mod authz;
 mod delete;
 mod discovery;
 mod handlers;
@@ -57,6 +58,10 @@ pub struct ApiState {
     pub token: Arc<str>,
     /// Service-account tokens: issued here, verified for every agent's.
     pub tokens: Arc<crate::tokens::Tokens>,
+    /// RBAC's objects and decisions, kept while they do not change.
+    pub authz: Arc<authz::Cache>,
+    /// Where every request is recorded (`--audit-log-path`), if anywhere.
+    pub audit: Option<Arc<audit::Log>>,
     /// `host:port` clients use to reach this API.
     pub server_address: String,
     /// Where Service ClusterIPs come from.
@@ -136,22 +141,91 @@ async fn authenticate(State(state): State<ApiState>, request: Request, next: Nex
     if is_public(request.uri().path()) {
         return next.run(request).await;
     }
-    if token_ok(request.headers(), &state.token) {
-        return authz::identify(State(state), authz::admin(), request, next).await;
-    }
-    if let Some(token) = bearer(request.headers()) {
-        match state
-            .tokens
-            .authenticate(&state.replication, token, unix_seconds())
-        {
-            Ok(claims) => {
-                return authz::identify(State(state.clone()), claims.user(), request, next).await;
-            }
-            Err(refusal) => debug!(%refusal, "bearer token refused"),
-        }
-    }
+    let user = who(&state, request.headers());
+    let Some(log) = state.audit.clone() else {
+        return match user {
+            Some(user) => authz::identify(State(state), user, request, next).await,
+            None => unauthorized(),
+        };
+    };
+    // Audited: what the request was, then its answer.
+    let received = std::time::SystemTime::now();
+    let headers = request.headers();
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let impersonated = headers
+        .get("impersonate-user")
+        .map(|_| shoal_model::rbac::User {
+            name: text("impersonate-user"),
+            groups: headers
+                .get_all("impersonate-group")
+                .iter()
+                .filter_map(|v| v.to_str().ok().map(str::to_owned))
+                .take(shoal_model::rbac::MAX_SUBJECTS)
+                .collect(),
+        });
+    let (method, uri, user_agent) = (
+        request.method().as_str().to_owned(),
+        request.uri().to_string(),
+        text("user-agent"),
+    );
+    let source = request.extensions().get::<Peer>().map(|p| p.0.ip());
+    let watch = request
+        .uri()
+        .query()
+        .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+    let attributes = shoal_model::rbac::attributes(&method, request.uri().path(), watch);
+    let response = match user.clone() {
+        Some(user) => authz::identify(State(state), user, request, next).await,
+        None => unauthorized(),
+    };
+    log.record(&audit::Request {
+        method: &method,
+        uri: &uri,
+        user: user.as_ref(),
+        impersonated: impersonated.as_ref(),
+        source,
+        user_agent: &user_agent,
+        attributes: &attributes,
+        code: response.status().as_u16(),
+        received,
+        done: std::time::SystemTime::now(),
+    });
+    response
+}
+
+/// Upstream's bare 401: why a credential was refused is logged at debug level, never told.
+fn unauthorized() -> Response {
     ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized").into_response()
 }
+
+/// Who presents `headers`' credentials: the cluster's token (its administrator) or a
+/// service-account token (that ServiceAccount); `None` when neither verifies.
+fn who(state: &ApiState, headers: &HeaderMap) -> Option<shoal_model::rbac::User> {
+    if token_ok(headers, &state.token) {
+        return Some(authz::admin());
+    }
+    let token = bearer(headers)?;
+    match state
+        .tokens
+        .authenticate(&state.replication, token, unix_seconds())
+    {
+        Ok(claims) => Some(claims.user()),
+        Err(refusal) => {
+            debug!(%refusal, "bearer token refused");
+            None
+        }
+    }
+}
+
+/// The address a request's connection came from (set on every request the listener serves).
+#[derive(Debug, Clone, Copy)]
+pub struct Peer(pub SocketAddr);
 
 /// Now, in seconds since the Unix epoch.
 pub fn unix_seconds() -> u64 {
@@ -713,7 +787,8 @@ pub async fn serve(
             continue;
         };
         let acceptor = acceptor.clone();
-        let service = TowerToHyperService::new(router.clone());
+        // Every request carries the address it came from (the audit log's `sourceIPs`).
+        let service = TowerToHyperService::new(router.clone().layer(axum::Extension(Peer(peer))));
         tokio::spawn(async move {
             let _slots = (slot, source_slot);
             let tls =

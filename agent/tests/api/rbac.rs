@@ -32,7 +32,18 @@ roleRef: {kind: ClusterRole, name: view, apiGroup: rbac.authorization.k8s.io}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rbac_decides_what_each_user_may_do_and_kubectl_auth_tells() {
-    let api = ApiLab::start(2).await;
+    // Agent 1 keeps an audit log.
+    let audit_dir = tempfile::tempdir().unwrap();
+    let audit = audit_dir.path().join("audit.log");
+    let audit_flag = audit.to_str().unwrap().to_owned();
+    let api = ApiLab::start_with(2, |i| {
+        if i == 1 {
+            vec!["--audit-log-path".into(), audit_flag.clone()]
+        } else {
+            Vec::new()
+        }
+    })
+    .await;
     // The default roles, made at the cluster's start.
     let mut roles = String::new();
     wait_until("the default ClusterRoles", super::CONVERGE, || {
@@ -237,5 +248,101 @@ async fn rbac_decides_what_each_user_may_do_and_kubectl_auth_tells() {
             "--as",
             "jane",
         ],
+    );
+
+    pod_security(&api);
+
+    // The audit log: jane's refused list, as upstream's log backend writes it.
+    let events: Vec<serde_json::Value> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let refused = events
+        .iter()
+        .find(|e| {
+            e["impersonatedUser"]["username"] == "jane"
+                && e["verb"] == "list"
+                && e["objectRef"]["resource"] == "pods"
+        })
+        .unwrap_or_else(|| panic!("no audit event of jane's list: {events:?}"));
+    assert_eq!(refused["responseStatus"]["code"], 403, "{refused}");
+    assert_eq!(refused["user"]["username"], "shoal-admin", "{refused}");
+    assert_eq!(
+        refused["sourceIPs"],
+        serde_json::json!(["127.0.0.1"]),
+        "{refused}"
+    );
+    assert!(
+        events
+            .iter()
+            .all(|e| !e.to_string().contains(&api_token(&api))),
+        "a credential reached the audit log"
+    );
+}
+
+/// The administrator's bearer token, from agent 0's kubeconfig.
+fn api_token(api: &ApiLab) -> String {
+    let text = std::fs::read_to_string(&api.kubeconfigs[0]).unwrap();
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("token: "))
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+/// Pod Security admission, on the same cluster: a namespace's `enforce` level refuses a pod
+/// with upstream's message, its `warn` level warns (kubectl prints the `Warning` header), and
+/// a workload whose pods would be refused warns its writer.
+fn pod_security(api: &ApiLab) {
+    let namespaces = api.manifest(
+        "pss-namespaces.yaml",
+        r#"apiVersion: v1
+kind: Namespace
+metadata:
+  name: locked
+  labels: {pod-security.kubernetes.io/enforce: restricted}
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: watched
+  labels: {pod-security.kubernetes.io/warn: baseline}
+"#,
+    );
+    api.ok(0, &["apply", "-f", &namespaces]);
+    let host_path = |ns: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: h, namespace: {ns}}}\nspec:\n  hostNetwork: true\n  containers: [{{name: c, image: shoal.local/busybox:1}}]\n  volumes: [{{name: h, hostPath: {{path: /etc}}}}]\n"
+        )
+    };
+    let locked = api.manifest("pss-locked.yaml", &host_path("locked"));
+    let (ok, _, err) = api.kubectl(1, &["create", "-f", &locked]);
+    assert!(
+        !ok && err.contains("pods \"h\" is forbidden: violates PodSecurity \"restricted:latest\": allowPrivilegeEscalation != false (container \"c\" must set securityContext.allowPrivilegeEscalation=false), unrestricted capabilities")
+            && err.contains("host namespaces (hostNetwork=true), restricted volume types (volume \"h\" uses restricted volume type \"hostPath\"), runAsNonRoot != true"),
+        "{err}"
+    );
+    let watched = api.manifest("pss-watched.yaml", &host_path("watched"));
+    let (ok, _, err) = api.kubectl(1, &["create", "-f", &watched]);
+    assert!(
+        ok && err.contains("Warning: would violate PodSecurity \"baseline:latest\": host namespaces (hostNetwork=true), hostPath volumes (volume \"h\")"),
+        "{err}"
+    );
+    let (ok, _, err) = api.kubectl(
+        0,
+        &[
+            "create",
+            "deployment",
+            "web",
+            "-n",
+            "locked",
+            "--image",
+            "shoal.local/busybox:1",
+        ],
+    );
+    assert!(
+        ok && err.contains("Warning: would violate PodSecurity \"restricted:latest\": allowPrivilegeEscalation != false"),
+        "{err}"
     );
 }

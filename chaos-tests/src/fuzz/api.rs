@@ -145,6 +145,8 @@ impl Api {
                     shoal_agent::tokens::issuer_url("cluster.local"),
                 )?,
             )),
+            authz: Default::default(),
+            audit: None,
             server_address: "127.0.0.1:6443".into(),
             service_cidr: "10.96.0.0/16".parse()?,
         });
