@@ -974,9 +974,8 @@ impl Replication {
             let step = on_disk(|| {
                 let mut store = self.store();
                 let step = session.on_response(&mut store, response, now_ms())?;
-                if let Step::Done(changes) = &step {
-                    self.publish(&store, changes.iter().cloned());
-                }
+                // Each round's merges go to watchers now, under the lock that committed them.
+                self.publish(&store, session.fresh_changes(&step));
                 Ok::<_, SyncError>(step)
             })?;
             match step {

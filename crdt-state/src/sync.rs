@@ -237,6 +237,8 @@ pub struct SyncSession {
     pending: Vec<u8>,
     collected: Vec<WireEntry>,
     changes: Vec<Change>,
+    /// How many of `changes` [`SyncSession::fresh_changes`] handed out already.
+    handed_out: usize,
     /// Entries of the peer this store refused (each names its key and why); the session goes on
     /// with the others. The caller logs and counts them: refused entries are pulled again by
     /// every session until their cause goes (a clock back in range, an upgraded node).
@@ -276,11 +278,27 @@ impl SyncSession {
             pending: Vec::new(),
             collected: Vec::new(),
             changes: Vec::new(),
+            handed_out: 0,
             rejected: Vec::new(),
             entries_received: 0,
             buckets_differing: 0,
         };
         (session, SyncRequest::Buckets)
+    }
+
+    /// The changes this session merged into the store since the last call: each round's as
+    /// soon as it is merged, so the caller publishes them to watchers under the lock that
+    /// committed them, in commit order. (Handing them out only with [`Step::Done`] would
+    /// deliver a session's early rounds after the writes committed meanwhile: a watcher would
+    /// see an older version of an object last.) `step` is the step just returned.
+    pub fn fresh_changes(&mut self, step: &Step) -> Vec<Change> {
+        let all = match step {
+            Step::Done(all) => all.as_slice(),
+            Step::Send(_) => self.changes.as_slice(),
+        };
+        let fresh = all.get(self.handed_out..).unwrap_or_default().to_vec();
+        self.handed_out = all.len();
+        fresh
     }
 
     fn next_compare(&mut self, store: &Store) -> SyncRequest {

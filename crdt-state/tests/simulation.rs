@@ -268,3 +268,51 @@ fn a_cluster_back_after_the_horizon_merges_as_usual() {
     assert_eq!(a.len(), 2);
     assert_eq!(a.root_digest(), b.root_digest());
 }
+
+/// A session pulling many buckets takes several rounds; each round's merges are handed out
+/// as they are made (`fresh_changes`), so watchers get them before any write committed in a
+/// later round: delivered only at the end, a round's changes came after the writes committed
+/// between rounds, and a watcher saw an object's older version last (a kubelet dropped a pod
+/// bound to it: issue #40's session, the scheduling test's flake).
+#[test]
+fn a_multi_round_session_hands_out_each_rounds_changes_in_commit_order() {
+    use shoal_state::sync::{self, Step, SyncSession};
+    let dir = tempfile::tempdir().unwrap();
+    let mut source = open(dir.path(), "source", 1);
+    for i in 0..400 {
+        source
+            .write_at(config_map(&format!("cm-{i}"), &[]), WriteMode::Create, T0)
+            .unwrap();
+    }
+    let mut puller = open(dir.path(), "puller", 2);
+    let (mut session, mut request) = SyncSession::start();
+    let mut handed: Vec<u64> = Vec::new();
+    let mut rounds_with_changes = 0;
+    let all = loop {
+        let (response, _) = sync::serve(&mut source, request, T0);
+        let step = session.on_response(&mut puller, response, T0).unwrap();
+        let fresh = session.fresh_changes(&step);
+        rounds_with_changes += usize::from(!fresh.is_empty());
+        handed.extend(fresh.iter().map(|c| c.resource_version));
+        // A write between rounds: committed after what was handed out, before what comes.
+        match step {
+            Step::Send(next) => {
+                let name = format!("local-{}", handed.len());
+                let w = puller
+                    .write_at(config_map(&name, &[]), WriteMode::Create, T0)
+                    .unwrap();
+                handed.push(w.change.unwrap().resource_version);
+                request = next;
+            }
+            Step::Done(all) => break all,
+        }
+    };
+    assert!(
+        rounds_with_changes > 1,
+        "one round only: the test proves nothing"
+    );
+    assert_eq!(all.len(), 400);
+    let mut sorted = handed.clone();
+    sorted.sort_unstable();
+    assert_eq!(handed, sorted, "handed out in commit order");
+}

@@ -32,6 +32,17 @@ fn assert_apart<T: Ord + std::fmt::Debug>(domains: &[T], what: &str, seen: &str)
 }
 
 /// The zone of node `n` in the test of the pods that fit nowhere.
+/// The newest lines of agent `i`'s log, newest first (what a failure shows).
+fn newest_log(api: &ApiLab, i: usize) -> String {
+    let log = api.agents[i].log();
+    let tail: Vec<&str> = log.lines().rev().take(80).collect();
+    let own = api.kubectl(i, &["get", "pods", "-o", "json"]).1;
+    format!(
+        "--- n{i}'s log, newest first ---\n{}\n--- n{i}'s pods ---\n{own}",
+        tail.join("\n")
+    )
+}
+
 fn zone_of(node: &str) -> &'static str {
     match node {
         "n2" => "b",
@@ -246,7 +257,7 @@ async fn a_pod_that_fits_nowhere_says_why() {
         },
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}: {seen}"));
+    .unwrap_or_else(|e| panic!("{e}: {seen}\n{}", newest_log(&api, 3)));
     wait_until("a zoned replica in the new zone", JOIN_LIMIT, || {
         let (listing, admitted, pending) = replicas(&api, 0, "zoned");
         seen = listing;
@@ -256,7 +267,7 @@ async fn a_pod_that_fits_nowhere_says_why() {
         async move { ok }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}: {seen}"));
+    .unwrap_or_else(|e| panic!("{e}: {seen}\n{}", newest_log(&api, 3)));
 
     // Zone spread with maxSkew 1 over the three zones, scaled from 0 to 12 at once: its pods
     // are auctioned one at a time by the constraint's auctioneer, so no zone ever holds more
