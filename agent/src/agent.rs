@@ -523,6 +523,8 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
     });
     // The Kubernetes API's state: served on its listener (when there is one), and the control
     // socket's object writes and deletes go through the same path.
+    let authz = Arc::new(crate::api::authz::Cache::default());
+    authz.follow(&replication);
     let api_state =
         crate::api::ApiState {
             replication: replication.clone(),
@@ -532,7 +534,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             logs: logs.clone(),
             token: identity.api_token().into(),
             tokens: tokens.clone(),
-            authz: Default::default(),
+            authz,
             audit: match &config.audit_log_path {
                 Some(path) => Some(crate::api::audit::Log::open(path).map_err(|source| {
                     AgentError::AuditLog {

@@ -328,11 +328,22 @@ impl Signer {
     }
 }
 
-/// Verifies tokens with the keys the agents publish, keeping the keys it parsed.
+/// Verifies tokens with the keys the agents publish, keeping the keys it parsed and the
+/// tokens it verified (by their SHA-256): a client sends the same token with every request,
+/// and a signature check costs far more than the rest of an authorization. What a verified
+/// token's validity depends on beyond its bytes (its times, its bindings) is checked at every
+/// use ([`check`]).
 #[derive(Default)]
 pub struct Verifier {
     keys: Mutex<Vec<(String, Arc<DecodingKey>)>>,
+    verified: Mutex<std::collections::HashMap<[u8; 32], Verified>>,
 }
+
+/// A token whose signature verified: for which audiences, and its claims.
+type Verified = (Vec<String>, Claims);
+
+/// Verified tokens kept at most; past it the cache starts over.
+const MAX_VERIFIED: usize = 4_096;
 
 impl Verifier {
     /// The claims of `token` if one of the published keys (`published`: the JWKs in the
@@ -349,6 +360,36 @@ impl Verifier {
         if token.len() > MAX_TOKEN_BYTES {
             return Err(Refusal::Malformed("too long".into()));
         }
+        let digest: [u8; 32] = ring::digest::digest(&ring::digest::SHA256, token.as_bytes())
+            .as_ref()
+            .try_into()
+            .unwrap_or([0; 32]);
+        if let Some((for_audiences, claims)) = self
+            .verified
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&digest)
+            && for_audiences == audiences
+            && claims.iss == issuer
+        {
+            return Ok(claims.clone());
+        }
+        let claims = self.verify_signature(token, issuer, audiences, published)?;
+        let mut verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
+        if verified.len() >= MAX_VERIFIED {
+            verified.clear();
+        }
+        verified.insert(digest, (audiences.to_vec(), claims.clone()));
+        Ok(claims)
+    }
+
+    fn verify_signature(
+        &self,
+        token: &str,
+        issuer: &str,
+        audiences: &[String],
+        published: impl FnOnce() -> Vec<Value>,
+    ) -> Result<Claims, Refusal> {
         let header =
             jsonwebtoken::decode_header(token).map_err(|e| Refusal::Malformed(e.to_string()))?;
         if header.alg != Algorithm::ES256 {

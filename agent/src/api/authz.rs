@@ -54,10 +54,16 @@ const MAX_DECISIONS: usize = 16_384;
 #[derive(Default)]
 pub struct Cache {
     state: Mutex<CacheState>,
+    /// Bumped by [`Cache::follow`] at every change of an RBAC object; with a follower, a
+    /// decision reads no store at all while it does not move.
+    generation: std::sync::atomic::AtomicU64,
+    followed: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
 struct CacheState {
+    /// The [`Cache::generation`] the policy was read at.
+    generation: u64,
     /// The store's version the policy is known to be current at.
     version: u64,
     policy: Option<Arc<Policy>>,
@@ -65,10 +71,39 @@ struct CacheState {
 }
 
 impl Cache {
+    /// Follows the store's change feed: an RBAC object changing makes the next decision read
+    /// the policy again (a lagging feed too). Without a follower, each decision asks the
+    /// store's change log instead.
+    pub fn follow(self: &Arc<Self>, replication: &Arc<crate::replication::Replication>) {
+        let changes = replication.subscribe();
+        let cache = self.clone();
+        self.followed
+            .store(true, std::sync::atomic::Ordering::Release);
+        crate::supervise::spawn_receiving("rbac-cache", changes, move |changes, restarted| {
+            let cache = cache.clone();
+            async move {
+                use std::sync::atomic::Ordering;
+                let mut changes = changes.lock().await;
+                if restarted {
+                    cache.generation.fetch_add(1, Ordering::AcqRel);
+                }
+                loop {
+                    match changes.recv().await {
+                        Ok(change) if change.key.group != rbac::GROUP => {}
+                        Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                            cache.generation.fetch_add(1, Ordering::AcqRel);
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                    }
+                }
+            }
+        });
+    }
+
     /// The policy as stored now.
     pub fn policy(&self, replication: &crate::replication::Replication) -> Arc<Policy> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        Self::refresh(&mut state, replication)
+        self.refresh(&mut state, replication)
     }
 
     /// Whether `user` may do `a`, as the stored policy decides.
@@ -79,7 +114,7 @@ impl Cache {
         a: &Attributes,
     ) -> Decision {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let policy = Self::refresh(&mut state, replication);
+        let policy = self.refresh(&mut state, replication);
         let key = (user.clone(), a.clone());
         if let Some(decision) = state.decisions.get(&key) {
             return decision.clone();
@@ -95,9 +130,18 @@ impl Cache {
     /// The policy, read again (and the decisions dropped) if an RBAC object changed since it
     /// was read or the change log cannot tell.
     fn refresh(
+        &self,
         state: &mut CacheState,
         replication: &crate::replication::Replication,
     ) -> Arc<Policy> {
+        use std::sync::atomic::Ordering;
+        let generation = self.generation.load(Ordering::Acquire);
+        if self.followed.load(Ordering::Acquire)
+            && generation == state.generation
+            && let Some(policy) = &state.policy
+        {
+            return policy.clone();
+        }
         let since = state.version;
         let known = state.policy.is_some();
         let (now, changed) = replication.read(|s| {
@@ -110,11 +154,14 @@ impl Cache {
         });
         if let (Some(false), Some(policy)) = (changed, &state.policy) {
             state.version = now;
+            state.generation = generation;
             return policy.clone();
         }
-        // Read after `now`: a change in between is seen again next time, never missed.
+        // Read after `now` and `generation`: a change in between is seen again next time,
+        // never missed.
         let policy = Arc::new(policy_of(replication));
         state.version = now;
+        state.generation = generation;
         state.policy = Some(policy.clone());
         state.decisions.clear();
         policy
