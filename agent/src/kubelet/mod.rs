@@ -161,7 +161,7 @@ impl BoundPod {
 /// The image is on its way from a peer: the start waits without back-off.
 const PULLING: &str = "Pulling";
 /// A container waits for its pod's claims to be bound (not a failure: no back-off).
-const VOLUMES_PENDING: &str = "VolumesPending";
+pub const VOLUMES_PENDING: &str = "VolumesPending";
 
 /// The pod an action is for, as this pass of the kubelet saw it.
 struct Acting<'a> {

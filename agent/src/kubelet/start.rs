@@ -56,10 +56,18 @@ pub fn volume_files(
         let data = match lookup(kind, name) {
             Some(object) => container::object_data(kind, &object),
             None if optional => Default::default(),
+            // As upstream's volume manager: the pod waits in ContainerCreating (FailedMount)
+            // and the mount is tried again at each sync, with no back-off (a namespace's
+            // `kube-root-ca.crt` may be a moment behind its first pod).
             None => {
                 return Err(ConfigError {
-                    reason: "CreateContainerConfigError",
-                    message: format!("{} {:?} not found", kind.to_lowercase(), name),
+                    reason: super::VOLUMES_PENDING,
+                    message: format!(
+                        "MountVolume.SetUp failed for volume {:?} : {} {:?} not found",
+                        volume.name,
+                        kind.to_lowercase(),
+                        name
+                    ),
                 });
             }
         };
@@ -104,8 +112,11 @@ pub fn volume_files(
                                     ),
                                 })?;
                         let token = token(plan, file).map_err(|message| ConfigError {
-                            reason: "CreateContainerConfigError",
-                            message: format!("volume {}: {message}", volume.name),
+                            reason: super::VOLUMES_PENDING,
+                            message: format!(
+                                "MountVolume.SetUp failed for volume {:?} : {message}",
+                                volume.name
+                            ),
                         })?;
                         files.insert(path, token.into_bytes());
                     }

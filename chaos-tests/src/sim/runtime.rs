@@ -483,13 +483,14 @@ mod tests {
         assert_eq!(runtime.list()[0].containers.len(), 1);
     }
 
-    /// A ConfigMap a volume needs is missing: nothing reaches the runtime.
+    /// A ConfigMap a volume needs is missing: nothing reaches the runtime, and the pod waits
+    /// for its volume (FailedMount, no back-off), as upstream's volume manager.
     #[test]
     fn a_missing_config_map_stops_the_start_before_the_runtime() {
         let runtime = SimRuntime::new().unwrap();
         let e = start_at(&runtime, &pod(json!({})), &[], None, 0).unwrap_err();
-        assert_eq!(e.reason, "CreateContainerConfigError");
-        assert!(e.message.contains("\"cfg\" not found"), "{}", e.message);
+        assert_eq!(e.reason, shoal_agent::kubelet::VOLUMES_PENDING);
+        assert!(e.message.contains("configmap \"cfg\" not found"), "{}", e.message);
         assert!(runtime.calls().is_empty(), "{:?}", runtime.calls());
     }
 
