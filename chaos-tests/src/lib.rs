@@ -80,10 +80,18 @@ pub fn test_images() -> anyhow::Result<std::path::PathBuf> {
 
 /// Imports the busybox test image into an agent's node (the agent may be running).
 pub fn import_busybox(agent: &crate::testkit::AgentProcess) -> anyhow::Result<()> {
+    import_image(agent, &test_images()?.join("busybox-1.oci.tar"))
+}
+
+/// `shoal image import` of the image archive `archive` into `agent`'s node.
+pub fn import_image(
+    agent: &crate::testkit::AgentProcess,
+    archive: &std::path::Path,
+) -> anyhow::Result<()> {
     let out = std::process::Command::new(shoal_binary()?)
         .args(["image", "import", "--data-dir"])
         .arg(agent.data_dir())
-        .arg(test_images()?.join("busybox-1.oci.tar"))
+        .arg(archive)
         .output()?;
     anyhow::ensure!(
         out.status.success(),

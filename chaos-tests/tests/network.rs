@@ -1546,17 +1546,7 @@ async fn pods_on_every_node_use_the_api_with_their_service_account() {
     );
     let (lab, root, agents) = service_lab(&["--api", "0.0.0.0:6443"]).await;
     for agent in &agents {
-        let out = std::process::Command::new(shoal_chaos::shoal_binary().unwrap())
-            .args(["image", "import", "--data-dir"])
-            .arg(agent.data_dir())
-            .arg(&archive)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        shoal_chaos::import_image(agent, &archive).unwrap();
     }
     let ns_kubectl = NsKubectl::new(&lab, 0, &agents[0], root.path());
     let kubectl = |args: &[&str]| ns_kubectl.run(args);

@@ -490,7 +490,11 @@ mod tests {
         let runtime = SimRuntime::new().unwrap();
         let e = start_at(&runtime, &pod(json!({})), &[], None, 0).unwrap_err();
         assert_eq!(e.reason, shoal_agent::kubelet::VOLUMES_PENDING);
-        assert!(e.message.contains("configmap \"cfg\" not found"), "{}", e.message);
+        assert!(
+            e.message.contains("configmap \"cfg\" not found"),
+            "{}",
+            e.message
+        );
         assert!(runtime.calls().is_empty(), "{:?}", runtime.calls());
     }
 
